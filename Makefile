@@ -1,0 +1,39 @@
+# Two commands on a fresh machine: `make demo` and `make test`. Both create .venv on first use.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+export OMP_NUM_THREADS := 1
+export MKL_NUM_THREADS := 1
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export PYTHONHASHSEED := 0
+
+.PHONY: demo test test-slow lint format benchmarks clean venv
+
+venv: $(STAMP)
+
+$(STAMP): requirements.txt pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet -r requirements.txt
+	$(PY) -m pip install --quiet --no-deps -e .
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/shardplan demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q -m "not slow" -n 2 --dist loadfile
+
+test-slow: $(STAMP)
+	$(PY) -m pytest -q -m slow
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check shardplan tests benchmarks
+
+format: $(STAMP)
+	$(VENV)/bin/ruff format shardplan tests benchmarks
+
+clean:
+	rm -rf $(VENV) demo-out .pytest_cache .ruff_cache

@@ -1,0 +1,5 @@
+import sys
+
+from shardplan.cli.main import main
+
+sys.exit(main())

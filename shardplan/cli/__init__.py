@@ -1,0 +1,5 @@
+"""The ``shardplan`` command line."""
+
+from shardplan.cli.main import main
+
+__all__ = ["main"]

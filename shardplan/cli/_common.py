@@ -1,0 +1,111 @@
+"""Shared pieces of the command line: the parser that fails in one line, output helpers."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
+
+from shardplan.errors import ShardplanError
+from shardplan.ir.io import dumps, write_json
+
+__all__ = ["Handler", "OneLineParser", "emit", "parse_float_list", "parse_int_list",
+           "parse_shape", "positive_float", "positive_int"]
+
+Handler = Callable[[argparse.Namespace], int | None]
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose errors are one line on stderr and exit status 2."""
+
+    def error(self, message: str) -> NoReturn:  # noqa: D401 - argparse API
+        sys.stderr.write(f"shardplan: error: {message}\n")
+        sys.exit(2)
+
+
+def emit(args: argparse.Namespace, obj: Any, *, what: str) -> None:
+    """Write ``obj`` to ``args.output`` atomically, or print it as JSON with ``--json``.
+
+    Prints one line saying where the output went when writing a file.
+    """
+    out = getattr(args, "output", None)
+    as_json = getattr(args, "json", False)
+    if not out and not as_json:
+        raise ShardplanError(f"say where the {what} goes: -o FILE or --json")
+    if out:
+        write_json(out, obj)
+        if not as_json:
+            print(f"wrote {what} to {out}")
+    if as_json:
+        sys.stdout.write(dumps(obj) + "\n")
+
+
+def print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+
+
+def positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return v
+
+
+def nonnegative_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return v
+
+
+def positive_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not v > 0 or v == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return v
+
+
+def parse_int_list(text: str) -> tuple[int, ...]:
+    """``"2,4,3"`` or ``"2x4x3"`` -> ``(2, 4, 3)``; every entry a positive integer."""
+    parts = [p for p in text.replace("x", ",").split(",") if p.strip()]
+    if not parts:
+        raise argparse.ArgumentTypeError(f"expected integers like 4x4 or 2,4, got {text!r}")
+    return tuple(positive_int(p.strip()) for p in parts)
+
+
+parse_shape = parse_int_list
+
+
+def parse_float_list(text: str) -> tuple[float, ...]:
+    """``"1e9,2.5e10"`` -> ``(1e9, 2.5e10)``; every entry a positive number."""
+    parts = [p for p in text.split(",") if p.strip()]
+    if not parts:
+        raise argparse.ArgumentTypeError(f"expected numbers like 1e9,2e10, got {text!r}")
+    return tuple(positive_float(p.strip()) for p in parts)
+
+
+def add_output(p: argparse.ArgumentParser, *, json_flag: bool = True) -> None:
+    p.add_argument("-o", "--output", metavar="FILE", help="write the result here (atomically)")
+    if json_flag:
+        p.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
+
+
+def split_names(text: str) -> list[str]:
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def check_choices(value: str, choices: Sequence[str], what: str) -> str:
+    if value not in choices:
+        raise ShardplanError(f"unknown {what} {value!r} (choose from {', '.join(choices)})")
+    return value

@@ -1,0 +1,101 @@
+"""``shardplan inspect FILE``: validate any contract file and summarise it."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from shardplan.cli._common import positive_int, print_json
+from shardplan.errors import ShardplanError
+from shardplan.ir import Graph, Plan, Topology, load, load_graph, load_topology
+
+
+def summarize(obj: Graph | Topology | Plan, *, devices: int | None = None,
+              graph: Graph | None = None, topology: Topology | None = None) -> dict[str, Any]:
+    """The summary ``shardplan inspect`` prints, as a dict.
+
+    Graphs get lower bounds for ``devices`` devices (default: 1, 8 and 64). Plans are checked
+    against ``graph``/``topology`` when given.
+    """
+    out = obj.summary()
+    if isinstance(obj, Graph):
+        counts = [devices] if devices else [1, 8, 64]
+        out["lower_bounds_flops"] = {str(d): obj.lower_bounds(d) for d in counts}
+    if isinstance(obj, Plan):
+        if graph is not None:
+            obj.validate(graph, topology)
+            out["checked_against"] = {"graph": graph.name,
+                                      "topology": None if topology is None else topology.name}
+            stage_flops = [float((graph.fwd_flops[list(s.nodes)] + graph.bwd_flops[
+                list(s.nodes)]).sum()) for s in obj.stages]
+            out["stage_flops"] = stage_flops
+            a = obj.assignment(graph.num_nodes)
+            out["inter_stage_bytes"] = float(graph.stage_graph(a, obj.num_stages).sum())
+            out["stage_graph_acyclic"] = graph.is_acyclic_partition(a)
+        elif topology is not None:
+            raise ShardplanError("checking a plan against a topology needs --graph too")
+    return out
+
+
+def _fmt(v: float) -> str:
+    for unit, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(v) >= scale:
+            return f"{v / scale:.3g}{unit}"
+    return f"{v:.3g}"
+
+
+def _print_text(s: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(highlight=False)
+    kind = s["kind"]
+    table = Table(title=f"{kind} {s.get('name', s.get('algorithm', ''))!s}", show_header=False)
+    table.add_column("field", style="bold")
+    table.add_column("value")
+    for key, val in s.items():
+        if key in ("kind",):
+            continue
+        if isinstance(val, float):
+            text = _fmt(val)
+        elif isinstance(val, dict) and key == "lower_bounds_flops":
+            text = "; ".join(f"D={d}: {_fmt(b['bound'])} FLOP (avg {_fmt(b['average'])}, "
+                             f"largest node {_fmt(b['largest_node'])})" for d, b in val.items())
+        elif isinstance(val, list) and val and isinstance(val[0], dict) \
+                and "bandwidth" in val[0]:
+            text = ", ".join(f"{_fmt(c['bandwidth'])}B/s x{c['pairs']}" for c in val)
+        elif isinstance(val, list) and len(val) > 12:
+            text = f"{len(val)} values: {', '.join(_fmt(x) if isinstance(x, float) else str(x) for x in val[:12])} ..."  # noqa: E501
+        else:
+            text = str(val)
+        table.add_row(key, text)
+    console.print(table)
+
+
+def _handler(args: argparse.Namespace) -> int:
+    obj = load(args.file)
+    graph = load_graph(args.graph) if args.graph else None
+    topo = load_topology(args.topology) if args.topology else None
+    if not isinstance(obj, Plan) and (graph or topo):
+        raise ShardplanError("--graph/--topology only apply when FILE is a plan")
+    if args.devices and not isinstance(obj, Graph):
+        raise ShardplanError("--devices only applies when FILE is a graph")
+    summary = summarize(obj, devices=args.devices, graph=graph, topology=topo)
+    if args.json:
+        print_json(summary)
+    else:
+        _print_text(summary)
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("inspect", help="validate and summarise a graph, topology or plan file",
+                       description="Validate a shardplan graph, topology or plan file and "
+                                   "summarise it: sizes, FLOPs, parameters and lower bounds; "
+                                   "devices and bandwidth classes; stages and objective.")
+    p.add_argument("file", metavar="FILE")
+    p.add_argument("--devices", type=positive_int, help="lower bounds for this many devices")
+    p.add_argument("--graph", metavar="GRAPH", help="(plans) check the plan against this graph")
+    p.add_argument("--topology", metavar="TOPO", help="(plans) ... and this topology")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.set_defaults(handler=_handler)

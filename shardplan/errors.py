@@ -1,0 +1,27 @@
+"""Error types raised at shardplan's boundaries.
+
+Every user-facing mistake (a malformed file, an impossible option, an infeasible problem) is a
+:class:`ShardplanError`, a ``ValueError`` subclass whose message is one line. The command line
+prints that line as ``shardplan: error: ...`` and exits with status 2; library users catch it like
+any ``ValueError``. Internal invariants use ``assert``.
+"""
+
+from __future__ import annotations
+
+__all__ = ["InfeasibleError", "InvalidFileError", "NotImplementedYetError", "ShardplanError"]
+
+
+class ShardplanError(ValueError):
+    """A user error: bad input, bad option or infeasible problem (one-line message)."""
+
+
+class InvalidFileError(ShardplanError):
+    """A graph, topology or plan file that cannot be read or fails validation."""
+
+
+class InfeasibleError(ShardplanError):
+    """The problem as posed has no solution (for example, a stage cannot fit in memory)."""
+
+
+class NotImplementedYetError(ShardplanError):
+    """A command or algorithm that exists in the contract but has not been built yet."""

@@ -1,0 +1,143 @@
+"""Reading and writing the contract's JSON files (atomically)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from shardplan.errors import InvalidFileError
+from shardplan.ir.graph import GRAPH_FORMAT, Graph
+from shardplan.ir.plan import PLAN_FORMAT, Plan
+from shardplan.ir.topology import TOPOLOGY_FORMAT, Topology
+
+__all__ = ["dumps", "load", "load_graph", "load_plan", "load_topology", "read_json", "save",
+           "write_atomic", "write_json"]
+
+_KINDS = {GRAPH_FORMAT: Graph, TOPOLOGY_FORMAT: Topology, PLAN_FORMAT: Plan}
+
+
+def _default(o: Any) -> Any:
+    if isinstance(o, np.integer):
+        return int(o)
+    if isinstance(o, np.floating):
+        return float(o)
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    if isinstance(o, (set, frozenset, tuple)):
+        return list(o)
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+
+
+def _finite(o: Any) -> Any:
+    """Replace non-finite floats by None so that any plain JSON parser reads the file."""
+    if isinstance(o, float) and not math.isfinite(o):
+        return None
+    if isinstance(o, dict):
+        return {k: _finite(v) for k, v in o.items()}
+    if isinstance(o, list):
+        return [_finite(v) for v in o]
+    return o
+
+
+def dumps(data: Any, *, indent: int | None = None) -> str:
+    """JSON text of ``data`` (a contract object or plain data); NaN/inf become ``null``."""
+    if hasattr(data, "to_dict"):
+        data = data.to_dict()
+    return json.dumps(_finite(json.loads(json.dumps(data, default=_default))), indent=indent,
+                      allow_nan=False)
+
+
+def write_atomic(path: str | os.PathLike[str], text: str | bytes) -> None:
+    """Write ``text`` to ``path`` so that readers see the old file or the whole new one.
+
+    The data goes to a temporary file in the same directory, is flushed and fsynced, then
+    renamed over ``path`` (``os.replace`` is atomic on POSIX).
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    mode = "wb" if isinstance(text, bytes) else "w"
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, mode) as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def write_json(path: str | os.PathLike[str], data: Any) -> None:
+    """Atomically write a contract object (or any JSON-able data) to ``path``."""
+    write_atomic(path, dumps(data) + "\n")
+
+
+def save(obj: Any, path: str | os.PathLike[str]) -> None:
+    """Atomically write a graph, topology or plan to ``path`` (argument order of a method)."""
+    write_json(path, obj)
+
+
+def read_json(path: str | os.PathLike[str]) -> Any:
+    """Parse a JSON file; any failure is one :class:`InvalidFileError` line."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return json.load(fh)
+    except FileNotFoundError:
+        raise InvalidFileError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise InvalidFileError(f"{path}: is a directory") from None
+    except PermissionError:
+        raise InvalidFileError(f"{path}: permission denied") from None
+    except UnicodeDecodeError:
+        raise InvalidFileError(f"{path}: not a UTF-8 text file") from None
+    except json.JSONDecodeError as exc:
+        raise InvalidFileError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno} "
+                               f"column {exc.colno})") from None
+
+
+def load(path: str | os.PathLike[str]) -> Graph | Topology | Plan:
+    """Load any contract file, dispatching on its ``format`` field."""
+    data = read_json(path)
+    fmt = data.get("format") if isinstance(data, dict) else None
+    cls = _KINDS.get(fmt)  # type: ignore[arg-type]
+    if cls is None:
+        raise InvalidFileError(f"{path}: unknown format {fmt!r} (expected one of "
+                               f"{', '.join(_KINDS)})")
+    try:
+        return cls.from_dict(data)
+    except InvalidFileError as exc:
+        raise InvalidFileError(f"{path}: {exc}") from None
+
+
+def _load_kind(path: str | os.PathLike[str], cls: type) -> Any:
+    obj = load(path)
+    if not isinstance(obj, cls):
+        want = {Graph: "graph", Topology: "topology", Plan: "plan"}[cls]
+        raise InvalidFileError(f"{path}: expected a {want} file, got a "
+                               f"{type(obj).__name__.lower()} file")
+    return obj
+
+
+def load_graph(path: str | os.PathLike[str]) -> Graph:
+    """Load and validate a ``shardplan.graph/1`` file."""
+    return _load_kind(path, Graph)
+
+
+def load_topology(path: str | os.PathLike[str]) -> Topology:
+    """Load and validate a ``shardplan.topology/1`` file."""
+    return _load_kind(path, Topology)
+
+
+def load_plan(path: str | os.PathLike[str]) -> Plan:
+    """Load and validate a ``shardplan.plan/1`` file."""
+    return _load_kind(path, Plan)

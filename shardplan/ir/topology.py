@@ -1,0 +1,293 @@
+"""The device topology value object (``shardplan.topology/1``)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from shardplan.errors import InvalidFileError
+
+__all__ = ["TOPOLOGY_FORMAT", "Device", "Level", "Link", "Topology"]
+
+TOPOLOGY_FORMAT = "shardplan.topology/1"
+
+
+@dataclass(frozen=True, slots=True)
+class Device:
+    """One accelerator: its memory (bytes) and peak rate (FLOP/s)."""
+
+    name: str
+    memory_bytes: float
+    flops: float
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"name": self.name, "memory_bytes": self.memory_bytes,
+                             "flops": self.flops}
+        for k, v in self.extra.items():
+            d.setdefault(k, v)
+        return d
+
+
+@dataclass(frozen=True, slots=True)
+class Level:
+    """One level of the natural hierarchy (``"box"``): a partition of the devices into groups."""
+
+    name: str
+    groups: tuple[tuple[int, ...], ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "groups": [list(g) for g in self.groups]}
+
+
+@dataclass(frozen=True, slots=True)
+class Link:
+    """A physical link ``src -> dst`` (optional ``links`` field, used to route and to model
+    contention). Pairs without a link communicate over routes of links."""
+
+    src: int
+    dst: int
+    bandwidth: float
+    latency: float
+    kind: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"src": self.src, "dst": self.dst, "bandwidth": self.bandwidth,
+                             "latency": self.latency}
+        if self.kind:
+            d["kind"] = self.kind
+        return d
+
+
+def _matrix(name: str, value: Any, n: int) -> np.ndarray:
+    try:
+        arr = np.array(value, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise InvalidFileError(f"topology {name!r} must be a numeric matrix") from None
+    if arr.ndim != 2 or arr.shape[0] != arr.shape[1]:
+        raise InvalidFileError(f"topology {name!r} matrix is not square: shape {arr.shape}")
+    if arr.shape[0] != n:
+        raise InvalidFileError(f"topology {name!r} matrix is {arr.shape[0]}x{arr.shape[1]} but "
+                               f"there are {n} devices")
+    off = ~np.eye(n, dtype=bool)
+    if not np.all(np.isfinite(arr[off])) or np.any(arr[off] < 0):
+        raise InvalidFileError(f"topology {name!r} matrix has a negative or non-finite entry")
+    arr = arr.copy()
+    np.fill_diagonal(arr, 0.0)
+    arr.setflags(write=False)
+    return arr
+
+
+@dataclass(frozen=True, eq=False)
+class Topology:
+    """Devices and the pairwise bandwidth (bytes/s) and latency (s) between them.
+
+    ``bandwidth[i, j] == 0`` means no usable connection from i to j. Builders in
+    :mod:`shardplan.topology` write *routed* matrices (every reachable pair has its end-to-end
+    latency and bottleneck bandwidth) and, for multi-hop networks, the physical ``links``.
+
+    Attributes
+    ----------
+    name : str
+    devices : tuple of Device
+    bandwidth, latency : ndarray, shape (D, D)
+    cost : ndarray, shape (D, D), or None
+        The sharding-cost matrix M of paper 000 section 2.1; ``latency`` when absent.
+    levels : tuple of Level
+        Natural hierarchy, outermost first; each level's groups partition the devices.
+    links : tuple of Link
+        Physical links, when the network is multi-hop (empty otherwise).
+    """
+
+    name: str
+    devices: tuple[Device, ...]
+    bandwidth: np.ndarray
+    latency: np.ndarray
+    cost: np.ndarray | None = None
+    levels: tuple[Level, ...] = ()
+    links: tuple[Link, ...] = ()
+    meta: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        n = len(self.devices)
+        if n == 0:
+            raise InvalidFileError("a topology needs at least one device")
+        object.__setattr__(self, "devices", tuple(self.devices))
+        for i, d in enumerate(self.devices):
+            for attr in ("memory_bytes", "flops"):
+                v = getattr(d, attr)
+                if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0 \
+                        or not np.isfinite(v):
+                    raise InvalidFileError(f"device {i} ({d.name!r}) needs a positive "
+                                           f"{attr}, got {v!r}")
+        names = [d.name for d in self.devices]
+        if len(set(names)) != n:
+            raise InvalidFileError("device names must be unique")
+        object.__setattr__(self, "bandwidth", _matrix("bandwidth", self.bandwidth, n))
+        object.__setattr__(self, "latency", _matrix("latency", self.latency, n))
+        if self.cost is not None:
+            object.__setattr__(self, "cost", _matrix("cost", self.cost, n))
+        levels = tuple(self.levels)
+        for lv in levels:
+            flat = [d for g in lv.groups for d in g]
+            if any(not isinstance(d, (int, np.integer)) or d < 0 or d >= n for d in flat):
+                raise InvalidFileError(f"level {lv.name!r} names a device outside 0..{n - 1}")
+            if sorted(flat) != list(range(n)):
+                raise InvalidFileError(f"level {lv.name!r} groups must partition the {n} "
+                                       f"devices, each exactly once")
+        for outer, inner in zip(levels, levels[1:], strict=False):
+            owner = {d: gi for gi, g in enumerate(outer.groups) for d in g}
+            for g in inner.groups:
+                if len({owner[d] for d in g}) != 1:
+                    raise InvalidFileError(f"level {inner.name!r} has a group that straddles "
+                                           f"groups of level {outer.name!r}")
+        object.__setattr__(self, "levels", levels)
+        links = tuple(self.links)
+        for lk in links:
+            if not (0 <= lk.src < n and 0 <= lk.dst < n) or lk.src == lk.dst:
+                raise InvalidFileError(f"link {lk.src} -> {lk.dst} is not between two "
+                                       f"distinct devices")
+            if not lk.bandwidth > 0 or lk.latency < 0:
+                raise InvalidFileError(f"link {lk.src} -> {lk.dst} needs positive bandwidth "
+                                       f"and non-negative latency")
+        object.__setattr__(self, "links", links)
+
+    # ------------------------------------------------------------------ queries
+    @property
+    def num_devices(self) -> int:
+        return len(self.devices)
+
+    def __len__(self) -> int:
+        return self.num_devices
+
+    @property
+    def cost_matrix(self) -> np.ndarray:
+        """The sharding-cost matrix M: ``cost`` if given, else ``latency``."""
+        return self.latency if self.cost is None else self.cost
+
+    @property
+    def device_flops(self) -> np.ndarray:
+        return np.array([d.flops for d in self.devices], dtype=np.float64)
+
+    @property
+    def device_memory(self) -> np.ndarray:
+        return np.array([d.memory_bytes for d in self.devices], dtype=np.float64)
+
+    def transfer_seconds(self, i: int, j: int, nbytes: float) -> float:
+        """Seconds to send ``nbytes`` from device i to device j: latency + bytes / bandwidth.
+
+        Zero on the same device; ``inf`` when j is unreachable from i.
+        """
+        if i == j or nbytes <= 0:
+            return 0.0
+        bw = self.bandwidth[i, j]
+        if bw <= 0:
+            return float("inf")
+        return float(self.latency[i, j] + nbytes / bw)
+
+    def bandwidth_classes(self, *, rel_tol: float = 1e-6) -> list[tuple[float, int]]:
+        """Distinct off-diagonal bandwidths (ordered pairs counted), fastest first."""
+        n = self.num_devices
+        vals = np.sort(self.bandwidth[~np.eye(n, dtype=bool)])[::-1]
+        classes: list[tuple[float, int]] = []
+        for v in vals.tolist():
+            if classes and abs(classes[-1][0] - v) <= rel_tol * max(abs(v), 1.0):
+                classes[-1] = (classes[-1][0], classes[-1][1] + 1)
+            else:
+                classes.append((v, 1))
+        return classes
+
+    def summary(self) -> dict[str, Any]:
+        n = self.num_devices
+        off = ~np.eye(n, dtype=bool)
+        return {
+            "kind": "topology",
+            "name": self.name,
+            "devices": n,
+            "total_memory_bytes": float(self.device_memory.sum()),
+            "total_flops": float(self.device_flops.sum()),
+            "bandwidth_classes": [{"bandwidth": b, "pairs": c}
+                                  for b, c in self.bandwidth_classes()],
+            "latency_range": [float(self.latency[off].min()), float(self.latency[off].max())]
+            if n > 1 else [0.0, 0.0],
+            "levels": [{"name": lv.name, "groups": len(lv.groups)} for lv in self.levels],
+            "links": len(self.links),
+            "unreachable_pairs": int(np.sum(self.bandwidth[off] <= 0)),
+        }
+
+    # ------------------------------------------------------------------ JSON
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "format": TOPOLOGY_FORMAT, "name": self.name,
+            "devices": [d.to_dict() for d in self.devices],
+            "bandwidth": self.bandwidth.tolist(), "latency": self.latency.tolist(),
+        }
+        if self.cost is not None:
+            out["cost"] = self.cost.tolist()
+        if self.levels:
+            out["levels"] = [lv.to_dict() for lv in self.levels]
+        if self.links:
+            out["links"] = [lk.to_dict() for lk in self.links]
+        for k, v in self.meta.items():
+            out.setdefault(k, v)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Topology:
+        if not isinstance(data, Mapping):
+            raise InvalidFileError("a topology must be a JSON object")
+        if data.get("format") != TOPOLOGY_FORMAT:
+            raise InvalidFileError(f"expected format {TOPOLOGY_FORMAT!r}, got "
+                                   f"{data.get('format')!r}")
+        raw = data.get("devices")
+        if not isinstance(raw, list) or not raw:
+            raise InvalidFileError("topology 'devices' must be a non-empty list")
+        devices = []
+        for i, d in enumerate(raw):
+            if not isinstance(d, Mapping):
+                raise InvalidFileError(f"device {i} is not an object")
+            devices.append(Device(
+                name=str(d.get("name", f"dev{i}")), memory_bytes=d.get("memory_bytes"),
+                flops=d.get("flops"),
+                extra={k: v for k, v in d.items() if k not in ("name", "memory_bytes", "flops")},
+            ))
+        for key in ("bandwidth", "latency"):
+            if key not in data:
+                raise InvalidFileError(f"topology lacks its {key!r} matrix")
+        levels = []
+        for lv in data.get("levels", []) or []:
+            if not isinstance(lv, Mapping) or not isinstance(lv.get("groups"), list):
+                raise InvalidFileError("each topology level needs a 'groups' list")
+            try:
+                groups = tuple(tuple(int(x) for x in g) for g in lv["groups"])
+            except (TypeError, ValueError):
+                raise InvalidFileError(f"level {lv.get('name')!r} groups must be lists of "
+                                       f"device ids") from None
+            levels.append(Level(name=str(lv.get("name", "level")), groups=groups))
+        links = []
+        for lk in data.get("links", []) or []:
+            try:
+                links.append(Link(int(lk["src"]), int(lk["dst"]), float(lk["bandwidth"]),
+                                  float(lk.get("latency", 0.0)), str(lk.get("kind", ""))))
+            except (KeyError, TypeError, ValueError):
+                raise InvalidFileError("each topology link needs src, dst and bandwidth") \
+                    from None
+        known = {"format", "name", "devices", "bandwidth", "latency", "cost", "levels", "links"}
+        return cls(name=str(data.get("name", "topology")), devices=tuple(devices),
+                   bandwidth=data["bandwidth"], latency=data["latency"], cost=data.get("cost"),
+                   levels=tuple(levels), links=tuple(links),
+                   meta={k: v for k, v in data.items() if k not in known})
+
+    def replace(self, **changes: Any) -> Topology:
+        fields = {f: getattr(self, f) for f in self.__dataclass_fields__}
+        fields.update(changes)
+        return Topology(**fields)
+
+
+def groups_of(level: Level | Sequence[Sequence[int]]) -> list[list[int]]:
+    """The device groups of a level as lists."""
+    groups = level.groups if isinstance(level, Level) else level
+    return [list(g) for g in groups]
