@@ -29,7 +29,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Device", "Graph", "InfeasibleError", "InvalidFileError", "Level", "Objective", "Plan",
     "ShardplanError", "Stage", "Topology", "__version__", "capture", "capture_model", "load",
-    "load_graph", "load_plan", "load_topology", "save",
+    "load_graph", "load_plan", "load_topology", "partition", "save",
 ]
 
 
@@ -45,3 +45,16 @@ def capture_model(spec: str, **options: Any) -> Graph:
     from shardplan.capture import capture_spec
 
     return capture_spec(spec, **options)
+
+
+def partition(graph: Graph, topology: Topology, *, algorithm: str, seed: int = 0,
+              time_limit: float | None = None, **options: Any) -> Plan:
+    """Partition ``graph`` onto ``topology`` with a registered algorithm; returns the plan.
+
+    See :mod:`shardplan.registry` for the algorithm contract; an unknown name raises a
+    :class:`ShardplanError` listing the available ones.
+    """
+    from shardplan.registry import run
+
+    return run("partition", algorithm, graph, topology, seed=seed, time_limit=time_limit,
+               **options).plan

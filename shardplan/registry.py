@@ -1,0 +1,103 @@
+"""One contract for every planning algorithm: a registry by name and one result type.
+
+An algorithm is a function ``(graph, topology, *, options, seed, time_limit) -> Result``
+registered under a family (``"partition"``, ``"map"``, ``"strategy"``) and a name
+(``"heuristic"``). The command line, the Python API (:func:`shardplan.partition`, ...) and the
+shared contract test all find algorithms here, so a new one is one module and one decorator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from shardplan.errors import ShardplanError
+from shardplan.ir import Graph, Plan, Topology
+
+__all__ = ["FAMILIES", "Algorithm", "Result", "available", "get", "register", "run"]
+
+FAMILIES = ("partition", "map", "strategy")
+
+
+@dataclass(frozen=True)
+class Result:
+    """What every algorithm returns: the plan (with objective, lower bound and status inside)
+    and search statistics (iterations, nodes explored, cost over time, ...)."""
+
+    plan: Plan
+    stats: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def objective(self) -> float:
+        return self.plan.objective.value
+
+    @property
+    def status(self) -> str:
+        return self.plan.status
+
+
+class Algorithm(Protocol):
+    def __call__(self, graph: Graph, topology: Topology, *, options: Mapping[str, Any],
+                 seed: int, time_limit: float | None) -> Result: ...
+
+
+_REGISTRY: dict[str, dict[str, Algorithm]] = {f: {} for f in FAMILIES}
+
+
+def register(family: str, name: str) -> Callable[[Algorithm], Algorithm]:
+    """Decorator: register ``fn`` as algorithm ``name`` of ``family``."""
+    if family not in _REGISTRY:
+        raise ValueError(f"unknown algorithm family {family!r}")
+
+    def deco(fn: Algorithm) -> Algorithm:
+        if name in _REGISTRY[family]:
+            raise ValueError(f"{family} algorithm {name!r} registered twice")
+        _REGISTRY[family][name] = fn
+        return fn
+
+    return deco
+
+
+def available(family: str) -> list[str]:
+    """Names registered in ``family``, sorted."""
+    _load_builtin()
+    return sorted(_REGISTRY.get(family, {}))
+
+
+def get(family: str, name: str) -> Algorithm:
+    """The algorithm ``name`` of ``family``; a one-line :class:`ShardplanError` if unknown."""
+    _load_builtin()
+    algos = _REGISTRY.get(family)
+    if algos is None:
+        raise ShardplanError(f"unknown algorithm family {family!r}")
+    if name not in algos:
+        have = ", ".join(sorted(algos)) or "none yet"
+        raise ShardplanError(f"unknown {family} algorithm {name!r} (available: {have})")
+    return algos[name]
+
+
+def run(family: str, name: str, graph: Graph, topology: Topology, *,
+        seed: int = 0, time_limit: float | None = None, **options: Any) -> Result:
+    """Look up and run an algorithm; validates the plan it returns against the inputs."""
+    if time_limit is not None and not time_limit > 0:
+        raise ShardplanError(f"time limit must be positive, got {time_limit!r}")
+    result = get(family, name)(graph, topology, options=options, seed=seed,
+                               time_limit=time_limit)
+    result.plan.validate(graph, topology)
+    return result
+
+
+_BUILTIN_MODULES: tuple[str, ...] = ()  # algorithm modules imported on first lookup
+_loaded = False
+
+
+def _load_builtin() -> None:
+    global _loaded
+    if _loaded:
+        return
+    import importlib
+
+    for mod in _BUILTIN_MODULES:
+        importlib.import_module(mod)
+    _loaded = True

@@ -1,0 +1,138 @@
+"""Bad input: one line on stderr, exit status 2, never a traceback, nothing half-written."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from shardplan.cli.main import main
+from shardplan.ir import Graph, save
+
+
+def _write(path: Path, data) -> str:
+    path.write_text(data if isinstance(data, str) else json.dumps(data))
+    return str(path)
+
+
+def _graph_dict(**change):
+    d = {"format": "shardplan.graph/1", "name": "g", "batch_size": 1,
+         "nodes": [{"id": 0, "fwd_flops": 1.0}, {"id": 1, "fwd_flops": 2.0}],
+         "edges": [{"src": 0, "dst": 1, "bytes": 4}]}
+    d.update(change)
+    return d
+
+
+def _topo_dict(**change):
+    d = {"format": "shardplan.topology/1", "name": "t",
+         "devices": [{"name": "a", "memory_bytes": 1e9, "flops": 1e12},
+                     {"name": "b", "memory_bytes": 1e9, "flops": 1e12}],
+         "bandwidth": [[0, 1e9], [1e9, 0]], "latency": [[0, 1e-5], [1e-5, 0]]}
+    d.update(change)
+    return d
+
+
+CASES = {
+    "missing file": lambda t: ["inspect", str(t / "nope.json")],
+    "invalid json": lambda t: ["inspect", _write(t / "x.json", "{oops")],
+    "unknown format": lambda t: ["inspect", _write(t / "x.json", {"format": "x/9"})],
+    "graph cycle": lambda t: ["inspect", _write(t / "x.json", _graph_dict(
+        edges=[{"src": 0, "dst": 1}, {"src": 1, "dst": 0}]))],
+    "dangling edge": lambda t: ["inspect", _write(t / "x.json", _graph_dict(
+        edges=[{"src": 0, "dst": 7}]))],
+    "negative size": lambda t: ["inspect", _write(t / "x.json", _graph_dict(
+        nodes=[{"id": 0, "param_bytes": -3}]))],
+    "non-square matrix": lambda t: ["inspect", _write(t / "x.json", _topo_dict(
+        bandwidth=[[0, 1e9, 1], [1e9, 0, 1]]))],
+    "matrix size mismatch": lambda t: ["inspect", _write(t / "x.json", _topo_dict(
+        latency=[[0.0]]))],
+    "plan node twice": lambda t: ["inspect", _write(t / "x.json", {
+        "format": "shardplan.plan/1", "stages": [{"nodes": [0], "devices": [0]},
+                                                 {"nodes": [0], "devices": [1]}],
+        "objective": {"name": "x", "value": 1.0}, "status": "optimal"})],
+    "plan bad status": lambda t: ["inspect", _write(t / "x.json", {
+        "format": "shardplan.plan/1", "stages": [{"nodes": [0], "devices": [0]}],
+        "objective": {"name": "x", "value": 1.0}, "status": "great"})],
+    "plan misses nodes of its graph": lambda t: ["inspect", _write(t / "p.json", {
+        "format": "shardplan.plan/1", "stages": [{"nodes": [0], "devices": [0]}],
+        "objective": {"name": "x", "value": 1.0}}), "--graph", _write(t / "g.json",
+                                                                    _graph_dict())],
+    "devices on a topology": lambda t: ["inspect", _write(t / "x.json", _topo_dict()),
+                                        "--devices", "4"],
+    "devices zero": lambda t: ["inspect", _write(t / "x.json", _graph_dict()), "--devices", "0"],
+    "unknown command": lambda t: ["frobnicate"],
+    "unknown option": lambda t: ["inspect", "--colour", "x.json"],
+    "not implemented yet": lambda t: ["partition", "g.json", "t.json", "--algorithm", "x"],
+    "unknown model": lambda t: ["capture", "nosuchmodel", "-o", str(t / "out.json")],
+    "unknown torchvision model": lambda t: ["capture", "torchvision:resnet9000",
+                                            "-o", str(t / "out.json")],
+    "model file missing": lambda t: ["capture", str(t / "missing.py") + ":build",
+                                     "-o", str(t / "out.json")],
+    "generate zero nodes": lambda t: ["generate", "layered", "--nodes", "0",
+                                      "-o", str(t / "out.json")],
+    "generate unknown kind": lambda t: ["generate", "spiral", "-o", str(t / "out.json")],
+    "topology unknown kind": lambda t: ["topology", "hypercube", "-o", str(t / "out.json")],
+    "topology zero boxes": lambda t: ["topology", "dgx1", "--boxes", "0",
+                                      "-o", str(t / "out.json")],
+    "topology shape does not fit kind": lambda t: ["topology", "mesh3d", "--shape", "4x4",
+                                                   "-o", str(t / "out.json")],
+    "hierarchical levels mismatch": lambda t: ["topology", "hierarchical", "--shape", "2x4",
+                                               "--bandwidth", "1e9,1e10,1e11",
+                                               "-o", str(t / "out.json")],
+    "measure zero processes": lambda t: ["topology", "measure", "--nproc", "0",
+                                         "-o", str(t / "out.json")],
+    "pipedream malformed": lambda t: ["import", "pipedream", _write(t / "p.txt", "garbage\n"),
+                                      "-o", str(t / "out.json")],
+    "no output given": lambda t: ["generate", "chain", "--nodes", "3"],
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_bad_input_is_one_line_and_exit_2(case: str, tmp_path: Path, capsys) -> None:
+    argv = CASES[case](tmp_path)
+    with pytest.raises(SystemExit) as exc_info:
+        sys.exit(main(argv))
+    assert exc_info.value.code == 2, case
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, f"{case}: {err!r}"
+    assert lines[0].startswith("shardplan: error: "), lines[0]
+    assert "Traceback" not in err
+    assert not (tmp_path / "out.json").exists()
+
+
+def test_subprocess_error_has_no_traceback(tmp_path: Path) -> None:
+    bad = _write(tmp_path / "x.json", _graph_dict(edges=[{"src": 0, "dst": 1},
+                                                         {"src": 1, "dst": 0}]))
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, "-m", "shardplan", "inspect", bad],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0 and "cycle" in proc.stderr
+    assert proc.stdout == ""
+
+
+def test_inspect_summarises_each_kind(tmp_path: Path, capsys, diamond: Graph) -> None:
+    save(diamond, tmp_path / "g.json")
+    assert main(["inspect", str(tmp_path / "g.json"), "--json", "--devices", "2"]) == 0
+    s = json.loads(capsys.readouterr().out)
+    assert s["kind"] == "graph" and s["nodes"] == 4 and s["param_bytes"] == 28
+    assert s["lower_bounds_flops"]["2"]["bound"] == pytest.approx(15.0)
+    topo = _write(tmp_path / "t.json", _topo_dict())
+    assert main(["inspect", topo, "--json"]) == 0
+    s = json.loads(capsys.readouterr().out)
+    assert s["devices"] == 2 and s["bandwidth_classes"] == [{"bandwidth": 1e9, "pairs": 2}]
+    plan = _write(tmp_path / "p.json", {
+        "format": "shardplan.plan/1", "graph": "diamond",
+        "stages": [{"nodes": [0, 1], "devices": [0]}, {"nodes": [2, 3], "devices": [1]}],
+        "objective": {"name": "x", "value": 1.0}, "status": "feasible"})
+    assert main(["inspect", plan, "--graph", str(tmp_path / "g.json"), "--json"]) == 0
+    s = json.loads(capsys.readouterr().out)
+    assert s["stages"] == 2 and s["stage_graph_acyclic"] is True
+    assert s["inter_stage_bytes"] == 20 + 30
+    assert main(["inspect", plan]) == 0  # the rich table
+    assert "plan" in capsys.readouterr().out
