@@ -1,5 +1,8 @@
+"""``python -m shardplan``: the command line."""
+
 import sys
 
 from shardplan.cli.main import main
 
-sys.exit(main())
+if __name__ == "__main__":
+    sys.exit(main())

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from shardplan.errors import ShardplanError
+
 __all__ = ["make_rng"]
 
 
@@ -22,5 +24,5 @@ def make_rng(seed: int | np.random.Generator | None) -> np.random.Generator:
     if seed is None:
         seed = 0
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+        raise ShardplanError(f"seed must be a non-negative integer, got {seed!r}")
     return np.random.default_rng(int(seed))

@@ -49,8 +49,11 @@ def dumps(data: Any, *, indent: int | None = None) -> str:
     """JSON text of ``data`` (a contract object or plain data); NaN/inf become ``null``."""
     if hasattr(data, "to_dict"):
         data = data.to_dict()
-    return json.dumps(_finite(json.loads(json.dumps(data, default=_default))), indent=indent,
-                      allow_nan=False)
+    try:
+        return json.dumps(data, default=_default, indent=indent, allow_nan=False)
+    except ValueError:  # a NaN or infinity somewhere: clean it (rare, so done only then)
+        plain = json.loads(json.dumps(data, default=_default))
+        return json.dumps(_finite(plain), indent=indent, allow_nan=False)
 
 
 def write_atomic(path: str | os.PathLike[str], text: str | bytes) -> None:
