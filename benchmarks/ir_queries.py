@@ -58,25 +58,27 @@ def timed(fn):
     return time.perf_counter() - t
 
 
+def bench(n: int) -> tuple:
+    t_build = timed(lambda: make_graph(n))
+    g = make_graph(n)
+    src, dst, b = g.src.tolist(), g.dst.tolist(), g.edge_bytes.tolist()
+    t_topo = timed(lambda: g.topological_order)
+    t_topo_ref = timed(lambda: reference_topo(n, src, dst))
+    assign = np.zeros(n, dtype=np.int64)
+    assign[g.topological_order[n // 2:]] = 1
+    al = assign.tolist()
+    window = g.topological_order[n // 4: n // 4 + n // 10]
+    t_convex = timed(lambda: g.is_convex(window))
+    t_stage = timed(lambda: g.stage_graph(assign))
+    t_stage_ref = timed(lambda: reference_stage_bytes(src, dst, b, al, 2))
+    t_acyc = timed(lambda: g.is_acyclic_partition(assign))
+    t_lb = timed(lambda: g.lower_bounds(64))
+    return (n, g.num_edges, t_build, t_topo, t_topo_ref, t_convex, t_stage, t_stage_ref, t_acyc,
+            t_lb)
+
+
 def main() -> None:
-    rows = []
-    for n in (10_000, 100_000):
-        t_build = timed(lambda n=n: make_graph(n))
-        g = make_graph(n)
-        src, dst, b = g.src.tolist(), g.dst.tolist(), g.edge_bytes.tolist()
-        t_topo = timed(lambda g=g: g.topological_order)
-        assign = np.zeros(n, dtype=np.int64)
-        assign[g.topological_order[n // 2:]] = 1
-        al = assign.tolist()
-        t_topo_ref = timed(lambda: reference_topo(n, src, dst))
-        window = g.topological_order[n // 4: n // 4 + n // 10]
-        t_convex = timed(lambda: g.is_convex(window))
-        t_stage = timed(lambda: g.stage_graph(assign))
-        t_stage_ref = timed(lambda: reference_stage_bytes(src, dst, b, al, 2))
-        t_acyc = timed(lambda: g.is_acyclic_partition(assign))
-        t_lb = timed(lambda: g.lower_bounds(64))
-        rows.append((n, g.num_edges, t_build, t_topo, t_topo_ref, t_convex, t_stage, t_stage_ref,
-                     t_acyc, t_lb))
+    rows = [bench(n) for n in (10_000, 100_000)]
     head = ("| nodes | edges | build s | topo order s | (dict ref) | convex (n/10 set) s | "
             "stage graph s | (dict ref) | acyclic partition s | lower bounds s |")
     lines = [head, "|" + "---|" * 10]

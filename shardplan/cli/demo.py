@@ -43,7 +43,8 @@ def run_demo(out_dir: str | Path, *, model: str = DEFAULT_MODEL, batch_size: int
         f"{graph.fwd_flops.sum() / 1e9:.1f} GFLOP forward -> {out / 'graph.json'}")
 
     t0 = time.perf_counter()
-    atomic = ["Bottleneck", "BasicBlock"] if model.startswith("torchvision:resnet") else None
+    atomic = {"torchvision:resnet18": ["BasicBlock"], "torchvision:resnet34": ["BasicBlock"],
+              }.get(model, ["Bottleneck"] if model.startswith("torchvision:resnet") else None)
     if atomic:
         mgraph = capture_spec(model, batch_size=batch_size, granularity="module", atomic=atomic)
         save(mgraph, out / "graph-module.json")

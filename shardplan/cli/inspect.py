@@ -38,7 +38,7 @@ def summarize(obj: Graph | Topology | Plan, *, devices: int | None = None,
 
 
 def _fmt(v: float) -> str:
-    for unit, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+    for unit, scale in (("E", 1e18), ("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
         if abs(v) >= scale:
             return f"{v / scale:.3g}{unit}"
     return f"{v:.3g}"
@@ -64,6 +64,8 @@ def _print_text(s: dict[str, Any]) -> None:
         elif isinstance(val, list) and val and isinstance(val[0], dict) \
                 and "bandwidth" in val[0]:
             text = ", ".join(f"{_fmt(c['bandwidth'])}B/s x{c['pairs']}" for c in val)
+        elif key == "levels":
+            text = ", ".join(f"{lv['name']} ({lv['groups']} groups)" for lv in val) or "none"
         elif isinstance(val, list) and len(val) > 12:
             text = f"{len(val)} values: {', '.join(_fmt(x) if isinstance(x, float) else str(x) for x in val[:12])} ..."  # noqa: E501
         else:

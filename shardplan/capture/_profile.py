@@ -1,0 +1,163 @@
+"""Measured per-operator seconds (``shardplan capture --profile``).
+
+The paper's planner weighs nodes by their cost; FLOPs are a proxy, and on a given machine the
+measured time is the real thing. :func:`profile_ops` runs the exported program once on real
+tensors with a :class:`torch.fx.Interpreter` that times every operator: forward alone, and
+backward (``torch.autograd.grad`` of the operator's outputs, with a gradient of ones, with
+respect to fresh leaf copies of the inputs that need a gradient).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+from shardplan.capture._export import OpCapture
+
+__all__ = ["profile_ops"]
+
+
+def _program_args(ep: torch.export.ExportedProgram, example_inputs: Sequence[Any]
+                  ) -> list[Any]:
+    """Real values for the exported graph's placeholders, in order."""
+    from torch.export.graph_signature import InputKind
+
+    flat_user = pytree.tree_leaves(tuple(example_inputs))
+    state = ep.state_dict
+    values: list[Any] = []
+    user_i = 0
+    for spec in ep.graph_signature.input_specs:
+        if spec.kind == InputKind.USER_INPUT:
+            values.append(flat_user[user_i])
+            user_i += 1
+        elif spec.kind == InputKind.PARAMETER and spec.target in state:
+            values.append(state[spec.target])
+        elif spec.kind == InputKind.BUFFER and spec.target in state:
+            values.append(state[spec.target].clone())  # train-mode ops update buffers
+        else:
+            values.append(ep.constants[spec.target])
+    return values
+
+
+def _median_seconds(timed: Callable[[], float], repeats: int) -> float:
+    """Median of ``timed()`` (which returns the seconds it measured) after one warm-up call."""
+    timed()
+    return statistics.median(timed() for _ in range(repeats))
+
+
+class _TimingInterpreter(torch.fx.Interpreter):
+    """Runs the program for real, timing every captured operator on the way."""
+
+    def __init__(self, gm: torch.fx.GraphModule, index: dict[str, int], repeats: int,
+                 progress: Callable[[str, int, int], None] | None) -> None:
+        super().__init__(gm, garbage_collect_values=True)
+        self.index = index
+        self.repeats = repeats
+        self.progress = progress
+        self.fwd = [0.0] * len(index)
+        self.bwd = [0.0] * len(index)
+        self.grad_env: dict[str, bool] = {}
+
+    def run_node(self, n: torch.fx.Node) -> Any:
+        if n.op != "call_function" or n.name not in self.index:
+            with torch.no_grad():
+                return super().run_node(n)
+        i = self.index[n.name]
+        args, kwargs = self.fetch_args_kwargs_from_env(n)
+        mutates = bool(getattr(getattr(n.target, "_schema", None), "is_mutable", False))
+        needs = {id(self.env[a]): self.grad_env.get(a.name, False) for a in n.all_input_nodes
+                 if isinstance(self.env.get(a), torch.Tensor)}
+
+        def fresh(with_grad: bool) -> tuple[Any, Any, list[torch.Tensor]]:
+            leaves: list[torch.Tensor] = []
+
+            def copy(t: torch.Tensor) -> torch.Tensor:
+                new = t.detach().clone() if mutates else t.detach()
+                if with_grad and new.is_floating_point() and needs.get(id(t), False):
+                    new = new.clone().requires_grad_(True)
+                    leaves.append(new)
+                return new
+
+            a, k = pytree.tree_map_only(torch.Tensor, copy, (args, kwargs))
+            return a, k, leaves
+
+        def forward() -> float:
+            a, k, _ = fresh(False)
+            with torch.no_grad():
+                t0 = time.perf_counter()
+                n.target(*a, **k)
+                return time.perf_counter() - t0
+
+        def backward() -> float:
+            a, k, leaves = fresh(True)
+            if mutates:  # an in-place op may not write into a leaf: give it a non-leaf copy
+                a, k = pytree.tree_map_only(torch.Tensor, lambda t: t * 1, (a, k))
+            out = n.target(*a, **k)
+            outs = [t for t in pytree.tree_leaves(out)
+                    if isinstance(t, torch.Tensor) and t.requires_grad]
+            if not outs:
+                return 0.0
+            grads = [torch.ones_like(t) for t in outs]
+            t0 = time.perf_counter()
+            torch.autograd.grad(outs, leaves, grads, allow_unused=True)
+            return time.perf_counter() - t0
+
+        self.fwd[i] = _median_seconds(forward, self.repeats)
+        has_grad = any(needs.values())
+        if has_grad:
+            self.bwd[i] = _median_seconds(backward, self.repeats)
+        with torch.no_grad():
+            result = super().run_node(n)
+        self.grad_env[n.name] = has_grad
+        if self.progress is not None:
+            self.progress("profile", i + 1, len(self.index))
+        return result
+
+
+def profile_ops(ep: torch.export.ExportedProgram, cap: OpCapture, model: torch.nn.Module,
+                example_inputs: Sequence[Any], *, repeats: int = 3,
+                progress: Callable[[str, int, int], None] | None = None
+                ) -> tuple[list[float], list[float]]:
+    """Measured forward and backward seconds of every captured operator, on this machine.
+
+    Parameters
+    ----------
+    ep : ExportedProgram
+    cap : OpCapture
+        The operator capture of ``ep`` (which nodes are ops).
+    model : torch.nn.Module
+        The exported model (parameters decide which inputs need gradients).
+    example_inputs : sequence
+        Real inputs, as given to the export.
+    repeats : int
+        Timed repetitions after one warm-up; the median is kept.
+
+    Returns
+    -------
+    (list of float, list of float)
+        Forward and backward seconds per op, in capture order.
+
+    Notes
+    -----
+    Runs with one intra-op thread (``torch.set_num_threads(1)``), as the planner's workers
+    will. Cost: about ``2 (repeats + 1)`` real forward-and-backward steps of the model.
+    Buffers are updated as in one training step of the exported program (on the exported
+    program's copies, not the model's).
+    """
+    old_threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        index = {nm: i for i, nm in enumerate(cap.names)}
+        interp = _TimingInterpreter(ep.graph_module, index, repeats, progress)
+        params = set(ep.graph_signature.inputs_to_parameters)
+        for ph in ep.graph_module.graph.find_nodes(op="placeholder"):
+            interp.grad_env[ph.name] = ph.name in params
+        interp.run(*_program_args(ep, example_inputs), enable_io_processing=False)
+        return interp.fwd, interp.bwd
+    finally:
+        torch.set_num_threads(old_threads)

@@ -1,0 +1,52 @@
+"""The cost model shared by every planner and the simulator: time and memory of stages.
+
+- compute: :func:`node_seconds`, :func:`stage_compute_seconds`,
+  :func:`partition_compute_seconds` (measured seconds when the graph has them, else FLOPs at a
+  fraction of the device's peak; Parmesan's c_u);
+- communication: :func:`transfer_seconds` (latency + bytes / bandwidth of the routed pair),
+  its matrix and elementwise forms, :func:`stage_traffic` and :func:`stage_transfer_seconds`
+  (Parmesan's c_m), :func:`allreduce_seconds` (ring);
+- memory: :func:`stage_memory_bytes`, :func:`partition_memory_bytes`,
+  :func:`partition_memory_breakdown` (parameters, gradients, optimizer state, activations of
+  the micro-batches in flight, :func:`in_flight_microbatches`);
+- :func:`lower_bound_seconds`, and :class:`CostModel`, which bundles a graph, a topology and
+  the options with precomputed arrays for hot loops.
+
+Everything is NumPy: a whole partition is a few ``np.bincount`` over its assignment array.
+"""
+
+from shardplan.cost._compute import (
+    node_seconds,
+    partition_compute_seconds,
+    split_work,
+    stage_compute_seconds,
+)
+from shardplan.cost._memory import (
+    OPTIMIZER_STATE,
+    SCHEDULES,
+    in_flight_microbatches,
+    optimizer_state_factor,
+    partition_memory_breakdown,
+    partition_memory_bytes,
+    stage_memory_bytes,
+)
+from shardplan.cost._model import CostModel, lower_bound_seconds, plan_arrays
+from shardplan.cost._transfer import (
+    allreduce_seconds,
+    cut_tensors,
+    inverse_bandwidth,
+    stage_traffic,
+    stage_transfer_seconds,
+    transfer_seconds,
+    transfer_seconds_matrix,
+    transfer_seconds_pairs,
+)
+
+__all__ = [
+    "OPTIMIZER_STATE", "SCHEDULES", "CostModel", "allreduce_seconds", "cut_tensors",
+    "in_flight_microbatches", "inverse_bandwidth", "lower_bound_seconds", "node_seconds",
+    "optimizer_state_factor", "partition_compute_seconds", "partition_memory_breakdown",
+    "partition_memory_bytes", "plan_arrays", "split_work", "stage_compute_seconds",
+    "stage_memory_bytes", "stage_traffic", "stage_transfer_seconds", "transfer_seconds",
+    "transfer_seconds_matrix", "transfer_seconds_pairs",
+]

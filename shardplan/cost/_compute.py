@@ -1,0 +1,156 @@
+"""Compute time of nodes and stages: Parmesan's c_u (section 4, equations 1 and 3)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from shardplan.cost._checks import check_assignment, check_nodes, check_positive, check_rate_array
+from shardplan.ir import Graph
+
+__all__ = ["node_seconds", "partition_compute_seconds", "split_work", "stage_compute_seconds"]
+
+
+def split_work(graph: Graph) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Each node's forward and backward work, split into measured seconds and FLOPs.
+
+    Returns ``(fwd_measured, fwd_flops, bwd_measured, bwd_flops)``, arrays of shape (n,). A
+    node with a measured ``fwd_seconds`` (not NaN) has that in ``fwd_measured`` and 0 in
+    ``fwd_flops``; one without has 0 and its ``fwd_flops``. Likewise backward. The time of
+    the work on a device of peak ``F`` at ``efficiency`` and measured-time ``speed`` is then
+    ``measured / speed + flops / (F * efficiency)``, linear in each part, so sums over
+    stages can be taken before the device is known. O(n).
+    """
+
+    def part(seconds: np.ndarray | None, flops: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if seconds is None:
+            return np.zeros_like(flops), flops
+        has = ~np.isnan(seconds)
+        return np.where(has, seconds, 0.0), np.where(has, 0.0, flops)
+
+    fm, ff = part(graph.fwd_seconds, graph.fwd_flops)
+    bm, bf = part(graph.bwd_seconds, graph.bwd_flops)
+    return fm, ff, bm, bf
+
+
+def node_seconds(graph: Graph, flops_per_second: float, efficiency: float = 1.0, *,
+                 speed: float = 1.0, recompute: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Forward and backward seconds of every node on one device.
+
+    ``fwd[v] = fwd_seconds[v] / speed`` when the node was measured (``fwd_seconds`` present and
+    not NaN), else ``fwd_flops[v] / (flops_per_second * efficiency)``; the same for backward.
+    With ``recompute`` (activation checkpointing, as in Parmesan's experiments, section 7),
+    the backward pass first re-runs the forward: ``bwd += fwd``.
+
+    Parameters
+    ----------
+    graph : Graph
+    flops_per_second : float
+        The device's peak FLOP/s (``Device.flops``).
+    efficiency : float, default 1.0
+        Fraction of the peak that FLOP-derived times achieve, in (0, 1].
+    speed : float, default 1.0
+        How much faster the device is than the machine the measured seconds come from.
+        Measured seconds are used as they are by default (``speed = 1``): a profile is taken
+        on the machine the plan is for. Pass ``device_flops / profiling_flops`` to rescale.
+    recompute : bool, default False
+
+    Returns
+    -------
+    fwd, bwd : ndarray of float64, shape (n,)
+
+    Notes
+    -----
+    Parmesan (section 4, equation 1) defines c_u(v) as the forward plus backward execution
+    time of operator v without saying where it comes from; it profiles. We use the profile
+    when the graph has one and the FLOP count at a fraction of peak otherwise. O(n).
+
+    Examples
+    --------
+    >>> from shardplan.ir import Graph
+    >>> g = Graph.from_arrays(name="g", fwd_flops=[2e12, 4e12], src=[0], dst=[1])
+    >>> node_seconds(g, 1e12, 0.5)
+    (array([4., 8.]), array([ 8., 16.]))
+    """
+    rate = check_positive("flops_per_second", flops_per_second) * check_positive(
+        "efficiency", efficiency, at_most=1.0)
+    speed = check_positive("speed", speed)
+    fm, ff, bm, bf = split_work(graph)
+    fwd = fm / speed + ff / rate
+    bwd = bm / speed + bf / rate
+    if recompute:
+        bwd = bwd + fwd
+    return fwd, bwd
+
+
+def stage_compute_seconds(graph: Graph, nodes: Sequence[int] | np.ndarray,
+                          flops_per_second: float, efficiency: float = 1.0, *,
+                          speed: float = 1.0, recompute: bool = False) -> tuple[float, float]:
+    """Forward and backward seconds of one node set (a stage) on one device.
+
+    The sum of :func:`node_seconds` over the set: a stage runs its operators one after the
+    other (Parmesan section 4.1, equation 3, numerator's c_u term). Duplicate ids count once.
+    O(n).
+
+    Examples
+    --------
+    >>> from shardplan.ir import Graph
+    >>> g = Graph.from_arrays(name="g", fwd_flops=[1.0, 2.0, 3.0], src=[0, 1], dst=[1, 2])
+    >>> stage_compute_seconds(g, [0, 2], 1.0)
+    (4.0, 8.0)
+    """
+    mask = check_nodes(graph, nodes)
+    fwd, bwd = node_seconds(graph, flops_per_second, efficiency, speed=speed,
+                            recompute=recompute)
+    return float(fwd[mask].sum()), float(bwd[mask].sum())
+
+
+def partition_compute_seconds(
+    graph: Graph, assignment: Sequence[int] | np.ndarray, flops_per_second: Any,
+    efficiency: float = 1.0, *, num_stages: int | None = None, speed: Any = 1.0,
+    recompute: bool = False,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Forward and backward seconds of every stage of a partition.
+
+    Parameters
+    ----------
+    graph : Graph
+    assignment : array of int, shape (n,)
+        Stage id of every node, in ``[0, num_stages)``.
+    flops_per_second : float or array of shape (k,)
+        Peak FLOP/s of the device each stage runs on (one number: the same for all).
+    efficiency : float
+    num_stages : int, optional
+        ``k`` (default ``max(assignment) + 1``); stages without nodes take 0 s.
+    speed : float or array of shape (k,)
+        Measured-time speed ratio per stage (see :func:`node_seconds`).
+    recompute : bool
+
+    Returns
+    -------
+    fwd, bwd : ndarray of float64, shape (k,)
+
+    Notes
+    -----
+    Four ``np.bincount`` over the assignment (measured and FLOP parts of forward and
+    backward), then one division per stage: O(n + k).
+
+    Examples
+    --------
+    >>> from shardplan.ir import Graph
+    >>> g = Graph.from_arrays(name="g", fwd_flops=[1.0, 2.0, 3.0], src=[0, 1], dst=[1, 2])
+    >>> partition_compute_seconds(g, [0, 0, 1], [1.0, 3.0])
+    (array([3., 1.]), array([6., 2.]))
+    """
+    a, k = check_assignment(graph, assignment, num_stages)
+    rate = check_rate_array("flops_per_second", flops_per_second, k) * check_positive(
+        "efficiency", efficiency, at_most=1.0)
+    spd = check_rate_array("speed", speed, k)
+    fm, ff, bm, bf = (np.bincount(a, weights=w, minlength=k) for w in split_work(graph))
+    fwd = fm / spd + ff / rate
+    bwd = bm / spd + bf / rate
+    if recompute:
+        bwd = bwd + fwd
+    return fwd, bwd

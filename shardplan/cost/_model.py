@@ -1,0 +1,328 @@
+"""The cost model object: one graph, one topology, the options, precomputed arrays."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import KW_ONLY, dataclass
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+
+from shardplan.cost._checks import check_assignment, check_nodes, check_positive
+from shardplan.cost._compute import split_work
+from shardplan.cost._memory import (
+    optimizer_state_factor,
+    partition_memory_breakdown,
+)
+from shardplan.cost._transfer import (
+    allreduce_seconds,
+    inverse_bandwidth,
+    replica_transfer_seconds,
+    stage_devices_array,
+    stage_traffic,
+    stage_transfer_seconds,
+)
+from shardplan.errors import ShardplanError
+from shardplan.ir import Graph, Plan, Topology
+
+__all__ = ["CostModel", "lower_bound_seconds", "plan_arrays"]
+
+
+def _device_speed(topology: Topology, profile_flops: float | None) -> np.ndarray:
+    if profile_flops is None:
+        return np.ones(topology.num_devices)
+    return topology.device_flops / profile_flops
+
+
+def lower_bound_seconds(graph: Graph, topology: Topology, num_devices: int | None = None, *,
+                        efficiency: float = 1.0, recompute: bool = False,
+                        profile_flops: float | None = None) -> float:
+    """A lower bound on the largest stage time of any partition onto ``num_devices`` devices.
+
+    ``max(W / D, w_max)`` where ``w_v`` is node v's forward + backward seconds on the
+    topology's fastest device (:func:`~shardplan.cost.node_seconds` at its peak), ``W`` their
+    sum and ``D = num_devices`` (default: all of the topology's). Some stage does at least an
+    ``1/D`` share of the work, and no node is split; communication, at least 0, is left out.
+
+    Notes
+    -----
+    Not from the papers: the two classic makespan bounds (average load, largest job), the
+    same as :meth:`Graph.lower_bounds` but in seconds. Parmesan's own lower bounds (section
+    5.2, equations 8-9) seed its mapping search and need a partition; this one does not, so
+    a partitioner can report it (the plan's ``objective.lower_bound``) before it starts. With
+    heterogeneous devices, pricing all work at the fastest device keeps the bound valid but
+    loose. O(n + D).
+
+    Examples
+    --------
+    >>> from shardplan.ir import Device, Graph, Topology
+    >>> g = Graph.from_arrays(name="g", fwd_flops=[1e12, 1e12, 4e12], src=[0, 1], dst=[1, 2])
+    >>> t = Topology(name="t", devices=(Device("a", 1e9, 1e12), Device("b", 1e9, 2e12)),
+    ...              bandwidth=[[0, 1e9], [1e9, 0]], latency=[[0, 0], [0, 0]])
+    >>> lower_bound_seconds(g, t)  # work 1.5, 1.5, 6 s at 2e12 FLOP/s
+    6.0
+    """
+    if num_devices is None:
+        num_devices = topology.num_devices
+    if isinstance(num_devices, bool) or not isinstance(num_devices, (int, np.integer)) \
+            or num_devices < 1:
+        raise ShardplanError(f"num_devices must be a positive integer, got {num_devices!r}")
+    model = CostModel(graph, topology, efficiency=efficiency, recompute=recompute,
+                      profile_flops=profile_flops)
+    return model.lower_bound_seconds(int(num_devices))
+
+
+def plan_arrays(plan: Plan, graph: Graph) -> tuple[np.ndarray, np.ndarray]:
+    """A plan as ``(assignment, stage_devices)``: stage id per node, shape (n,), and the
+    devices of every stage, shape (k, r). Stages must have the same number of replicas."""
+    plan.validate(graph)
+    counts = {len(st.devices) for st in plan.stages}
+    if len(counts) > 1:
+        raise ShardplanError("the cost model needs the same number of replicas in every stage, "
+                             f"got {sorted(counts)}")
+    devices = np.array([list(st.devices) for st in plan.stages], dtype=np.int64)
+    return plan.assignment(graph.num_nodes), devices.reshape(plan.num_stages, -1)
+
+
+@dataclass(frozen=True, eq=False)
+class CostModel:
+    """Time and memory of stages of ``graph`` on the devices of ``topology``.
+
+    The one cost model every planner and the simulator share. It precomputes per-node arrays
+    once so that stage queries are a few ``np.bincount`` (whole partitions) or masked sums
+    (one node set). The formulas are those of :func:`~shardplan.cost.node_seconds`,
+    :func:`~shardplan.cost.stage_transfer_seconds` and
+    :func:`~shardplan.cost.partition_memory_breakdown`.
+
+    Parameters
+    ----------
+    graph : Graph
+    topology : Topology, optional
+        Needed for everything that names a device.
+    optimizer : str, default "adam"
+        ``sgd``, ``sgd-momentum`` (``momentum``), ``adam`` (``adamw``).
+    mixed_precision : bool, default False
+        fp32 master weights and optimizer state beside ``param_dtype_bytes`` parameters.
+    param_dtype_bytes : int, default 2
+    efficiency : float, default 1.0
+        Fraction of a device's peak FLOP/s that FLOP-derived times achieve.
+    recompute : bool, default False
+        Activation recomputation: backward re-runs forward; only stage inputs are stashed.
+    profile_flops : float, optional
+        Peak FLOP/s of the machine the graph's measured seconds come from. When given,
+        measured seconds on device d are scaled by ``profile_flops / flops[d]``; when absent
+        they are used as they are, on every device.
+
+    Examples
+    --------
+    >>> from shardplan.ir import Device, Graph, Topology
+    >>> g = Graph.from_arrays(name="g", fwd_flops=[1e12, 2e12], src=[0], dst=[1],
+    ...                       output_bytes=[1e6, 0], param_bytes=[4e6, 0])
+    >>> t = Topology(name="t", devices=(Device("a", 1e9, 1e12), Device("b", 1e9, 1e12)),
+    ...              bandwidth=[[0, 1e9], [1e9, 0]], latency=[[0, 1e-3], [1e-3, 0]])
+    >>> cm = CostModel(g, t, optimizer="sgd")
+    >>> cm.stage_seconds([0, 1], [0, 1]).tolist()  # 3 s compute + 2 x (1 ms + 1 ms) comm
+    [3.004, 6.004]
+    >>> cm.partition_memory_bytes([0, 1], in_flight=[2, 1]).tolist()
+    [10000000.0, 1000000.0]
+    """
+
+    graph: Graph
+    topology: Topology | None = None
+    _: KW_ONLY
+    optimizer: str = "adam"
+    mixed_precision: bool = False
+    param_dtype_bytes: int = 2
+    efficiency: float = 1.0
+    recompute: bool = False
+    profile_flops: float | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.graph, Graph):
+            raise ShardplanError("CostModel needs a Graph")
+        if self.topology is not None and not isinstance(self.topology, Topology):
+            raise ShardplanError("CostModel's topology must be a Topology")
+        optimizer_state_factor(self.optimizer)
+        check_positive("efficiency", self.efficiency, at_most=1.0)
+        if self.profile_flops is not None:
+            check_positive("profile_flops", self.profile_flops)
+        if isinstance(self.param_dtype_bytes, bool) or not isinstance(
+                self.param_dtype_bytes, (int, np.integer)) or self.param_dtype_bytes < 1:
+            raise ShardplanError(f"param_dtype_bytes must be a positive integer, got "
+                                 f"{self.param_dtype_bytes!r}")
+
+    # ------------------------------------------------------------------ precomputed
+    @cached_property
+    def _work(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        return split_work(self.graph)
+
+    def _topo(self) -> Topology:
+        if self.topology is None:
+            raise ShardplanError("this cost needs a topology")
+        return self.topology
+
+    @cached_property
+    def device_rate(self) -> np.ndarray:
+        """Effective FLOP/s of every device: ``flops * efficiency``, shape (D,)."""
+        return self._topo().device_flops * self.efficiency
+
+    @cached_property
+    def device_speed(self) -> np.ndarray:
+        """Measured-time speed ratio of every device (ones without ``profile_flops``)."""
+        return _device_speed(self._topo(), self.profile_flops)
+
+    @cached_property
+    def inverse_bandwidth(self) -> np.ndarray:
+        """Seconds per byte between devices, (D, D); see :func:`inverse_bandwidth`."""
+        return inverse_bandwidth(self._topo())
+
+    def _device(self, device: Any) -> int:
+        num = self._topo().num_devices
+        if isinstance(device, bool) or not isinstance(device, (int, np.integer)) \
+                or not 0 <= device < num:
+            raise ShardplanError(f"device must be an integer in [0, {num}), got {device!r}")
+        return int(device)
+
+    # ------------------------------------------------------------------ compute
+    def node_seconds(self, device: int) -> tuple[np.ndarray, np.ndarray]:
+        """Forward and backward seconds of every node on ``device``, shape (n,) each. O(n)."""
+        d = self._device(device)
+        fm, ff, bm, bf = self._work
+        rate, speed = self.device_rate[d], self.device_speed[d]
+        fwd = fm / speed + ff / rate
+        bwd = bm / speed + bf / rate
+        return fwd, (bwd + fwd if self.recompute else bwd)
+
+    def stage_compute_seconds(self, nodes: Sequence[int] | np.ndarray,
+                              device: int) -> tuple[float, float]:
+        """Forward and backward seconds of one node set on ``device``. O(n)."""
+        d = self._device(device)
+        mask = check_nodes(self.graph, nodes)
+        fm, ff, bm, bf = (float(w[mask].sum()) for w in self._work)
+        fwd = fm / self.device_speed[d] + ff / self.device_rate[d]
+        bwd = bm / self.device_speed[d] + bf / self.device_rate[d]
+        return fwd, (bwd + fwd if self.recompute else bwd)
+
+    def stage_work(self, assignment: Sequence[int] | np.ndarray,
+                   num_stages: int | None = None) -> np.ndarray:
+        """Per stage, the sums ``(fwd measured s, fwd FLOPs, bwd measured s, bwd FLOPs)``.
+
+        Shape (4, k); device-independent, so a mapping search computes it once. O(n + k).
+        """
+        a, k = check_assignment(self.graph, assignment, num_stages)
+        return np.stack([np.bincount(a, weights=w, minlength=k) for w in self._work])
+
+    def compute_matrix(self, assignment: Sequence[int] | np.ndarray,
+                       num_stages: int | None = None) -> np.ndarray:
+        """Forward + backward seconds of every stage on every device, shape (k, D).
+
+        ``C[s, d] = (fm_s + bm_s) / speed_d + (ff_s + bf_s) / rate_d`` (recompute adds the
+        forward again). O(n + k D).
+        """
+        fm, ff, bm, bf = self.stage_work(assignment, num_stages)
+        mult = 2.0 if self.recompute else 1.0
+        meas = fm * mult + bm
+        flops = ff * mult + bf
+        return meas[:, None] / self.device_speed[None, :] + flops[:, None] / \
+            self.device_rate[None, :]
+
+    def partition_compute_seconds(self, assignment: Sequence[int] | np.ndarray,
+                                  stage_devices: Any, num_stages: int | None = None
+                                  ) -> tuple[np.ndarray, np.ndarray]:
+        """Forward and backward seconds of every stage on its (first) device, (k,) each."""
+        fm, ff, bm, bf = self.stage_work(assignment, num_stages)
+        dev = stage_devices_array(self._topo(), stage_devices, fm.shape[0])[:, 0]
+        speed, rate = self.device_speed[dev], self.device_rate[dev]
+        fwd = fm / speed + ff / rate
+        bwd = bm / speed + bf / rate
+        return fwd, (bwd + fwd if self.recompute else bwd)
+
+    # ------------------------------------------------------------------ communication
+    def traffic(self, assignment: Sequence[int] | np.ndarray,
+                num_stages: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Bytes and tensors between stages, (k, k) each; see :func:`stage_traffic`."""
+        return stage_traffic(self.graph, assignment, num_stages)
+
+    def stage_transfer_seconds(self, assignment: Sequence[int] | np.ndarray,
+                               stage_devices: Any, num_stages: int | None = None, *,
+                               gradients: bool = True) -> np.ndarray:
+        """Communication seconds of every stage; see :func:`stage_transfer_seconds`."""
+        b, t = self.traffic(assignment, num_stages)
+        return stage_transfer_seconds(self._topo(), b, t, stage_devices, gradients=gradients)
+
+    def stage_seconds(self, assignment: Sequence[int] | np.ndarray, stage_devices: Any,
+                      num_stages: int | None = None) -> np.ndarray:
+        """Time of every stage for one micro-batch: Parmesan's equation 3.
+
+        ``t(s) = max over replicas i of [ C[s, p_i(s)] / r + c_m_i(s) ]``: compute (forward +
+        backward) on the replica's device, divided by the r replicas that share the
+        micro-batch (equation 3's ``/(d - d')``), plus the replica's communication
+        (:func:`stage_transfer_seconds`, which already carries ``1/r`` of the bytes). The
+        pipeline's steady-state time per micro-batch is the largest ``t(s)`` (equation 1);
+        gradient all-reduce is once per iteration and left to :meth:`allreduce_seconds`.
+        O(n + m log m + r k^2).
+        """
+        a, k = check_assignment(self.graph, assignment, num_stages)
+        dev = stage_devices_array(self._topo(), stage_devices, k)
+        r = dev.shape[1]
+        comp = self.compute_matrix(a, k)
+        b, t = stage_traffic(self.graph, a, k)
+        comm = replica_transfer_seconds(self._topo(), self.inverse_bandwidth, b, t, dev)
+        comp_r = np.take_along_axis(comp, dev, axis=1).T / r  # (r, k)
+        return (comp_r + comm).max(axis=0)
+
+    def allreduce_seconds(self, assignment: Sequence[int] | np.ndarray, stage_devices: Any,
+                          num_stages: int | None = None) -> np.ndarray:
+        """Ring all-reduce seconds of every stage's gradients over its replicas, (k,)."""
+        a, k = check_assignment(self.graph, assignment, num_stages)
+        dev = stage_devices_array(self._topo(), stage_devices, k)
+        grads = np.bincount(a, weights=self.graph.param_bytes.astype(np.float64), minlength=k)
+        return np.array([allreduce_seconds(self._topo(), dev[s], grads[s]) for s in range(k)])
+
+    # ------------------------------------------------------------------ memory
+    def memory_breakdown(self, assignment: Sequence[int] | np.ndarray,
+                         num_stages: int | None = None, *, in_flight: Any = 1,
+                         replicas: Any = 1) -> dict[str, np.ndarray]:
+        """Every memory term of every stage; see :func:`partition_memory_breakdown`."""
+        return partition_memory_breakdown(
+            self.graph, assignment, num_stages, optimizer=self.optimizer, in_flight=in_flight,
+            recompute=self.recompute, mixed_precision=self.mixed_precision,
+            param_dtype_bytes=self.param_dtype_bytes, replicas=replicas)
+
+    def partition_memory_bytes(self, assignment: Sequence[int] | np.ndarray,
+                               num_stages: int | None = None, *, in_flight: Any = 1,
+                               replicas: Any = 1) -> np.ndarray:
+        """Memory of every stage, bytes per device, shape (k,)."""
+        return self.memory_breakdown(assignment, num_stages, in_flight=in_flight,
+                                     replicas=replicas)["total"]
+
+    def stage_memory_bytes(self, nodes: Sequence[int] | np.ndarray, *, in_flight: float = 1,
+                           replicas: int = 1) -> float:
+        """Memory of one node set run as a stage, bytes per device."""
+        mask = check_nodes(self.graph, nodes)
+        return float(self.partition_memory_bytes(np.where(mask, 0, 1), 2, in_flight=in_flight,
+                                                 replicas=replicas)[0])
+
+    def fits_memory(self, assignment: Sequence[int] | np.ndarray, stage_devices: Any,
+                    num_stages: int | None = None, *, in_flight: Any = 1) -> np.ndarray:
+        """Whether every stage fits in the memory of each of its devices, bool (k,)."""
+        a, k = check_assignment(self.graph, assignment, num_stages)
+        dev = stage_devices_array(self._topo(), stage_devices, k)
+        need = self.partition_memory_bytes(a, k, in_flight=in_flight, replicas=dev.shape[1])
+        have = self._topo().device_memory[dev].min(axis=1)
+        return need <= have
+
+    # ------------------------------------------------------------------ bounds
+    def lower_bound_seconds(self, num_devices: int | None = None) -> float:
+        """See :func:`lower_bound_seconds`. O(n + D)."""
+        topo = self._topo()
+        d = topo.num_devices if num_devices is None else int(num_devices)
+        if d < 1:
+            raise ShardplanError(f"num_devices must be a positive integer, got {num_devices!r}")
+        fastest = int(np.argmax(topo.device_flops))
+        fwd, bwd = self.node_seconds(fastest)
+        work = fwd + bwd
+        if work.size == 0:
+            return 0.0
+        return float(max(work.sum() / d, work.max()))

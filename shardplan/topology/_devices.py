@@ -1,0 +1,203 @@
+"""Device presets and the checks every topology builder shares."""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from shardplan.errors import ShardplanError
+from shardplan.ir.topology import Device
+
+__all__ = ["DEVICE_PRESETS", "DevicePreset", "generator_meta", "make_devices", "resolve_device"]
+
+GIB = 2**30
+
+
+@dataclass(frozen=True, slots=True)
+class DevicePreset:
+    """Memory (bytes) and peak rate (FLOP/s) of one accelerator model.
+
+    Attributes
+    ----------
+    name : str
+        Preset key (``"v100"``).
+    memory_bytes : int
+        Device memory, the nominal capacity in binary units (NVIDIA's "32 GB" HBM2 is 32 GiB).
+    flops : float
+        Peak dense tensor-core rate at the training precision (fp16 or bf16), FLOP/s.
+    source : str
+        Where the numbers come from.
+    """
+
+    name: str
+    memory_bytes: int
+    flops: float
+    source: str
+
+
+#: Published peak numbers of the accelerators the papers use. Each ``flops`` is the *dense*
+#: tensor-core rate in half precision (fp16 on V100, which has no bf16; bf16 on A100/H100);
+#: NVIDIA's headline figures with 2:4 structured sparsity are twice these.
+DEVICE_PRESETS: dict[str, DevicePreset] = {
+    "v100": DevicePreset(
+        "v100", 32 * GIB, 125e12,
+        "NVIDIA Tesla V100 SXM2 32 GB (the DGX-1V GPU): 125 TFLOP/s fp16 tensor core "
+        "(NVIDIA V100 datasheet; 'up to 125 Tensor TFLOPS', NVIDIA developer blog on CUDA 9 "
+        "tensor cores)",
+    ),
+    "a100": DevicePreset(
+        "a100", 80 * GIB, 312e12,
+        "NVIDIA A100 SXM4 80 GB: 312 TFLOP/s dense bf16/fp16 tensor core (A100 datasheet; "
+        "624 with sparsity)",
+    ),
+    "h100": DevicePreset(
+        "h100", 80 * GIB, 989e12,
+        "NVIDIA H100 SXM5 80 GB: 989 TFLOP/s dense bf16 tensor core (H100 datasheet lists "
+        "1,979 with sparsity; the Hopper whitepaper gives 989.4 dense)",
+    ),
+}
+
+
+# ---------------------------------------------------------------------- checks
+def check_positive(name: str, value: Any) -> float:
+    """``value`` as a positive finite float, else a one-line :class:`ShardplanError`."""
+    if isinstance(value, bool):
+        raise ShardplanError(f"{name} must be a positive number, got {value!r}")
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise ShardplanError(f"{name} must be a positive number, got {value!r}") from None
+    if not v > 0 or not math.isfinite(v):
+        raise ShardplanError(f"{name} must be a positive number, got {value!r}")
+    return v
+
+
+def check_nonnegative(name: str, value: Any) -> float:
+    if isinstance(value, bool):
+        raise ShardplanError(f"{name} must be a number >= 0, got {value!r}")
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise ShardplanError(f"{name} must be a number >= 0, got {value!r}") from None
+    if not v >= 0 or not math.isfinite(v):
+        raise ShardplanError(f"{name} must be a number >= 0, got {value!r}")
+    return v
+
+
+def check_count(name: str, value: Any, *, minimum: int = 1) -> int:
+    """``value`` as an int >= ``minimum`` (bools and floats with a fraction are refused)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or \
+            not math.isfinite(value) or value != int(value):
+        raise ShardplanError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    v = int(value)
+    if v < minimum:
+        raise ShardplanError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return v
+
+
+def check_shape(kind: str, shape: Any, ndim: int | None = None, *, minimum: int = 1,
+                example: str = "4x4") -> tuple[int, ...]:
+    """A grid shape: a tuple of integers >= ``minimum``, of length ``ndim`` when given."""
+    if isinstance(shape, str):  # "4x4" or "4,4", as on the command line
+        shape = tuple(p.strip() for p in shape.replace(",", "x").split("x"))
+        try:
+            shape = tuple(int(p) for p in shape)
+        except ValueError:
+            raise ShardplanError(f"{kind} shape must be integers like {example}, got "
+                                 f"{'x'.join(shape)}") from None
+    if isinstance(shape, numbers.Real) and not isinstance(shape, bool):
+        shape = (shape,)
+    try:
+        dims = tuple(shape)
+    except TypeError:
+        raise ShardplanError(f"{kind} shape must be a sequence of integers like {example}, got "
+                             f"{shape!r}") from None
+    text = "x".join(str(d) for d in dims)
+    if ndim is not None and len(dims) != ndim:
+        raise ShardplanError(f"{kind} needs a {ndim}-dimensional shape like {example}, got "
+                             f"{text or 'nothing'}")
+    if not dims:
+        raise ShardplanError(f"{kind} needs a shape like {example}")
+    out = []
+    for d in dims:
+        if isinstance(d, bool) or not isinstance(d, numbers.Real) or not math.isfinite(d) \
+                or d != int(d) or d < minimum:
+            raise ShardplanError(f"{kind} shape sizes must be integers >= {minimum}, got {text}")
+        out.append(int(d))
+    return tuple(out)
+
+
+def check_range(name: str, value: Any) -> tuple[float, float]:
+    """A ``(lo, hi)`` pair with ``0 < lo <= hi``."""
+    try:
+        lo, hi = value
+    except (TypeError, ValueError):
+        raise ShardplanError(f"{name} must be a (low, high) pair, got {value!r}") from None
+    lo = check_positive(f"{name} low end", lo)
+    hi = check_positive(f"{name} high end", hi)
+    if lo > hi:
+        raise ShardplanError(f"{name} low end {lo:g} is above its high end {hi:g}")
+    return lo, hi
+
+
+def check_list(name: str, values: Any, length: int, *, what: str, positive: bool = True
+               ) -> tuple[float, ...]:
+    """A sequence of ``length`` positive (or non-negative) numbers."""
+    if isinstance(values, (int, float)) and not isinstance(values, bool):
+        values = (values,)
+    try:
+        vals = tuple(values)
+    except TypeError:
+        raise ShardplanError(f"{name} must be a list of {length} numbers, got {values!r}") \
+            from None
+    if len(vals) != length:
+        raise ShardplanError(f"{name} needs {length} value{'s' if length != 1 else ''} ({what}), "
+                             f"got {len(vals)}")
+    check = check_positive if positive else check_nonnegative
+    return tuple(check(name, v) for v in vals)
+
+
+# ---------------------------------------------------------------------- metadata
+def generator_meta(kind: str, **options: Any) -> dict[str, Any]:
+    """The ``generator`` field builders add to their topology (kind and options used)."""
+    def plain(v: Any) -> Any:
+        if isinstance(v, (tuple, list)):
+            return [plain(x) for x in v]
+        if isinstance(v, np.generic):
+            return v.item()
+        return v
+
+    return {"generator": {"kind": kind, "options": {k: plain(v) for k, v in options.items()}}}
+
+
+# ---------------------------------------------------------------------- devices
+def resolve_device(device: str | DevicePreset, memory_bytes: float | None,
+                   flops: float | None) -> tuple[str, float, float]:
+    """``(type name, memory bytes, FLOP/s)`` from a preset and optional overrides."""
+    if isinstance(device, DevicePreset):
+        preset = device
+    else:
+        key = str(device).lower()
+        if key not in DEVICE_PRESETS:
+            raise ShardplanError(f"unknown device type {device!r} (choose from "
+                                 f"{', '.join(DEVICE_PRESETS)})")
+        preset = DEVICE_PRESETS[key]
+    mem = preset.memory_bytes if memory_bytes is None else check_positive("memory_bytes",
+                                                                          memory_bytes)
+    fl = preset.flops if flops is None else check_positive("flops", flops)
+    if float(mem).is_integer():
+        mem = int(mem)
+    return preset.name, mem, fl
+
+
+def make_devices(names: Sequence[str], device: str | DevicePreset = "v100",
+                 memory_bytes: float | None = None, flops: float | None = None
+                 ) -> tuple[Device, ...]:
+    """Identical devices named ``names``, from a preset with optional overrides."""
+    kind, mem, fl = resolve_device(device, memory_bytes, flops)
+    return tuple(Device(name=n, memory_bytes=mem, flops=fl, extra={"type": kind}) for n in names)

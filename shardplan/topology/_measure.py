@@ -1,0 +1,286 @@
+"""Measured topologies: ping-pong between every ordered pair of N local processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import tempfile
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from shardplan.errors import ShardplanError
+from shardplan.ir.topology import Device, Topology
+from shardplan.topology._devices import (
+    DEVICE_PRESETS,
+    check_count,
+    check_positive,
+    generator_meta,
+    resolve_device,
+)
+
+__all__ = ["BACKENDS", "DEFAULT_SIZES", "fit_link", "measure"]
+
+BACKENDS = ("auto", "gloo", "nccl")
+#: Message sizes (bytes): one tiny message for the latency, then 64 KiB to 16 MiB.
+DEFAULT_SIZES: tuple[int, ...] = (4, 1 << 16, 1 << 20, 1 << 22, 1 << 24)
+#: Nominal peak of one CPU process (one core): about 3 GHz x two 8-wide fp32 FMA units x 2.
+CPU_FLOPS = 1e11
+_GRACE = 2.0  # seconds to let the other ranks report after one fails
+
+
+def fit_link(sizes: Sequence[float], one_way: Sequence[float]) -> tuple[float, float]:
+    """Bandwidth and latency of a link from one-way times at several message sizes.
+
+    Parameters
+    ----------
+    sizes : sequence of float
+        Message sizes in bytes (at least two distinct).
+    one_way : sequence of float
+        One-way seconds at each size (half the median round trip).
+
+    Returns
+    -------
+    (bandwidth, latency) : tuple of float
+        ``latency`` = the one-way time of the smallest message; ``bandwidth`` = 1 / slope of
+        the least-squares line ``t = a + s / B`` through all points. If noise makes the slope
+        non-positive, ``B`` = largest size / its one-way time (a lower bound).
+
+    Notes
+    -----
+    The least-squares fit is dominated by the large sizes, as a bandwidth estimate should be;
+    its intercept is not used as the latency because it is noisy and can be negative.
+    """
+    s = np.asarray(sizes, dtype=np.float64)
+    t = np.asarray(one_way, dtype=np.float64)
+    if s.size != t.size or s.size < 2 or np.unique(s).size < 2:
+        raise ShardplanError("fitting a link needs one-way times at two or more sizes")
+    latency = float(t[np.argmin(s)])
+    slope = float(np.polyfit(s, t, 1)[0])
+    big = int(np.argmax(s))
+    bandwidth = 1.0 / slope if slope > 0 else float(s[big] / max(t[big], 1e-12))
+    return bandwidth, max(latency, 0.0)
+
+
+def _machine_memory() -> int:
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - non-POSIX
+        return 16 * 2**30
+
+
+def _read(path: str) -> Any:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return json.load(fh)
+    except (OSError, ValueError):
+        return None
+
+
+def _run(nproc: int, cfg: dict[str, Any], timeout: float, tmp: str) -> list[dict[str, Any]]:
+    """Start the ranks, wait for all of them (never longer than ``timeout``), read results."""
+    import multiprocessing as mp
+    from multiprocessing.connection import wait
+
+    from shardplan.topology import _measure_worker
+
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_measure_worker.run, args=(r, nproc, cfg, tmp), daemon=True,
+                         name=f"shardplan-measure-{r}") for r in range(nproc)]
+    deadline = time.monotonic() + timeout
+    try:
+        for p in procs:
+            p.start()
+        pending = {p.sentinel: r for r, p in enumerate(procs)}
+        while pending:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                left = ", ".join(str(r) for r in sorted(pending.values()))
+                raise ShardplanError(f"topology measurement timed out after {timeout:g} s "
+                                     f"(rank{'s' if len(pending) > 1 else ''} {left} still "
+                                     f"running); allow more time or use fewer processes")
+            for sentinel in wait(list(pending), timeout=remaining):
+                rank = pending.pop(sentinel)
+                procs[rank].join()
+                if procs[rank].exitcode != 0:
+                    raise ShardplanError(_failure(procs, rank, tmp, deadline))
+    finally:
+        started = [p for p in procs if p.pid is not None]
+        for p in started:
+            if p.is_alive():
+                p.terminate()
+        for p in started:
+            p.join(timeout=2.0)
+            if p.is_alive():  # pragma: no cover - ignored SIGTERM
+                p.kill()
+                p.join()
+    results = []
+    for r in range(nproc):
+        res = _read(os.path.join(tmp, f"rank{r}.json"))
+        if not isinstance(res, dict):
+            raise ShardplanError(f"topology measurement: rank {r} finished without a result")
+        results.append(res)
+    return results
+
+
+def _failure(procs: list[Any], rank: int, tmp: str, deadline: float) -> str:
+    """One line naming the rank that failed first and why."""
+    # The first rank to exit is often a victim (its peer died); give the others a moment to
+    # write their error files and report the earliest failure.
+    end = min(time.monotonic() + _GRACE, deadline)
+    while time.monotonic() < end and not all(
+            not p.is_alive() or os.path.exists(os.path.join(tmp, f"rank{r}.err"))
+            for r, p in enumerate(procs)):
+        time.sleep(0.05)
+    errors: dict[int, tuple[float, str]] = {}
+    for r in range(len(procs)):
+        err = _read(os.path.join(tmp, f"rank{r}.err"))
+        if isinstance(err, dict):
+            errors[r] = (float(err.get("time", 0.0)), str(err.get("error", "")))
+    # A rank that died without a word (killed, os._exit, crash) is the likely cause: its
+    # peers only report the broken connection.
+    silent = [r for r, p in enumerate(procs)
+              if r not in errors and p.exitcode not in (0, None)]
+    if silent:
+        rank = rank if rank in silent else silent[0]
+        text = (f"topology measurement failed: rank {rank} exited with code "
+                f"{procs[rank].exitcode} without a message")
+        if not os.path.exists(os.path.join(tmp, f"rank{rank}.log")):
+            text += (" before it started (a script that calls measure() needs an "
+                     "'if __name__ == \"__main__\":' guard: the ranks are spawned)")
+        if errors:
+            other = min(errors, key=lambda r: errors[r][0])
+            text += f" (then rank {other}: {errors[other][1][:160]})"
+        return text
+    first = min(errors, key=lambda r: errors[r][0])
+    return f"topology measurement failed on rank {first}: {errors[first][1]}"
+
+
+def measure(nproc: int, *, backend: str = "auto", sizes: Sequence[int] = DEFAULT_SIZES,
+            repeats: int = 10, warmup: int = 1, timeout: float = 120.0,
+            device: str | None = None, memory_bytes: float | None = None,
+            flops: float | None = None, name: str | None = None,
+            _fault: Sequence[Any] | None = None) -> Topology:
+    """Measure latency and bandwidth between N local processes with torch.distributed.
+
+    Parameters
+    ----------
+    nproc : int
+        N >= 2 processes (ranks), started with the ``spawn`` method; rank r is device r.
+    backend : {"auto", "gloo", "nccl"}
+        ``auto`` (default) is NCCL when there are N CUDA devices, else gloo on CPU.
+    sizes : sequence of int
+        Message sizes in bytes, at least two distinct (default 4 B, 64 KiB, 1, 4, 16 MiB).
+    repeats, warmup : int
+        Timed and untimed round trips per size and pair (defaults 10 and 1).
+    timeout : float
+        Hard limit in seconds on the whole run, process start included (default 120); also
+        the process-group timeout of every blocking call.
+    device : {"v100", "a100", "h100"}, optional
+        Preset for the devices' memory and FLOP/s. Without it: CPU ranks get this machine's
+        RAM split evenly across the N ranks and a nominal 1e11 FLOP/s (one core with two
+        8-wide fp32 FMA units at about 3 GHz); CUDA ranks get their reported memory and the
+        preset matching their name (V100/A100/H100), else 1e14 FLOP/s.
+    memory_bytes, flops : float, optional
+        Override the memory and FLOP/s of every device.
+    name : str, optional
+        Topology name (default ``measured-{backend}-{N}``).
+
+    Returns
+    -------
+    Topology
+        Devices ``rank0..``; ``bandwidth[i][j]`` and ``latency[i][j]`` as measured with i
+        initiating the ping-pong. ``meta["measurement"]`` keeps the backend, sizes, repeats,
+        wall-clock seconds and the median one-way time of every pair at every size.
+
+    Raises
+    ------
+    ShardplanError
+        Bad options; any rank failing (the other ranks are killed and the error of the first
+        rank to fail is reported); the run exceeding ``timeout``.
+
+    Notes
+    -----
+    Paper 000 section 3.1 provides "a script that measures GPU-to-GPU communication speed"
+    with NCCL and feeds the measurements to the partitioners; it gives no protocol, so ours
+    is: all ranks join a process group (``FileStore`` in a temporary directory, no ports),
+    then for every ordered pair (i, j) in turn, the others waiting at a barrier so that pairs
+    never overlap, i sends j a message of each size with a blocking ``send`` and j sends it
+    back, ``warmup + repeats`` times. The one-way time of a size is half the median round
+    trip; :func:`fit_link` turns the sizes' times into (bandwidth, latency). Both directions
+    of a pair are measured (i initiating, then j), so the matrices need not be symmetric.
+    O(N^2 x len(sizes) x repeats) messages. Only this function imports torch, in the ranks.
+
+    The ranks are started with the ``spawn`` method, so a script calling this function must
+    guard its top level with ``if __name__ == "__main__":`` (the error says so otherwise).
+    """
+    n = check_count("nproc", nproc, minimum=2)
+    if backend not in BACKENDS:
+        raise ShardplanError(f"unknown backend {backend!r} (choose from {', '.join(BACKENDS)})")
+    try:
+        size_list = sorted({check_count("message size", s) for s in sizes})
+    except TypeError:
+        raise ShardplanError(f"sizes must be a list of byte counts, got {sizes!r}") from None
+    if len(size_list) < 2:
+        raise ShardplanError("measure needs at least two distinct message sizes")
+    reps = check_count("repeats", repeats)
+    warm = check_count("warmup", warmup, minimum=0)
+    limit = check_positive("timeout", timeout)
+    if device is not None:
+        resolve_device(device, memory_bytes, flops)  # validate early
+    else:
+        if memory_bytes is not None:
+            check_positive("memory_bytes", memory_bytes)
+        if flops is not None:
+            check_positive("flops", flops)
+    cfg = {"backend": backend, "sizes": size_list, "repeats": reps, "warmup": warm,
+           "timeout": limit, "fault": list(_fault) if _fault else None}
+
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="shardplan-measure-") as tmp:
+        results = _run(n, cfg, limit, tmp)
+    wall = time.monotonic() - t0
+
+    used = results[0]["backend"]
+    one_way = np.zeros((len(size_list), n, n))
+    bw = np.zeros((n, n))
+    lat = np.zeros((n, n))
+    for res in results:
+        i = int(res["rank"])
+        for key, per_size in res["rtt"].items():
+            j = int(key)
+            one_way[:, i, j] = [float(np.median(ts)) / 2 for ts in per_size]
+            bw[i, j], lat[i, j] = fit_link(size_list, one_way[:, i, j])
+    devices = tuple(_device(res, n, device, memory_bytes, flops) for res in results)
+    return Topology(
+        name=name or f"measured-{used}-{n}", devices=devices, bandwidth=bw, latency=lat,
+        meta={**generator_meta("measure", nproc=n, backend=backend, sizes=size_list,
+                               repeats=reps, warmup=warm),
+              "measurement": {"backend": used, "host": results[0].get("host", ""),
+                              "sizes": size_list, "repeats": reps,
+                              "wall_seconds": round(wall, 3),
+                              "one_way_seconds": one_way.tolist()}},
+    )
+
+
+def _device(res: dict[str, Any], n: int, preset: str | None, memory_bytes: float | None,
+            flops: float | None) -> Device:
+    info = res.get("device", {})
+    rank = int(res["rank"])
+    extra = {"host": res.get("host") or socket.gethostname(), "backend": res["backend"],
+             "device": info.get("name", "cpu")}
+    if preset is not None:
+        kind, mem, fl = resolve_device(preset, memory_bytes, flops)
+        extra["type"] = kind
+    elif info.get("kind") == "cuda":
+        gpu = str(info.get("name", "")).lower()
+        match = next((k for k in DEVICE_PRESETS if k in gpu), None)
+        mem = memory_bytes if memory_bytes is not None else int(info["memory_bytes"])
+        fl = flops if flops is not None else (DEVICE_PRESETS[match].flops if match else 1e14)
+    else:
+        mem = memory_bytes if memory_bytes is not None else _machine_memory() // n
+        fl = flops if flops is not None else CPU_FLOPS
+    return Device(name=f"rank{rank}", memory_bytes=mem, flops=fl, extra=extra)

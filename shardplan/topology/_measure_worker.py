@@ -1,0 +1,149 @@
+"""One rank of ``shardplan topology measure`` (runs in a spawned process; imports torch).
+
+The parent (:mod:`shardplan.topology._measure`) starts one process per rank with
+:func:`run`. Everything a rank has to say goes to files in the run's temporary directory:
+``rank{r}.json`` (its round-trip times, written atomically), ``rank{r}.err`` (one JSON line:
+when and why it failed) and ``rank{r}.log`` (its redirected stdout/stderr, so that torch's
+warnings never reach the user's terminal).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+from datetime import timedelta
+from typing import Any
+
+__all__ = ["run"]
+
+
+def _write_json(path: str, data: Any) -> None:
+    tmp = f"{path}.tmp"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(data, fh)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def _redirect_output(path: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
+def _fault(cfg: dict[str, Any], rank: int, where: str) -> None:
+    """Test hook: ``cfg["fault"] = [action, rank, where]`` misbehaves on purpose."""
+    fault = cfg.get("fault")
+    if not fault or int(fault[1]) != rank or fault[2] != where:
+        return
+    action = fault[0]
+    if action == "raise":
+        raise RuntimeError(f"injected failure on rank {rank}")
+    if action == "exit":
+        os._exit(3)
+    if action == "hang":
+        while True:
+            time.sleep(3600)
+
+
+def _measure(rank: int, world: int, cfg: dict[str, Any], tmpdir: str) -> dict[str, Any]:
+    os.environ["OMP_NUM_THREADS"] = "1"
+    # Every rank is on this host: talk over loopback (gloo otherwise resolves the host name).
+    if sys.platform.startswith("linux") and os.path.exists("/sys/class/net/lo"):
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    _fault(cfg, rank, "start")
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    backend = cfg["backend"]
+    cuda_ok = torch.cuda.is_available() and torch.cuda.device_count() >= world
+    if backend == "auto":
+        backend = "nccl" if cuda_ok and dist.is_nccl_available() else "gloo"
+    if backend == "nccl" and not cuda_ok:
+        raise RuntimeError(f"the nccl backend needs {world} CUDA devices, found "
+                           f"{torch.cuda.device_count() if torch.cuda.is_available() else 0}")
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+        dev = torch.device("cuda", rank)
+        props = torch.cuda.get_device_properties(rank)
+        device = {"kind": "cuda", "name": props.name, "memory_bytes": int(props.total_memory)}
+
+        def sync() -> None:
+            torch.cuda.synchronize(dev)
+    else:
+        dev = torch.device("cpu")
+        device = {"kind": "cpu", "name": "cpu"}
+
+        def sync() -> None:
+            pass
+
+    store = dist.FileStore(os.path.join(tmpdir, "store"), world)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world,
+                            timeout=timedelta(seconds=float(cfg["timeout"])))
+    _fault(cfg, rank, "measure")
+    sizes = [int(s) for s in cfg["sizes"]]
+    repeats, warmup = int(cfg["repeats"]), int(cfg["warmup"])
+    buffers = {s: torch.zeros(s, dtype=torch.uint8, device=dev) for s in sizes}
+    rtt: dict[str, list[list[float]]] = {}
+    for i in range(world):
+        for j in range(world):
+            if i == j:
+                continue
+            dist.barrier()  # one pair at a time: the others wait here
+            if rank not in (i, j):
+                continue
+            peer = j if rank == i else i
+            per_size = []
+            for s in sizes:
+                buf = buffers[s]
+                times = []
+                for it in range(warmup + repeats):
+                    t0 = time.perf_counter()
+                    if rank == i:  # ping, then wait for the pong
+                        dist.send(buf, peer)
+                        dist.recv(buf, peer)
+                    else:
+                        dist.recv(buf, peer)
+                        dist.send(buf, peer)
+                    sync()
+                    if it >= warmup:
+                        times.append(time.perf_counter() - t0)
+                per_size.append(times)
+            if rank == i:
+                rtt[str(j)] = per_size
+    dist.barrier()
+    return {"rank": rank, "backend": backend, "device": device, "host": os.uname().nodename,
+            "rtt": rtt}
+
+
+def run(rank: int, world: int, cfg: dict[str, Any], tmpdir: str) -> None:
+    """Entry point of one spawned rank: measure, write ``rank{r}.json``, exit.
+
+    Exits through ``os._exit`` so that no interpreter teardown (process-group destructors,
+    atexit hooks) can hang the rank after its result is written.
+    """
+    _redirect_output(os.path.join(tmpdir, f"rank{rank}.log"))
+    try:
+        result = _measure(rank, world, cfg, tmpdir)
+        _write_json(os.path.join(tmpdir, f"rank{rank}.json"), result)
+    except BaseException as exc:  # noqa: BLE001 - every failure is reported to the parent
+        traceback.print_exc()
+        msg = " ".join(f"{type(exc).__name__}: {exc}".split())
+        try:
+            _write_json(os.path.join(tmpdir, f"rank{rank}.err"),
+                        {"time": time.time(), "error": msg[:500]})
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(1)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

@@ -1,0 +1,111 @@
+"""``shardplan topology`` through a local parser (the main parser may not import every command
+module yet): outputs, and one-line errors with exit status 2."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from shardplan.cli import topology as cli
+from shardplan.cli._common import OneLineParser
+from shardplan.errors import ShardplanError
+from shardplan.ir import dumps, load_topology
+from shardplan.topology import build
+
+
+def _run(argv: list[str]) -> int:
+    """What ``shardplan.cli.main.main`` does, with only the topology command registered."""
+    parser = OneLineParser(prog="shardplan")
+    sub = parser.add_subparsers(dest="command", parser_class=OneLineParser)
+    sub.required = True
+    cli.register(sub)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    try:
+        return int(args.handler(args) or 0)
+    except ShardplanError as exc:
+        sys.stderr.write(f"shardplan: error: {exc}\n")
+        return 2
+
+
+@pytest.mark.parametrize("argv, kind, options", [
+    (["flat", "--devices", "4", "--bandwidth", "2e9", "--latency", "1e-6"], "flat",
+     {"num_devices": 4, "bandwidth": 2e9, "latency": 1e-6}),
+    (["hierarchical", "--shape", "2x2x3", "--level-names", "rack,box,gpu", "--bandwidth",
+      "1e9,1e10,1e11", "--latency", "1e-4,1e-5,0"], "hierarchical",
+     {"shape": (2, 2, 3), "level_names": ("rack", "box", "gpu"),
+      "bandwidth": (1e9, 1e10, 1e11), "latency": (1e-4, 1e-5, 0.0)}),
+    (["dgx1", "--boxes", "2", "--inter-bandwidth", "1e9", "--device-type", "a100"], "dgx1",
+     {"boxes": 2, "inter_bandwidth": 1e9, "device": "a100"}),
+    (["mesh2d", "--shape", "3x5", "--bandwidth", "5e10", "--latency", "2e-6"], "mesh2d",
+     {"shape": (3, 5), "link_bandwidth": 5e10, "hop_latency": 2e-6}),
+    (["torus3d", "--shape", "3x3x4", "--flops", "1e14"], "torus3d",
+     {"shape": (3, 3, 4), "flops": 1e14}),
+    (["random-blk-2", "--devices", "32", "--super-block-size", "8", "--seed", "4"],
+     "random-blk-2", {"num_devices": 32, "super_block_size": 8, "seed": 4}),
+    (["uniform-dist", "--devices", "6", "--bandwidth", "1e9,2e9", "--name", "u"],
+     "uniform-dist", {"num_devices": 6, "bandwidth": (1e9, 2e9), "name": "u"}),
+    (["random-blk-1", "--devices", "8", "--bandwidth", "1e9,2e9,3e10,4e10", "--latency",
+      "1e-5,2e-5,1e-6,2e-6", "--block-size", "2"], "random-blk-1",
+     {"num_devices": 8, "bandwidth": (1e9, 2e9, 3e10, 4e10),
+      "latency": (1e-5, 2e-5, 1e-6, 2e-6), "block_size": 2}),
+])
+def test_cli_writes_what_the_api_builds(argv, kind, options, tmp_path, capsys) -> None:
+    out = tmp_path / "t.json"
+    assert _run(["topology", *argv, "-o", str(out)]) == 0
+    assert capsys.readouterr().out.strip() == f"wrote topology to {out}"
+    assert dumps(load_topology(out)) == dumps(build(kind, **options))
+
+
+def test_cli_defaults_and_json(capsys) -> None:
+    assert _run(["topology", "dgx1", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["format"] == "shardplan.topology/1" and len(data["devices"]) == 8
+    assert _run(["topology", "mesh3d", "--json"]) == 0
+    assert len(json.loads(capsys.readouterr().out)["devices"]) == 64
+    assert _run(["topology", "hierarchical", "--json"]) == 0
+    assert len(json.loads(capsys.readouterr().out)["devices"]) == 96
+    assert _run(["topology", "random-blk-1", "--json"]) == 0
+    assert len(json.loads(capsys.readouterr().out)["devices"]) == 64
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["mesh3d", "--shape", "3x3"], "mesh3d needs a 3-dimensional shape"),
+    (["torus2d", "--shape", "2x4"], "torus2d sizes must be >= 3"),
+    (["dgx1", "--boxes", "0"], "expected a positive integer"),
+    (["hierarchical", "--shape", "2x4", "--bandwidth", "1e9"], "bandwidth needs 2 values"),
+    (["hierarchical", "--shape", "2x4", "--level-names", "a,b,c"], "3 level names"),
+    (["mesh2d", "--boxes", "2"], "--boxes does not apply to topology mesh2d"),
+    (["flat", "--shape", "2x2", "--seed", "1"], "--shape, --seed do not apply"),
+    (["flat", "--bandwidth", "1e9,2e9"], "flat takes one value for --bandwidth"),
+    (["random-blk-1", "--devices", "10"], "multiple of block_size"),
+    (["uniform-dist", "--bandwidth", "1e9,2e9,3e9"], "2 numbers, got 3"),
+    (["measure"], "measure needs --nproc"),
+    (["measure", "--nproc", "2", "--backend", "mpi"], "invalid choice"),
+    (["ring"], "invalid choice"),
+    (["flat", "--latency", "-1"], "expected numbers >= 0"),
+    (["flat"], "-o FILE or --json"),
+])
+def test_cli_errors_are_one_line(argv, message, capsys, tmp_path) -> None:
+    extra = [] if argv == ["flat"] else ["-o", str(tmp_path / "t.json")]
+    assert _run(["topology", *argv, *extra]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("shardplan: error: ") and err.count("\n") == 1
+    assert message in err
+    assert not (tmp_path / "t.json").exists()
+
+
+@pytest.mark.torch
+@pytest.mark.multiprocess
+@pytest.mark.timeout(60)
+def test_cli_measure(tmp_path, capsys) -> None:
+    out = tmp_path / "m.json"
+    assert _run(["topology", "measure", "--nproc", "2", "--backend", "gloo", "--sizes",
+                 "4,65536,1048576", "--repeats", "2", "--timeout", "40", "-o", str(out)]) == 0
+    topo = load_topology(out)
+    assert topo.num_devices == 2 and topo.bandwidth[0, 1] > 0
+    assert capsys.readouterr().err == ""

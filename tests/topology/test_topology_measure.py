@@ -1,0 +1,120 @@
+"""Measured topologies: the fit, option checks, and real gloo runs (marked multiprocess)."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from shardplan.errors import ShardplanError
+from shardplan.ir import load_topology, save
+from shardplan.topology import build, fit_link, measure
+
+SMALL = (4, 1 << 16, 1 << 20, 1 << 22)
+
+
+def test_fit_link_recovers_a_linear_model() -> None:
+    sizes = np.array([4, 1 << 16, 1 << 20, 1 << 24], dtype=float)
+    t = 5e-5 + sizes / 2e9
+    bw, lat = fit_link(sizes, t)
+    assert bw == pytest.approx(2e9, rel=1e-9)
+    assert lat == pytest.approx(5e-5 + 4 / 2e9)
+
+
+def test_fit_link_falls_back_on_a_flat_curve() -> None:
+    bw, lat = fit_link([4, 1 << 20, 1 << 24], [2e-3, 2.1e-3, 1.9e-3])
+    assert bw == pytest.approx((1 << 24) / 1.9e-3) and lat == 2e-3
+    with pytest.raises(ShardplanError, match="two or more sizes"):
+        fit_link([4], [1e-3])
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"nproc": 1}, "nproc"),
+    ({"nproc": 2, "backend": "mpi"}, "unknown backend"),
+    ({"nproc": 2, "sizes": (8, 8)}, "two distinct"),
+    ({"nproc": 2, "sizes": (0, 8)}, "message size"),
+    ({"nproc": 2, "timeout": 0}, "timeout"),
+    ({"nproc": 2, "repeats": 0}, "repeats"),
+    ({"nproc": 2, "device": "tpu"}, "unknown device type"),
+    ({"nproc": 2, "flops": -1.0}, "flops"),
+])
+def test_measure_rejects_bad_options_without_starting_processes(kwargs, match) -> None:
+    t0 = time.monotonic()
+    with pytest.raises(ShardplanError, match=match):
+        build("measure", **kwargs)
+    assert time.monotonic() - t0 < 1.0
+
+
+@pytest.mark.torch
+@pytest.mark.multiprocess
+@pytest.mark.timeout(60)
+def test_measure_two_processes(tmp_path) -> None:
+    t0 = time.monotonic()
+    topo = measure(2, backend="gloo", sizes=SMALL, repeats=3, timeout=40)
+    elapsed = time.monotonic() - t0
+    assert elapsed < 30
+    assert topo.num_devices == 2
+    assert topo.bandwidth[0, 1] > 1e6 and topo.bandwidth[1, 0] > 1e6
+    assert 0 < topo.latency[0, 1] < 1.0 and 0 < topo.latency[1, 0] < 1.0
+    assert [d.name for d in topo.devices] == ["rank0", "rank1"]
+    assert topo.devices[0].flops == 1e11 and topo.devices[0].memory_bytes > 0
+    m = topo.meta["measurement"]
+    assert m["backend"] == "gloo" and m["sizes"] == list(SMALL)
+    assert np.array(m["one_way_seconds"]).shape == (len(SMALL), 2, 2)
+    save(topo, tmp_path / "m.json")
+    assert load_topology(tmp_path / "m.json").to_dict() == topo.to_dict()
+
+
+@pytest.mark.torch
+@pytest.mark.multiprocess
+@pytest.mark.timeout(60)
+def test_measure_failing_rank_raises_quickly() -> None:
+    t0 = time.monotonic()
+    with pytest.raises(ShardplanError, match="rank 1: RuntimeError: injected failure"):
+        measure(2, sizes=SMALL, repeats=2, timeout=40, _fault=("raise", 1, "measure"))
+    assert time.monotonic() - t0 < 20
+
+
+@pytest.mark.torch
+@pytest.mark.multiprocess
+@pytest.mark.timeout(60)
+def test_measure_dead_rank_is_named() -> None:
+    with pytest.raises(ShardplanError, match="rank 0 exited with code 3"):
+        measure(2, sizes=SMALL, repeats=2, timeout=40, _fault=("exit", 0, "measure"))
+
+
+@pytest.mark.torch
+@pytest.mark.multiprocess
+@pytest.mark.timeout(60)
+def test_measure_hanging_rank_hits_the_hard_timeout() -> None:
+    t0 = time.monotonic()
+    with pytest.raises(ShardplanError, match="timed out after 6 s"):
+        measure(2, sizes=SMALL, repeats=2, timeout=6, _fault=("hang", 1, "measure"))
+    assert time.monotonic() - t0 < 12
+
+
+@pytest.mark.torch
+@pytest.mark.multiprocess
+@pytest.mark.timeout(60)
+def test_measure_nccl_without_gpus_fails_cleanly() -> None:
+    pytest.importorskip("torch")
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("CUDA present")
+    with pytest.raises(ShardplanError, match="nccl backend needs 2 CUDA devices"):
+        measure(2, backend="nccl", timeout=40)
+
+
+@pytest.mark.slow
+@pytest.mark.torch
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+def test_measure_four_processes_under_a_minute() -> None:
+    t0 = time.monotonic()
+    topo = measure(4)  # the defaults, as `shardplan topology measure --nproc 4` runs them
+    assert time.monotonic() - t0 < 60
+    off = ~np.eye(4, dtype=bool)
+    assert np.all(topo.bandwidth[off] > 0) and np.all(topo.latency[off] > 0)
+    assert topo.summary()["unreachable_pairs"] == 0
