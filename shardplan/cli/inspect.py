@@ -63,7 +63,13 @@ def _print_text(s: dict[str, Any]) -> None:
                              f"largest node {_fmt(b['largest_node'])})" for d, b in val.items())
         elif isinstance(val, list) and val and isinstance(val[0], dict) \
                 and "bandwidth" in val[0]:
-            text = ", ".join(f"{_fmt(c['bandwidth'])}B/s x{c['pairs']}" for c in val)
+            if len(val) > 6:  # measured: every pair its own value
+                text = (f"{len(val)} distinct values, {_fmt(val[-1]['bandwidth'])}B/s to "
+                        f"{_fmt(val[0]['bandwidth'])}B/s")
+            else:
+                text = ", ".join(f"{_fmt(c['bandwidth'])}B/s x{c['pairs']}" for c in val)
+        elif key == "latency_range":
+            text = f"{val[0]:.3g} s to {val[1]:.3g} s"
         elif key == "levels":
             text = ", ".join(f"{lv['name']} ({lv['groups']} groups)" for lv in val) or "none"
         elif isinstance(val, list) and len(val) > 12:

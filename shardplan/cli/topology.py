@@ -8,6 +8,7 @@ from typing import Any
 from shardplan.cli._common import (
     add_output,
     emit,
+    nonnegative_int,
     parse_float_list,
     parse_int_list,
     positive_float,
@@ -77,16 +78,6 @@ def _nonneg_float(text: str) -> float:
     return values[0]
 
 
-def _nonneg_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
-    return v
-
-
 def register(sub: argparse._SubParsersAction) -> None:
     """Add the ``topology`` command to a subparsers object."""
     p = sub.add_parser(
@@ -114,7 +105,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="random-blk-1/2: devices per block (default 4)")
     g.add_argument("--super-block-size", type=positive_int, metavar="S",
                    help="random-blk-2: devices per super-block (default 16)")
-    g.add_argument("--seed", type=_nonneg_int, metavar="S", help="random kinds (default 0)")
+    g.add_argument("--seed", type=nonnegative_int, metavar="S", help="random kinds (default 0)")
     g = p.add_argument_group("links")
     g.add_argument("--bandwidth", type=parse_float_list, metavar="B[,B...]",
                    help="bytes/s: flat one value; hierarchical one per level; mesh/torus per "

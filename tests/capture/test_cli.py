@@ -8,26 +8,13 @@ import sys
 
 import pytest
 
-from shardplan.cli import capture as capture_cli
-from shardplan.cli._common import OneLineParser
-from shardplan.errors import ShardplanError
+from tests.helpers import run_cli
 
 
 def run(argv: list[str], capsys) -> tuple[int, str, str]:
-    """Parse and run like ``shardplan.cli.main.main`` does, with only this command."""
-    parser = OneLineParser(prog="shardplan")
-    sub = parser.add_subparsers(dest="command", parser_class=OneLineParser)
-    capture_cli.register(sub)
-    try:
-        args = parser.parse_args(argv)
-        rc = args.handler(args)
-    except ShardplanError as exc:
-        sys.stderr.write(f"shardplan: error: {exc}\n")
-        rc = 2
-    except SystemExit as exc:
-        rc = int(exc.code or 0)
+    rc = run_cli(argv)
     out, err = capsys.readouterr()
-    return int(rc or 0), out, err
+    return rc, out, err
 
 
 def test_cli_module_imports_without_torch() -> None:

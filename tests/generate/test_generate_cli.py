@@ -3,31 +3,16 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-from shardplan.cli import generate as generate_cli
-from shardplan.cli._common import OneLineParser
-from shardplan.errors import ShardplanError
 from shardplan.ir import load_graph
+from tests.helpers import run_cli
 
 
 def run(argv: list[str]) -> int:
-    """Parse and run like ``shardplan.cli.main`` does, on a parser with only ``generate``."""
-    parser = OneLineParser(prog="shardplan")
-    sub = parser.add_subparsers(dest="command", parser_class=OneLineParser)
-    sub.required = True
-    generate_cli.register(sub)
-    try:
-        args = parser.parse_args(argv)
-        return int(args.handler(args) or 0)
-    except SystemExit as exc:
-        return int(exc.code or 0)
-    except ShardplanError as exc:
-        sys.stderr.write(f"shardplan: error: {exc}\n")
-        return 2
+    return run_cli(argv)
 
 
 def test_layered_file_is_the_api_graph(tmp_path: Path, capsys) -> None:

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from shardplan.cli import importer as importer_cli
-from shardplan.cli._common import OneLineParser
-from shardplan.errors import InvalidFileError, ShardplanError
+from shardplan.errors import InvalidFileError
 from shardplan.importers import load_pipedream, parse_pipedream
 from shardplan.ir import Graph, load_graph
+from tests.helpers import run_cli
 
 DATA = Path(__file__).parent / "data" / "resnet_block.txt"
 
@@ -142,19 +140,7 @@ def test_file_errors(tmp_path: Path) -> None:
 
 # ---------------------------------------------------------------------- command line
 def run(argv: list[str]) -> int:
-    """Parse and run like ``shardplan.cli.main`` does, on a parser with only ``import``."""
-    parser = OneLineParser(prog="shardplan")
-    sub = parser.add_subparsers(dest="command", parser_class=OneLineParser)
-    sub.required = True
-    importer_cli.register(sub)
-    try:
-        args = parser.parse_args(argv)
-        return int(args.handler(args) or 0)
-    except SystemExit as exc:
-        return int(exc.code or 0)
-    except ShardplanError as exc:
-        sys.stderr.write(f"shardplan: error: {exc}\n")
-        return 2
+    return run_cli(argv)
 
 
 def test_cli_import(tmp_path: Path, capsys) -> None:

@@ -4,32 +4,16 @@ module yet): outputs, and one-line errors with exit status 2."""
 from __future__ import annotations
 
 import json
-import sys
 
 import pytest
 
-from shardplan.cli import topology as cli
-from shardplan.cli._common import OneLineParser
-from shardplan.errors import ShardplanError
 from shardplan.ir import dumps, load_topology
 from shardplan.topology import build
+from tests.helpers import run_cli
 
 
 def _run(argv: list[str]) -> int:
-    """What ``shardplan.cli.main.main`` does, with only the topology command registered."""
-    parser = OneLineParser(prog="shardplan")
-    sub = parser.add_subparsers(dest="command", parser_class=OneLineParser)
-    sub.required = True
-    cli.register(sub)
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as exc:
-        return int(exc.code or 0)
-    try:
-        return int(args.handler(args) or 0)
-    except ShardplanError as exc:
-        sys.stderr.write(f"shardplan: error: {exc}\n")
-        return 2
+    return run_cli(argv)
 
 
 @pytest.mark.parametrize("argv, kind, options", [
