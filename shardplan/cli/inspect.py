@@ -56,8 +56,9 @@ def _print_text(s: dict[str, Any]) -> None:
     for key, val in s.items():
         if key in ("kind",):
             continue
-        if isinstance(val, float):
-            text = _fmt(val)
+        if isinstance(val, float) or (isinstance(val, int) and not isinstance(val, bool)
+                                      and abs(val) >= 1e6):
+            text = _fmt(float(val))
         elif isinstance(val, dict) and key == "lower_bounds_flops":
             text = "; ".join(f"D={d}: {_fmt(b['bound'])} FLOP (avg {_fmt(b['average'])}, "
                              f"largest node {_fmt(b['largest_node'])})" for d, b in val.items())
