@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
@@ -11,8 +12,9 @@ from typing import Any, NoReturn
 from shardplan.errors import ShardplanError
 from shardplan.ir.io import dumps, write_json
 
-__all__ = ["Handler", "OneLineParser", "emit", "parse_float_list", "parse_int_list",
-           "parse_shape", "positive_float", "positive_int"]
+__all__ = ["Handler", "OneLineParser", "emit", "nonnegative_float", "nonnegative_int",
+           "parse_float_list", "parse_int_list", "parse_nonnegative_float_list", "parse_shape",
+           "positive_float", "positive_int"]
 
 Handler = Callable[[argparse.Namespace], int | None]
 
@@ -74,6 +76,25 @@ def positive_float(text: str) -> float:
     if not v > 0 or v == float("inf"):
         raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
     return v
+
+
+def nonnegative_float(text: str) -> float:
+    """A finite number >= 0 (latencies, degrees)."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
+    if not (v >= 0.0 and math.isfinite(v)):
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
+    return v
+
+
+def parse_nonnegative_float_list(text: str) -> tuple[float, ...]:
+    """``"0,1e-6"`` -> ``(0.0, 1e-06)``; every entry a finite number >= 0."""
+    parts = [p for p in text.split(",") if p.strip()]
+    if not parts:
+        raise argparse.ArgumentTypeError(f"expected numbers like 1e-6,2e-5, got {text!r}")
+    return tuple(nonnegative_float(p.strip()) for p in parts)
 
 
 def parse_int_list(text: str) -> tuple[int, ...]:

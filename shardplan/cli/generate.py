@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import math
 
-from shardplan.cli._common import add_output, emit, nonnegative_int, positive_int
+from shardplan.cli._common import (
+    add_output,
+    emit,
+    nonnegative_float,
+    nonnegative_int,
+    positive_int,
+)
 from shardplan.errors import ShardplanError
 from shardplan.generate import GENERATORS, PENDING, generate, generator_options
 
@@ -41,16 +46,6 @@ def _probability(text: str) -> float:
     return v
 
 
-def _nonnegative_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
-    if not (v >= 0.0 and math.isfinite(v)):
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
-    return v
-
-
 def register(sub: argparse._SubParsersAction) -> None:
     """Add the ``generate`` command to ``sub``."""
     kinds = [*GENERATORS, *PENDING]
@@ -77,12 +72,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="allow outputs no one reads outside the last layer")
     r = p.add_argument_group("random-dag")
     r.add_argument("--edge-probability", type=_probability, help="p of each edge i->j")
-    r.add_argument("--avg-degree", type=_nonnegative_float,
+    r.add_argument("--avg-degree", type=nonnegative_float,
                    help="mean in+out degree (default 4; instead of --edge-probability)")
     a = p.add_argument_group("node attributes (every kind)")
     a.add_argument("--weight-low", type=nonnegative_int, help="lowest weight (default 1)")
     a.add_argument("--weight-high", type=nonnegative_int, help="highest weight (default 10)")
-    a.add_argument("--params-per-weight", type=_nonnegative_float,
+    a.add_argument("--params-per-weight", type=nonnegative_float,
                    help="parameters per unit of weight (default 1e6)")
     a.add_argument("--batch-size", type=positive_int,
                    help="batch size of the FLOPs and activations (default 32)")

@@ -8,9 +8,11 @@ from typing import Any
 from shardplan.cli._common import (
     add_output,
     emit,
+    nonnegative_float,
     nonnegative_int,
     parse_float_list,
     parse_int_list,
+    parse_nonnegative_float_list,
     positive_float,
     positive_int,
     split_names,
@@ -53,31 +55,6 @@ _OPTION_FLAGS = {
 }
 
 
-def _nonneg_float_list(text: str) -> tuple[float, ...]:
-    """Latency lists may contain 0."""
-    parts = [p.strip() for p in text.split(",") if p.strip()]
-    out = []
-    for p in parts:
-        try:
-            v = float(p)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected numbers like 1e-6,2e-5, got {text!r}") \
-                from None
-        if not v >= 0 or v == float("inf"):
-            raise argparse.ArgumentTypeError(f"expected numbers >= 0, got {text!r}")
-        out.append(v)
-    if not out:
-        raise argparse.ArgumentTypeError(f"expected numbers like 1e-6,2e-5, got {text!r}")
-    return tuple(out)
-
-
-def _nonneg_float(text: str) -> float:
-    values = _nonneg_float_list(text)
-    if len(values) != 1:
-        raise argparse.ArgumentTypeError(f"expected one number, got {text!r}")
-    return values[0]
-
-
 def register(sub: argparse._SubParsersAction) -> None:
     """Add the ``topology`` command to a subparsers object."""
     p = sub.add_parser(
@@ -110,11 +87,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--bandwidth", type=parse_float_list, metavar="B[,B...]",
                    help="bytes/s: flat one value; hierarchical one per level; mesh/torus per "
                         "link; random kinds lo,hi per class")
-    g.add_argument("--latency", type=_nonneg_float_list, metavar="S[,S...]",
+    g.add_argument("--latency", type=parse_nonnegative_float_list, metavar="S[,S...]",
                    help="seconds, shaped like --bandwidth (mesh/torus: per hop)")
     g.add_argument("--inter-bandwidth", type=positive_float, metavar="B",
                    help="dgx1: bytes/s between boxes (default 12.5e9 = 100 Gb/s)")
-    g.add_argument("--inter-latency", type=_nonneg_float, metavar="S",
+    g.add_argument("--inter-latency", type=nonnegative_float, metavar="S",
                    help="dgx1: seconds between boxes (default 2.5e-5)")
     g.add_argument("--nvlink-bandwidth", type=positive_float, metavar="B",
                    help="dgx1: bytes/s per NVLink brick per direction (default 25e9)")

@@ -25,6 +25,7 @@ from scipy.sparse.csgraph import connected_components
 
 from shardplan.errors import InvalidFileError
 from shardplan.ir import Graph
+from shardplan.ir.io import read_text
 
 __all__ = ["load_pipedream", "parse_pipedream"]
 
@@ -266,14 +267,5 @@ def load_pipedream(path: str | os.PathLike[str], *, name: str | None = None,
     Any unreadable file is a one-line :class:`InvalidFileError`.
     """
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InvalidFileError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise InvalidFileError(f"{path}: is a directory") from None
-    except PermissionError:
-        raise InvalidFileError(f"{path}: permission denied") from None
-    except UnicodeDecodeError:
-        raise InvalidFileError(f"{path}: not a UTF-8 text file") from None
+    text = read_text(p)
     return parse_pipedream(text, name=name or p.stem, batch_size=batch_size, source=str(path))

@@ -17,8 +17,8 @@ from shardplan.ir.graph import GRAPH_FORMAT, Graph
 from shardplan.ir.plan import PLAN_FORMAT, Plan
 from shardplan.ir.topology import TOPOLOGY_FORMAT, Topology
 
-__all__ = ["dumps", "load", "load_graph", "load_plan", "load_topology", "read_json", "save",
-           "write_atomic", "write_json"]
+__all__ = ["dumps", "load", "load_graph", "load_plan", "load_topology", "read_json", "read_text",
+           "save", "write_atomic", "write_json"]
 
 _KINDS = {GRAPH_FORMAT: Graph, TOPOLOGY_FORMAT: Topology, PLAN_FORMAT: Plan}
 
@@ -89,11 +89,11 @@ def save(obj: Any, path: str | os.PathLike[str]) -> None:
     write_json(path, obj)
 
 
-def read_json(path: str | os.PathLike[str]) -> Any:
-    """Parse a JSON file; any failure is one :class:`InvalidFileError` line."""
+def read_text(path: str | os.PathLike[str]) -> str:
+    """A UTF-8 text file's contents; any failure to read it is one :class:`InvalidFileError`
+    line."""
     try:
-        with open(path, encoding="utf-8") as fh:
-            return json.load(fh)
+        return Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:
         raise InvalidFileError(f"{path}: no such file") from None
     except IsADirectoryError:
@@ -102,6 +102,13 @@ def read_json(path: str | os.PathLike[str]) -> Any:
         raise InvalidFileError(f"{path}: permission denied") from None
     except UnicodeDecodeError:
         raise InvalidFileError(f"{path}: not a UTF-8 text file") from None
+
+
+def read_json(path: str | os.PathLike[str]) -> Any:
+    """Parse a JSON file; any failure is one :class:`InvalidFileError` line."""
+    text = read_text(path)
+    try:
+        return json.loads(text)
     except json.JSONDecodeError as exc:
         raise InvalidFileError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno} "
                                f"column {exc.colno})") from None

@@ -71,7 +71,7 @@ def test_cli_defaults_and_json(capsys) -> None:
     (["measure"], "measure needs --nproc"),
     (["measure", "--nproc", "2", "--backend", "mpi"], "invalid choice"),
     (["ring"], "invalid choice"),
-    (["flat", "--latency", "-1"], "expected numbers >= 0"),
+    (["flat", "--latency", "-1"], "expected a number >= 0"),
     (["flat"], "-o FILE or --json"),
 ])
 def test_cli_errors_are_one_line(argv, message, capsys, tmp_path) -> None:
