@@ -6,18 +6,14 @@ import argparse
 import json
 import math
 import sys
-from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 from shardplan.errors import ShardplanError
 from shardplan.ir.io import dumps, write_json
 
-__all__ = ["Handler", "OneLineParser", "emit", "nonnegative_float", "nonnegative_int",
-           "parse_float_list", "parse_int_list", "parse_nonnegative_float_list", "parse_shape",
-           "positive_float", "positive_int"]
-
-Handler = Callable[[argparse.Namespace], int | None]
-
+__all__ = ["OneLineParser", "add_output", "emit", "nonnegative_float", "nonnegative_int",
+           "parse_float_list", "parse_int_list", "parse_nonnegative_float_list",
+           "positive_float", "positive_int", "print_json", "split_names"]
 
 class OneLineParser(argparse.ArgumentParser):
     """An ``ArgumentParser`` whose errors are one line on stderr and exit status 2."""
@@ -105,9 +101,6 @@ def parse_int_list(text: str) -> tuple[int, ...]:
     return tuple(positive_int(p.strip()) for p in parts)
 
 
-parse_shape = parse_int_list
-
-
 def parse_float_list(text: str) -> tuple[float, ...]:
     """``"1e9,2.5e10"`` -> ``(1e9, 2.5e10)``; every entry a positive number."""
     parts = [p for p in text.split(",") if p.strip()]
@@ -124,9 +117,3 @@ def add_output(p: argparse.ArgumentParser, *, json_flag: bool = True) -> None:
 
 def split_names(text: str) -> list[str]:
     return [t.strip() for t in text.split(",") if t.strip()]
-
-
-def check_choices(value: str, choices: Sequence[str], what: str) -> str:
-    if value not in choices:
-        raise ShardplanError(f"unknown {what} {value!r} (choose from {', '.join(choices)})")
-    return value

@@ -14,7 +14,7 @@ from typing import Any
 
 from shardplan.cli._common import positive_int, print_json
 from shardplan.cli.inspect import summarize
-from shardplan.ir import save
+from shardplan.ir import save, write_json
 
 DEFAULT_MODEL = "torchvision:resnet50"
 
@@ -63,17 +63,15 @@ def run_demo(out_dir: str | Path, *, model: str = DEFAULT_MODEL, batch_size: int
 
     summary = {"graph": summarize(graph, devices=topo.num_devices),
                "topology": summarize(topo)}
-    save_summary = out / "summary.json"
-    from shardplan.ir import write_json
-
-    write_json(save_summary, summary)
+    summary_file = out / "summary.json"
+    write_json(summary_file, summary)
     lb = summary["graph"]["lower_bounds_flops"][str(topo.num_devices)]
     say(f"lower bound on per-device work over {topo.num_devices} devices: "
         f"{lb['bound'] / 1e9:.2f} GFLOP per iteration "
         f"({lb['bound'] / topo.devices[0].flops * 1e3:.3f} ms at V100 peak)")
     say("planning, mapping, simulation and training join this demo as issues #3-#8 land; "
         f"outputs are in {out}/")
-    return {"out_dir": str(out), "steps": steps, "summary_file": str(save_summary)}
+    return {"out_dir": str(out), "steps": steps, "summary_file": str(summary_file)}
 
 
 def _handler(args: argparse.Namespace) -> int:

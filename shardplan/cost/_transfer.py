@@ -60,12 +60,7 @@ def transfer_seconds(topology: Topology, i: int, j: int, nbytes: float) -> float
     """
     i = _check_device(topology, i, "source")
     j = _check_device(topology, j, "destination")
-    if i == j or nbytes <= 0:
-        return 0.0
-    bw = float(topology.bandwidth[i, j])
-    if bw <= 0:
-        return float("inf")
-    return float(topology.latency[i, j]) + float(nbytes) / bw
+    return topology.transfer_seconds(i, j, float(nbytes))
 
 
 def transfer_seconds_matrix(topology: Topology, nbytes: float) -> np.ndarray:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -286,8 +286,3 @@ class Topology:
         fields.update(changes)
         return Topology(**fields)
 
-
-def groups_of(level: Level | Sequence[Sequence[int]]) -> list[list[int]]:
-    """The device groups of a level as lists."""
-    groups = level.groups if isinstance(level, Level) else level
-    return [list(g) for g in groups]
