@@ -1,9 +1,15 @@
 """One contract for every planning algorithm: a registry by name and one result type.
 
-An algorithm is a function ``(graph, topology, *, options, seed, time_limit) -> Result``
-registered under a family (``"partition"``, ``"map"``, ``"strategy"``) and a name
-(``"heuristic"``). The command line, the Python API (:func:`shardplan.partition`, ...) and the
-shared contract test all find algorithms here, so a new one is one module and one decorator.
+An algorithm is a function ``(graph, topology, *, options, seed, time_limit, progress) ->
+Result`` registered under a family (``"partition"``, ``"map"``, ``"strategy"``) and a name
+(``"heuristic"``). ``options`` is a plain mapping (JSON-able, stored in the plan);
+:func:`take_options` checks it against the algorithm's defaults. ``progress``, when not None,
+is called as ``progress(label, done, total)`` while the search runs (the command line draws a
+rich bar from it on a terminal). ``time_limit`` in seconds: a search that reaches it returns
+its best plan so far with status ``timed_out``. Algorithms of the ``map`` family find the plan
+to map in ``options["plan"]`` (a :class:`Plan`, left out of the options the new plan records).
+The command line, the Python API (:func:`shardplan.partition`, ...) and the shared contract
+test all find algorithms here, so a new one is one module and one decorator.
 """
 
 from __future__ import annotations
@@ -15,7 +21,10 @@ from typing import Any, Protocol
 from shardplan.errors import ShardplanError
 from shardplan.ir import Graph, Plan, Topology
 
-__all__ = ["FAMILIES", "Algorithm", "Result", "available", "get", "register", "run"]
+__all__ = ["FAMILIES", "Algorithm", "Progress", "Result", "available", "get", "register", "run",
+           "take_options"]
+
+Progress = Callable[[str, float, float], None]
 
 FAMILIES = ("partition", "map", "strategy")
 
@@ -39,7 +48,22 @@ class Result:
 
 class Algorithm(Protocol):
     def __call__(self, graph: Graph, topology: Topology, *, options: Mapping[str, Any],
-                 seed: int, time_limit: float | None) -> Result: ...
+                 seed: int, time_limit: float | None,
+                 progress: Progress | None = None) -> Result: ...
+
+
+def take_options(algorithm: str, options: Mapping[str, Any],
+                 defaults: Mapping[str, Any]) -> dict[str, Any]:
+    """``defaults`` updated with ``options``; a one-line :class:`ShardplanError` naming the
+    first option ``algorithm`` does not take. O(len(options))."""
+    unknown = sorted(set(options) - set(defaults))
+    if unknown:
+        takes = ", ".join(sorted(defaults)) or "no options"
+        raise ShardplanError(f"{algorithm} does not take option {unknown[0]!r} "
+                             f"(it takes: {takes})")
+    out = dict(defaults)
+    out.update(options)
+    return out
 
 
 _REGISTRY: dict[str, dict[str, Algorithm]] = {f: {} for f in FAMILIES}
@@ -78,17 +102,20 @@ def get(family: str, name: str) -> Algorithm:
 
 
 def run(family: str, name: str, graph: Graph, topology: Topology, *,
-        seed: int = 0, time_limit: float | None = None, **options: Any) -> Result:
+        seed: int = 0, time_limit: float | None = None, progress: Progress | None = None,
+        **options: Any) -> Result:
     """Look up and run an algorithm; validates the plan it returns against the inputs."""
     if time_limit is not None and not time_limit > 0:
         raise ShardplanError(f"time limit must be positive, got {time_limit!r}")
     result = get(family, name)(graph, topology, options=options, seed=seed,
-                               time_limit=time_limit)
+                               time_limit=time_limit, progress=progress)
     result.plan.validate(graph, topology)
     return result
 
 
-_BUILTIN_MODULES: tuple[str, ...] = ()  # algorithm modules imported on first lookup
+# Packages whose ``__init__`` imports (and so registers) their algorithms, on first lookup.
+_BUILTIN_MODULES: tuple[str, ...] = ("shardplan.partition", "shardplan.mapping",
+                                     "shardplan.strategy")
 _loaded = False
 
 
@@ -97,7 +124,9 @@ def _load_builtin() -> None:
     if _loaded:
         return
     import importlib
+    import importlib.util
 
     for mod in _BUILTIN_MODULES:
-        importlib.import_module(mod)
+        if importlib.util.find_spec(mod) is not None:
+            importlib.import_module(mod)
     _loaded = True

@@ -16,9 +16,10 @@ def _topo(n: int) -> Topology:
 @pytest.fixture
 def toy(monkeypatch):
     monkeypatch.setattr(registry, "_REGISTRY", {f: {} for f in registry.FAMILIES})
+    monkeypatch.setattr(registry, "_loaded", True)
 
     @registry.register("partition", "everything-on-one")
-    def one(graph, topology, *, options, seed, time_limit):
+    def one(graph, topology, *, options, seed, time_limit, progress=None):
         nodes = tuple(range(graph.num_nodes)) if not options.get("drop") else (0,)
         plan = Plan(graph=graph.name, topology=topology.name, algorithm="everything-on-one",
                     stages=(Stage(nodes, (0,)),),

@@ -6,6 +6,8 @@ import argparse
 import json
 import math
 import sys
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any, NoReturn
 
 from shardplan.errors import ShardplanError
@@ -117,3 +119,29 @@ def add_output(p: argparse.ArgumentParser, *, json_flag: bool = True) -> None:
 
 def split_names(text: str) -> list[str]:
     return [t.strip() for t in text.split(",") if t.strip()]
+
+
+@contextmanager
+def progress_reporter(labels: Mapping[str, str] | None = None
+                      ) -> Iterator[Callable[[str, float, float], None] | None]:
+    """A ``progress(label, done, total)`` callback drawing rich bars on stderr when it is a
+    terminal (one bar per label, renamed through ``labels``); None otherwise, so that logs
+    and pipes stay quiet."""
+    if not sys.stderr.isatty():
+        yield None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    names = dict(labels or {})
+    with Progress(TextColumn("{task.description}"), BarColumn(),
+                  TextColumn("{task.completed:.4g}/{task.total:.4g}"), TimeElapsedColumn(),
+                  console=Console(stderr=True), transient=True) as bar:
+        tasks: dict[str, Any] = {}
+
+        def update(label: str, done: float, total: float) -> None:
+            if label not in tasks:
+                tasks[label] = bar.add_task(names.get(label, label), total=total)
+            bar.update(tasks[label], completed=done, total=total)
+
+        yield update

@@ -8,10 +8,14 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 
-from shardplan.cli._common import add_output, emit, positive_int, split_names
+from shardplan.cli._common import (
+    add_output,
+    emit,
+    positive_int,
+    progress_reporter,
+    split_names,
+)
 
 __all__ = ["register"]
 
@@ -50,28 +54,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=_run)
 
 
-@contextmanager
-def _progress() -> Iterator[Callable[[str, int, int], None] | None]:
-    """A rich progress bar on stderr when it is a terminal; nothing otherwise."""
-    if not sys.stderr.isatty():
-        yield None
-        return
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
-
-    labels = {"flops": "counting FLOPs", "profile": "profiling"}
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  console=Console(stderr=True), transient=True) as bar:
-        tasks: dict[str, int] = {}
-
-        def update(stage: str, done: int, total: int) -> None:
-            if stage not in tasks:
-                tasks[stage] = bar.add_task(labels.get(stage, stage), total=total)
-            bar.update(tasks[stage], completed=done)
-
-        yield update
-
-
 def _si(x: float) -> str:
     """``1.23e9`` -> ``"1.23 G"``."""
     for unit, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
@@ -95,7 +77,8 @@ def _run(args: argparse.Namespace) -> int:
     from shardplan.capture import capture_spec
 
     t0 = time.perf_counter()
-    with _progress() as progress:
+    with progress_reporter({"flops": "counting FLOPs", "profile": "profiling"}) \
+            as progress:
         graph = capture_spec(args.model, batch_size=args.batch_size, seq_len=args.seq_len,
                              image_size=args.image_size, name=args.name,
                              granularity=args.granularity, atomic=args.atomic,

@@ -17,14 +17,15 @@ _PENDING = {
 }
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    for name, (what, issue) in _PENDING.items():
-        p = sub.add_parser(name, help=f"{what} (not built yet: issue {issue})",
-                           description=f"{what}. Not built yet: issue {issue}.")
-        p.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+def register(sub: argparse._SubParsersAction, name: str) -> None:
+    """Register command ``name``, whose own module does not exist yet."""
+    what, issue = _PENDING[name]
+    p = sub.add_parser(name, help=f"{what} (not built yet: issue {issue})",
+                       description=f"{what}. Not built yet: issue {issue}.")
+    p.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
 
-        def handler(args: argparse.Namespace, _name: str = name, _issue: str = issue) -> int:
-            raise NotImplementedYetError(f"'shardplan {_name}' is not implemented yet "
-                                         f"(issue {_issue})")
+    def handler(args: argparse.Namespace) -> int:
+        raise NotImplementedYetError(f"'shardplan {name}' is not implemented yet "
+                                     f"(issue {issue})")
 
-        p.set_defaults(handler=handler)
+    p.set_defaults(handler=handler)

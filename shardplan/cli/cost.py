@@ -1,0 +1,50 @@
+"""``shardplan cost PLAN GRAPH TOPO --objective NAME``: evaluate a plan's objective."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from shardplan.cli._common import print_json
+from shardplan.cli.partition import parse_option
+
+__all__ = ["register"]
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add the ``cost`` command to ``sub``."""
+    p = sub.add_parser(
+        "cost", help="evaluate a plan's objective",
+        description="Evaluate an objective on PLAN from the three files alone: sharding "
+                    "(paper 000, section 2.1) or max-stage (Parmesan: the partition's "
+                    "equation 3, or a mapping's equation 6 or 7 as the plan names).")
+    p.add_argument("plan", metavar="PLAN")
+    p.add_argument("graph", metavar="GRAPH")
+    p.add_argument("topology", metavar="TOPO")
+    p.add_argument("--objective", required=True, help="sharding | max-stage")
+    p.add_argument("--model", choices=("p2p", "allreduce"), default=None,
+                   help="max-stage: force a mapping's stage-time model")
+    p.add_argument("--option", action="append", type=parse_option, default=[],
+                   metavar="KEY=VALUE", help="cost-model option (VALUE as JSON)")
+    p.add_argument("--json", action="store_true", help="print a JSON object")
+    p.set_defaults(handler=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from shardplan.cost.objectives import evaluate
+    from shardplan.ir import load_graph, load_plan, load_topology
+
+    plan = load_plan(args.plan)
+    graph = load_graph(args.graph)
+    topology = load_topology(args.topology)
+    options = dict(args.option)
+    if args.model is not None:
+        options["model"] = args.model
+    name, value, details = evaluate(plan, graph, topology, args.objective, **options)
+    if args.json:
+        print_json({"objective": name, "value": value, "recorded": plan.objective.value,
+                    "recorded_name": plan.objective.name, **dict(details)})
+    else:
+        sys.stdout.write(f"{name} = {value:.10g} (the plan records {plan.objective.name} = "
+                         f"{plan.objective.value:.10g})\n")
+    return 0

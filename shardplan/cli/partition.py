@@ -1,0 +1,126 @@
+"""``shardplan partition GRAPH TOPO --algorithm NAME``: run a registered partitioner.
+
+Every partitioner of the registry is reachable here. The flags below are the union of the
+partitioners' options; only the flags a user sets reach the algorithm, which rejects those it
+does not take in one line. ``--option KEY=VALUE`` passes any other option (VALUE parsed as
+JSON when it parses, else kept as a string).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from shardplan.cli._common import (
+    add_output,
+    emit,
+    nonnegative_float,
+    nonnegative_int,
+    positive_float,
+    positive_int,
+    progress_reporter,
+)
+from shardplan.errors import ShardplanError
+
+__all__ = ["algorithm_options", "parse_option", "register"]
+
+# argparse dest -> (flag, argparse keywords). The option key is the dest.
+FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
+    "stages": ("--stages", {"type": positive_int, "metavar": "S",
+                            "help": "number of stages / components (default: the algorithm's "
+                                    "choice; the sharding partitioners use every device)"}),
+    "replicas": ("--replicas", {"type": positive_int, "metavar": "R",
+                                "help": "replicas per stage (Parmesan: S x R = devices)"}),
+    "workers": ("--workers", {"type": positive_int,
+                              "help": "parallel worker processes (default: the cores)"}),
+    "restarts": ("--restarts", {"type": positive_int,
+                                "help": "random restarts of a local search"}),
+    "start": ("--start", {"help": "initial partition of a local search "
+                                  "(random | topo | metis)"}),
+    "clusters": ("--clusters", {"type": positive_int, "metavar": "K",
+                                "help": "Parmesan: operators left after clustering"}),
+    "alpha": ("--alpha", {"type": nonnegative_float,
+                          "help": "Parmesan: weight of communication in clustering (eq. 4)"}),
+    "refine_steps": ("--refine-steps", {"type": nonnegative_int, "metavar": "I",
+                                        "help": "Parmesan: refinement steps (section 4.3)"}),
+    "microbatches": ("--microbatches", {"type": positive_int, "metavar": "M",
+                                        "help": "micro-batches per iteration (memory model)"}),
+    "schedule": ("--schedule", {"help": "pipeline schedule for the memory model "
+                                        "(gpipe | 1f1b)"}),
+    "efficiency": ("--efficiency", {"type": positive_float,
+                                    "help": "fraction of peak FLOP/s reached (cost model)"}),
+}
+
+
+def parse_option(text: str) -> tuple[str, Any]:
+    """``KEY=VALUE`` -> ``(key, value)``, VALUE as JSON when it parses."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        value = raw
+    return key.replace("-", "_"), value
+
+
+def add_flags(p: argparse.ArgumentParser, flags: dict[str, tuple[str, dict[str, Any]]]) -> None:
+    for dest, (flag, kw) in flags.items():
+        p.add_argument(flag, dest=dest, default=None, **kw)
+    p.add_argument("--option", action="append", type=parse_option, default=[],
+                   metavar="KEY=VALUE", help="any other option of the algorithm "
+                                             "(VALUE as JSON)")
+
+
+def algorithm_options(args: argparse.Namespace,
+                      flags: dict[str, tuple[str, dict[str, Any]]]) -> dict[str, Any]:
+    """The options a user set: flags that are not None, then ``--option`` pairs."""
+    opts = {dest: getattr(args, dest) for dest in flags if getattr(args, dest) is not None}
+    for key, value in args.option:
+        if key in opts:
+            raise ShardplanError(f"option {key!r} given twice")
+        opts[key] = value
+    return opts
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add the ``partition`` command to ``sub``."""
+    p = sub.add_parser(
+        "partition", help="partition a graph onto a topology",
+        description="Partition GRAPH onto TOPO with a registered algorithm and write the plan. "
+                    "Sharding cost (paper 000): brute-force, heuristic, hierarchical. Pipeline "
+                    "stages (Parmesan and baselines): parmesan, pipedream, uniform, params, "
+                    "metis.")
+    p.add_argument("graph", metavar="GRAPH", help="graph file (shardplan.graph/1)")
+    p.add_argument("topology", metavar="TOPO", help="topology file (shardplan.topology/1)")
+    p.add_argument("--algorithm", required=True, help="partitioner name")
+    p.add_argument("--time-limit", type=positive_float, default=None, metavar="SEC",
+                   help="stop the search after SEC seconds with the best plan so far")
+    p.add_argument("--seed", type=nonnegative_int, default=0, help="random seed (default 0)")
+    add_flags(p, FLAGS)
+    add_output(p)
+    p.set_defaults(handler=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from shardplan import registry
+    from shardplan.ir import load_graph, load_topology
+
+    if not args.output and not args.json:
+        raise ShardplanError("say where the plan goes: -o FILE or --json")
+    registry.get("partition", args.algorithm)  # unknown name: fail before loading files
+    graph = load_graph(args.graph)
+    topology = load_topology(args.topology)
+    options = algorithm_options(args, FLAGS)
+    with progress_reporter() as progress:
+        result = registry.run("partition", args.algorithm, graph, topology, seed=args.seed,
+                              time_limit=args.time_limit, progress=progress, **options)
+    emit(args, result.plan, what="plan")
+    if not args.json:
+        plan = result.plan
+        sys.stdout.write(f"{plan.algorithm}: {plan.num_stages} stages x {plan.num_replicas} "
+                         f"replicas, {plan.objective.name} = {plan.objective.value:.6g} "
+                         f"({plan.status}, {plan.search_seconds:.2f} s)\n")
+    return 0
