@@ -9,6 +9,8 @@
 - memory: :func:`stage_memory_bytes`, :func:`partition_memory_bytes`,
   :func:`partition_memory_breakdown` (parameters, gradients, optimizer state, activations of
   the micro-batches in flight, :func:`in_flight_microbatches`);
+- the sharding cost of paper 000 (section 2.1): :func:`sharding_cost`,
+  :func:`sharding_terms`, :func:`weight_imbalance`, :func:`cross_edge_cost`;
 - :func:`lower_bound_seconds`, and :class:`CostModel`, which bundles a graph, a topology and
   the options with precomputed arrays for hot loops.
 
@@ -31,6 +33,15 @@ from shardplan.cost._memory import (
     stage_memory_bytes,
 )
 from shardplan.cost._model import CostModel, lower_bound_seconds, plan_arrays
+from shardplan.cost._sharding import (
+    SHARDING_OBJECTIVE,
+    component_weights,
+    cross_edge_cost,
+    plan_components,
+    sharding_cost,
+    sharding_terms,
+    weight_imbalance,
+)
 from shardplan.cost._transfer import (
     allreduce_seconds,
     cut_tensors,
@@ -50,3 +61,5 @@ __all__ = [
     "stage_memory_bytes", "stage_traffic", "stage_transfer_seconds", "transfer_seconds",
     "transfer_seconds_matrix", "transfer_seconds_pairs",
 ]
+__all__ += ["SHARDING_OBJECTIVE", "component_weights", "cross_edge_cost", "plan_components",
+            "sharding_cost", "sharding_terms", "weight_imbalance"]

@@ -1,0 +1,194 @@
+"""The ``hierarchical`` partitioner: paper 000's recursive partitioning along the topology's
+natural hierarchy (section 2.5)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from shardplan.errors import ShardplanError
+from shardplan.ir import Graph, Topology
+from shardplan.partition._sharding_common import (
+    check_bool_option,
+    check_int_option,
+    check_start,
+    flat_problem,
+    make_plan,
+    num_components,
+)
+from shardplan.partition._sharding_search import (
+    Problem,
+    local_search,
+    run_restarts,
+    search_deadline,
+)
+from shardplan.registry import Progress, Result, register, take_options
+
+__all__ = ["DEFAULTS", "hierarchical", "hierarchy_groups"]
+
+DEFAULTS: Mapping[str, Any] = {"stages": None, "restarts": 4, "start": "metis",
+                               "max_iterations": 1000, "refine": True, "swaps": True}
+
+
+def hierarchy_groups(topology: Topology) -> list[list[tuple[int, ...]]]:
+    """The topology's ``levels`` (outermost first) followed by the devices themselves, each
+    level as a list of device groups; levels that would not split anything are dropped."""
+    d = topology.num_devices
+    out: list[list[tuple[int, ...]]] = []
+    prev = 1
+    for lv in topology.levels:
+        groups = [tuple(sorted(g)) for g in lv.groups]
+        if len(groups) > prev:
+            out.append(groups)
+            prev = len(groups)
+    if prev < d:
+        out.append([(i,) for i in range(d)])
+    return out
+
+
+class _Recursion:
+    def __init__(self, graph: Graph, topology: Topology, levels: list[list[tuple[int, ...]]],
+                 *, restarts: int, start: str, max_iter: int, seed: int,
+                 deadline: float | None, clock_zero: float, progress: Progress | None,
+                 swaps: bool) -> None:
+        self.g, self.levels = graph, levels
+        self.m = topology.cost_matrix
+        self.restarts, self.start, self.max_iter = restarts, start, max_iter
+        self.seed, self.deadline, self.zero, self.progress = seed, deadline, clock_zero, progress
+        self.swaps = swaps
+        self.rank, self.depth = graph.topological_rank, graph.levels
+        self.device_of = np.full(graph.num_nodes, -1, dtype=np.int64)
+        self.timed_out = False
+        self.solved = 0
+        self.total = 1 + sum(len(lv) for lv in levels[:-1])
+        self.calls = 0
+
+    def solve(self, nodes: np.ndarray, devices: tuple[int, ...], depth: int) -> None:
+        if len(devices) == 1:
+            self.device_of[nodes] = devices[0]
+            return
+        dev_set = set(devices)
+        children = [g for g in self.levels[depth] if g[0] in dev_set]
+        assert sum(len(c) for c in children) == len(devices)
+        if len(children) == 1:
+            self.solve(nodes, devices, depth + 1)
+            return
+        part = self._split(nodes, children)
+        self.solved += 1
+        if self.progress is not None:
+            self.progress("subproblems", self.solved, self.total)
+        for i, child in enumerate(children):
+            self.solve(nodes[part == i], child, depth + 1)
+
+    def _split(self, nodes: np.ndarray, children: list[tuple[int, ...]]) -> np.ndarray:
+        """Split ``nodes`` among ``children`` (groups of devices) by the local search, one
+        slot per group: M between groups is the mean over their device pairs, target weight
+        proportional to the group's devices, imbalance scaled by 1 / |group|, at least
+        |group| nodes per group."""
+        g = self.g
+        k = len(children)
+        sizes = np.array([len(c) for c in children], dtype=np.float64)
+        local = np.full(g.num_nodes, -1, dtype=np.int64)
+        local[nodes] = np.arange(nodes.size)
+        keep = (local[g.src] >= 0) & (local[g.dst] >= 0)
+        mg = np.array([[0.0 if a == b else float(self.m[np.ix_(children[a], children[b])].mean())
+                        for b in range(k)] for a in range(k)])
+        w = g.weight[nodes]
+        problem = Problem.build(
+            w, local[g.src[keep]], local[g.dst[keep]], self.rank[nodes], self.depth[nodes], mg,
+            k, target=float(w.sum()) * sizes / sizes.sum(), scale=1.0 / sizes,
+            min_size=sizes.astype(np.int64), initial_placement=np.arange(k))
+        self.calls += 1
+        summary = run_restarts(problem, start=self.start, seed=self.seed * 1_000_003 + self.calls,
+                               restarts=self.restarts, workers=1, deadline=self.deadline,
+                               max_iterations=self.max_iter, clock_zero=self.zero,
+                               swaps=self.swaps)
+        self.timed_out |= summary.timed_out
+        out = summary.best.outcome
+        # Component i sits on slot placement[i]: report the slot of every node.
+        return out.placement[out.assignment]
+
+
+@register("partition", "hierarchical")
+def hierarchical(graph: Graph, topology: Topology, *, options: Mapping[str, Any], seed: int,
+                 time_limit: float | None, progress: Progress | None = None) -> Result:
+    """Recursive sharding-cost partitioning along the topology's levels (paper 000, 2.5).
+
+    Parameters
+    ----------
+    graph, topology
+        ``topology.levels`` (outermost first, e.g. region, rack, box) gives the hierarchy; the
+        devices are the last level. A topology without levels is partitioned flat.
+    options
+        ``stages``: must be the number of devices (the hierarchy places one component on
+        every device); ``restarts`` (per subproblem, default 4), ``start`` (``metis``
+        (default), ``random`` or ``topo``), ``max_iterations`` (passes per restart),
+        ``refine`` (default true: finish with the flat local search over all devices from
+        the hierarchical partition), ``swaps`` (node exchanges, see :mod:`.heuristic`;
+        default true).
+    seed : int
+        Same seed, same plan.
+    time_limit : float or None
+        Subproblems stop at it and the plan is completed from their best states, status
+        ``timed_out``.
+
+    Returns
+    -------
+    Result
+        k = devices single-device stages, objective ``sharding_cost``; stats
+        ``subproblems``, ``hierarchy`` (groups per level), ``before_refine``.
+
+    Notes
+    -----
+    The paper partitions the graph over the k_1 outermost groups with its heuristic, then
+    each group's nodes over its k_2 subgroups, down to the devices, but leaves the
+    subproblem's cost unspecified. We take, for a split of a parent group's nodes into child
+    groups g of |g| devices: M between two groups = the mean of M over their device pairs
+    (exact for a hierarchical topology, where it is constant), target weight
+    ``|g| / |parent| * W_parent`` and imbalance ``(W_g - target)^2 / |g|``, the least
+    ``sum (W_d - mean)^2`` the group's devices can reach once it holds W_g (so the levels
+    optimise the same objective as the flat cost); edges to nodes outside the parent are
+    ignored (their cost was fixed by the outer level); each group receives at least |g|
+    nodes so that no device ends empty. With k = O(1) children per level, the local search
+    costs O(N n^2) overall against O(N (Kn)^2) flat (the paper's analysis); our passes are
+    O(m k) each. The final refinement is our addition: one flat local search over all K
+    devices, started from the hierarchical partition, which only lowers the cost.
+    """
+    opts = take_options("hierarchical", options, DEFAULTS)
+    k = num_components(graph, topology, opts["stages"])
+    if k != topology.num_devices:
+        raise ShardplanError(f"hierarchical places a component on every device: stages must "
+                             f"be {topology.num_devices}, got {k} (use heuristic for fewer)")
+    restarts = check_int_option("restarts", opts["restarts"])
+    start = check_start(opts["start"])
+    max_iter = check_int_option("max_iterations", opts["max_iterations"])
+    refine = check_bool_option("refine", opts["refine"])
+    swaps = check_bool_option("swaps", opts["swaps"])
+    t0 = time.monotonic()
+    deadline = search_deadline(t0, time_limit)
+    levels = hierarchy_groups(topology)
+    rec = _Recursion(graph, topology, levels, restarts=restarts, start=start,
+                     max_iter=max_iter, seed=seed, deadline=deadline, clock_zero=t0,
+                     progress=progress, swaps=swaps)
+    rec.solve(np.arange(graph.num_nodes), tuple(range(topology.num_devices)), 0)
+    assignment = rec.device_of.copy()
+    placement = np.arange(topology.num_devices)
+    problem = flat_problem(graph, topology, k)
+    before = problem.objective(assignment, placement)
+    timed_out = rec.timed_out
+    if refine:
+        from shardplan._rng import make_rng
+
+        out = local_search(problem, assignment, placement, make_rng(seed), deadline=deadline,
+                           max_iterations=max_iter, swaps=swaps)
+        assignment, placement = out.assignment, out.placement
+        timed_out |= out.timed_out
+    plan = make_plan(graph, topology, "hierarchical", assignment, placement,
+                     status="timed_out" if timed_out else "feasible", seed=seed, options=opts,
+                     seconds=time.monotonic() - t0)
+    stats = {"k": k, "subproblems": rec.calls, "hierarchy": [len(lv) for lv in levels],
+             "before_refine": before, "flat": not topology.levels}
+    return Result(plan, stats)
