@@ -45,6 +45,9 @@ FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
                           "help": "Parmesan: weight of communication in clustering (eq. 4)"}),
     "refine_steps": ("--refine-steps", {"type": nonnegative_int, "metavar": "I",
                                         "help": "Parmesan: refinement steps (section 4.3)"}),
+    "max_fronted": ("--max-fronted", {"type": positive_int, "metavar": "N",
+                                      "help": "Parmesan: most fronted subgraphs the DP takes "
+                                              "(more: keep clustering)"}),
     "microbatches": ("--microbatches", {"type": positive_int, "metavar": "M",
                                         "help": "micro-batches per iteration (memory model)"}),
     "schedule": ("--schedule", {"help": "pipeline schedule for the memory model "

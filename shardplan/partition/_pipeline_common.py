@@ -1,0 +1,209 @@
+"""Shared pieces of the pipeline partitioners (Parmesan section 4 and its baselines).
+
+Plan layout (what :func:`build_plan` writes, and what issues #5 and #6 read):
+
+- ``stages``: in pipeline order. Every partition is *monotone*: ``a[u] <= a[v]`` for every
+  edge ``u -> v``, so ``{v : a[v] <= j}`` is a fronted subgraph (Definition 4.2) for every j,
+  each stage is the difference of two nested fronted subgraphs (hence convex, Definition 4.6)
+  and the stage graph is a chain-ordered DAG.
+- ``devices``: the *consecutive* placement, stage s replica r on device ``s * R + r`` (the
+  replicas of a stage are neighbours, i.e. in one box of a dgx1 topology). Transfers are
+  evaluated with this placement; issue #5 remaps later.
+- ``objective``: ``max_stage_seconds`` (:func:`shardplan.cost._max_stage.partition_max_stage`
+  with the settings in ``options``) and ``lower_bound`` = ``CostModel.lower_bound_seconds(D)``
+  (total compute / D, the largest operator) with D = S x R.
+- ``options``: the algorithm's options, with the cost-model settings resolved
+  (``efficiency, optimizer, microbatches, schedule``) and the chosen ``stages``/``replicas``.
+- extra top-level fields: ``stage_bytes`` (k x k bytes stage a sends stage b per micro-batch
+  forward pass, each tensor once per receiving stage), ``stage_seconds`` (per stage, ``null``
+  for one that does not fit), ``placement`` (``"consecutive"``), ``search`` (per-algorithm
+  statistics).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from shardplan.cost import CostModel, stage_traffic
+from shardplan.cost._max_stage import PipelineSettings, pipeline_stage_seconds
+from shardplan.errors import ShardplanError
+from shardplan.ir import Graph, Objective, Plan, Stage, Topology
+from shardplan.registry import Result
+
+__all__ = ["SETTING_DEFAULTS", "build_plan", "placement", "shape_candidates",
+           "is_monotone", "monotone_from_labels", "tensor_bytes", "Deadline"]
+
+SETTING_DEFAULTS: dict[str, Any] = {"efficiency": None, "optimizer": None, "microbatches": None,
+                                    "schedule": None}
+
+
+class Deadline:
+    """``time_limit`` seconds from construction (``None``: never)."""
+
+    def __init__(self, time_limit: float | None) -> None:
+        self.start = time.perf_counter()
+        self.limit = time_limit
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start
+
+    def expired(self) -> bool:
+        return self.limit is not None and self.elapsed() >= self.limit
+
+
+def placement(num_stages: int, num_replicas: int) -> np.ndarray:
+    """Consecutive placement: stage s, replica r on device ``s * R + r``; shape (S, R)."""
+    return np.arange(num_stages * num_replicas, dtype=np.int64).reshape(num_stages,
+                                                                        num_replicas)
+
+
+def shape_candidates(options: Mapping[str, Any], num_devices: int,
+                     num_nodes: int) -> list[tuple[int, int]]:
+    """The (S, R) pairs to try: the user's, or every ``S x R = D`` with ``S <= n``.
+
+    With only ``stages`` given, ``R = D // S``; with only ``replicas``, ``S = D // R``.
+    """
+    s, r = options.get("stages"), options.get("replicas")
+    for name, v in (("stages", s), ("replicas", r)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer))
+                              or v < 1):
+            raise ShardplanError(f"{name} must be a positive integer, got {v!r}")
+    if s is not None and s > num_nodes:
+        raise ShardplanError(f"{s} stages need at least {s} nodes, the graph has {num_nodes}")
+    if s is not None and r is not None:
+        if s * r > num_devices:
+            raise ShardplanError(f"{s} stages x {r} replicas need {s * r} devices, the "
+                                 f"topology has {num_devices}")
+        return [(int(s), int(r))]
+    if s is not None:
+        if s > num_devices:
+            raise ShardplanError(f"{s} stages need {s} devices, the topology has "
+                                 f"{num_devices}")
+        return [(int(s), num_devices // int(s))]
+    if r is not None:
+        if r > num_devices:
+            raise ShardplanError(f"{r} replicas need {r} devices, the topology has "
+                                 f"{num_devices}")
+        return [(min(num_devices // int(r), num_nodes), int(r))]
+    return [(d, num_devices // d) for d in range(1, num_devices + 1)
+            if num_devices % d == 0 and d <= num_nodes]
+
+
+def is_monotone(graph: Graph, assignment: np.ndarray) -> bool:
+    """Whether every edge goes from a stage to the same or a later one. O(m)."""
+    return bool(np.all(assignment[graph.src] <= assignment[graph.dst]))
+
+
+def monotone_from_labels(graph: Graph, labels: np.ndarray) -> np.ndarray:
+    """Convex repair: the smallest monotone assignment with ``a[v] >= labels[v]``.
+
+    ``a[v] = max(labels[v], max over predecessors u of a[u])`` in topological order; then
+    stage ids are compacted (empty stages dropped, order kept). O(n + m).
+    """
+    a = np.asarray(labels, dtype=np.int64).copy()
+    indptr, idx, _ = graph._pred_csr
+    for v in graph.topological_order:
+        lo, hi = indptr[v], indptr[v + 1]
+        if hi > lo:
+            m = a[idx[lo:hi]].max()
+            if m > a[v]:
+                a[v] = m
+    _, a = np.unique(a, return_inverse=True)
+    return a.astype(np.int64)
+
+
+def tensor_bytes(graph: Graph) -> np.ndarray:
+    """Per node, the largest bytes on its out-edges (its output tensor), shape (n,)."""
+    tb = np.zeros(graph.num_nodes)
+    if graph.num_edges:
+        np.maximum.at(tb, graph.src, graph.edge_bytes.astype(np.float64))
+    return tb
+
+
+def build_plan(graph: Graph, topology: Topology, *, algorithm: str, assignment: np.ndarray,
+               num_replicas: int, settings: PipelineSettings, options: Mapping[str, Any],
+               seed: int, deadline: Deadline, status: str,
+               stats: Mapping[str, Any] | None = None,
+               model: CostModel | None = None) -> Result:
+    """A :class:`Result` for a monotone ``assignment`` with the consecutive placement.
+
+    The objective value is recomputed with the cost model exactly as ``shardplan cost
+    --objective max-stage`` does. Raises :class:`ShardplanError` if the assignment is not
+    monotone (a bug) or uses more devices than the topology has.
+    """
+    a = np.asarray(assignment, dtype=np.int64)
+    if not is_monotone(graph, a):
+        raise AssertionError(f"{algorithm} produced a non-monotone partition")
+    _, a = np.unique(a, return_inverse=True)
+    a = a.astype(np.int64)
+    k = int(a.max()) + 1 if a.size else 0
+    if k * num_replicas > topology.num_devices:
+        raise ShardplanError(f"{k} stages x {num_replicas} replicas need more devices than "
+                             f"the topology's {topology.num_devices}")
+    devices = placement(k, num_replicas)
+    if model is None:
+        model = settings.model(graph, topology)
+    seconds, _, _ = pipeline_stage_seconds(model, a, devices, settings)
+    value = float(seconds.max()) if k else 0.0
+    bound = model.lower_bound_seconds(k * num_replicas)
+    bytes_m, _ = stage_traffic(graph, a, k)
+    order = np.argsort(a, kind="stable")
+    cuts = np.searchsorted(a[order], np.arange(k + 1))
+    stages = tuple(Stage(tuple(int(v) for v in order[cuts[s]:cuts[s + 1]]),
+                         tuple(int(d) for d in devices[s])) for s in range(k))
+    recorded = dict(options)
+    recorded.update(settings.to_options())
+    recorded["stages"], recorded["replicas"] = k, int(num_replicas)
+    if deadline.expired() and status != "optimal":
+        status = "timed_out"
+    meta = {
+        "placement": "consecutive",
+        "stage_bytes": bytes_m.tolist(),
+        "stage_seconds": [float(x) if math.isfinite(x) else None for x in seconds],
+        "search": dict(stats or {}),
+    }
+    plan = Plan(graph=graph.name, topology=topology.name, algorithm=algorithm, stages=stages,
+                objective=Objective("max_stage_seconds", value, bound), status=status,
+                seed=int(seed), options=recorded, search_seconds=deadline.elapsed(),
+                meta=meta)
+    return Result(plan, dict(stats or {}))
+
+
+def best_of(results: list[Result], key: Any = None) -> Result:
+    """The result with the smallest ``key`` (default: objective value)."""
+    if key is None:
+        def key(r: Result) -> float:
+            return r.plan.objective.value
+    return min(results, key=key)
+
+
+def sequence_dp(segment_cost: Any, n: int, num_stages: int) -> tuple[float, np.ndarray]:
+    """Min-max split of positions ``0..n-1`` into ``num_stages`` non-empty segments.
+
+    ``segment_cost(i, j, s)`` returns the costs of segments ``[i, j)`` for an array ``i`` and
+    one ``j`` as stage ``s`` (0-based). Returns ``(optimum, segment id of every position)``.
+    The classic linear-partition DP, vectorised over i: O(n^2 S) element work, O(n S) numpy
+    calls.
+    """
+    table = np.full((num_stages + 1, n + 1), np.inf)
+    table[0, 0] = 0.0
+    arg = np.zeros((num_stages + 1, n + 1), dtype=np.int64)
+    for s in range(1, num_stages + 1):
+        for j in range(s, n - (num_stages - s) + 1):
+            i = np.arange(s - 1, j)
+            val = np.maximum(table[s - 1, i], segment_cost(i, j, s - 1))
+            b = int(np.argmin(val))
+            table[s, j] = val[b]
+            arg[s, j] = i[b]
+    seg = np.empty(n, dtype=np.int64)
+    j = n
+    for s in range(num_stages, 0, -1):
+        i = int(arg[s, j])
+        seg[i:j] = s - 1
+        j = i
+    return float(table[num_stages, n]), seg

@@ -1,0 +1,107 @@
+"""``pipedream``: PipeDream's layer-level DP on a topological order (a Parmesan baseline).
+
+PipeDream (Narayanan et al., SOSP 2019, section 3.1) partitions a *sequence* of layers: with
+``T_l`` a layer's forward + backward time, ``C_i`` the time to send the activations that
+cross the cut after layer i, ``W^m_l = 4 (m - 1) |w_l| / (m B)`` the weight synchronisation
+of layer l over m replicas,
+
+    T(i -> j, m) = (1 / m) max(sum_l T_l, sum_l W^m_l)
+    A(j, m) = min over i < j, m' of max(A(i, m - m'), 2 C_i, T(i + 1 -> j, m')).
+
+Here the layers are the operators in topological order (so the stages are prefixes
+differences, convex), ``C_i`` is the deduplicated bytes crossing cut i over the median
+bandwidth of the used devices, and -- because shardplan's plans and cost model keep the same
+replica count on every stage -- the replication choice is one R for all stages: for each
+``S x R = D`` (or the user's S / R) the DP over S stages of R replicas is solved and the
+(S, R) with the smallest PipeDream value A is returned, as PipeDream's optimizer would.
+Memory is not part of PipeDream's DP; the plan's objective (the shared cost model) shows a
+stage that does not fit as ``inf``. O(n^2 S) per (S, R).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from shardplan.cost._max_stage import PipelineSettings
+from shardplan.ir import Graph, Topology
+from shardplan.partition._pipeline_common import (
+    SETTING_DEFAULTS,
+    Deadline,
+    build_plan,
+    sequence_dp,
+    shape_candidates,
+    tensor_bytes,
+)
+from shardplan.registry import Progress, Result, register, take_options
+
+__all__ = ["pipedream_partition"]
+
+DEFAULTS: dict[str, Any] = {"stages": None, "replicas": None, **SETTING_DEFAULTS}
+
+
+def cut_bytes(graph: Graph, order: np.ndarray) -> np.ndarray:
+    """Bytes crossing the cut after each position of ``order`` (each tensor once), (n,)."""
+    n = graph.num_nodes
+    pos = np.empty(n, dtype=np.int64)
+    pos[order] = np.arange(n)
+    last = np.full(n, -1, dtype=np.int64)
+    if graph.num_edges:
+        np.maximum.at(last, graph.src, pos[graph.dst])
+    tb = tensor_bytes(graph)
+    diff = np.zeros(n + 1)
+    has = last > pos
+    np.add.at(diff, pos[has], tb[has])
+    np.add.at(diff, last[has], -tb[has])
+    return np.cumsum(diff)[:n]
+
+
+@register("partition", "pipedream")
+def pipedream_partition(graph: Graph, topology: Topology, *, options: Mapping[str, Any],
+                        seed: int, time_limit: float | None,
+                        progress: Progress | None = None) -> Result:
+    """PipeDream's DP with one replica count for every stage (see the module docstring)."""
+    deadline = Deadline(time_limit)
+    opts = take_options("pipedream", options, DEFAULTS)
+    settings = PipelineSettings.from_options(opts)
+    model = settings.model(graph, topology)
+    order = graph.topological_order
+    n = graph.num_nodes
+    fwd, bwd = model.node_seconds(int(np.argmax(topology.device_flops)))
+    pt = np.concatenate(([0.0], np.cumsum((fwd + bwd)[order])))
+    pw = np.concatenate(([0.0], np.cumsum(graph.param_bytes[order].astype(np.float64))))
+    shapes = shape_candidates(opts, topology.num_devices, n)
+    used = np.arange(max(s * r for s, r in shapes))
+    if used.size > 1:
+        off = ~np.eye(used.size, dtype=bool)
+        inv = float(np.median(model.inverse_bandwidth[np.ix_(used, used)][off]))
+    else:
+        inv = 0.0
+    comm = 2.0 * cut_bytes(graph, order) * inv  # 2 C_i, after position i
+    best = None
+    tried = []
+    for idx, (s, r) in enumerate(shapes):
+        if progress is not None:
+            progress("pipedream (S, R)", idx, len(shapes))
+        if idx and deadline.expired():
+            break
+
+        def cost(i: np.ndarray, j: int, _s: int, r: int = r) -> np.ndarray:
+            sync = 4.0 * (r - 1) * (pw[j] - pw[i]) * inv / r
+            t = np.maximum(pt[j] - pt[i], sync) / r
+            c = np.where(i > 0, comm[np.maximum(i - 1, 0)], 0.0)
+            return np.maximum(t, c)
+
+        value, seg = sequence_dp(cost, n, s)
+        tried.append({"stages": s, "replicas": r, "pipedream_value": value})
+        if best is None or value < best[0]:
+            best = (value, s, r, seg)
+    assert best is not None
+    _, s, r, seg = best
+    a = np.empty(n, dtype=np.int64)
+    a[order] = seg
+    return build_plan(graph, topology, algorithm="pipedream", assignment=a, num_replicas=r,
+                      settings=settings, options=opts, seed=seed, deadline=deadline,
+                      status="feasible", stats={"shapes": tried}, model=model)

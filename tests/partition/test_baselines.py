@@ -1,0 +1,135 @@
+"""The pipeline partitioners' shared checks, and what each baseline promises."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from shardplan import registry
+from shardplan.cost.objectives import evaluate
+from shardplan.errors import ShardplanError
+from shardplan.generate import layered
+from shardplan.ir import Graph, load_plan
+from shardplan.topology import build
+from tests.helpers import run_cli
+
+PIPELINE = ["parmesan", "pipedream", "uniform", "params", "metis"]
+
+
+def _graph() -> Graph:
+    return layered(num_nodes=60, width=6, seed=2, skip_probability=0.3)
+
+
+def _check(plan, g, topo):
+    a = plan.assignment(g.num_nodes)
+    assert np.all(a[g.src] <= a[g.dst])  # monotone: convex stages, chain stage graph
+    assert g.is_acyclic_partition(a)
+    for st in plan.stages:
+        assert g.is_convex(list(st.nodes))
+    name, value, details = evaluate(plan, g, topo, "max-stage")
+    assert name == "max_stage_seconds"
+    assert math.isclose(value, plan.objective.value, rel_tol=1e-12)
+    assert all(details["fits_memory"])
+    assert plan.objective.lower_bound <= value
+    k = plan.num_stages
+    assert np.asarray(plan.meta["stage_bytes"]).shape == (k, k)
+    assert [list(st.devices) for st in plan.stages] == \
+        [[s * plan.num_replicas + r for r in range(plan.num_replicas)] for s in range(k)]
+
+
+@pytest.mark.parametrize("name", PIPELINE)
+@pytest.mark.parametrize("stages,replicas", [(4, 1), (2, 2), (3, None)])
+def test_every_plan_is_valid_and_its_objective_recomputes(name, stages, replicas):
+    g, topo = _graph(), build("flat", num_devices=4)
+    opts = {"stages": stages} if replicas is None else {"stages": stages, "replicas": replicas}
+    plan = registry.run("partition", name, g, topo, seed=3, **opts).plan
+    _check(plan, g, topo)
+    assert plan.num_stages <= stages
+    if name != "metis":
+        assert plan.num_stages == stages
+    again = registry.run("partition", name, g, topo, seed=3, **opts).plan
+    assert [s.nodes for s in plan.stages] == [s.nodes for s in again.stages]
+
+
+def test_uniform_counts_and_params_balance():
+    g, topo = _graph(), build("flat", num_devices=4)
+    plan = registry.run("partition", "uniform", g, topo, stages=4).plan
+    assert sorted(len(s.nodes) for s in plan.stages) == [15, 15, 15, 15]
+    plan = registry.run("partition", "params", g, topo, stages=4).plan
+    sums = [int(g.param_bytes[list(s.nodes)].sum()) for s in plan.stages]
+    # optimal contiguous split of the topological order's parameters (brute force over cuts)
+    w = g.param_bytes[g.topological_order]
+    n = len(w)
+    pre = np.concatenate(([0], np.cumsum(w)))
+    best = min(max(pre[i] - pre[0], pre[j] - pre[i], pre[k] - pre[j], pre[n] - pre[k])
+               for i in range(1, n) for j in range(i + 1, n) for k in range(j + 1, n))
+    assert max(sums) == best
+
+
+def test_parmesan_beats_or_matches_baselines_on_a_chainlike_graph():
+    g = layered(num_nodes=80, width=2, seed=5)
+    topo = build("flat", num_devices=4)
+    vals = {name: registry.run("partition", name, g, topo, stages=4).plan.objective.value
+            for name in PIPELINE}
+    assert vals["parmesan"] <= min(vals.values()) * (1 + 1e-9)
+
+
+def test_shape_search_and_pipedream_replication():
+    g, topo = _graph(), build("flat", num_devices=4)
+    res = registry.run("partition", "parmesan", g, topo)
+    shapes = res.plan.meta["search"]["shapes"]
+    assert {(s["stages"], s["replicas"]) for s in shapes} == {(1, 4), (2, 2), (4, 1)}
+    assert res.plan.num_stages * res.plan.num_replicas == 4
+    res = registry.run("partition", "pipedream", g, topo)
+    assert len(res.stats["shapes"]) == 3
+
+
+def test_memory_infeasible_stage_is_infinite():
+    g = _graph()
+    topo = build("flat", num_devices=2, memory_bytes=1e6)
+    plan = registry.run("partition", "uniform", g, topo, stages=2).plan
+    assert plan.objective.value == math.inf
+    name, value, details = evaluate(plan, g, topo, "max-stage")
+    assert value == math.inf and not all(details["fits_memory"])
+
+
+@pytest.mark.parametrize("opts,msg", [({"stages": 9}, "devices"),
+                                      ({"stages": 2, "replicas": 3}, "devices"),
+                                      ({"clusters": 0}, "clusters"),
+                                      ({"schedule": "zb"}, "schedule"),
+                                      ({"bogus": 1}, "bogus")])
+def test_bad_options(opts, msg):
+    g, topo = _graph(), build("flat", num_devices=4)
+    with pytest.raises(ShardplanError, match=msg):
+        registry.run("partition", "parmesan", g, topo, **opts)
+
+
+def test_time_limit_returns_a_valid_plan():
+    g = layered(num_nodes=300, width=10, seed=1)
+    topo = build("flat", num_devices=4)
+    res = registry.run("partition", "parmesan", g, topo, time_limit=1e-6)
+    assert res.plan.status == "timed_out"
+    _check(res.plan, g, topo)
+
+
+def test_cli_partition_then_cost(tmp_path, capsys):
+    g = _graph()
+    gp, tp, pp = tmp_path / "g.json", tmp_path / "t.json", tmp_path / "p.json"
+    from shardplan.ir import save
+
+    save(g, gp)
+    save(build("flat", num_devices=4), tp)
+    assert run_cli(["partition", str(gp), str(tp), "--algorithm", "parmesan", "--stages", "2",
+                    "--refine-steps", "5", "--microbatches", "4", "-o", str(pp)]) == 0
+    plan = load_plan(pp)
+    assert plan.options["microbatches"] == 4 and plan.num_stages == 2
+    capsys.readouterr()
+    assert run_cli(["cost", str(pp), str(gp), str(tp), "--objective", "max-stage",
+                    "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert math.isclose(out["value"], plan.objective.value, rel_tol=1e-12)
+    assert run_cli(["partition", str(gp), str(tp), "--algorithm", "parmesan", "--stages",
+                    "99", "--json"]) == 2
