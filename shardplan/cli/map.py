@@ -1,0 +1,82 @@
+"""``shardplan map PLAN GRAPH TOPO --algorithm optimal|consecutive``: map a plan's stages onto
+devices (Parmesan section 5)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from shardplan.cli._common import (
+    add_output,
+    emit,
+    nonnegative_int,
+    positive_float,
+    positive_int,
+    progress_reporter,
+)
+from shardplan.cli.partition import add_flags, algorithm_options
+from shardplan.errors import ShardplanError
+
+__all__ = ["register"]
+
+FLAGS = {
+    "model": ("--model", {"choices": ("p2p", "allreduce", "auto"),
+                          "help": "stage-time model: p2p (eq. 6), allreduce (eq. 7) or auto "
+                                  "(by the ratio of all-reduce to inter-stage bytes; default)"}),
+    "workers": ("--workers", {"type": positive_int,
+                              "help": "optimal: targets searched at once in worker processes "
+                                      "(default 1)"}),
+    "target_time_limit": ("--target-time-limit", {
+        "type": positive_float, "metavar": "SEC",
+        "help": "optimal: seconds per inner search; one that runs out counts as infeasible "
+                "(the paper's heuristic; status timed_out)"}),
+    "order": ("--order", {"choices": ("stage-major", "replica-major"),
+                          "help": "consecutive: stage s's replicas side by side (stage-major, "
+                                  "default) or replica r's pipeline side by side"}),
+    "efficiency": ("--efficiency", {"type": positive_float,
+                                    "help": "fraction of peak FLOP/s reached (cost model)"}),
+}
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add the ``map`` command to ``sub``."""
+    p = sub.add_parser(
+        "map", help="map a plan's stages onto devices",
+        description="Place every replica of every stage of PLAN on its own device of TOPO, "
+                    "minimising the largest stage time (Parmesan section 5): optimal "
+                    "(binary search + backtracking, exact) or consecutive (CS map).")
+    p.add_argument("plan", metavar="PLAN", help="plan file (shardplan.plan/1) whose stages "
+                                                "are kept")
+    p.add_argument("graph", metavar="GRAPH", help="graph file (shardplan.graph/1)")
+    p.add_argument("topology", metavar="TOPO", help="topology file (shardplan.topology/1)")
+    p.add_argument("--algorithm", required=True, help="optimal | consecutive")
+    p.add_argument("--time-limit", type=positive_float, default=None, metavar="SEC",
+                   help="stop the search after SEC seconds with the best mapping so far")
+    p.add_argument("--seed", type=nonnegative_int, default=0, help="random seed (default 0)")
+    add_flags(p, FLAGS)
+    add_output(p)
+    p.set_defaults(handler=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from shardplan import registry
+    from shardplan.ir import load_graph, load_plan, load_topology
+
+    if not args.output and not args.json:
+        raise ShardplanError("say where the plan goes: -o FILE or --json")
+    registry.get("map", args.algorithm)  # unknown name: fail before loading files
+    plan = load_plan(args.plan)
+    graph = load_graph(args.graph)
+    topology = load_topology(args.topology)
+    options = algorithm_options(args, FLAGS)
+    with progress_reporter({"map": "binary search"}) as progress:
+        result = registry.run("map", args.algorithm, graph, topology, seed=args.seed,
+                              time_limit=args.time_limit, progress=progress, plan=plan,
+                              **options)
+    emit(args, result.plan, what="plan")
+    if not args.json:
+        out = result.plan
+        sys.stdout.write(f"{out.algorithm}: {out.num_stages} stages x {out.num_replicas} "
+                         f"replicas, {out.objective.name} = {out.objective.value:.6g} "
+                         f"({out.status}, {out.search_seconds:.2f} s)\n")
+    return 0

@@ -1,0 +1,157 @@
+"""Lower bounds on the optimal max stage time of a mapping: Parmesan equations 8 and 9.
+
+Both bound, for every stage s and device d, the time a replica of s can have if it sits on
+d, by letting the rest of the mapping be as good as it can be for s alone:
+
+- p2p (equation 8): ``c_u(s, d) + min over injective placements of adj(s) on D \\ {d}`` of
+  the summed transfer costs. Without latency this is the paper's "sorting approach"
+  (heaviest neighbour on the fastest link, by the rearrangement inequality); with latency
+  the costs ``latency[d, x] + M[s, s'] / bandwidth[d, x]`` of different neighbours need not
+  sort alike, so we solve the small assignment problem exactly (``scipy.optimize.
+  linear_sum_assignment``, deg(s) x (D - 1)), which equals the sorting result when latency
+  is zero.
+- all-reduce (equation 9): ``c_u(s, d) + 2 (R - 1) P(s) / R`` times the smallest possible
+  worse of d's two ring links: the second smallest inverse bandwidth out of d for a
+  symmetric topology and R >= 3 (the two ring neighbours are distinct devices), and
+  ``max(min_x 1/B[x, d], min_y 1/B[d, y])`` otherwise (sorting, O(D log D) per device).
+
+The paper takes ``max_s min_d``. The R replicas of s need R distinct devices, so we take the
+R-th smallest over d instead of the minimum: still a valid lower bound (Proposition 5.1's
+argument per replica), never weaker.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from shardplan.mapping._stage_time import MappingProblem
+
+__all__ = ["allreduce_node_bounds", "lower_bound", "min_pair_costs", "p2p_node_bounds",
+           "ring_bottleneck"]
+
+
+def min_pair_costs(problem: MappingProblem) -> dict[tuple[int, int], np.ndarray]:
+    """For every ordered adjacent pair (s, t): ``min over x != d`` of ``pair_cost(s, t)[d, x]``,
+    shape (D,) -- the least stage s's replica on d can pay to talk to t. O(S^2 D^2)."""
+    out = {}
+    for s, t in zip(*np.nonzero(problem.adjacent), strict=True):
+        out[(int(s), int(t))] = problem.pair_cost(int(s), int(t)).min(axis=1)
+    return out
+
+
+def p2p_node_bounds(problem: MappingProblem) -> np.ndarray:
+    """Equation 8's inner term for every stage and device, shape (S, D). O(S D A) with A the
+    cost of one assignment problem of deg(s) rows and D - 1 columns."""
+    from scipy.optimize import linear_sum_assignment  # lazily: 0.15 s to import
+
+    s_count, d_count = problem.compute.shape
+    out = problem.compute.copy()
+    for s in range(s_count):
+        nbrs = np.flatnonzero(problem.adjacent[s])
+        if nbrs.size == 0:
+            continue
+        costs = np.stack([problem.pair_cost(s, int(t)) for t in nbrs])  # (k, D, D)
+        if nbrs.size == 1:
+            out[s] += costs[0].min(axis=1)
+            continue
+        if nbrs.size > d_count - 1:
+            out[s] = np.inf
+            continue
+        for d in range(d_count):
+            block = np.delete(costs[:, d, :], d, axis=1)  # (k, D - 1)
+            if not np.all(np.isfinite(block.min(axis=1))):
+                out[s, d] = np.inf
+                continue
+            big = np.where(np.isfinite(block), block, 1e300)
+            rows, cols = linear_sum_assignment(big)
+            out[s, d] += float(block[rows, cols].sum())
+    return out
+
+
+def _allreduce_link_bound(problem: MappingProblem) -> np.ndarray:
+    """Least possible worse inverse bandwidth of a device's two ring links, shape (D,)."""
+    ib = problem.inv_bandwidth.copy()
+    np.fill_diagonal(ib, np.inf)
+    if problem.num_replicas >= 3 and np.array_equal(ib, ib.T) and ib.shape[0] >= 3:
+        return np.sort(ib, axis=1)[:, 1]
+    return np.maximum(ib.min(axis=1), ib.min(axis=0))
+
+
+def allreduce_node_bounds(problem: MappingProblem) -> np.ndarray:
+    """Equation 9's inner term ``c_u(s, d) + c_AR^min(s, d)`` for every (s, d), (S, D).
+    O(D^2 log D + S D)."""
+    if problem.num_replicas == 1:
+        return problem.compute.copy()
+    link = _allreduce_link_bound(problem)
+    k = problem.allreduce_factor
+    with np.errstate(invalid="ignore"):
+        ar = np.where(k[:, None] > 0, k[:, None] * link[None, :], 0.0)
+    return problem.compute + ar
+
+
+def ring_bottleneck(inv_bandwidth: np.ndarray, size: int,
+                    devices: np.ndarray | None = None) -> float:
+    """The least possible slowest link of a ring through ``size`` distinct devices (of
+    ``devices``, default all): the smallest b such that the links with ``1/B <= b`` (in
+    either direction: a ring uses each link one way) join at least ``size`` devices into one
+    component (every link of a ring lies in one component of that graph). Kruskal on
+    ``min(1/B, 1/B^T)``. O(D^2 log D)."""
+    ib = inv_bandwidth if devices is None else inv_bandwidth[np.ix_(devices, devices)]
+    n = ib.shape[0]
+    if size <= 1:
+        return 0.0
+    if n < size:
+        return math.inf
+    w = np.minimum(ib, ib.T)
+    iu, ju = np.triu_indices(n, 1)
+    vals = w[iu, ju]
+    order = np.argsort(vals, kind="stable")
+    vals_l, iu_l, ju_l = vals[order].tolist(), iu[order].tolist(), ju[order].tolist()
+    parent = list(range(n))
+    count = [1] * n
+
+    def root(x: int) -> int:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for v, a, b in zip(vals_l, iu_l, ju_l, strict=True):
+        if not math.isfinite(v):
+            break
+        a, b = root(a), root(b)
+        if a != b:
+            if count[a] < count[b]:
+                a, b = b, a
+            parent[b] = a
+            count[a] += count[b]
+            if count[a] >= size:
+                return float(v)
+    return math.inf
+
+
+def lower_bound(problem: MappingProblem, model: str,
+                node_bounds: np.ndarray | None = None) -> float:
+    """``max over s`` of the R-th smallest node bound of s over the devices (eq. 8 / 9,
+    tightened as the module docstring says). All-reduce adds a bound of our own: a stage's
+    ring of R devices has a slowest link of at least :func:`ring_bottleneck`, so
+    ``t(s) >= R-th smallest C[s, .] + 2 (R - 1) P(s) / R * ring_bottleneck`` (it beats
+    eq. 9 when R exceeds the groups of fast devices, as on ``random-blk-*``)."""
+    if node_bounds is None:
+        node_bounds = p2p_node_bounds(problem) if model == "p2p" else \
+            allreduce_node_bounds(problem)
+    r = problem.num_replicas
+    if node_bounds.size == 0:
+        return 0.0
+    kth = np.partition(node_bounds, r - 1, axis=1)[:, r - 1]
+    best = float(kth.max())
+    if model == "allreduce" and r > 1:
+        ring = ring_bottleneck(problem.inv_bandwidth, r)
+        comp = np.partition(problem.compute, r - 1, axis=1)[:, r - 1]
+        k = problem.allreduce_factor
+        with np.errstate(invalid="ignore"):
+            per = comp + np.where(k > 0, k * ring, 0.0)
+        best = max(best, float(per.max()))
+    return best

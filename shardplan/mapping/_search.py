@@ -1,0 +1,637 @@
+"""Parmesan's optimal device mapping: Algorithm 1 (binary search on the target) and its inner
+depth-first backtracking (Algorithm 2, appendix D -- not in our text; rebuilt from section
+5.1's description).
+
+Inner search (:class:`P2PSearch`, :class:`AllreduceSearch`): does a mapping with every stage
+time <= t exist? Replicas of stages (the vertices of G') are assigned one at a time in a
+fixed order; a device is tried for vertex v only if every stage time that the assignment
+fixes or bounds stays <= t. The paper checks a stage once its time is fully determined (its
+"checking scheme"); we check earlier and never later, with *partial* lower bounds that are
+exact once determined:
+
+- p2p: the bound of a placed vertex u is ``C[s_u, p(u)]`` plus, for each adjacent stage, the
+  exact transfer cost if that neighbour is placed and the cheapest cost from ``p(u)`` to any
+  other device if not. Placing v on d raises the bounds of v's placed neighbours and fixes
+  v's own; all of them over every free d at once (one NumPy pass per vertex). At the start
+  of every replica the "cheapest other device" is recomputed over the devices still free
+  (earlier replicas hold the rest for good in that subtree), which tightens every later
+  bound.
+- all-reduce: a stage's time is ``max C over its placed replicas + max over its placed ring
+  links``, plus the least possible next ring link; before a stage's first replica, the
+  least possible slowest link of any ring of R free allowed devices
+  (:func:`~shardplan.mapping._bounds.ring_bottleneck`) must fit.
+- both: a device is allowed for stage s only if its eq. 8 / 9 bound is <= t, and after every
+  placement each stage must still have a free allowed device for each unplaced replica.
+
+Order: p2p places replica 0's stages (starting from the heaviest-talking stage, then always
+the stage with most bytes to the placed ones), then replica 1 in the same order, ...;
+all-reduce places all replicas of the tightest stage (largest eq. 9 bound) first, then the
+next stage. Candidates are tried cheapest-bound first, so the first leaf is a greedy mapping
+(the "heuristic mapping" of the initial upper bound).
+
+Symmetry (exact: the search explores the lexicographically smallest mapping of every class
+of equivalent ones, which satisfies all rules at once):
+
+- twin devices: d and e are twins when swapping them is an automorphism of the topology
+  (same peak FLOP/s, same latency and bandwidth to every other device, same between them);
+  among the free devices of a twin class only the lowest id is tried (identical GPUs in a
+  box, identical devices of a block of ``random-blk-*``);
+- identical replicas (p2p): replicas are interchangeable copies, so replica r's first
+  vertex gets a higher device id than replica r-1's;
+- ring (all-reduce): eq. 7 is invariant under rotating and reflecting a stage's ring, so
+  replica 0 gets the ring's lowest id and, for R >= 3 and a symmetric bandwidth matrix (a
+  reflection reverses the links), replica R-1 a higher id than replica 1;
+- grid automorphisms (:mod:`shardplan.mapping._symmetry`: translations of tori, reflections,
+  axis swaps): a vertex's device must be the smallest of its orbit under the automorphisms
+  that fix every device placed so far (on a torus the first vertex goes to device 0 only).
+
+All rules prefer low ids, so before searching the devices are relabelled best first (by
+their eq. 8 / 9 bound, :func:`make_search`); the cheapest-first value order then agrees with
+the rules instead of fighting them. Outcomes come back in the caller's ids.
+
+Several targets concurrently (section 5.2's "multi-threaded batch"): Python threads do not
+run in parallel, so with ``workers > 1`` each round searches ``workers`` targets that split
+the interval evenly, in forked worker processes; the interval becomes (largest proven-
+infeasible target, smallest found value). With ``workers = 1`` it is plain bisection.
+
+Termination: bisection stops when the interval is below ``epsilon`` (relative), then one
+last search at a target just below the best value (relative 1e-9) proves it optimal; a
+target that hits a time limit counts as "not found" (the paper's heuristic) and makes the
+status ``timed_out``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from shardplan._rng import make_rng
+from shardplan.mapping._bounds import (
+    allreduce_node_bounds,
+    lower_bound,
+    min_pair_costs,
+    p2p_node_bounds,
+    ring_bottleneck,
+)
+from shardplan.mapping._local import improve
+from shardplan.mapping._stage_time import MappingProblem, permute_devices, stage_times
+
+__all__ = ["AllreduceSearch", "P2PSearch", "SearchOutcome", "consecutive_devices",
+           "make_search", "solve", "twin_classes"]
+
+_CHECK_EVERY = 512
+_STRICT = 1e-9
+_FINITE = 1e300
+
+
+class _Timeout(Exception):
+    pass
+
+
+def twin_classes(problem: MappingProblem) -> np.ndarray:
+    """Class id of every device (its lowest twin's id): swapping two devices of one class is
+    an automorphism of the topology. Exact float equality. O(D^3 / 64) vectorised."""
+    lat, ib, fl = problem.latency, problem.inv_bandwidth, problem.device_flops
+    d_count = fl.size
+    cls = np.arange(d_count)
+    idx = np.arange(d_count)
+    for d in range(d_count):
+        if cls[d] != d:
+            continue
+        rest = idx[(idx > d) & (cls == idx)]
+        if rest.size == 0:
+            break
+        rest = rest[fl[rest] == fl[d]]
+        if rest.size == 0:
+            continue
+        others = np.ones((rest.size, d_count), dtype=bool)
+        others[:, d] = False
+        others[np.arange(rest.size), rest] = False
+        ok = np.ones(rest.size, dtype=bool)
+        for m in (lat, ib):
+            row = np.where(others, m[rest] == m[d][None, :], True).all(axis=1)
+            col = np.where(others, m[:, d][None, :] == m[:, rest].T, True).all(axis=1)
+            ok &= row & col & (m[d, rest] == m[rest, d])
+        cls[rest[ok]] = d
+    # Twin-ness with one representative is an equivalence for these matrices; check pairs.
+    return cls
+
+
+def _first_free_mask(free: np.ndarray, cls: np.ndarray | None) -> np.ndarray:
+    if cls is None:
+        return free
+    ids = np.flatnonzero(free)
+    _, first = np.unique(cls[ids], return_index=True)
+    out = np.zeros_like(free)
+    out[ids[first]] = True
+    return out
+
+
+@dataclass(frozen=True)
+class SearchOutcome:
+    """One inner search: ``found`` (then ``devices``, ``value``), ``infeasible`` or
+    ``timeout``; ``nodes`` explored."""
+
+    status: str
+    devices: np.ndarray | None
+    value: float
+    nodes: int
+
+
+class _Base:
+    model = ""
+
+    def __init__(self, problem: MappingProblem, node_bounds: np.ndarray,
+                 use_symmetry: bool = True) -> None:
+        self.p = problem
+        self.S, self.R, self.D = problem.num_stages, problem.num_replicas, problem.num_devices
+        self.node_bounds = node_bounds
+        cls = twin_classes(problem) if use_symmetry else np.arange(self.D)
+        self.cls = cls if (cls != np.arange(self.D)).any() else None
+        self.use_symmetry = self.symmetry = use_symmetry
+        self.group = problem.automorphisms if use_symmetry else None
+        self.ids = np.arange(self.D)
+        self.perm: np.ndarray | None = None  # search id -> caller's device id
+
+    def search(self, target: float, deadline: float | None, *,
+               symmetry: bool | None = None) -> SearchOutcome:
+        """Is there a mapping with every stage time <= ``target``? Stops at ``deadline``
+        (``time.monotonic``). ``symmetry=False`` drops the symmetry rules for this call (the
+        greedy first leaf: they only prune, and a leaf found without them is as valid)."""
+        self.symmetry = self.use_symmetry if symmetry is None else symmetry
+        self.target = float(target)
+        self.deadline = deadline
+        self.nodes = 0
+        self.allowed = self.node_bounds <= self.target
+        self.dev = np.full((self.S, self.R), -1, dtype=np.int64)
+        self.free = np.ones(self.D, dtype=bool)
+        self.remaining = np.full(self.S, self.R, dtype=np.int64)
+        self.stab = None if self.group is None else np.ones(self.group.shape[0], dtype=bool)
+        if (self.allowed.sum(axis=1) < self.remaining).any():
+            return SearchOutcome("infeasible", None, math.inf, 0)
+        self._reset()
+        try:
+            ok = self._dfs(0)
+        except _Timeout:
+            return SearchOutcome("timeout", None, math.inf, self.nodes)
+        if not ok:
+            return SearchOutcome("infeasible", None, math.inf, self.nodes)
+        value = float(stage_times(self.p, self.dev, self.model).max())
+        dev = self.dev.copy() if self.perm is None else self.perm[self.dev]
+        return SearchOutcome("found", dev, value, self.nodes)
+
+    def _orbit_min(self) -> np.ndarray | None:
+        """Devices that are the smallest of their orbit under the automorphisms fixing every
+        placed device (None: no such symmetry left)."""
+        if not self.symmetry or self.stab is None:
+            return None
+        sub = self.group[self.stab]
+        if sub.shape[0] <= 1:
+            return None
+        return sub.min(axis=0) == self.ids
+
+    def _fix(self, d: int) -> np.ndarray | None:
+        """Restrict the stabiliser to the automorphisms fixing ``d``; returns the old one."""
+        old = self.stab
+        if old is not None:
+            self.stab = old & (self.group[:, d] == d)
+        return old
+
+    def _counts_ok(self) -> bool:
+        """Every stage still has a free allowed device for each of its unplaced replicas
+        (a necessary condition, checked after every placement)."""
+        have = (self.allowed & self.free[None, :]).sum(axis=1)
+        return bool((have >= self.remaining).all())
+
+    def _tick(self) -> None:
+        self.nodes += 1
+        if self.deadline is not None and self.nodes % _CHECK_EVERY == 0 and \
+                time.monotonic() > self.deadline:
+            raise _Timeout
+
+    def _reset(self) -> None:
+        raise NotImplementedError
+
+    def _dfs(self, i: int) -> bool:
+        raise NotImplementedError
+
+
+def _p2p_stage_order(problem: MappingProblem) -> list[int]:
+    """Stage order inside a replica: the stage with most bytes first, then always the stage
+    adjacent to most placed stages (ties: most bytes to them, most bytes in all, id)."""
+    m, adj = problem.stage_bytes, problem.adjacent
+    order: list[int] = []
+    left = set(range(problem.num_stages))
+    while left:
+        placed = np.array(order, dtype=np.int64)
+
+        def key(s: int, placed: np.ndarray = placed) -> tuple[float, float, float, int]:
+            to_placed = float(m[s, placed].sum()) if placed.size else 0.0
+            n_adj = float(adj[s, placed].sum()) if placed.size else 0.0
+            return (-n_adj, -to_placed, -float(m[s].sum()), s)
+
+        s = min(left, key=key)
+        order.append(s)
+        left.remove(s)
+    return order
+
+
+class P2PSearch(_Base):
+    """Inner search for equation 6 (see the module docstring)."""
+
+    model = "p2p"
+
+    def __init__(self, problem: MappingProblem, node_bounds: np.ndarray | None = None,
+                 use_symmetry: bool = True) -> None:
+        if node_bounds is None:
+            node_bounds = p2p_node_bounds(problem)
+        super().__init__(problem, node_bounds, use_symmetry)
+        minc = min_pair_costs(problem)
+        self.base = problem.compute.copy()
+        for (s, _t), v in minc.items():
+            self.base[s] += v
+        self.minc = dict(minc)
+        order = _p2p_stage_order(problem)
+        adj = problem.adjacent
+        self.stage_order = order
+        pos = {s: i for i, s in enumerate(order)}
+        # Pair costs of every ordered adjacent pair, (D, D): pc[(s, t)][d, x] is what s on d
+        # pays to talk to t on x (inf on the diagonal).
+        self.pc = {(a, b): problem.pair_cost(a, b) for (a, b) in minc}
+        self.minc0 = minc
+        self.base0 = self.base.copy()
+        # For each position in a replica: (earlier neighbour stage t, own[x, d] = what s on
+        # d pays to t on x, nbr[x, d] = what t on x pays to s on d).
+        self.links: list[list[tuple[int, np.ndarray, np.ndarray]]] = []
+        for s in order:
+            lst = []
+            for t in order[:pos[s]]:
+                if adj[s, t]:
+                    lst.append((t, self.pc[(s, t)].T.copy(), self.pc[(t, s)]))
+            self.links.append(lst)
+        self.order = [(s, r) for r in range(self.R) for s in order]
+
+    def _reset(self) -> None:
+        self.bound = np.zeros((self.S, self.R))
+        self.minc = dict(self.minc0)
+        self.base = self.base0.copy()
+
+    def _refresh(self) -> None:
+        """At the start of a replica: the cheapest partner of every device among the *free*
+        devices only (earlier replicas hold the others for good in this subtree), which
+        raises every bound of this replica and of the ones after it."""
+        free = np.flatnonzero(self.free)
+        self.base = self.p.compute.copy()
+        for key, pc in self.pc.items():
+            m = pc[:, free].min(axis=1) if free.size else np.full(self.D, np.inf)
+            self.minc[key] = m
+            self.base[key[0]] += m
+        self.allowed = self.allowed & (self.base <= self.target)
+
+    def _dfs(self, i: int) -> bool:
+        if i == len(self.order):
+            return True
+        self._tick()
+        s, r = self.order[i]
+        k = i - r * self.S
+        if k == 0 and r > 0:
+            if self.symmetry and not (self.free & self.allowed[s]
+                                      & (self.ids > self.dev[s, r - 1])).any():
+                return False  # cheap test before the refresh
+            saved_state = (self.base, self.minc, self.allowed)
+            self.minc = dict(self.minc)
+            self._refresh()
+            try:
+                if not self._counts_ok():
+                    return False
+                return self._place(i, s, r, k)
+            finally:
+                self.base, self.minc, self.allowed = saved_state
+        return self._place(i, s, r, k)
+
+    def _place(self, i: int, s: int, r: int, k: int) -> bool:
+        t = self.target
+        cand = self.free & self.allowed[s]
+        if self.symmetry:
+            cand &= _first_free_mask(self.free, self.cls)
+            if k == 0 and r > 0:
+                cand &= self.ids > self.dev[s, r - 1]
+            orbit = self._orbit_min()
+            if orbit is not None:
+                cand &= orbit
+        if not cand.any():
+            return False
+        val = self.base[s].copy()
+        worst = None
+        nbr_new = []
+        with np.errstate(invalid="ignore"):  # inf - inf: an unroutable pair, never <= t
+            for u, own, nbr in self.links[k]:
+                x = self.dev[u, r]
+                val += own[x] - self.minc[(s, u)]
+                nb = self.bound[u, r] + nbr[x] - self.minc[(u, s)][x]
+                nbr_new.append((u, nb))
+                worst = nb if worst is None else np.maximum(worst, nb)
+            worst = val if worst is None else np.maximum(worst, val)
+            ok = cand & (worst <= t)
+        choices = np.flatnonzero(ok)
+        if choices.size == 0:
+            return False
+        choices = choices[np.argsort(worst[choices], kind="stable")]
+        saved = [(u, self.bound[u, r]) for u, _ in nbr_new]
+        for d in choices:
+            d = int(d)
+            self.dev[s, r] = d
+            self.free[d] = False
+            self.bound[s, r] = val[d]
+            for u, nb in nbr_new:
+                self.bound[u, r] = nb[d]
+            self.remaining[s] -= 1
+            old = self._fix(d)
+            if self._counts_ok() and self._dfs(i + 1):
+                return True
+            self.stab = old
+            self.remaining[s] += 1
+            self.free[d] = True
+            self.dev[s, r] = -1
+        for u, b in saved:
+            self.bound[u, r] = b
+        return False
+
+
+class AllreduceSearch(_Base):
+    """Inner search for equation 7 (see the module docstring)."""
+
+    model = "allreduce"
+
+    def __init__(self, problem: MappingProblem, node_bounds: np.ndarray | None = None,
+                 use_symmetry: bool = True) -> None:
+        if node_bounds is None:
+            node_bounds = allreduce_node_bounds(problem)
+        super().__init__(problem, node_bounds, use_symmetry)
+        r = self.R
+        kth = np.partition(node_bounds, r - 1, axis=1)[:, r - 1]
+        self.stage_order = [int(s) for s in np.argsort(-kth, kind="stable")]
+        self.order = [(s, q) for s in self.stage_order for q in range(r)]
+        ib = problem.inv_bandwidth.copy()
+        np.fill_diagonal(ib, np.inf)
+        self.ib = ib
+        self.k = problem.allreduce_factor
+        self.next_link = np.maximum(ib.min(axis=1), 0.0)  # least link out of d
+        # Reflecting a ring reverses its links: a symmetry only if bandwidth is symmetric.
+        self.reflect = bool(np.array_equal(ib, ib.T))
+
+    def _reset(self) -> None:
+        self.max_c = np.zeros(self.S)
+        self.max_ar = np.zeros(self.S)
+
+    def _ring_fits(self, s: int, k: float) -> bool:
+        """Before a stage's first replica: can a ring of R free allowed devices meet the
+        target? Its slowest link is at least :func:`ring_bottleneck` over those devices and
+        its slowest replica computes at least the R-th smallest ``C``."""
+        avail = np.flatnonzero(self.free & self.allowed[s])
+        if avail.size < self.R:
+            return False
+        comp = float(np.partition(self.p.compute[s, avail], self.R - 1)[self.R - 1])
+        return comp + k * ring_bottleneck(self.p.inv_bandwidth, self.R, avail) <= self.target
+
+    def _dfs(self, i: int) -> bool:
+        if i == len(self.order):
+            return True
+        self._tick()
+        s, r = self.order[i]
+        R = self.R
+        cand = self.free & self.allowed[s]
+        if self.symmetry:
+            cand &= _first_free_mask(self.free, self.cls)
+            if r >= 1:
+                cand &= self.ids > self.dev[s, 0]
+            if r == R - 1 and R >= 3 and self.reflect:
+                cand &= self.ids > self.dev[s, 1]
+            orbit = self._orbit_min()
+            if orbit is not None:
+                cand &= orbit
+        if not cand.any():
+            return False
+        k = self.k[s]
+        if r == 0 and R > 2 and k > 0 and not self._ring_fits(s, k):
+            return False
+        comp = np.maximum(self.max_c[s], self.p.compute[s])
+        if R == 1 or k == 0:
+            ar = np.zeros(self.D)
+            ar_bound = ar
+        else:
+            ar = np.full(self.D, self.max_ar[s])
+            if r >= 1:
+                ar = np.maximum(ar, k * self.ib[self.dev[s, r - 1]])
+            if r == R - 1:
+                ar = np.maximum(ar, k * self.ib[:, self.dev[s, 0]])
+                ar_bound = ar
+            else:
+                ar_bound = np.maximum(ar, k * self.next_link)
+        with np.errstate(invalid="ignore"):
+            worst = comp + ar_bound
+        ok = cand & (worst <= self.target)
+        choices = np.flatnonzero(ok)
+        if choices.size == 0:
+            return False
+        choices = choices[np.argsort(worst[choices], kind="stable")]
+        saved = (self.max_c[s], self.max_ar[s])
+        for d in choices:
+            d = int(d)
+            self.dev[s, r] = d
+            self.free[d] = False
+            self.max_c[s] = comp[d]
+            self.max_ar[s] = ar[d]
+            self.remaining[s] -= 1
+            old = self._fix(d)
+            if self._counts_ok() and self._dfs(i + 1):
+                return True
+            self.stab = old
+            self.remaining[s] += 1
+            self.free[d] = True
+            self.dev[s, r] = -1
+        self.max_c[s], self.max_ar[s] = saved
+        return False
+
+
+def make_search(problem: MappingProblem, model: str, use_symmetry: bool = True) -> _Base:
+    """The inner search for ``model``. With symmetry, devices are first relabelled best
+    first (by the eq. 8 / 9 bound of the first stage placed, p2p, or the mean over stages,
+    all-reduce): the symmetry rules all prefer low ids, and so does the cheapest-first value
+    order once the ids follow quality, so the two stop pulling apart. Outcomes are reported
+    in the original ids."""
+    if model == "p2p":
+        nb = p2p_node_bounds(problem)
+        key = nb[_p2p_stage_order(problem)[0]]
+        cls: type[_Base] = P2PSearch
+    else:
+        nb = allreduce_node_bounds(problem)
+        key = np.where(np.isfinite(nb), nb, 1e300).mean(axis=0)
+        cls = AllreduceSearch
+    if not use_symmetry:
+        return cls(problem, nb, use_symmetry=False)
+    perm = np.lexsort((np.arange(problem.num_devices), key))
+    search = cls(permute_devices(problem, perm), nb[:, perm], use_symmetry=True)
+    search.perm = perm
+    return search
+
+
+def consecutive_devices(num_stages: int, num_replicas: int, order: str = "stage-major"
+                        ) -> np.ndarray:
+    """The CS mapping: shape (S, R). ``stage-major`` puts stage s's replicas on devices
+    ``s R .. s R + R - 1`` (replicas side by side, the all-reduce-friendly layout the paper
+    describes); ``replica-major`` puts replica r's pipeline on ``r S .. r S + S - 1``."""
+    ids = np.arange(num_stages * num_replicas, dtype=np.int64)
+    if order == "stage-major":
+        return ids.reshape(num_stages, num_replicas)
+    return ids.reshape(num_replicas, num_stages).T.copy()
+
+
+# ---------------------------------------------------------------------------- worker processes
+_WORKER: dict[str, Any] = {}
+
+
+def _worker_search(target: float, deadline: float | None) -> SearchOutcome:
+    return _WORKER["search"].search(target, deadline)
+
+
+@dataclass(frozen=True)
+class Solution:
+    """What :func:`solve` returns: the mapping (S, R), its value, the best proven lower
+    bound, ``optimal`` or ``timed_out``, and search statistics."""
+
+    devices: np.ndarray
+    value: float
+    lower_bound: float
+    status: str
+    stats: dict[str, Any]
+
+
+def solve(problem: MappingProblem, model: str, *, seed: int = 0, time_limit: float | None = None,
+          workers: int = 1, epsilon: float = 1e-4, target_time_limit: float | None = None,
+          use_symmetry: bool = True, local_search: bool = True,
+          progress: Callable[[str, float, float], None] | None = None) -> Solution:
+    """Algorithm 1: the optimal mapping for ``model`` (see the module docstring).
+
+    Returns the best mapping, its value, the best proven lower bound and a status
+    (``optimal`` or ``timed_out``). Worst case O(D!) inner-search nodes (the problem is
+    NP-complete, Theorem 6.1), each O(deg D) NumPy work.
+    """
+    t0 = time.monotonic()
+    deadline = None if time_limit is None else t0 + float(time_limit)
+    search = make_search(problem, model, use_symmetry)
+    lo = lower_bound(problem, model, search.node_bounds)
+    proven = lo
+    rng = make_rng(seed)
+    n_used = problem.num_stages * problem.num_replicas
+    starts = {
+        "consecutive": consecutive_devices(problem.num_stages, problem.num_replicas),
+        "random": rng.permutation(problem.num_devices)[:n_used].reshape(
+            problem.num_stages, problem.num_replicas),
+    }
+    best_dev, best = None, math.inf
+    for dev in starts.values():
+        v = float(stage_times(problem, dev, model).max())
+        if best_dev is None or v < best:
+            best_dev, best = dev, v
+    greedy = search.search(math.inf, deadline, symmetry=False)
+    stats: dict[str, Any] = {"model": model, "initial_lower_bound": lo,
+                             "initial": {k: float(stage_times(problem, v, model).max())
+                                         for k, v in starts.items()},
+                             "rounds": 0, "nodes": greedy.nodes, "targets": 0,
+                             "twin_classes": int(np.unique(search.cls).size)
+                             if search.cls is not None else problem.num_devices}
+    if greedy.status == "found":
+        stats["initial"]["greedy"] = greedy.value
+        if greedy.value < best:
+            best_dev, best = greedy.devices, greedy.value
+    timed_out = greedy.status == "timeout"  # the overall deadline passed
+    if local_search and not timed_out and math.isfinite(best):
+        ls_deadline = None if time_limit is None else \
+            min(deadline, time.monotonic() + 0.25 * float(time_limit))
+        dev, steps = improve(problem, model, best_dev, deadline=ls_deadline)
+        value = float(stage_times(problem, dev, model).max())
+        stats["initial"]["local_search"] = value
+        stats["local_search_steps"] = steps
+        if value < best:
+            best_dev, best = dev, value
+    if not math.isfinite(best) and not timed_out:
+        # Every start uses an unroutable pair: look for any mapping of finite time.
+        out = search.search(_FINITE, deadline)
+        stats["nodes"] += out.nodes
+        timed_out = out.status == "timeout"
+        if out.status == "found":
+            best_dev, best = out.devices, out.value
+    heuristic_timeouts = 0  # targets stopped by target_time_limit, counted "not found"
+    hi = best
+    pool = None
+    if workers > 1 and not timed_out:
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor
+
+        if "fork" in mp.get_all_start_methods():
+            _WORKER["search"] = search  # inherited by the forked workers
+            pool = ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("fork"))
+        else:  # pragma: no cover - no fork: plain bisection
+            workers = 1
+    try:
+        while not timed_out and math.isfinite(hi) and hi > lo:
+            if deadline is not None and time.monotonic() >= deadline:
+                timed_out = True
+                break
+            if hi - lo <= epsilon * hi:
+                t = hi * (1.0 - _STRICT)
+                if t <= lo:
+                    break
+                targets = [t]
+            else:
+                k = workers if pool is not None else 1
+                targets = [lo + (hi - lo) * (j + 1) / (k + 1) for j in range(k)]
+            stats["rounds"] += 1
+            stats["targets"] += len(targets)
+            tdl = deadline
+            if target_time_limit is not None:
+                cap = time.monotonic() + float(target_time_limit)
+                tdl = cap if tdl is None else min(tdl, cap)
+            if pool is not None and len(targets) > 1:
+                outs = list(pool.map(_worker_search, targets, [tdl] * len(targets)))
+            else:
+                outs = [search.search(t, tdl) for t in targets]
+            new_lo = lo
+            for t, out in zip(targets, outs, strict=True):
+                stats["nodes"] += out.nodes
+                if out.status == "found":
+                    if out.value < best:
+                        best_dev, best = out.devices, out.value
+                    hi = min(hi, out.value)
+                else:
+                    new_lo = max(new_lo, t)
+                    if out.status == "infeasible":
+                        proven = max(proven, t)
+                    else:
+                        heuristic_timeouts += 1
+            lo = min(new_lo, hi)
+            if deadline is not None and time.monotonic() >= deadline:
+                timed_out = True
+            if progress is not None:
+                gap = max(hi - lo, 0.0) / max(hi, 1e-300)
+                progress("map", stats["rounds"],
+                         stats["rounds"] + math.log2(max(gap / epsilon, 1.0)) + 1)
+    finally:
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
+            _WORKER.clear()
+    status = "timed_out" if timed_out or heuristic_timeouts else "optimal"
+    if status == "optimal":
+        proven = best
+    stats["timed_out_targets"] = heuristic_timeouts
+    stats["search_seconds"] = time.monotonic() - t0
+    stats["workers"] = workers
+    return Solution(np.asarray(best_dev, dtype=np.int64), best, min(proven, best), status,
+                    stats)
+

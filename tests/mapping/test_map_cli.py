@@ -1,0 +1,56 @@
+"""``shardplan map``: the command writes a valid mapped plan that ``shardplan cost`` agrees
+with, and fails in one line on bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from shardplan.ir import load_plan, save
+from tests.helpers import run_cli
+from tests.mapping.test_optimal import make_instance
+
+
+@pytest.fixture
+def files(tmp_path):
+    graph, topo, plan = make_instance(4, 3, 2, 6)
+    for obj, name in ((plan, "plan.json"), (graph, "g.json"), (topo, "t.json")):
+        save(obj, tmp_path / name)
+    return [str(tmp_path / n) for n in ("plan.json", "g.json", "t.json")]
+
+
+@pytest.mark.parametrize("algorithm", ["optimal", "consecutive"])
+@pytest.mark.parametrize("model", ["p2p", "allreduce"])
+def test_map_then_cost(files, tmp_path, capsys, algorithm, model):
+    out = tmp_path / "mapped.json"
+    assert run_cli(["map", *files, "--algorithm", algorithm, "--model", model,
+                    "-o", str(out)]) == 0
+    assert "wrote plan" in capsys.readouterr().out
+    plan = load_plan(out)
+    assert plan.algorithm == algorithm
+    assert plan.objective.name == f"max_stage_seconds_{model}"
+    assert run_cli(["cost", str(out), *files[1:], "--objective", "max-stage", "--json"]) == 0
+    cost = json.loads(capsys.readouterr().out)
+    assert cost["value"] == pytest.approx(plan.objective.value, rel=1e-12)
+
+
+def test_map_json_and_auto_model(files, capsys):
+    assert run_cli(["map", *files, "--algorithm", "optimal", "--json", "--seed", "3",
+                    "--time-limit", "30"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["format"] == "shardplan.plan/1" and data["seed"] == 3
+    assert data["options"]["model"] in ("p2p", "allreduce")
+    assert data["mapped_from"]["algorithm"] == "test"
+    assert data["status"] == "optimal"
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--algorithm", "nope", "--json"], "unknown map algorithm"),
+    (["--algorithm", "optimal"], "-o FILE or --json"),
+    (["--algorithm", "consecutive", "--json", "--workers", "2"], "does not take option"),
+])
+def test_map_errors(files, capsys, extra, message):
+    assert run_cli(["map", *files, *extra]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("shardplan: error:") and message in err and err.count("\n") == 1

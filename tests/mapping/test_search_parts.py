@@ -1,0 +1,82 @@
+"""The pieces of the optimal mapping: batched evaluators, lower bounds, local search, inner
+search outcomes."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from shardplan.mapping._bounds import allreduce_node_bounds, lower_bound, p2p_node_bounds
+from shardplan.mapping._local import improve
+from shardplan.mapping._search import AllreduceSearch, P2PSearch, consecutive_devices
+from shardplan.mapping._stage_time import build_problem, choose_model, stage_times
+from tests.mapping.test_optimal import brute_force, make_instance
+
+
+@pytest.mark.parametrize("model", ["p2p", "allreduce"])
+def test_batch_evaluation_equals_one_by_one(model):
+    graph, topo, plan = make_instance(8, 3, 2, 7, symmetric=False)
+    prob = build_problem(plan, graph, topo)
+    rng = np.random.default_rng(0)
+    batch = np.stack([rng.permutation(7)[:6].reshape(3, 2) for _ in range(20)])
+    together = stage_times(prob, batch, model)
+    for b in range(20):
+        assert np.array_equal(together[b], stage_times(prob, batch[b], model))
+
+
+@pytest.mark.parametrize("model", ["p2p", "allreduce"])
+def test_local_search_never_worsens_and_keeps_a_bijection(model):
+    for seed in range(5):
+        graph, topo, plan = make_instance(seed, 4, 2, 8)
+        prob = build_problem(plan, graph, topo)
+        start = consecutive_devices(4, 2)
+        dev, _ = improve(prob, model, start)
+        assert len(set(dev.reshape(-1).tolist())) == 8
+        assert stage_times(prob, dev, model).max() <= stage_times(prob, start, model).max()
+
+
+@pytest.mark.parametrize("model", ["p2p", "allreduce"])
+def test_inner_search_answers_around_the_optimum(model):
+    graph, topo, plan = make_instance(21, 3, 2, 6)
+    prob = build_problem(plan, graph, topo)
+    opt = brute_force(graph, topo, plan, model)
+    search = (P2PSearch if model == "p2p" else AllreduceSearch)(prob)
+    above = search.search(opt * (1 + 1e-6), None)
+    assert above.status == "found" and above.value <= opt * (1 + 1e-6)
+    assert search.search(opt * (1 - 1e-6), None).status == "infeasible"
+    # The node bounds are lower bounds of the optimum (eq. 8 / 9).
+    nb = p2p_node_bounds(prob) if model == "p2p" else allreduce_node_bounds(prob)
+    assert lower_bound(prob, model, nb) <= opt * (1 + 1e-12)
+
+
+def test_p2p_bound_uses_the_exact_assignment_with_latency():
+    # Stage 0 talks to two stages; eq. 8 places both neighbours on distinct devices.
+    graph, topo, plan = make_instance(2, 3, 1, 4)
+    prob = build_problem(plan, graph, topo)
+    nb = p2p_node_bounds(prob)
+    assert np.all(nb >= prob.compute - 1e-15)
+    assert math.isfinite(lower_bound(prob, "p2p", nb)) or not np.isfinite(nb).any()
+
+
+def test_choose_model_by_bytes():
+    graph, topo, plan = make_instance(0, 2, 2, 4)
+    prob = build_problem(plan, graph, topo)
+    ar = prob.param_bytes.sum()
+    cut = np.triu(prob.stage_bytes, 1).sum()
+    assert choose_model(prob) == ("allreduce" if ar > cut else "p2p")
+    graph1, topo1, plan1 = make_instance(0, 2, 1, 4)  # one replica: nothing to all-reduce
+    assert choose_model(build_problem(plan1, graph1, topo1)) == "p2p"
+
+
+def test_ring_bottleneck_by_hand():
+    from shardplan.mapping._bounds import ring_bottleneck
+
+    ib = np.full((4, 4), 10.0)  # two fast pairs {0, 1} and {2, 3}, slow across
+    ib[0, 1] = ib[1, 0] = ib[2, 3] = ib[3, 2] = 1.0
+    np.fill_diagonal(ib, 0.0)
+    assert ring_bottleneck(ib, 2) == 1.0
+    assert ring_bottleneck(ib, 3) == 10.0
+    assert ring_bottleneck(ib, 5) == math.inf
+    assert ring_bottleneck(ib, 2, np.array([0, 2])) == 10.0
