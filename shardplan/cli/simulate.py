@@ -1,0 +1,101 @@
+"""``shardplan simulate PLAN GRAPH TOPO``: simulate one training iteration of a plan."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from shardplan.cli._common import positive_int, print_json
+
+__all__ = ["add_simulation_options", "register", "simulation_kwargs"]
+
+
+def add_simulation_options(p: argparse.ArgumentParser) -> None:
+    """The options ``simulate`` and ``report`` share."""
+    from shardplan.cost import OPTIMIZER_STATE
+    from shardplan.simulate import SCHEDULES
+
+    p.add_argument("--schedule", choices=SCHEDULES, default="1f1b",
+                   help="pipeline schedule (default 1f1b)")
+    p.add_argument("--microbatches", type=positive_int, default=4, metavar="M",
+                   help="micro-batches per iteration (default 4)")
+    p.add_argument("--recompute", action="store_true",
+                   help="activation recomputation (backward re-runs forward)")
+    p.add_argument("--virtual-stages", type=positive_int, default=2, metavar="V",
+                   help="interleaved-1f1b: stages per device (default 2)")
+    p.add_argument("--optimizer", choices=sorted(OPTIMIZER_STATE), default="adam")
+    p.add_argument("--schedule-file", metavar="FILE",
+                   help="run this schedule (text form of --schedule-out) instead")
+
+
+def simulation_kwargs(args: argparse.Namespace) -> dict:
+    schedule: object = args.schedule
+    if args.schedule_file:
+        from shardplan.ir.io import read_text
+        from shardplan.simulate import Schedule
+
+        schedule = Schedule.from_text(read_text(args.schedule_file))
+    return {"schedule": schedule, "num_microbatches": args.microbatches,
+            "recompute": args.recompute, "virtual_stages": args.virtual_stages,
+            "optimizer": args.optimizer}
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add the ``simulate`` command to ``sub``."""
+    p = sub.add_parser(
+        "simulate", help="simulate a plan's training iteration",
+        description="Simulate one training iteration of PLAN: per-stage compute from the "
+                    "cost model, activations and gradients over the topology's routed and "
+                    "shared links, ring all-reduce of each stage's gradients, optimizer "
+                    "step. Prints iteration seconds, throughput, bubble fraction and peak "
+                    "memory per device.")
+    p.add_argument("plan", metavar="PLAN")
+    p.add_argument("graph", metavar="GRAPH")
+    p.add_argument("topology", metavar="TOPO")
+    add_simulation_options(p)
+    p.add_argument("--timeline", metavar="FILE.png", help="draw the pipeline timeline here")
+    p.add_argument("--schedule-out", metavar="FILE",
+                   help="write the schedule run, in its text form (2F0,...), here")
+    p.add_argument("--intervals", action="store_true",
+                   help="with --json or -o: include every busy interval")
+    p.add_argument("-o", "--output", metavar="FILE", help="write the result as JSON here")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.set_defaults(handler=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from shardplan.ir import load_graph, load_plan, load_topology, write_atomic, write_json
+    from shardplan.simulate import simulate
+
+    plan = load_plan(args.plan)
+    graph = load_graph(args.graph)
+    topology = load_topology(args.topology)
+    result = simulate(plan, graph, topology, **simulation_kwargs(args))
+    data = result.to_dict(timeline=args.intervals)
+    if plan.objective.lower_bound is not None:
+        data["plan_lower_bound"] = plan.objective.lower_bound
+    if args.schedule_out:
+        write_atomic(args.schedule_out, result.schedule.to_text())
+    if args.timeline:
+        from shardplan.report import timeline_png
+        from shardplan.report._png import plan_label
+
+        timeline_png(result, args.timeline, topology=topology,
+                     title=f"{plan.graph} on {plan.topology}: {plan_label(plan)}")
+    if args.output:
+        write_json(args.output, data)
+    if args.json:
+        print_json(data)
+    else:
+        mem = max(result.peak_memory_bytes)
+        sys.stdout.write(
+            f"{result.schedule.name}, {result.num_microbatches} micro-batches on "
+            f"{len(result.devices)} devices: {result.iteration_seconds * 1e3:.3f} ms per "
+            f"iteration, {result.throughput:.4g} samples/s, bubble "
+            f"{result.bubble_fraction:.1%}, peak memory {mem / 2**30:.2f} GiB"
+            f"{'' if result.fits_memory else ' (DOES NOT FIT)'}\n")
+        for what, path in (("timeline", args.timeline), ("schedule", args.schedule_out),
+                           ("result", args.output)):
+            if path:
+                sys.stdout.write(f"wrote {what} to {path}\n")
+    return 0

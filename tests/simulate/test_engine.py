@@ -1,0 +1,204 @@
+"""The simulator against closed forms, the cost model and hand-computed contention."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shardplan.cost import CostModel, allreduce_seconds, in_flight_microbatches
+from shardplan.errors import ShardplanError
+from shardplan.ir import Device, Graph, Objective, Plan, Stage, Topology
+from shardplan.simulate import Schedule, simulate
+from shardplan.topology import build
+
+
+def _flat(num: int, *, bandwidth: float = 1e30, latency: float = 0.0) -> Topology:
+    bw = np.full((num, num), bandwidth)
+    lat = np.full((num, num), latency)
+    np.fill_diagonal(bw, 0)
+    np.fill_diagonal(lat, 0)
+    return Topology(name="flat", devices=tuple(Device(f"d{i}", 1e15, 1e12) for i in range(num)),
+                    bandwidth=bw, latency=lat)
+
+
+def _chain(num: int, f: float, b: float, *, out_bytes: int = 0, params: int = 0) -> Graph:
+    return Graph.from_arrays(name="chain", fwd_flops=np.zeros(num), src=np.arange(num - 1),
+                             dst=np.arange(1, num), fwd_seconds=np.full(num, f),
+                             bwd_seconds=np.full(num, b), output_bytes=np.full(num, out_bytes),
+                             param_bytes=np.full(num, params))
+
+
+def _plan(stages: list[list[int]], devices: list[list[int]], lb: float | None = None) -> Plan:
+    return Plan("g", "t", "hand", tuple(Stage(tuple(n), tuple(d))
+                                        for n, d in zip(stages, devices, strict=True)),
+                Objective("max_stage_seconds", 0.0, lb))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 6), st.integers(1, 9), st.floats(0.01, 5.0), st.floats(0.01, 5.0),
+       st.sampled_from(["gpipe", "1f1b"]))
+def test_closed_form_equal_stages(s: int, m: int, f: float, b: float, name: str) -> None:
+    """S equal stages with free transfers: (M + S - 1)(f + b), bubble (S-1)/(M+S-1)."""
+    g = _chain(s, f, b)
+    res = simulate(_plan([[i] for i in range(s)], [[i] for i in range(s)]), g, _flat(s),
+                   schedule=name, num_microbatches=m, optimizer="sgd")
+    assert res.pipeline_seconds == pytest.approx((m + s - 1) * (f + b), rel=1e-9)
+    assert res.iteration_seconds == pytest.approx((m + s - 1) * (f + b), rel=1e-9)
+    assert res.bubble_fraction == pytest.approx((s - 1) / (m + s - 1), rel=1e-9, abs=1e-12)
+    assert res.busy_seconds == pytest.approx([m * (f + b)] * s, rel=1e-9)
+    assert res.throughput == pytest.approx(m / res.iteration_seconds)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(2, 5), st.integers(1, 9), st.booleans())
+def test_peak_memory_gpipe_vs_1f1b(s: int, m: int, recompute: bool) -> None:
+    """Peak memory = the cost model's memory at its in-flight micro-batches: M for GPipe,
+    min(S - s, M) for 1F1B, so 1F1B never needs more."""
+    g = _chain(s, 1.0, 2.0, out_bytes=1000, params=64)
+    plan = _plan([[i] for i in range(s)], [[i] for i in range(s)])
+    topo = _flat(s)
+    cm = CostModel(g, topo, recompute=recompute)
+    peaks = {}
+    for name in ("gpipe", "1f1b"):
+        res = simulate(plan, g, topo, schedule=name, num_microbatches=m, recompute=recompute)
+        want = cm.partition_memory_bytes(np.arange(s), s,
+                                         in_flight=in_flight_microbatches(s, m, name))
+        assert res.peak_memory_bytes == pytest.approx(want.tolist())
+        peaks[name] = np.array(res.peak_memory_bytes)
+    assert np.all(peaks["1f1b"] <= peaks["gpipe"])
+    if m > s and not recompute:
+        assert peaks["1f1b"][0] < peaks["gpipe"][0]
+
+
+@pytest.mark.parametrize("replicas", [2, 3, 4])
+def test_one_stage_replicas_add_the_allreduce(replicas: int) -> None:
+    g = _chain(3, 0.5, 1.0, params=8_000_000)
+    topo = build("dgx1", boxes=1)
+    devs = [0, 3, 6, 1][:replicas]
+    res = simulate(_plan([[0, 1, 2]], [devs]), g, topo, schedule="1f1b", num_microbatches=4,
+                   optimizer="sgd")
+    ar = allreduce_seconds(topo, devs, 3 * 8_000_000)
+    assert ar > 0
+    assert res.allreduce_seconds[0] == pytest.approx(ar, rel=1e-9)
+    assert res.iteration_seconds == pytest.approx(4 * 4.5 / replicas + ar +
+                                                  res.optimizer_seconds, rel=1e-9)
+
+
+def test_lone_transfer_is_the_cost_model_time() -> None:
+    """One micro-batch through 2 stages: f + (lat + bytes/bw) + f + b + (lat + bytes/bw) + b."""
+    g = _chain(2, 1e-3, 2e-3, out_bytes=4_000_000)
+    topo = build("dgx1", boxes=2)
+    res = simulate(_plan([[0], [1]], [[0], [9]]), g, topo, schedule="gpipe",
+                   num_microbatches=1, optimizer="sgd")
+    hop = topo.transfer_seconds(0, 9, 4_000_000)
+    assert res.pipeline_seconds == pytest.approx(2 * 3e-3 + 2 * hop, rel=1e-9)
+
+
+def test_shared_link_halves_the_rate() -> None:
+    """Two transfers crossing the same mesh link at once each get half its bandwidth."""
+    # chains 0 -> 1 and 2 -> 3; stages on a 1x4 line so that 0->2 and 1->3 share link 1->2
+    g = Graph.from_arrays(name="two", fwd_flops=np.zeros(4), src=[0, 2], dst=[1, 3],
+                          fwd_seconds=np.full(4, 1.0), bwd_seconds=np.full(4, 0.5),
+                          output_bytes=[1e9, 0, 1e9, 0])
+    topo = build("mesh2d", shape=(1, 4), link_bandwidth=1e9, hop_latency=0.0)
+    res = simulate(_plan([[0], [1], [2], [3]], [[0], [2], [1], [3]]), g, topo,
+                   schedule="gpipe", num_microbatches=1, optimizer="sgd")
+    # forward sends share link 1->2 (2 s each); gradients 2->0 and 3->1 share 2->1 too
+    assert res.pipeline_seconds == pytest.approx(1.0 + 2.0 + 1.0 + 0.5 + 2.0 + 0.5, rel=1e-9)
+    sends = [iv for iv in res.intervals if iv.kind == "activation"]
+    assert [(iv.start, iv.end) for iv in sends] == [(1.0, 3.0), (1.0, 3.0)]
+
+
+def test_a_device_sends_one_message_at_a_time() -> None:
+    g = Graph.from_arrays(name="fork", fwd_flops=np.zeros(3), src=[0, 0], dst=[1, 2],
+                          fwd_seconds=np.ones(3), bwd_seconds=np.ones(3),
+                          output_bytes=[1e9, 0, 0])
+    topo = _flat(3, bandwidth=1e9, latency=0.5)
+    res = simulate(_plan([[0], [1], [2]], [[0], [1], [2]]), g, topo, schedule="gpipe",
+                   num_microbatches=1, optimizer="sgd")
+    sends = sorted((iv.start, iv.end, iv.peer) for iv in res.intervals
+                   if iv.kind == "activation")
+    assert sends == [(1.0, 2.5, 1), (2.5, 4.0, 2)]
+
+
+def _random_plan(rng: np.random.Generator, n: int, s: int, r: int, topo: Topology):
+    src = np.arange(n - 1)
+    dst = np.arange(1, n)
+    extra = rng.integers(0, n, size=(n // 3, 2))
+    extra = extra[extra[:, 0] < extra[:, 1]]
+    g = Graph.from_arrays(name="rand", fwd_flops=rng.uniform(1e9, 5e11, n),
+                          src=np.concatenate([src, extra[:, 0]]),
+                          dst=np.concatenate([dst, extra[:, 1]]),
+                          output_bytes=rng.integers(1, 50_000_000, n),
+                          param_bytes=rng.integers(0, 20_000_000, n))
+    cuts = np.sort(rng.choice(np.arange(1, n), size=s - 1, replace=False))
+    parts = np.split(np.arange(n), cuts)
+    devs = rng.permutation(topo.num_devices)[: s * r].reshape(s, r)
+    return g, _plan([p.tolist() for p in parts], devs.tolist())
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 10_000), st.sampled_from([(4, 1), (2, 2), (8, 1), (4, 4), (2, 8)]),
+       st.integers(1, 6), st.sampled_from(["gpipe", "1f1b"]), st.booleans())
+def test_never_below_the_lower_bounds(seed: int, sr: tuple[int, int], m: int, name: str,
+                                      recompute: bool) -> None:
+    s, r = sr
+    topo = build("dgx1", boxes=2)
+    g, plan = _random_plan(np.random.default_rng(seed), 40, s, r, topo)
+    res = simulate(plan, g, topo, schedule=name, num_microbatches=m, recompute=recompute)
+    cm = CostModel(g, topo, recompute=recompute)
+    d = s * r
+    fwd, bwd = cm.node_seconds(0)
+    assert res.iteration_seconds >= res.ideal_seconds * (1 - 1e-12)
+    assert res.iteration_seconds >= m * (fwd + bwd).sum() / d * (1 - 1e-12)
+    if r == 1:
+        assert res.iteration_seconds >= m * cm.lower_bound_seconds(d) * (1 - 1e-12)
+    # the pipeline can never beat one micro-batch's trip through every stage and back
+    comp = cm.compute_matrix(plan.assignment(g.num_nodes), s)
+    per_stage = np.array([comp[st_, plan.stages[st_].devices[0]] for st_ in range(s)]) / r
+    assert res.pipeline_seconds >= per_stage.sum() * (1 - 1e-12)
+    assert 0.0 <= res.bubble_fraction < 1.0
+
+
+def test_interleaved_runs_on_fewer_devices() -> None:
+    g = _chain(4, 1.0, 2.0)
+    plan = _plan([[i] for i in range(4)], [[i] for i in range(4)])
+    res = simulate(plan, g, _flat(4), schedule="interleaved-1f1b", num_microbatches=4,
+                   optimizer="sgd")
+    assert res.devices == (0, 1)
+    assert res.busy_seconds == pytest.approx([2 * 4 * 3.0] * 2)
+    # one stage per rank would take (M + S - 1)(f + b) = 7 * 3 on 4 devices
+    assert res.iteration_seconds < 2 * 4 * 3.0 * 1.5
+
+
+def test_stage_order_follows_the_stage_graph() -> None:
+    g = _chain(3, 1.0, 1.0)
+    res = simulate(_plan([[2], [0], [1]], [[0], [1], [2]]), g, _flat(3), schedule="gpipe",
+                   num_microbatches=2, optimizer="sgd")
+    assert res.stage_order == (1, 2, 0)
+    assert res.iteration_seconds == pytest.approx(4 * 2.0)
+
+
+def test_errors() -> None:
+    g = _chain(2, 1.0, 1.0)
+    topo = _flat(4)
+    with pytest.raises(ShardplanError, match="same number of replicas"):
+        simulate(_plan([[0], [1]], [[0], [1, 2]]), g, topo)
+    cyc = Graph.from_arrays(name="c", fwd_flops=np.zeros(3), src=[0, 1], dst=[1, 2])
+    with pytest.raises(ShardplanError, match="cycle"):
+        simulate(_plan([[0, 2], [1]], [[0], [1]]), cyc, topo)
+    with pytest.raises(ShardplanError, match="micro-batches"):
+        simulate(_plan([[0], [1]], [[0], [1]]), g, topo, num_microbatches=0)
+    bad = Schedule.from_text("0F0,0F1,0B0,0B1,0REDUCE_GRAD\n1F1,1B1,1F0,1B0,1REDUCE_GRAD\n")
+    # rank 1 starts with micro-batch 1 and rank 0 sends it only after micro-batch 0: fine
+    simulate(_plan([[0], [1]], [[0], [1]]), g, topo, schedule=bad)
+    dead = Schedule.from_text("0F0,0B0,0F1,0B1,0REDUCE_GRAD\n1F1,1B1,1F0,1B0,1REDUCE_GRAD\n")
+    with pytest.raises(ShardplanError, match="deadlocks: rank"):
+        simulate(_plan([[0], [1]], [[0], [1]]), g, topo, schedule=dead)
+    unreachable = Topology(name="u", devices=(Device("a", 1e9, 1e12), Device("b", 1e9, 1e12)),
+                           bandwidth=[[0, 0], [0, 0]], latency=[[0, 0], [0, 0]])
+    g2 = _chain(2, 1.0, 1.0, out_bytes=8)
+    with pytest.raises(ShardplanError, match="cannot be reached"):
+        simulate(_plan([[0], [1]], [[0], [1]]), g2, unreachable)
