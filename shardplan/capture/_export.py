@@ -359,6 +359,13 @@ def ops_to_graph(cap: OpCapture, *, name: str, batch_size: int,
     eb = np.array([pair_bytes[p] for p in pairs], dtype=np.int64)
     extra = tuple({"shared_params": s} if s else {} for s in cap.shared_params)
     optional: dict[str, Any] = {}
+    if cap.fx_nodes and len(cap.fx_nodes) == len(cap.names):
+        # PaSE iteration spaces of the ops we recognise (others: None = batch-only).
+        from shardplan.capture._spaces import graph_spaces_of
+
+        spaces = graph_spaces_of(cap.fx_nodes, cap.ops, pairs, batch_size)
+        if any(sp is not None for sp in spaces):
+            optional["spaces"] = tuple(spaces)
     if seconds is not None:
         optional["fwd_seconds"] = np.asarray(seconds[0], dtype=np.float64)
         optional["bwd_seconds"] = np.asarray(seconds[1], dtype=np.float64)

@@ -12,7 +12,7 @@ from shardplan.cli._common import (
     positive_int,
 )
 from shardplan.errors import ShardplanError
-from shardplan.generate import GENERATORS, PENDING, generate, generator_options
+from shardplan.generate import BENCHMARKS, GENERATORS, PENDING, generate, generator_options
 
 __all__ = ["register"]
 
@@ -48,14 +48,15 @@ def _probability(text: str) -> float:
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add the ``generate`` command to ``sub``."""
-    kinds = [*GENERATORS, *PENDING]
+    kinds = [*GENERATORS, *BENCHMARKS, *PENDING]
     p = sub.add_parser(
         "generate", help="write a synthetic graph (layered, chain, random-dag)",
         description="Write a seeded synthetic computation graph. layered: random layered DAG "
                     "like paper 000's experiments (defaults: 1001 nodes = 1 input + 10 layers "
                     "of 100); chain: a path; random-dag: each edge i->j (i<j) with probability "
                     "p. Node FLOPs and bytes follow from random integer weights (a dense layer "
-                    "per node). alexnet, inception-v3, rnnlm, transformer: issue #7.")
+                    "per node). alexnet, inception-v3, rnnlm, transformer: the PaSE paper's "
+                    "benchmarks with iteration spaces (fixed sizes; --batch-size, --name).")
     p.add_argument("kind", choices=kinds, metavar="KIND", help=" | ".join(kinds))
     p.add_argument("--nodes", type=positive_int, help="number of nodes (layered: 1001, "
                    "others: 100)")
@@ -88,7 +89,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     kind = args.kind
-    takes = generator_options(kind)  # raises NotImplementedYetError for the PaSE kinds
+    takes = generator_options(kind)
     options = {}
     for dest, (key, flag) in _OPTIONS.items():
         value = getattr(args, dest, None)

@@ -25,7 +25,7 @@ ObjectiveFn = Callable[..., Evaluation]
 
 _OBJECTIVES: dict[str, ObjectiveFn] = {}
 # Modules that register objectives when imported.
-_MODULES = ("shardplan.cost._sharding", "shardplan.cost._max_stage")
+_MODULES = ("shardplan.cost._sharding", "shardplan.cost._max_stage", "shardplan.cost._strategy")
 _loaded = False
 
 

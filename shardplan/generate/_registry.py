@@ -9,10 +9,11 @@ from typing import Any
 from shardplan.errors import NotImplementedYetError, ShardplanError
 from shardplan.generate._chain import chain
 from shardplan.generate._layered import layered
+from shardplan.generate._pase import alexnet, inception_v3, rnnlm, transformer
 from shardplan.generate._random_dag import random_dag
 from shardplan.ir import Graph
 
-__all__ = ["GENERATORS", "PENDING", "generate", "generator_options"]
+__all__ = ["BENCHMARKS", "GENERATORS", "PENDING", "generate", "generator_options"]
 
 GENERATORS: Mapping[str, Callable[..., Graph]] = {
     "layered": layered,
@@ -21,13 +22,16 @@ GENERATORS: Mapping[str, Callable[..., Graph]] = {
 }
 """Every generator, by the name the command line uses."""
 
-PENDING: Mapping[str, str] = {
-    "alexnet": "#7",
-    "inception-v3": "#7",
-    "rnnlm": "#7",
-    "transformer": "#7",
+BENCHMARKS: Mapping[str, Callable[..., Graph]] = {
+    "alexnet": alexnet,
+    "inception-v3": inception_v3,
+    "rnnlm": rnnlm,
+    "transformer": transformer,
 }
-"""Kinds the contract names whose issue has not landed yet (the PaSE benchmarks), to issue."""
+"""The PaSE paper's benchmark graphs, with iteration spaces (fixed sizes: no ``num_nodes``)."""
+
+PENDING: Mapping[str, str] = {}
+"""Kinds the contract names whose issue has not landed yet, to issue (none left)."""
 
 
 def generator_options(kind: str) -> tuple[str, ...]:
@@ -40,15 +44,16 @@ def _lookup(kind: str) -> Callable[..., Graph]:
     if kind in PENDING:
         raise NotImplementedYetError(f"generator {kind!r} is not implemented yet "
                                      f"(issue {PENDING[kind]})")
-    fn = GENERATORS.get(kind)
+    fn = GENERATORS.get(kind) or BENCHMARKS.get(kind)
     if fn is None:
         raise ShardplanError(f"unknown generator {kind!r} (choose from "
-                             f"{', '.join([*GENERATORS, *PENDING])})")
+                             f"{', '.join([*GENERATORS, *BENCHMARKS, *PENDING])})")
     return fn
 
 
 def generate(kind: str, **options: Any) -> Graph:
-    """Build a graph with generator ``kind`` (``"layered"``, ``"chain"``, ``"random-dag"``).
+    """Build a graph with generator ``kind`` (``"layered"``, ``"chain"``, ``"random-dag"``, or
+    a PaSE benchmark: ``"alexnet"``, ``"inception-v3"``, ``"rnnlm"``, ``"transformer"``).
 
     Parameters
     ----------
@@ -59,9 +64,6 @@ def generate(kind: str, **options: Any) -> Graph:
 
     Raises
     ------
-    NotImplementedYetError
-        For the PaSE benchmark kinds (``alexnet``, ``inception-v3``, ``rnnlm``,
-        ``transformer``), which come with issue #7.
     ShardplanError
         Unknown kind, an option the generator does not take, or a value out of range.
 

@@ -63,11 +63,13 @@ def test_bad_input_is_one_line_and_exit_2(case: str, tmp_path: Path, capsys) -> 
 
 
 @pytest.mark.parametrize("kind", ["alexnet", "inception-v3", "rnnlm", "transformer"])
-def test_pase_kinds_are_not_implemented_yet(kind: str, tmp_path: Path, capsys) -> None:
-    assert run(["generate", kind, "-o", str(tmp_path / "out.json")]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "not implemented yet (issue #7)" in err
-    assert not (tmp_path / "out.json").exists()
+def test_pase_benchmark_kinds_write_graphs_with_spaces(kind: str, tmp_path: Path) -> None:
+    out = tmp_path / "out.json"
+    assert run(["generate", kind, "--batch-size", "32", "-o", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["batch_size"] == 32
+    assert all("space" in nd for nd in data["nodes"])
+    assert run(["generate", kind, "--nodes", "5", "-o", str(tmp_path / "x.json")]) == 2
 
 
 def test_unknown_kind_and_missing_output(tmp_path: Path, capsys) -> None:

@@ -1,0 +1,167 @@
+"""``shardplan strategy GRAPH --devices N --algorithm pase|data-parallel|expert``: per-layer
+data/parameter parallel configurations (PaSE, paper 004).
+
+Without ``--topology`` the devices are a flat topology of N devices (the ``pase`` cost model
+ignores the topology anyway; the ``default`` one reads its FLOP/s, memory and links).
+``--export-tables F`` writes the search's input (every node's configurations and costs, every
+edge's cost matrix) for outside solvers; ``--import-tables F`` solves such a file instead of
+building one. Prints the chosen configuration per layer like the paper's Table II.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from shardplan.cli._common import (
+    add_output,
+    emit,
+    nonnegative_int,
+    positive_float,
+    positive_int,
+    progress_reporter,
+)
+from shardplan.errors import ShardplanError
+
+__all__ = ["format_table", "register"]
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add the ``strategy`` command to ``sub``."""
+    p = sub.add_parser(
+        "strategy", help="choose per-layer parallel strategies (PaSE)",
+        description="Choose how every layer of GRAPH is split over N devices: pase (the "
+                    "paper's dynamic program, exact under the cost model), data-parallel, or "
+                    "expert (one weird trick for CNNs, Megatron-style for transformers).")
+    p.add_argument("graph", metavar="GRAPH", help="graph file (shardplan.graph/1)")
+    p.add_argument("--devices", type=positive_int, default=None, metavar="N",
+                   help="devices (default: the topology's; required without --topology)")
+    p.add_argument("--topology", metavar="TOPO", help="topology file (default: flat N)")
+    p.add_argument("--algorithm", default="pase", help="pase | data-parallel | expert")
+    p.add_argument("--cost-model", choices=("pase", "default"), default="pase",
+                   help="pase: the prototype's FLOP-equivalents; default: seconds with "
+                        "dtype bytes, topology links and a memory limit")
+    p.add_argument("--ordering", choices=("generate-seq", "bfs"), default=None,
+                   help="vertex order of the dynamic program (pase; default generate-seq)")
+    p.add_argument("--cutoff", type=positive_int, default=None,
+                   help="smallest per-device size of a split dimension (default: the "
+                        "graph's pase_cutoff, else 4)")
+    p.add_argument("--memory-limit", type=positive_float, default=None, metavar="BYTES",
+                   help="bytes per device (default cost model; default: device memory)")
+    p.add_argument("--model-parallel", type=positive_int, default=None, metavar="M",
+                   help="expert: model-parallel ways (default: the graph's, else 8)")
+    p.add_argument("--export-tables", metavar="FILE",
+                   help="write every node's configurations and costs and every edge's cost "
+                        "matrix as JSON")
+    p.add_argument("--import-tables", metavar="FILE",
+                   help="solve this tables file (from --export-tables) instead")
+    p.add_argument("--time-limit", type=positive_float, default=None, metavar="SEC",
+                   help="stop the search after SEC seconds with the best plan so far")
+    p.add_argument("--seed", type=nonnegative_int, default=0, help="recorded (deterministic)")
+    p.add_argument("--quiet", action="store_true", help="do not print the per-layer table")
+    add_output(p)
+    p.set_defaults(handler=_run)
+
+
+def format_table(graph: Any, strategy: Any, dims: Any, limit: int = 60) -> str:
+    """Per-layer table (the paper's Table II): consecutive layers with the same kind, dims
+    and configuration are merged into one row."""
+    rows: list[tuple[str, str, str, str]] = []
+    last = None
+    for v in range(graph.num_nodes):
+        key = (graph.ops[v], ",".join(dims[v]),
+               "(" + ",".join(str(x) for x in strategy[str(v)]) + ")")
+        if key == last and rows:
+            first = rows[-1][0].split(" .. ")[0]
+            rows[-1] = (f"{first} .. {graph.names[v]}", *key)
+        else:
+            rows.append((graph.names[v], *key))
+        last = key
+    head = ("layer", "op", "dims", "configuration")
+    shown = rows if len(rows) <= limit else rows[:limit]
+    width = [max(len(r[i]) for r in [head, *shown]) for i in range(4)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, width, strict=True)).rstrip()
+             for r in [head, *shown]]
+    if len(rows) > limit:
+        lines.append(f"... {len(rows) - limit} more rows (the plan's strategy has them all)")
+    return "\n".join(lines)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from shardplan import registry
+    from shardplan.ir import load_graph, load_topology, read_json, write_json
+    from shardplan.topology import flat
+
+    if not args.output and not args.json and not args.export_tables:
+        raise ShardplanError("say where the plan goes: -o FILE or --json")
+    registry.get("strategy", args.algorithm)
+    if args.import_tables and args.algorithm != "pase":
+        raise ShardplanError("--import-tables solves with the pase algorithm only")
+    if args.ordering is not None and args.algorithm != "pase":
+        raise ShardplanError("--ordering applies to --algorithm pase only")
+    if args.model_parallel is not None and args.algorithm != "expert":
+        raise ShardplanError("--model-parallel applies to --algorithm expert only")
+    graph = load_graph(args.graph)
+    if args.topology:
+        topology = load_topology(args.topology)
+    elif args.devices is None:
+        raise ShardplanError("give --devices N (or --topology TOPO)")
+    else:
+        topology = flat(args.devices)
+    options: dict[str, Any] = {"cost_model": args.cost_model}
+    if args.devices is not None:
+        options["devices"] = args.devices
+    if args.cutoff is not None:
+        options["cutoff"] = args.cutoff
+    if args.memory_limit is not None:
+        options["memory_limit"] = args.memory_limit
+    if args.ordering is not None:
+        options["ordering"] = args.ordering
+    if args.model_parallel is not None:
+        options["model_parallel"] = args.model_parallel
+
+    from shardplan.strategy.pase import devices_of, solve_tables
+    from shardplan.strategy.tables import Tables, build_tables
+
+    devices = devices_of(topology, options.get("devices"))
+    if args.export_tables:
+        tables = build_tables(graph, devices, cost_model=args.cost_model, topology=topology,
+                              cutoff=args.cutoff, memory_limit=args.memory_limit)
+        write_json(args.export_tables, tables.to_dict())
+        if not args.json:
+            print(f"wrote tables to {args.export_tables}")
+        if not args.output and not args.json:
+            return 0
+    with progress_reporter() as progress:
+        if args.import_tables:
+            tables = Tables.from_dict(read_json(args.import_tables))
+            if tables.num_nodes != graph.num_nodes:
+                raise ShardplanError(f"tables have {tables.num_nodes} nodes, the graph "
+                                     f"{graph.num_nodes}")
+            if tables.devices > topology.num_devices:
+                raise ShardplanError(f"tables are for {tables.devices} devices, the topology "
+                                     f"has {topology.num_devices}")
+            result = solve_tables(tables, ordering=args.ordering or "generate-seq",
+                                  time_limit=args.time_limit, progress=progress,
+                                  graph_name=graph.name, topology_name=topology.name,
+                                  seed=args.seed,
+                                  options={"import_tables": str(args.import_tables)})
+            dims = tables.dims
+        else:
+            result = registry.run("strategy", args.algorithm, graph, topology,
+                                  seed=args.seed, time_limit=args.time_limit,
+                                  progress=progress, **options)
+            from shardplan.strategy.tables import graph_spaces
+
+            dims = [s.dims for s in graph_spaces(graph)]
+    plan = result.plan
+    if args.output or args.json:
+        emit(args, plan, what="plan")
+    if not args.json:
+        if not args.quiet:
+            sys.stdout.write(format_table(graph, plan.strategy, dims) + "\n")
+        sys.stdout.write(f"{plan.algorithm}: {devices} devices, {plan.objective.name} = "
+                         f"{plan.objective.value:.6g} ({plan.status}, "
+                         f"{plan.search_seconds:.2f} s)\n")
+    return 0

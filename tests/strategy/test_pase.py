@@ -1,0 +1,216 @@
+"""PaSE strategies: the dynamic program against exhaustive enumeration, the cost formulas by
+hand, the paper's AlexNet result, the baselines and the command line."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shardplan import registry
+from shardplan.generate import alexnet, rnnlm, transformer
+from shardplan.strategy import Space, Tables, build_tables, configurations, solve
+from shardplan.strategy._cost_pase import PaseCostModel
+from shardplan.strategy._dp import TableTooLargeError, prune_dominated
+from shardplan.topology import flat
+from tests.helpers import run_cli
+
+
+# ---------------------------------------------------------------- exactness vs enumeration
+@st.composite
+def random_tables(draw: st.DrawFn) -> Tables:
+    n = draw(st.integers(1, 6))
+    ks = [draw(st.integers(1, 4)) for _ in range(n)]
+    pairs = [(u, v) for u in range(n) for v in range(u + 1, n)]
+    chosen = [p for p in pairs if draw(st.booleans())]
+    seed = draw(st.integers(0, 2**31 - 1))
+    rng = np.random.default_rng(seed)
+    # Small integers make ties (and the dedup/pruning paths) likely.
+    node = tuple(rng.integers(0, 6, size=k).astype(float) for k in ks)
+    edges = tuple((u, v, rng.integers(0, 6, size=(ks[u], ks[v])).astype(float))
+                  for u, v in chosen)
+    return Tables(graph="g", devices=4, cost_model="test", objective="pase_cost",
+                  names=tuple(f"n{i}" for i in range(n)), dims=tuple(("x",) for _ in ks),
+                  configs=tuple(np.arange(1, k + 1)[:, None] for k in ks), node_cost=node,
+                  edges=edges)
+
+
+def _enumerate(t: dict) -> float:
+    """Independent exhaustive minimum over the JSON form of the tables."""
+    costs = [nd["cost"] for nd in t["nodes"]]
+    best = math.inf
+    for combo in itertools.product(*(range(len(c)) for c in costs)):
+        total = sum(costs[v][combo[v]] for v in range(len(costs)))
+        total += sum(e["cost"][combo[e["src"]]][combo[e["dst"]]] for e in t["edges"])
+        best = min(best, total)
+    return best
+
+
+@settings(max_examples=60, deadline=None)
+@given(random_tables(), st.sampled_from(["generate-seq", "bfs"]), st.booleans())
+def test_dp_equals_exhaustive_enumeration(tables: Tables, ordering: str, prune: bool) -> None:
+    exported = json.loads(json.dumps(tables.to_dict()))
+    again = Tables.from_dict(exported)
+    res = solve(again, ordering=ordering, prune=prune)
+    assert res.status == "optimal"
+    assert res.value == pytest.approx(_enumerate(exported))
+    assert again.evaluate(res.choice) == pytest.approx(res.value)
+
+
+def test_prune_keeps_the_optimum_on_a_real_graph() -> None:
+    tables = build_tables(transformer(num_layers=1), 8)
+    reduced, keep = prune_dominated(tables)
+    assert sum(len(k) for k in keep) < sum(len(c) for c in tables.configs)
+    assert solve(tables, prune=False).value == pytest.approx(solve(tables, prune=True).value)
+
+
+# ---------------------------------------------------------------- configurations and costs
+def test_configurations_match_the_definition() -> None:
+    space = Space(kind="gemm", dims=("b", "n", "k", "h"), sizes=(128, 12, 7, 64),
+                  fixed=("h",), output=(("b",), ("n",)), output_shape=(128, 12),
+                  attrs={"m": ["b"], "n": ["n"], "k": ["k"]})
+    got = {tuple(int(x) for x in r) for r in configurations(space, 16, cutoff=4)}
+
+    def allowed(d: int) -> list[int]:
+        a = [e for e in range(1, d + 1) if d % e == 0 and d // e >= 4]
+        return a or [1]
+
+    want = {c for c in itertools.product(allowed(128), allowed(12), allowed(7), [1])
+            if math.prod(c) <= 16}
+    assert got == want
+    assert all(r[1] in (1, 2, 3) for r in got)  # 12 / 4 = 3 is the last allowed split
+
+
+def test_gemm_cost_by_hand() -> None:
+    space = Space(kind="gemm", dims=("b", "n", "k"), sizes=(8, 16, 32),
+                  output=(("b",), ("n",)), output_shape=(8, 16),
+                  attrs={"m": ["b"], "n": ["n"], "k": ["k"], "pw": 1})
+    model = PaseCostModel()
+    r = model.r
+    assert r == 5000.0
+    cost = model.node_cost(space, np.array([[2, 1, 4]]))[0]
+    m, n, k = 4, 16, 8
+
+    def ar(w: float, p: int) -> float:
+        return 2 * r * w * (p - 1) / p
+
+    want = 3 * m * n * k + 3 * m * n + ar(m * n, 4) + ar(m * k, 1) + ar(n * k, 2)
+    assert cost == pytest.approx(want)
+
+
+def test_edge_cost_by_hand_and_alternating_fc_is_free() -> None:
+    model = PaseCostModel()
+    fc = dict(kind="gemm", dims=("b", "n", "k"), output=(("b",), ("n",)),
+              attrs={"m": ["b"], "n": ["n"], "k": ["k"]})
+    a = Space(sizes=(8, 64, 64), output_shape=(8, 64), **fc)
+    b = Space(sizes=(8, 64, 64), output_shape=(8, 64), inputs={"0": (("b",), ("k",))}, **fc)
+    m = model.edge_cost(a, b, 0, np.array([[1, 4, 8], [2, 1, 1]]),
+                        np.array([[1, 8, 4], [1, 1, 4]]), 0)
+    assert m[0, 0] == 0.0  # (1,4,8) -> (1,8,4): the output split 4 ways is read 4 ways
+    # (2,1,1) -> (1,1,4): S = (4, 64), Q = (8, 16); prod c_tgt 4 > 2, so all of Q moves.
+    assert m[1, 1] == pytest.approx(2 * 5000 * 8 * 16)
+    # (1,4,8) -> (1,1,4): same product, overlap min(8,8) * min(16,16).
+    assert m[0, 1] == pytest.approx(0.0)
+
+
+# ---------------------------------------------------------------- the paper's results
+def test_alexnet_fc_layers_alternate_at_32_devices() -> None:
+    g = alexnet()
+    res = registry.run("strategy", "pase", g, flat(32))
+    by_name = {g.names[int(k)]: v for k, v in res.plan.strategy.items()}
+    assert by_name["fc1"] == (1, 4, 8)
+    assert by_name["fc2"] == (1, 8, 4)
+    assert by_name["fc3"] == (1, 4, 8)
+    assert by_name["conv1"][0] == 32  # data parallel first convolution
+    assert res.plan.status == "optimal"
+
+
+def test_pase_beats_the_baselines_and_reports_recomputable_objectives() -> None:
+    g, topo = rnnlm(), flat(16)
+    values = {}
+    for name in ("pase", "data-parallel", "expert"):
+        res = registry.run("strategy", name, g, topo)
+        tables = build_tables(g, 16)
+        choice = [tables.index_of(v, res.plan.strategy[str(v)]) for v in range(g.num_nodes)]
+        assert tables.evaluate(choice) == pytest.approx(res.plan.objective.value)
+        assert res.plan.stages[0].devices == tuple(range(16))
+        values[name] = res.plan.objective.value
+    assert values["pase"] <= values["data-parallel"] and values["pase"] <= values["expert"]
+
+
+def test_baseline_strategies_split_as_described() -> None:
+    g = transformer(num_layers=1)
+    dp = registry.run("strategy", "data-parallel", g, flat(16)).plan.strategy
+    assert all(f[0] == 16 and math.prod(f) == 16 for f in dp.values())
+    ex = registry.run("strategy", "expert", g, flat(16)).plan.strategy
+    i = g.names.index("encoder.0.attn.qk")  # dims (b, h, q, t, e)
+    assert ex[str(i)] == (2, 8, 1, 1, 1)
+    j = g.names.index("encoder.0.ffn2")  # dims (b, s, d, f): row split
+    assert ex[str(j)] == (2, 1, 1, 8)
+
+
+def test_bfs_runs_out_of_table_memory_and_time_limit_times_out() -> None:
+    g = transformer(num_layers=1)
+    with pytest.raises(TableTooLargeError, match="bfs ordering needs"):
+        registry.run("strategy", "pase", g, flat(8), ordering="bfs", max_table_bytes=1e6)
+    res = registry.run("strategy", "pase", g, flat(8), time_limit=1e-6)
+    assert res.plan.status == "timed_out"
+    assert math.isfinite(res.plan.objective.value)
+
+
+def test_default_cost_model_memory_limit_rules_configurations_out() -> None:
+    g = rnnlm()
+    free = registry.run("strategy", "pase", g, flat(8), cost_model="default").plan
+    assert free.objective.name == "pase_seconds"
+    # The embedding table (100000 x 2048 floats, x4 with gradient and optimizer state) is
+    # 3.3 GB: 3 GB per device forces it to be split.
+    tight = registry.run("strategy", "pase", g, flat(8), cost_model="default",
+                         memory_limit=3e9).plan
+    emb = tight.strategy["0"]  # (b, s, d, v)
+    assert emb[2] * emb[3] >= 2
+    assert tight.objective.value >= free.objective.value
+    with pytest.raises(Exception, match="fits the memory limit"):
+        registry.run("strategy", "pase", g, flat(8), cost_model="default", memory_limit=1e3)
+
+
+# ---------------------------------------------------------------- command line
+def test_cli_export_import_and_table(tmp_path: Path, capsys) -> None:
+    graph = tmp_path / "g.json"
+    assert run_cli(["generate", "alexnet", "-o", str(graph)]) == 0
+    plan, tabs = tmp_path / "p.json", tmp_path / "t.json"
+    assert run_cli(["strategy", str(graph), "--devices", "32", "-o", str(plan),
+                    "--export-tables", str(tabs)]) == 0
+    out = capsys.readouterr().out
+    assert "fc2" in out and "(1,8,4)" in out and "optimal" in out
+    data = json.loads(tabs.read_text())
+    assert data["format"] == "shardplan.pase-tables/1" and len(data["nodes"]) == 13
+    assert run_cli(["strategy", str(graph), "--devices", "32", "--import-tables", str(tabs),
+                    "--json"]) == 0
+    imported = json.loads(capsys.readouterr().out)
+    first = json.loads(plan.read_text())
+    assert imported["objective"]["value"] == pytest.approx(first["objective"]["value"])
+    assert imported["strategy"] == first["strategy"]
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["--algorithm", "pase", "-o", "X"], "give --devices N"),
+    (["--devices", "4", "--algorithm", "magic", "-o", "X"], "unknown strategy algorithm"),
+    (["--devices", "4"], "-o FILE or --json"),
+    (["--devices", "4", "--algorithm", "expert", "--ordering", "bfs", "--json"],
+     "--ordering applies"),
+])
+def test_cli_errors_are_one_line(argv: list[str], match: str, tmp_path: Path,
+                                 capsys) -> None:
+    graph = tmp_path / "g.json"
+    assert run_cli(["generate", "rnnlm", "-o", str(graph)]) == 0
+    capsys.readouterr()
+    argv = [str(tmp_path / "o.json") if a == "X" else a for a in argv]
+    assert run_cli(["strategy", str(graph), *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("shardplan: error: ") and match in err
