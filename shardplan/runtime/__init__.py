@@ -1,0 +1,108 @@
+"""Run plans for real with torch.distributed (issue #8), and the baselines they compete with.
+
+A plan's stages are node sets of an operator-level graph whose node names are the fx names of
+``torch.export``'s program. :func:`config_for_plan` turns (plan, graph, options) into a
+:class:`TrainConfig`; :func:`train` runs it, on local processes it spawns itself (gloo on CPU
+with one thread each, NCCL with CUDA) or, under ``torchrun ... -m shardplan.runtime``, on the
+processes torchrun started. Each rank exports the model at the micro-batch size, cuts the
+program at the plan's boundaries (:mod:`shardplan.runtime._split`), wraps its stage in a
+``torch.distributed.pipelining.PipelineStage`` and runs GPipe, 1F1B or interleaved 1F1B;
+replicas of a stage average their gradients with one all-reduce per step, and tied weights
+(GPT-2's embedding and head) sum theirs over the stages that hold them. ``--baseline
+fsdp|ddp|single`` trains the same model on the same data with FSDP2, DDP or one process.
+
+Paper 000, sections 3-4: its pipeline is GPipe over stages placed on GPUs, compared with FSDP
+on an MLP (our ``benchmarks/paper000_table1.py``).
+
+This package imports torch; nothing in the planning core imports it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from shardplan.errors import ShardplanError
+from shardplan.runtime._config import KINDS, OPTIMIZERS, SCHEDULES, TrainConfig
+
+__all__ = ["KINDS", "OPTIMIZERS", "SCHEDULES", "TrainConfig", "config_for_plan", "contiguous_plan",
+           "load_checkpoint_into", "train", "train_many"]
+
+
+def config_for_plan(plan: Any, graph: Any, **options: Any) -> TrainConfig:
+    """A pipeline :class:`TrainConfig` for ``plan`` on ``graph`` (``options``: the other
+    fields, such as ``model``, ``steps``, ``schedule``, ``microbatches``).
+
+    Raises
+    ------
+    ShardplanError
+        A plan that does not fit the graph, or a module-level graph (the runtime cuts the
+        operator-level program).
+    """
+    plan.validate(graph)
+    if graph.meta.get("granularity", "op") != "op":
+        raise ShardplanError("train needs an operator-level graph (capture --granularity op): "
+                             "the runtime cuts the exported program at operator boundaries")
+    if graph.meta.get("mode", "train") != "train":
+        raise ShardplanError("train needs a graph captured in train mode")
+    stages = tuple(tuple(graph.names[i] for i in sorted(st.nodes)) for st in plan.stages)
+    devices = tuple(tuple(st.devices) for st in plan.stages)
+    if "model" not in options and graph.meta.get("model"):
+        options["model"] = graph.meta["model"]
+    if "model" not in options:
+        raise ShardplanError("say which model the graph was captured from: --model SPEC")
+    return TrainConfig(kind="pipeline", stages=stages, devices=devices, **options)
+
+
+def contiguous_plan(graph: Any, num_stages: int, replicas: int = 1) -> Any:
+    """A plan cutting the graph's topological order into ``num_stages`` contiguous pieces of
+    near-equal operator count, ``replicas`` devices each (stage ``s``, replica ``r`` on device
+    ``r * num_stages + s``). For tests and benchmarks; the planners make real plans."""
+    from shardplan.ir import Objective, Plan, Stage
+
+    order = [int(v) for v in graph.topological_order]
+    n = len(order)
+    if not 1 <= num_stages <= n:
+        raise ShardplanError(f"cannot cut {n} operators into {num_stages} stages")
+    stages = []
+    for s in range(num_stages):
+        nodes = tuple(sorted(order[s * n // num_stages:(s + 1) * n // num_stages]))
+        stages.append(Stage(nodes, tuple(r * num_stages + s for r in range(replicas))))
+    return Plan(graph=graph.name, topology="", algorithm="contiguous", stages=tuple(stages),
+                objective=Objective("none", 0.0))
+
+
+def train(config: TrainConfig, *, time_limit: float | None = None) -> Any:
+    """Run one config on local processes (or in this process for ``single``).
+
+    Returns the :class:`~shardplan.runtime._worker.RunResult` of rank 0.
+    """
+    return train_many([config], time_limit=time_limit)[0]
+
+
+def train_many(configs: Sequence[TrainConfig], *, time_limit: float | None = None) -> list[Any]:
+    """Run several configs of the same process count one after another, on one set of
+    processes (process start-up costs seconds; tests and benchmarks share it).
+
+    ``single`` configs run on rank 0 while the others wait; alone, they run in this process.
+    """
+    if not configs:
+        return []
+    sizes = {c.world_size for c in configs if c.kind != "single"}
+    if len(sizes) > 1:
+        raise ShardplanError(f"configs of one launch need the same process count, got "
+                             f"{sorted(sizes)}")
+    if not sizes:
+        from shardplan.runtime._worker import run_single
+
+        return [run_single(c) for c in configs]
+    from shardplan.runtime._launch import launch
+
+    return launch(list(configs), sizes.pop(), time_limit=time_limit)
+
+
+def load_checkpoint_into(directory: str, model: Any) -> int:
+    """Load the newest checkpoint of ``directory`` into an unsplit model; returns its step."""
+    from shardplan.runtime._checkpoint import load_model
+
+    return load_model(directory, model)

@@ -1,0 +1,186 @@
+"""The local launcher: one spawned process per rank, a run of several configs, failure
+handling.
+
+Ranks meet through a ``FileStore`` in a temporary directory (no ports to pick). Each rank
+writes ``rank{r}.json`` (its results, atomically), ``rank{r}.err`` (when and why it failed)
+and ``rank{r}.log`` (its stdout and stderr, so that torch's warnings stay out of the user's
+terminal). The parent waits on all of them: the first rank to exit with an error stops the
+others (SIGTERM, then SIGKILL) and the run fails with one line naming the rank that failed
+first; a run exceeding its time limit fails the same way. A dead rank therefore never hangs
+the run: its peers see the broken connection or the process-group timeout, and the parent
+sees its exit at once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Sequence
+from typing import Any
+
+from shardplan.errors import ShardplanError
+
+__all__ = ["launch", "rank_main"]
+
+_GRACE = 3.0
+
+
+def _write(path: str, data: bytes) -> None:
+    tmp = f"{path}.tmp"
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def rank_main(rank: int, world: int, configs: list[Any], tmpdir: str) -> None:
+    """Body of one spawned rank: join the group, run every config in turn, write results."""
+    os.environ["OMP_NUM_THREADS"] = "1"
+    os.environ["LOCAL_RANK"] = str(rank)  # one host: CUDA device = rank modulo GPU count
+    if sys.platform.startswith("linux") and os.path.exists("/sys/class/net/lo"):
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    fd = os.open(os.path.join(tmpdir, f"rank{rank}.log"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
+                 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    try:
+        import torch
+        import torch.distributed as dist
+
+        from shardplan.runtime._worker import init_distributed, run_config
+
+        torch.set_num_threads(1)
+        timeout = max(c.timeout for c in configs)
+        init_distributed(rank, world, os.path.join(tmpdir, "store"), timeout)
+        results = []
+        for cfg in configs:
+            res = run_config(cfg, rank, world)
+            results.append(res)
+            dist.barrier()
+        _write(os.path.join(tmpdir, f"rank{rank}.pkl"), pickle.dumps(results))
+        dist.destroy_process_group()
+    except BaseException as exc:  # noqa: BLE001 - every failure is reported to the parent
+        first = (str(exc).strip().splitlines() or [""])[0]
+        kind = "" if isinstance(exc, ShardplanError) else f"{type(exc).__name__}: "
+        err = {"time": time.time(), "error": f"{kind}{first[:300]}",
+               "user_error": isinstance(exc, ShardplanError),
+               "traceback": traceback.format_exc()}
+        _write(os.path.join(tmpdir, f"rank{rank}.err"), json.dumps(err).encode())
+        sys.stderr.write(err["traceback"])
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
+
+
+def launch(configs: Sequence[Any], nproc: int, *, time_limit: float | None = None,
+           keep_logs: str | None = None) -> list[Any]:
+    """Run ``configs`` one after another on ``nproc`` fresh local processes.
+
+    Parameters
+    ----------
+    configs : sequence of TrainConfig
+        Every config's ``world_size`` must be ``nproc`` (``single`` runs on rank 0 alone).
+    nproc : int
+    time_limit : float, optional
+        Seconds for the whole launch (default: the largest config timeout plus a minute per
+        config).
+    keep_logs : str, optional
+        Copy the ranks' logs into this directory.
+
+    Returns
+    -------
+    list of RunResult
+        Rank 0's result of each config.
+
+    Raises
+    ------
+    ShardplanError
+        A rank failed (the first to fail is named, with its error), or the time ran out.
+    """
+    import multiprocessing as mp
+    from multiprocessing.connection import wait
+
+    if nproc < 1:
+        raise ShardplanError("a run needs at least one process")
+    limit = time_limit or (max(c.timeout for c in configs) + 60.0 * len(configs))
+    ctx = mp.get_context("spawn")
+    with tempfile.TemporaryDirectory(prefix="shardplan-train-") as tmp:
+        procs = [ctx.Process(target=rank_main, args=(r, nproc, list(configs), tmp), daemon=True,
+                             name=f"shardplan-rank-{r}") for r in range(nproc)]
+        deadline = time.monotonic() + limit
+        try:
+            for p in procs:
+                p.start()
+            pending = {p.sentinel: r for r, p in enumerate(procs)}
+            while pending:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    left = ", ".join(str(r) for r in sorted(pending.values()))
+                    raise ShardplanError(f"training timed out after {limit:g} s (ranks {left} "
+                                         f"still running)")
+                for sentinel in wait(list(pending), timeout=remaining):
+                    rank = pending.pop(sentinel)
+                    procs[rank].join()
+                    if procs[rank].exitcode != 0:
+                        raise ShardplanError(_failure(procs, rank, tmp, deadline))
+        finally:
+            _stop(procs)
+            if keep_logs:
+                os.makedirs(keep_logs, exist_ok=True)
+                for r in range(nproc):
+                    src = os.path.join(tmp, f"rank{r}.log")
+                    if os.path.exists(src):
+                        with open(src, "rb") as fh:
+                            _write(os.path.join(keep_logs, f"rank{r}.log"), fh.read())
+        with open(os.path.join(tmp, "rank0.pkl"), "rb") as fh:
+            return pickle.load(fh)  # noqa: S301 - written by our own rank 0
+
+
+def _stop(procs: Sequence[Any]) -> None:
+    """Terminate the ranks still alive (only the processes this launch started)."""
+    started = [p for p in procs if p.pid is not None]
+    for p in started:
+        if p.is_alive():
+            p.terminate()
+    for p in started:
+        p.join(timeout=2.0)
+        if p.is_alive():
+            p.kill()
+            p.join()
+
+
+def _read_err(tmp: str, rank: int) -> dict[str, Any] | None:
+    try:
+        with open(os.path.join(tmp, f"rank{rank}.err"), encoding="utf-8") as fh:
+            data = json.load(fh)
+        return data if isinstance(data, dict) else None
+    except (OSError, ValueError):
+        return None
+
+
+def _failure(procs: Sequence[Any], rank: int, tmp: str, deadline: float) -> str:
+    """One line naming the rank that failed first and why."""
+    end = min(time.monotonic() + _GRACE, deadline)
+    while time.monotonic() < end and not all(
+            not p.is_alive() or os.path.exists(os.path.join(tmp, f"rank{r}.err"))
+            for r, p in enumerate(procs)):
+        time.sleep(0.05)
+    errors = {r: e for r in range(len(procs)) if (e := _read_err(tmp, r)) is not None}
+    silent = [r for r, p in enumerate(procs) if r not in errors and p.exitcode not in (0, None)]
+    if silent:  # killed or crashed without a word: the cause; its peers are victims
+        dead = rank if rank in silent else silent[0]
+        code = procs[dead].exitcode
+        how = f"was killed by signal {-code}" if code is not None and code < 0 \
+            else f"exited with code {code}"
+        return f"training failed: rank {dead} {how}; the other ranks were stopped"
+    users = [r for r in errors if errors[r].get("user_error")]
+    pool = users or list(errors)
+    first = min(pool, key=lambda r: float(errors[r].get("time", 0.0)))
+    return f"training failed on rank {first}: {errors[first]['error']}"
