@@ -57,17 +57,28 @@ def dumps(data: Any, *, indent: int | None = None) -> str:
         return json.dumps(_finite(plain), indent=indent, allow_nan=False)
 
 
+def _read_umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _read_umask()  # read once, at import: os.umask can only be read by setting it
+
+
 def write_atomic(path: str | os.PathLike[str], text: str | bytes) -> None:
     """Write ``text`` to ``path`` so that readers see the old file or the whole new one.
 
     The data goes to a temporary file in the same directory, is flushed and fsynced, then
-    renamed over ``path`` (``os.replace`` is atomic on POSIX).
+    renamed over ``path`` (``os.replace`` is atomic on POSIX). The file gets the mode a
+    plain ``open`` would give it (0666 less the umask), not ``mkstemp``'s private 0600.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     mode = "wb" if isinstance(text, bytes) else "w"
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, 0o666 & ~_UMASK)
         with os.fdopen(fd, mode) as fh:
             fh.write(text)
             fh.flush()
