@@ -7,14 +7,12 @@ import argparse
 import sys
 
 from shardplan.cli._common import (
-    add_output,
     emit,
-    nonnegative_int,
     positive_float,
     positive_int,
     progress_reporter,
 )
-from shardplan.cli.partition import add_flags, algorithm_options
+from shardplan.cli.partition import add_search_arguments, algorithm_options
 from shardplan.errors import ShardplanError
 
 __all__ = ["register"]
@@ -49,12 +47,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                                 "are kept")
     p.add_argument("graph", metavar="GRAPH", help="graph file (shardplan.graph/1)")
     p.add_argument("topology", metavar="TOPO", help="topology file (shardplan.topology/1)")
-    p.add_argument("--algorithm", required=True, help="optimal | consecutive")
-    p.add_argument("--time-limit", type=positive_float, default=None, metavar="SEC",
-                   help="stop the search after SEC seconds with the best mapping so far")
-    p.add_argument("--seed", type=nonnegative_int, default=0, help="random seed (default 0)")
-    add_flags(p, FLAGS)
-    add_output(p)
+    add_search_arguments(p, "optimal | consecutive", FLAGS)
     p.set_defaults(handler=_run)
 
 

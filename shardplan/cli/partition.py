@@ -24,7 +24,7 @@ from shardplan.cli._common import (
 )
 from shardplan.errors import ShardplanError
 
-__all__ = ["algorithm_options", "parse_option", "register"]
+__all__ = ["add_search_arguments", "algorithm_options", "parse_option", "register"]
 
 # argparse dest -> (flag, argparse keywords). The option key is the dest.
 FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -98,13 +98,20 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "metis.")
     p.add_argument("graph", metavar="GRAPH", help="graph file (shardplan.graph/1)")
     p.add_argument("topology", metavar="TOPO", help="topology file (shardplan.topology/1)")
-    p.add_argument("--algorithm", required=True, help="partitioner name")
+    add_search_arguments(p, "partitioner name", FLAGS)
+    p.set_defaults(handler=_run)
+
+
+def add_search_arguments(p: argparse.ArgumentParser, algorithm_help: str,
+                         flags: dict[str, tuple[str, dict[str, Any]]]) -> None:
+    """``--algorithm``, ``--time-limit``, ``--seed``, the algorithm ``flags``, ``--option``,
+    and the output flags: what every command that runs a registered search takes."""
+    p.add_argument("--algorithm", required=True, help=algorithm_help)
     p.add_argument("--time-limit", type=positive_float, default=None, metavar="SEC",
                    help="stop the search after SEC seconds with the best plan so far")
     p.add_argument("--seed", type=nonnegative_int, default=0, help="random seed (default 0)")
-    add_flags(p, FLAGS)
+    add_flags(p, flags)
     add_output(p)
-    p.set_defaults(handler=_run)
 
 
 def _run(args: argparse.Namespace) -> int:

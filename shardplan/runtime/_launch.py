@@ -23,6 +23,7 @@ import traceback
 from collections.abc import Sequence
 from typing import Any
 
+from shardplan._ranks import read_rank_errors, run_ranks, settle
 from shardplan.errors import ShardplanError
 
 __all__ = ["launch", "rank_main"]
@@ -104,34 +105,16 @@ def launch(configs: Sequence[Any], nproc: int, *, time_limit: float | None = Non
     ShardplanError
         A rank failed (the first to fail is named, with its error), or the time ran out.
     """
-    import multiprocessing as mp
-    from multiprocessing.connection import wait
-
     if nproc < 1:
         raise ShardplanError("a run needs at least one process")
     limit = time_limit or (max(c.timeout for c in configs) + 60.0 * len(configs))
-    ctx = mp.get_context("spawn")
     with tempfile.TemporaryDirectory(prefix="shardplan-train-") as tmp:
-        procs = [ctx.Process(target=rank_main, args=(r, nproc, list(configs), tmp), daemon=True,
-                             name=f"shardplan-rank-{r}") for r in range(nproc)]
-        deadline = time.monotonic() + limit
         try:
-            for p in procs:
-                p.start()
-            pending = {p.sentinel: r for r, p in enumerate(procs)}
-            while pending:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    left = ", ".join(str(r) for r in sorted(pending.values()))
-                    raise ShardplanError(f"training timed out after {limit:g} s (ranks {left} "
-                                         f"still running)")
-                for sentinel in wait(list(pending), timeout=remaining):
-                    rank = pending.pop(sentinel)
-                    procs[rank].join()
-                    if procs[rank].exitcode != 0:
-                        raise ShardplanError(_failure(procs, rank, tmp, deadline))
+            run_ranks(rank_main, lambda r: (r, nproc, list(configs), tmp), nproc,
+                      timeout=limit, what="training",
+                      failure=lambda procs, rank, deadline: _failure(procs, rank, tmp,
+                                                                     deadline))
         finally:
-            _stop(procs)
             if keep_logs:
                 os.makedirs(keep_logs, exist_ok=True)
                 for r in range(nproc):
@@ -143,36 +126,10 @@ def launch(configs: Sequence[Any], nproc: int, *, time_limit: float | None = Non
             return pickle.load(fh)  # noqa: S301 - written by our own rank 0
 
 
-def _stop(procs: Sequence[Any]) -> None:
-    """Terminate the ranks still alive (only the processes this launch started)."""
-    started = [p for p in procs if p.pid is not None]
-    for p in started:
-        if p.is_alive():
-            p.terminate()
-    for p in started:
-        p.join(timeout=2.0)
-        if p.is_alive():
-            p.kill()
-            p.join()
-
-
-def _read_err(tmp: str, rank: int) -> dict[str, Any] | None:
-    try:
-        with open(os.path.join(tmp, f"rank{rank}.err"), encoding="utf-8") as fh:
-            data = json.load(fh)
-        return data if isinstance(data, dict) else None
-    except (OSError, ValueError):
-        return None
-
-
 def _failure(procs: Sequence[Any], rank: int, tmp: str, deadline: float) -> str:
     """One line naming the rank that failed first and why."""
-    end = min(time.monotonic() + _GRACE, deadline)
-    while time.monotonic() < end and not all(
-            not p.is_alive() or os.path.exists(os.path.join(tmp, f"rank{r}.err"))
-            for r, p in enumerate(procs)):
-        time.sleep(0.05)
-    errors = {r: e for r in range(len(procs)) if (e := _read_err(tmp, r)) is not None}
+    settle(procs, tmp, deadline, _GRACE)
+    errors = read_rank_errors(tmp, len(procs))
     silent = [r for r, p in enumerate(procs) if r not in errors and p.exitcode not in (0, None)]
     if silent:  # killed or crashed without a word: the cause; its peers are victims
         dead = rank if rank in silent else silent[0]

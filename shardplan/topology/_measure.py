@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from shardplan._ranks import read_rank_errors, run_ranks, settle
 from shardplan.errors import ShardplanError
 from shardplan.ir.topology import Device, Topology
 from shardplan.topology._devices import (
@@ -82,41 +83,12 @@ def _read(path: str) -> Any:
 
 def _run(nproc: int, cfg: dict[str, Any], timeout: float, tmp: str) -> list[dict[str, Any]]:
     """Start the ranks, wait for all of them (never longer than ``timeout``), read results."""
-    import multiprocessing as mp
-    from multiprocessing.connection import wait
-
     from shardplan.topology import _measure_worker
 
-    ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_measure_worker.run, args=(r, nproc, cfg, tmp), daemon=True,
-                         name=f"shardplan-measure-{r}") for r in range(nproc)]
-    deadline = time.monotonic() + timeout
-    try:
-        for p in procs:
-            p.start()
-        pending = {p.sentinel: r for r, p in enumerate(procs)}
-        while pending:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                left = ", ".join(str(r) for r in sorted(pending.values()))
-                raise ShardplanError(f"topology measurement timed out after {timeout:g} s "
-                                     f"(rank{'s' if len(pending) > 1 else ''} {left} still "
-                                     f"running); allow more time or use fewer processes")
-            for sentinel in wait(list(pending), timeout=remaining):
-                rank = pending.pop(sentinel)
-                procs[rank].join()
-                if procs[rank].exitcode != 0:
-                    raise ShardplanError(_failure(procs, rank, tmp, deadline))
-    finally:
-        started = [p for p in procs if p.pid is not None]
-        for p in started:
-            if p.is_alive():
-                p.terminate()
-        for p in started:
-            p.join(timeout=2.0)
-            if p.is_alive():  # pragma: no cover - ignored SIGTERM
-                p.kill()
-                p.join()
+    run_ranks(_measure_worker.run, lambda r: (r, nproc, cfg, tmp), nproc, timeout=timeout,
+              what="topology measurement", name="shardplan-measure",
+              failure=lambda procs, rank, deadline: _failure(procs, rank, tmp, deadline),
+              hint="; allow more time or use fewer processes")
     results = []
     for r in range(nproc):
         res = _read(os.path.join(tmp, f"rank{r}.json"))
@@ -126,20 +98,11 @@ def _run(nproc: int, cfg: dict[str, Any], timeout: float, tmp: str) -> list[dict
     return results
 
 
-def _failure(procs: list[Any], rank: int, tmp: str, deadline: float) -> str:
+def _failure(procs: Sequence[Any], rank: int, tmp: str, deadline: float) -> str:
     """One line naming the rank that failed first and why."""
-    # The first rank to exit is often a victim (its peer died); give the others a moment to
-    # write their error files and report the earliest failure.
-    end = min(time.monotonic() + _GRACE, deadline)
-    while time.monotonic() < end and not all(
-            not p.is_alive() or os.path.exists(os.path.join(tmp, f"rank{r}.err"))
-            for r, p in enumerate(procs)):
-        time.sleep(0.05)
-    errors: dict[int, tuple[float, str]] = {}
-    for r in range(len(procs)):
-        err = _read(os.path.join(tmp, f"rank{r}.err"))
-        if isinstance(err, dict):
-            errors[r] = (float(err.get("time", 0.0)), str(err.get("error", "")))
+    settle(procs, tmp, deadline, _GRACE)
+    errors = {r: (float(e.get("time", 0.0)), str(e.get("error", "")))
+              for r, e in read_rank_errors(tmp, len(procs)).items()}
     # A rank that died without a word (killed, os._exit, crash) is the likely cause: its
     # peers only report the broken connection.
     silent = [r for r, p in enumerate(procs)
