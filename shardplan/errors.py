@@ -8,7 +8,7 @@ any ``ValueError``. Internal invariants use ``assert``.
 
 from __future__ import annotations
 
-__all__ = ["InfeasibleError", "InvalidFileError", "NotImplementedYetError", "ShardplanError"]
+__all__ = ["InfeasibleError", "InvalidFileError", "ShardplanError"]
 
 
 class ShardplanError(ValueError):
@@ -22,6 +22,3 @@ class InvalidFileError(ShardplanError):
 class InfeasibleError(ShardplanError):
     """The problem as posed has no solution (for example, a stage cannot fit in memory)."""
 
-
-class NotImplementedYetError(ShardplanError):
-    """A command or algorithm that exists in the contract but has not been built yet."""

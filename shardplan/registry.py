@@ -124,9 +124,7 @@ def _load_builtin() -> None:
     if _loaded:
         return
     import importlib
-    import importlib.util
 
     for mod in _BUILTIN_MODULES:
-        if importlib.util.find_spec(mod) is not None:
-            importlib.import_module(mod)
+        importlib.import_module(mod)
     _loaded = True

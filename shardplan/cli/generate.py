@@ -12,7 +12,7 @@ from shardplan.cli._common import (
     positive_int,
 )
 from shardplan.errors import ShardplanError
-from shardplan.generate import BENCHMARKS, GENERATORS, PENDING, generate, generator_options
+from shardplan.generate import BENCHMARKS, GENERATORS, generate, generator_options
 
 __all__ = ["register"]
 
@@ -48,7 +48,7 @@ def _probability(text: str) -> float:
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add the ``generate`` command to ``sub``."""
-    kinds = [*GENERATORS, *BENCHMARKS, *PENDING]
+    kinds = [*GENERATORS, *BENCHMARKS]
     p = sub.add_parser(
         "generate", help="write a synthetic graph (layered, chain, random-dag)",
         description="Write a seeded synthetic computation graph. layered: random layered DAG "

@@ -8,7 +8,6 @@ that adds its parser and sets ``handler``. Errors a user can cause are
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import os
 import sys
 from collections.abc import Sequence
@@ -18,8 +17,7 @@ from shardplan.errors import ShardplanError
 
 __all__ = ["build_parser", "main"]
 
-# Order of the commands in --help. A command whose module ``shardplan.cli.<name>`` does not
-# exist yet is registered by :mod:`shardplan.cli.pending`, which names the issue that builds it.
+# Order of the commands in --help; each is the module ``shardplan.cli.<name>``.
 _COMMAND_MODULES = (
     "capture", "inspect", "importer", "generate", "topology", "partition", "map", "strategy",
     "cost", "simulate", "report", "train", "demo",
@@ -37,13 +35,8 @@ def build_parser() -> OneLineParser:
     parser.add_argument("--version", action="version", version=f"shardplan {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
     sub.required = True
-    from shardplan.cli import pending
-
     for name in _COMMAND_MODULES:
-        if importlib.util.find_spec(f"shardplan.cli.{name}") is None:
-            pending.register(sub, name)
-        else:
-            importlib.import_module(f"shardplan.cli.{name}").register(sub)
+        importlib.import_module(f"shardplan.cli.{name}").register(sub)
     return parser
 
 

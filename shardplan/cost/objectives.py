@@ -11,7 +11,6 @@ The modules that define objectives register them on import; :data:`_MODULES` lis
 from __future__ import annotations
 
 import importlib
-import importlib.util
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -45,8 +44,7 @@ def _load() -> None:
     global _loaded
     if not _loaded:
         for mod in _MODULES:
-            if importlib.util.find_spec(mod) is not None:
-                importlib.import_module(mod)
+            importlib.import_module(mod)
         _loaded = True
 
 

@@ -14,11 +14,10 @@ from shardplan.generate._random_dag import random_dag
 from shardplan.generate._registry import (
     BENCHMARKS,
     GENERATORS,
-    PENDING,
     generate,
     generator_options,
 )
 
-__all__ = ["BENCHMARKS", "GENERATORS", "PENDING", "alexnet", "chain", "generate",
+__all__ = ["BENCHMARKS", "GENERATORS", "alexnet", "chain", "generate",
            "generator_options", "inception_v3", "layered", "random_dag", "rnnlm",
            "transformer"]

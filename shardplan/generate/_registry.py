@@ -6,14 +6,14 @@ import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from shardplan.errors import NotImplementedYetError, ShardplanError
+from shardplan.errors import ShardplanError
 from shardplan.generate._chain import chain
 from shardplan.generate._layered import layered
 from shardplan.generate._pase import alexnet, inception_v3, rnnlm, transformer
 from shardplan.generate._random_dag import random_dag
 from shardplan.ir import Graph
 
-__all__ = ["BENCHMARKS", "GENERATORS", "PENDING", "generate", "generator_options"]
+__all__ = ["BENCHMARKS", "GENERATORS", "generate", "generator_options"]
 
 GENERATORS: Mapping[str, Callable[..., Graph]] = {
     "layered": layered,
@@ -30,10 +30,6 @@ BENCHMARKS: Mapping[str, Callable[..., Graph]] = {
 }
 """The PaSE paper's benchmark graphs, with iteration spaces (fixed sizes: no ``num_nodes``)."""
 
-PENDING: Mapping[str, str] = {}
-"""Kinds the contract names whose issue has not landed yet, to issue (none left)."""
-
-
 def generator_options(kind: str) -> tuple[str, ...]:
     """The keyword options generator ``kind`` takes (``num_nodes`` first)."""
     params = inspect.signature(_lookup(kind)).parameters
@@ -41,13 +37,10 @@ def generator_options(kind: str) -> tuple[str, ...]:
 
 
 def _lookup(kind: str) -> Callable[..., Graph]:
-    if kind in PENDING:
-        raise NotImplementedYetError(f"generator {kind!r} is not implemented yet "
-                                     f"(issue {PENDING[kind]})")
     fn = GENERATORS.get(kind) or BENCHMARKS.get(kind)
     if fn is None:
         raise ShardplanError(f"unknown generator {kind!r} (choose from "
-                             f"{', '.join([*GENERATORS, *BENCHMARKS, *PENDING])})")
+                             f"{', '.join([*GENERATORS, *BENCHMARKS])})")
     return fn
 
 

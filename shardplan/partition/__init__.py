@@ -6,12 +6,13 @@ otherwise pick: :mod:`.parmesan`, :mod:`.pipedream`, :mod:`.uniform`, :mod:`.par
 :mod:`.metis`.
 """
 
-import importlib as _importlib
-import importlib.util as _util
-
-# Each is imported (and so registered) if it exists.
-_ALGORITHMS = ("brute_force", "heuristic", "hierarchical", "parmesan", "pipedream", "uniform",
-               "params", "metis")
-for _name in _ALGORITHMS:
-    if _util.find_spec(f"{__name__}.{_name}") is not None:
-        _importlib.import_module(f"{__name__}.{_name}")
+from shardplan.partition import (  # noqa: F401 - importing registers each algorithm
+    brute_force,
+    heuristic,
+    hierarchical,
+    metis,
+    params,
+    parmesan,
+    pipedream,
+    uniform,
+)

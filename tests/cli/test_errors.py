@@ -66,7 +66,7 @@ CASES = {
     "devices zero": lambda t: ["inspect", _write(t / "x.json", _graph_dict()), "--devices", "0"],
     "unknown command": lambda t: ["frobnicate"],
     "unknown option": lambda t: ["inspect", "--colour", "x.json"],
-    "not implemented yet": lambda t: ["partition", "g.json", "t.json", "--algorithm", "x"],
+    "unknown algorithm": lambda t: ["partition", "g.json", "t.json", "--algorithm", "x"],
     "unknown model": lambda t: ["capture", "nosuchmodel", "-o", str(t / "out.json")],
     "unknown torchvision model": lambda t: ["capture", "torchvision:resnet9000",
                                             "-o", str(t / "out.json")],
