@@ -21,6 +21,7 @@ stage that does not fit as ``inf``. O(n^2 S) per (S, R).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -37,7 +38,7 @@ from shardplan.partition._pipeline_common import (
 )
 from shardplan.registry import Progress, Result, register, take_options
 
-__all__ = ["pipedream_partition"]
+__all__ = ["PipeDreamSequence", "pipedream_partition"]
 
 DEFAULTS: dict[str, Any] = {"stages": None, "replicas": None, **SETTING_DEFAULTS}
 
@@ -58,6 +59,57 @@ def cut_bytes(graph: Graph, order: np.ndarray) -> np.ndarray:
     return np.cumsum(diff)[:n]
 
 
+@dataclass(frozen=True)
+class PipeDreamSequence:
+    """PipeDream's DP inputs on a topological order, built once for many (S, R).
+
+    Attributes
+    ----------
+    order : (n,) topological order; ``work`` and ``params`` its prefix sums of forward +
+    backward seconds and parameter bytes; ``comm`` the ``2 C_i`` of the cut after each
+    position; ``inv`` the median seconds per byte between the first ``num_devices`` devices.
+    """
+
+    order: np.ndarray
+    work: np.ndarray
+    params: np.ndarray
+    comm: np.ndarray
+    inv: float
+
+    @classmethod
+    def build(cls, graph: Graph, topology: Topology, model: Any,
+              num_devices: int) -> PipeDreamSequence:
+        """O(n + m + D^2)."""
+        order = graph.topological_order
+        fwd, bwd = model.node_seconds(int(np.argmax(topology.device_flops)))
+        work = np.concatenate(([0.0], np.cumsum((fwd + bwd)[order])))
+        params = np.concatenate(([0.0],
+                                 np.cumsum(graph.param_bytes[order].astype(np.float64))))
+        used = np.arange(num_devices)
+        inv = 0.0
+        if used.size > 1:
+            off = ~np.eye(used.size, dtype=bool)
+            inv = float(np.median(model.inverse_bandwidth[np.ix_(used, used)][off]))
+        comm = 2.0 * cut_bytes(graph, order) * inv  # 2 C_i, after position i
+        return cls(order, work, params, comm, inv)
+
+    def solve(self, num_stages: int, num_replicas: int) -> tuple[float, np.ndarray]:
+        """PipeDream's value A and the stage of every node for S stages of R replicas.
+        O(n^2 S)."""
+        pt, pw, comm, inv, r = self.work, self.params, self.comm, self.inv, num_replicas
+
+        def cost(i: np.ndarray, j: int, _s: int) -> np.ndarray:
+            sync = 4.0 * (r - 1) * (pw[j] - pw[i]) * inv / r
+            t = np.maximum(pt[j] - pt[i], sync) / r
+            c = np.where(i > 0, comm[np.maximum(i - 1, 0)], 0.0)
+            return np.maximum(t, c)
+
+        value, seg = sequence_dp(cost, self.order.size, num_stages)
+        a = np.empty(self.order.size, dtype=np.int64)
+        a[self.order] = seg
+        return value, a
+
+
 @register("partition", "pipedream")
 def pipedream_partition(graph: Graph, topology: Topology, *, options: Mapping[str, Any],
                         seed: int, time_limit: float | None,
@@ -67,19 +119,10 @@ def pipedream_partition(graph: Graph, topology: Topology, *, options: Mapping[st
     opts = take_options("pipedream", options, DEFAULTS)
     settings = PipelineSettings.from_options(opts)
     model = settings.model(graph, topology)
-    order = graph.topological_order
     n = graph.num_nodes
-    fwd, bwd = model.node_seconds(int(np.argmax(topology.device_flops)))
-    pt = np.concatenate(([0.0], np.cumsum((fwd + bwd)[order])))
-    pw = np.concatenate(([0.0], np.cumsum(graph.param_bytes[order].astype(np.float64))))
     shapes = shape_candidates(opts, topology.num_devices, n)
-    used = np.arange(max(s * r for s, r in shapes))
-    if used.size > 1:
-        off = ~np.eye(used.size, dtype=bool)
-        inv = float(np.median(model.inverse_bandwidth[np.ix_(used, used)][off]))
-    else:
-        inv = 0.0
-    comm = 2.0 * cut_bytes(graph, order) * inv  # 2 C_i, after position i
+    sequence = PipeDreamSequence.build(graph, topology, model,
+                                       max(s * r for s, r in shapes))
     best = None
     tried = []
     for idx, (s, r) in enumerate(shapes):
@@ -87,21 +130,12 @@ def pipedream_partition(graph: Graph, topology: Topology, *, options: Mapping[st
             progress("pipedream (S, R)", idx, len(shapes))
         if idx and deadline.expired():
             break
-
-        def cost(i: np.ndarray, j: int, _s: int, r: int = r) -> np.ndarray:
-            sync = 4.0 * (r - 1) * (pw[j] - pw[i]) * inv / r
-            t = np.maximum(pt[j] - pt[i], sync) / r
-            c = np.where(i > 0, comm[np.maximum(i - 1, 0)], 0.0)
-            return np.maximum(t, c)
-
-        value, seg = sequence_dp(cost, n, s)
+        value, a = sequence.solve(s, r)
         tried.append({"stages": s, "replicas": r, "pipedream_value": value})
         if best is None or value < best[0]:
-            best = (value, s, r, seg)
+            best = (value, s, r, a)
     assert best is not None
-    _, s, r, seg = best
-    a = np.empty(n, dtype=np.int64)
-    a[order] = seg
+    _, s, r, a = best
     return build_plan(graph, topology, algorithm="pipedream", assignment=a, num_replicas=r,
                       settings=settings, options=opts, seed=seed, deadline=deadline,
                       status="feasible", stats={"shapes": tried}, model=model)

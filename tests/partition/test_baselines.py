@@ -77,6 +77,22 @@ def test_parmesan_beats_or_matches_baselines_on_a_chainlike_graph():
     assert vals["parmesan"] <= min(vals.values()) * (1 + 1e-9)
 
 
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("stages,replicas", [(4, 2), (8, 1), (2, 4)])
+def test_parmesan_is_never_worse_than_pipedream(seed, stages, replicas):
+    # PipeDream's split is one of Parmesan's refined starts, and refinement never makes a
+    # plan worse, so with S and R fixed Parmesan's objective is at most PipeDream's.
+    from shardplan.generate import random_dag
+
+    topo = build("dgx1", boxes=1)
+    for graph in (layered(num_nodes=61, width=6, seed=seed), random_dag(num_nodes=40,
+                                                                          seed=seed)):
+        ours, theirs = (registry.run("partition", name, graph, topo, stages=stages,
+                                     replicas=replicas).plan.objective.value
+                        for name in ("parmesan", "pipedream"))
+        assert ours <= theirs * (1 + 1e-12)
+
+
 def test_shape_search_and_pipedream_replication():
     g, topo = _graph(), build("flat", num_devices=4)
     res = registry.run("partition", "parmesan", g, topo)
