@@ -145,3 +145,22 @@ def progress_reporter(labels: Mapping[str, str] | None = None
             bar.update(tasks[label], completed=done, total=total)
 
         yield update
+
+
+def add_plan_inputs(p: argparse.ArgumentParser) -> None:
+    """The positional ``PLAN GRAPH TOPO`` of the commands that work on a plan."""
+    p.add_argument("plan", metavar="PLAN", help="plan file (shardplan.plan/1)")
+    p.add_argument("graph", metavar="GRAPH", help="graph file (shardplan.graph/1)")
+    p.add_argument("topology", metavar="TOPO", help="topology file (shardplan.topology/1)")
+
+
+def load_plan_inputs(args: argparse.Namespace) -> tuple[Any, Any, Any]:
+    """``(plan, graph, topology)`` from ``args.plan``, ``args.graph``, ``args.topology``,
+    the plan checked against the other two (one-line error if it does not fit them)."""
+    from shardplan.ir import load_graph, load_plan, load_topology
+
+    plan = load_plan(args.plan)
+    graph = load_graph(args.graph)
+    topology = load_topology(args.topology)
+    plan.validate(graph, topology)
+    return plan, graph, topology

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from shardplan.cli._common import print_json
+from shardplan.cli._common import add_plan_inputs, load_plan_inputs, print_json
 from shardplan.cli.partition import parse_option
 
 __all__ = ["register"]
@@ -18,9 +18,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Evaluate an objective on PLAN from the three files alone: sharding "
                     "(paper 000, section 2.1) or max-stage (Parmesan: the partition's "
                     "equation 3, or a mapping's equation 6 or 7 as the plan names).")
-    p.add_argument("plan", metavar="PLAN")
-    p.add_argument("graph", metavar="GRAPH")
-    p.add_argument("topology", metavar="TOPO")
+    add_plan_inputs(p)
     p.add_argument("--objective", required=True, help="sharding | max-stage")
     p.add_argument("--model", choices=("p2p", "allreduce"), default=None,
                    help="max-stage: force a mapping's stage-time model")
@@ -32,11 +30,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     from shardplan.cost.objectives import evaluate
-    from shardplan.ir import load_graph, load_plan, load_topology
 
-    plan = load_plan(args.plan)
-    graph = load_graph(args.graph)
-    topology = load_topology(args.topology)
+    plan, graph, topology = load_plan_inputs(args)
     options = dict(args.option)
     if args.model is not None:
         options["model"] = args.model

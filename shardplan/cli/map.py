@@ -7,7 +7,9 @@ import argparse
 import sys
 
 from shardplan.cli._common import (
+    add_plan_inputs,
     emit,
+    load_plan_inputs,
     positive_float,
     positive_int,
     progress_reporter,
@@ -43,24 +45,18 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Place every replica of every stage of PLAN on its own device of TOPO, "
                     "minimising the largest stage time (Parmesan section 5): optimal "
                     "(binary search + backtracking, exact) or consecutive (CS map).")
-    p.add_argument("plan", metavar="PLAN", help="plan file (shardplan.plan/1) whose stages "
-                                                "are kept")
-    p.add_argument("graph", metavar="GRAPH", help="graph file (shardplan.graph/1)")
-    p.add_argument("topology", metavar="TOPO", help="topology file (shardplan.topology/1)")
+    add_plan_inputs(p)
     add_search_arguments(p, "optimal | consecutive", FLAGS)
     p.set_defaults(handler=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
     from shardplan import registry
-    from shardplan.ir import load_graph, load_plan, load_topology
 
     if not args.output and not args.json:
         raise ShardplanError("say where the plan goes: -o FILE or --json")
     registry.get("map", args.algorithm)  # unknown name: fail before loading files
-    plan = load_plan(args.plan)
-    graph = load_graph(args.graph)
-    topology = load_topology(args.topology)
+    plan, graph, topology = load_plan_inputs(args)
     options = algorithm_options(args, FLAGS)
     with progress_reporter({"map": "binary search"}) as progress:
         result = registry.run("map", args.algorithm, graph, topology, seed=args.seed,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from shardplan.cli._common import print_json
+from shardplan.cli._common import add_plan_inputs, load_plan_inputs, print_json
 from shardplan.cli.simulate import add_simulation_options, simulation_kwargs
 
 __all__ = ["register"]
@@ -18,9 +18,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Simulate PLAN and write one self-contained HTML file with its numbers, "
                     "the pipeline timeline, the partitioned graph (stages as boxes) and the "
                     "topology's bandwidth heat map with the mapping drawn on it.")
-    p.add_argument("plan", metavar="PLAN")
-    p.add_argument("graph", metavar="GRAPH")
-    p.add_argument("topology", metavar="TOPO")
+    add_plan_inputs(p)
     add_simulation_options(p)
     p.add_argument("-o", "--output", metavar="FILE.html", required=True,
                    help="where to write the report (atomically)")
@@ -30,12 +28,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from shardplan.ir import load_graph, load_plan, load_topology
     from shardplan.report import write_report
 
-    plan = load_plan(args.plan)
-    graph = load_graph(args.graph)
-    topology = load_topology(args.topology)
+    plan, graph, topology = load_plan_inputs(args)
     out = write_report(plan, graph, topology, args.output, png_dir=args.png_dir,
                        **simulation_kwargs(args))
     if args.json:

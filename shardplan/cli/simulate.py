@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from shardplan.cli._common import positive_int, print_json
+from shardplan.cli._common import add_plan_inputs, load_plan_inputs, positive_int, print_json
 
 __all__ = ["add_simulation_options", "register", "simulation_kwargs"]
 
@@ -49,9 +49,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "shared links, ring all-reduce of each stage's gradients, optimizer "
                     "step. Prints iteration seconds, throughput, bubble fraction and peak "
                     "memory per device.")
-    p.add_argument("plan", metavar="PLAN")
-    p.add_argument("graph", metavar="GRAPH")
-    p.add_argument("topology", metavar="TOPO")
+    add_plan_inputs(p)
     add_simulation_options(p)
     p.add_argument("--timeline", metavar="FILE.png", help="draw the pipeline timeline here")
     p.add_argument("--schedule-out", metavar="FILE",
@@ -64,12 +62,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from shardplan.ir import load_graph, load_plan, load_topology, write_atomic, write_json
+    from shardplan.ir import write_atomic, write_json
     from shardplan.simulate import simulate
 
-    plan = load_plan(args.plan)
-    graph = load_graph(args.graph)
-    topology = load_topology(args.topology)
+    plan, graph, topology = load_plan_inputs(args)
     result = simulate(plan, graph, topology, **simulation_kwargs(args))
     data = result.to_dict(timeline=args.intervals)
     if plan.objective.lower_bound is not None:

@@ -12,7 +12,7 @@ import argparse
 import sys
 from typing import Any
 
-from shardplan.cli._common import positive_float, positive_int
+from shardplan.cli._common import add_plan_inputs, load_plan_inputs, positive_float, positive_int
 
 __all__ = ["add_arguments", "config_from_args", "register"]
 
@@ -21,9 +21,7 @@ _BASELINES = ("fsdp", "ddp", "single")
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The arguments shared by ``shardplan train`` and ``python -m shardplan.runtime``."""
-    p.add_argument("plan", metavar="PLAN")
-    p.add_argument("graph", metavar="GRAPH", help="the operator-level graph the plan cuts")
-    p.add_argument("topology", metavar="TOPO")
+    add_plan_inputs(p)
     p.add_argument("--model", default=None,
                    help="the model spec the graph was captured from (default: the graph's)")
     p.add_argument("--steps", type=positive_int, required=True, help="training iterations")
@@ -67,13 +65,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 def config_from_args(args: argparse.Namespace) -> Any:
     """The :class:`~shardplan.runtime.TrainConfig` the arguments describe."""
     from shardplan.errors import ShardplanError
-    from shardplan.ir import load_graph, load_plan, load_topology
     from shardplan.runtime import TrainConfig, config_for_plan
 
-    plan = load_plan(args.plan)
-    graph = load_graph(args.graph)
-    topology = load_topology(args.topology)
-    plan.validate(graph, topology)
+    plan, graph, topology = load_plan_inputs(args)
     model = args.model or graph.meta.get("model")
     if not model:
         raise ShardplanError("the graph does not name its model: pass --model SPEC")
