@@ -60,7 +60,9 @@ def _assign(n: int, succ: list[list[int]], pred: list[list[int]], inst_group: li
 
     A non-atomic op joins the earliest-starting atomic group reachable downstream of it; an op
     with no atomic group downstream joins the latest-starting group among its producers' (or,
-    with no producer either, the earliest among its consumers', or its program neighbour's).
+    with no producer group either, the earliest among its consumers'; the two rules repeat
+    until nothing changes). A connected piece of ops still without a group has no edge to a
+    grouped op: it joins, whole, the group of its program neighbour.
     Every op edge ``u -> v`` then goes from a group that starts no later than ``v``'s, so
     folding itself never creates a cycle; only atomic instances that interleave do.
     """
@@ -77,28 +79,44 @@ def _assign(n: int, succ: list[list[int]], pred: list[list[int]], inst_group: li
     for i in range(n):
         if group[i] < 0 and reach[i] < _INF:
             group[i] = by_rank[int(reach[i])]
-    for i in range(n):  # nothing atomic downstream: the latest producer group
-        if group[i] < 0:
-            ranks = [rank[group[u]] for u in pred[i] if group[u] >= 0]
-            if ranks:
-                group[i] = by_rank[max(ranks)]
-    for i in range(n - 1, -1, -1):  # no producer either: the earliest consumer group
-        if group[i] < 0:
-            ranks = [rank[group[v]] for v in succ[i] if group[v] >= 0]
-            if ranks:
-                group[i] = by_rank[min(ranks)]
-    for i in range(n):  # isolated ops (buffer updates): the nearest op in program order
-        if group[i] < 0:
-            for d in range(1, n):
-                for j in (i - d, i + d):
-                    if 0 <= j < n and group[j] >= 0 and (pred[j] or succ[j] or
-                                                         inst_group[j] >= 0):
-                        group[i] = group[j]
-                        break
-                if group[i] >= 0:
-                    break
+    changed = True
+    while changed:  # to a fixed point: one rule can enable the other
+        changed = False
+        for i in range(n):  # nothing atomic downstream: the latest producer group
             if group[i] < 0:
-                group[i] = 0
+                ranks = [rank[group[u]] for u in pred[i] if group[u] >= 0]
+                if ranks:
+                    group[i] = by_rank[max(ranks)]
+                    changed = True
+        for i in range(n - 1, -1, -1):  # no producer group either: the earliest consumer's
+            if group[i] < 0:
+                ranks = [rank[group[v]] for v in succ[i] if group[v] >= 0]
+                if ranks:
+                    group[i] = by_rank[min(ranks)]
+                    changed = True
+    # What is left are whole weakly connected pieces with no edge to a grouped op (buffer
+    # updates and the like): each piece goes, as one, to the group of the op nearest its
+    # first op in program order, so that no edge of the piece crosses groups.
+    for i in range(n):
+        if group[i] >= 0:
+            continue
+        piece, stack = [], [i]
+        seen = {i}
+        while stack:
+            u = stack.pop()
+            piece.append(u)
+            for w in (*pred[u], *succ[u]):
+                if w not in seen and group[w] < 0:
+                    seen.add(w)
+                    stack.append(w)
+        target = 0
+        for d in range(1, n):
+            hits = [j for j in (i - d, i + d) if 0 <= j < n and group[j] >= 0]
+            if hits:
+                target = group[hits[0]]
+                break
+        for u in piece:
+            group[u] = target
     return group
 
 

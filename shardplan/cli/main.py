@@ -52,11 +52,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ShardplanError as exc:
         sys.stderr.write(f"shardplan: error: {exc}\n")
         return 2
+    except BrokenPipeError:
+        return 0
+    except OSError as exc:  # a file that cannot be read or written: the user's to fix
+        where = f": {exc.filename}" if exc.filename else ""
+        sys.stderr.write(f"shardplan: error: {exc.strerror or exc}{where}\n")
+        return 2
     except KeyboardInterrupt:
         sys.stderr.write("shardplan: error: interrupted\n")
         return 130
-    except BrokenPipeError:
-        return 0
     return int(rc or 0)
 
 

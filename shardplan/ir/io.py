@@ -74,9 +74,12 @@ def write_atomic(path: str | os.PathLike[str], text: str | bytes) -> None:
     plain ``open`` would give it (0666 less the umask), not ``mkstemp``'s private 0600.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     mode = "wb" if isinstance(text, bytes) else "w"
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:  # name the file asked for, not the temporary one
+        raise OSError(exc.errno, f"cannot write {path}: {exc.strerror}") from None
     try:
         os.fchmod(fd, 0o666 & ~_UMASK)
         with os.fdopen(fd, mode) as fh:

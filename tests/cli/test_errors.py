@@ -65,6 +65,7 @@ CASES = {
                                         "--devices", "4"],
     "devices zero": lambda t: ["inspect", _write(t / "x.json", _graph_dict()), "--devices", "0"],
     "unknown command": lambda t: ["frobnicate"],
+    "output cannot be written": lambda t: ["generate", "chain", "-o", "/proc/nope/g.json"],
     "unknown option": lambda t: ["inspect", "--colour", "x.json"],
     "unknown algorithm": lambda t: ["partition", "g.json", "t.json", "--algorithm", "x"],
     "unknown model": lambda t: ["capture", "nosuchmodel", "-o", str(t / "out.json")],
