@@ -32,11 +32,10 @@ from pathlib import Path
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import numpy as np  # noqa: E402
 
 from benchmarks._graphs import captured  # noqa: E402
 from shardplan import registry  # noqa: E402
-from shardplan.ir import Graph, Objective, Plan, Stage, Topology, write_atomic  # noqa: E402
+from shardplan.ir import Graph, Plan, Topology, write_atomic  # noqa: E402
 from shardplan.topology import build  # noqa: E402
 
 MODEL = "benchmarks/models/unet.py:unet"
@@ -63,35 +62,19 @@ def topology(kind: str, num_devices: int, seed: int) -> Topology | None:
     return build(kind, num_devices=num_devices, seed=seed)
 
 
-def contiguous_split(graph: Graph, num_stages: int, num_replicas: int) -> Plan:
-    """Fallback partition: the topological order cut into S pieces of equal FLOPs."""
-    order = graph.topological_order
-    work = (graph.fwd_flops + graph.bwd_flops)[order]
-    cuts = np.searchsorted(np.cumsum(work), work.sum() * np.arange(1, num_stages) / num_stages)
-    parts = np.split(order, np.clip(cuts, 1, None))
-    stages = tuple(Stage(tuple(int(v) for v in p),
-                         tuple(range(s * num_replicas, (s + 1) * num_replicas)))
-                   for s, p in enumerate(parts))
-    return Plan(graph=graph.name, topology="flat", algorithm="contiguous", stages=stages,
-                objective=Objective("max_stage_seconds", 0.0))
-
-
 def partition(graph: Graph, name: str, num_stages: int, num_replicas: int, seed: int,
               time_limit: float) -> tuple[Plan, str]:
+    """The registered partitioner ``name`` on a flat topology of S x R devices; a plan of
+    another shape (metis may return fewer stages) cannot fill the (S, R) cell."""
     flat = build("flat", num_devices=num_stages * num_replicas)
-    if name in registry.available("partition"):
-        try:
-            res = registry.run("partition", name, graph, flat, seed=seed, time_limit=time_limit,
-                               stages=num_stages, replicas=num_replicas)
-            if res.plan.num_stages == num_stages and \
-                    {len(s.devices) for s in res.plan.stages} == {num_replicas}:
-                return res.plan, name
-            print(f"  {name} returned {res.plan.num_stages} stages; using contiguous split",
-                  flush=True)
-        except Exception as exc:  # noqa: BLE001 - a partitioner under development may fail
-            print(f"  {name} failed ({type(exc).__name__}: {exc}); using contiguous split",
-                  flush=True)
-    return contiguous_split(graph, num_stages, num_replicas), "contiguous"
+    plan = registry.run("partition", name, graph, flat, seed=seed, time_limit=time_limit,
+                        stages=num_stages, replicas=num_replicas).plan
+    if plan.num_stages != num_stages or {len(st.devices) for st in plan.stages} != \
+            {num_replicas}:
+        raise SystemExit(f"{name} returned {plan.num_stages} stages of "
+                         f"{sorted({len(st.devices) for st in plan.stages})} replicas, not "
+                         f"{num_stages} x {num_replicas}: pick another --partitioner")
+    return plan, name
 
 
 def main() -> int:
