@@ -134,13 +134,12 @@ def build_problem(plan: Plan, graph: Graph, topology: Topology, *,
     model = CostModel(graph, topology, efficiency=efficiency, recompute=bool(recompute),
                       profile_flops=profile_flops)
     compute = model.compute_matrix(a, s_count)
+    m = graph.stage_graph(a, s_count)  # every edge's bytes, as equation 6 sums them
+    # Stages joined by any edge, zero-byte ones too: they still pay the latency.
+    adj = np.zeros((s_count, s_count), dtype=bool)
     sa, da = a[graph.src], a[graph.dst]
-    cross = sa != da
-    flat = sa[cross] * s_count + da[cross]
-    size = s_count * s_count
-    m = np.bincount(flat, weights=graph.edge_bytes[cross].astype(np.float64),
-                    minlength=size).reshape(s_count, s_count)
-    adj = np.bincount(flat, minlength=size).reshape(s_count, s_count) > 0
+    adj[sa, da] = True
+    np.fill_diagonal(adj, False)
     params = np.bincount(a, weights=graph.param_bytes.astype(np.float64), minlength=s_count)
     lat = np.array(topology.latency, dtype=np.float64)
     inv = inverse_bandwidth(topology)
