@@ -19,8 +19,8 @@ and simulates one iteration of each plan with ``shardplan.simulate`` (1F1B, 4 mi
 of 8 samples per replica, activation recomputation, as in the paper's section 7). The table
 gives the simulated throughput relative to pipedream + consecutive, and the search seconds
 (partition + map).
-A search that fails (an infeasible plan) shows its one-line error in the notes. ``--quick`` runs ResNet-152 only, on both machines, with short
-time limits.
+A search that fails (an infeasible plan) shows its one-line error in the notes.
+``--quick`` runs ResNet-152 only, on both machines, with short time limits.
 """
 
 from __future__ import annotations

@@ -493,6 +493,20 @@ class Graph:
         back = _frontier_expand(indptr, succ, reached)
         return not bool(in_s[back].any())
 
+    def stage_adjacency(self, assignment: Sequence[int] | np.ndarray,
+                        num_stages: int | None = None) -> np.ndarray:
+        """Which stages an edge goes between: ``A[a, b]`` is True when some edge runs from a
+        node of stage a to a node of stage b (zero-byte edges too). Shape (k, k), False
+        diagonal. O(m + k^2)."""
+        a = np.asarray(assignment, dtype=np.int64)
+        if a.shape != (self.num_nodes,):
+            raise ValueError(f"assignment must have one entry per node ({self.num_nodes})")
+        k = int(a.max()) + 1 if num_stages is None and a.size else int(num_stages or 0)
+        adj = np.zeros((k, k), dtype=bool)
+        adj[a[self.src], a[self.dst]] = True
+        np.fill_diagonal(adj, False)
+        return adj
+
     def stage_graph(self, assignment: Sequence[int] | np.ndarray,
                     num_stages: int | None = None) -> np.ndarray:
         """Inter-stage bytes of a partition: ``B[a, b]`` = bytes on edges from stage a to b.

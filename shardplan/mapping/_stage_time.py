@@ -136,10 +136,7 @@ def build_problem(plan: Plan, graph: Graph, topology: Topology, *,
     compute = model.compute_matrix(a, s_count)
     m = graph.stage_graph(a, s_count)  # every edge's bytes, as equation 6 sums them
     # Stages joined by any edge, zero-byte ones too: they still pay the latency.
-    adj = np.zeros((s_count, s_count), dtype=bool)
-    sa, da = a[graph.src], a[graph.dst]
-    adj[sa, da] = True
-    np.fill_diagonal(adj, False)
+    adj = graph.stage_adjacency(a, s_count)
     params = np.bincount(a, weights=graph.param_bytes.astype(np.float64), minlength=s_count)
     lat = np.array(topology.latency, dtype=np.float64)
     inv = inverse_bandwidth(topology)

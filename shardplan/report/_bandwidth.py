@@ -59,10 +59,8 @@ def bandwidth_figure(topology: Topology, plan: Plan | None = None,
             from shardplan.simulate import stage_order
 
             order = stage_order(graph, plan)
-            a = plan.assignment(graph.num_nodes)
-            sa, da = a[graph.src], a[graph.dst]
-            cut = sa != da
-            pairs = set(zip(sa[cut].tolist(), da[cut].tolist(), strict=True))
+            adj = graph.stage_adjacency(plan.assignment(graph.num_nodes), plan.num_stages)
+            pairs = {(int(x), int(y)) for x, y in zip(*np.nonzero(adj), strict=True)}
         else:
             order = tuple(range(plan.num_stages))
             pairs = {(order[i], order[i + 1]) for i in range(len(order) - 1)}

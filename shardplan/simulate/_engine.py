@@ -74,12 +74,8 @@ def stage_order(graph: Graph, plan: Plan) -> tuple[int, ...]:
     """The plan's stages in pipeline order: a topological order of the stage graph (ties by
     stage id). Raises :class:`ShardplanError` when the stages depend on each other in a
     cycle (no pipeline can run them). O(n + m + k^2)."""
-    a = plan.assignment(graph.num_nodes)
     k = plan.num_stages
-    sa, da = a[graph.src], a[graph.dst]
-    cut = sa != da
-    adj = np.zeros((k, k), dtype=bool)
-    adj[sa[cut], da[cut]] = True
+    adj = graph.stage_adjacency(plan.assignment(graph.num_nodes), k)
     indeg = adj.sum(axis=0)
     ready = [s for s in range(k) if indeg[s] == 0]
     heapq.heapify(ready)
@@ -232,10 +228,7 @@ class _Sim:
         self.fwd, self.bwd = fwd / r, bwd / r
         # traffic and dependencies
         self.bytes, self.tensors = stage_traffic(graph, a, k)
-        sa, da = a[graph.src], a[graph.dst]
-        cut = sa != da
-        adj = np.zeros((k, k), dtype=bool)
-        adj[sa[cut], da[cut]] = True
+        adj = graph.stage_adjacency(a, k)
         self.succ = [np.flatnonzero(adj[s]).tolist() for s in range(k)]
         self.pred = [np.flatnonzero(adj[:, s]).tolist() for s in range(k)]
         # memory

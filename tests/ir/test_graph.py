@@ -53,6 +53,9 @@ def test_diamond_queries(diamond: Graph) -> None:
     assert not diamond.is_convex([0, 1, 3])
     sg = diamond.stage_graph([0, 0, 1, 1])
     assert sg.tolist() == [[0.0, 20.0 + 30.0], [0.0, 0.0]]
+    assert diamond.stage_adjacency([0, 0, 1, 1]).tolist() == [[False, True], [False, False]]
+    assert diamond.stage_adjacency([0, 1, 1, 0]).tolist() == [[False, True], [True, False]]
+    assert diamond.stage_adjacency([0, 0, 0, 0], 3).tolist() == [[False] * 3] * 3
     assert diamond.is_acyclic_partition([0, 0, 1, 1])
     assert not diamond.is_acyclic_partition([0, 1, 1, 0])  # stage 0 -> 1 -> 0
     lb = diamond.lower_bounds(2)
