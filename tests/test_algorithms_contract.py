@@ -2,7 +2,7 @@
 
 For each partitioner and mapper of the registry: the plan is valid for its graph and
 topology, pipeline plans have convex stages and an acyclic stage graph, the reported objective
-equals an independent evaluation by ``shardplan.cost.objectives.evaluate`` (what ``shardplan
+equals an independent evaluation by ``shardplan.objectives.evaluate`` (what ``shardplan
 cost`` prints), the lower bound is at most the value, the status is one of the three, and the
 same seed gives the same plan. New algorithms are picked up without touching this file.
 """
@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 from shardplan import registry
-from shardplan.cost.objectives import evaluate
 from shardplan.generate import layered
 from shardplan.ir import Graph, Plan, Topology
+from shardplan.objectives import evaluate
 from shardplan.topology import build
 
 # The cost objective that recomputes each recorded objective name.

@@ -29,7 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from shardplan.cost.objectives import evaluate
+    from shardplan.objectives import evaluate
 
     plan, graph, topology = load_plan_inputs(args)
     options = dict(args.option)

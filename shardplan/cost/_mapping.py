@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from shardplan.cost.objectives import Evaluation
 from shardplan.errors import ShardplanError
 from shardplan.ir import Graph, Plan, Topology
+from shardplan.objectives import Evaluation
 
 __all__ = ["mapped_max_stage"]
 

@@ -21,9 +21,9 @@ import numpy as np
 
 from shardplan.cost._memory import SCHEDULES, in_flight_microbatches, optimizer_state_factor
 from shardplan.cost._model import CostModel, plan_arrays
-from shardplan.cost.objectives import Evaluation, objective
 from shardplan.errors import ShardplanError
 from shardplan.ir import Graph, Plan, Topology
+from shardplan.objectives import Evaluation, objective
 
 __all__ = ["PipelineSettings", "partition_max_stage", "pipeline_stage_seconds"]
 

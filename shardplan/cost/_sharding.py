@@ -23,9 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from shardplan.cost.objectives import Evaluation, objective
 from shardplan.errors import ShardplanError
 from shardplan.ir import Graph, Plan, Topology
+from shardplan.objectives import Evaluation, objective
 
 __all__ = ["SHARDING_OBJECTIVE", "component_weights", "cross_edge_cost", "plan_components",
            "sharding_cost", "sharding_terms", "weight_imbalance"]

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from shardplan.errors import InvalidFileError
+from shardplan.ir.settings import ExecutionSettings
 
 __all__ = ["PLAN_FORMAT", "STATUSES", "Objective", "Plan", "Stage"]
 
@@ -60,6 +61,9 @@ class Plan:
     status : {"optimal", "feasible", "timed_out"}
     strategy : mapping of str to tuple of int, or None
         PaSE: per node id, the split factor of each dimension of its ``space``.
+    execution : ExecutionSettings or None
+        How the plan runs (micro-batches, schedule, optimizer, ...), as the command that
+        made it planned; :attr:`settings` gives the defaults when absent (older files).
     """
 
     graph: str
@@ -73,6 +77,7 @@ class Plan:
     search_seconds: float = 0.0
     strategy: Mapping[str, tuple[int, ...]] | None = None
     meta: Mapping[str, Any] = field(default_factory=dict)
+    execution: ExecutionSettings | None = None
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -94,6 +99,20 @@ class Plan:
                 used[d] = s
 
     # ------------------------------------------------------------------ queries
+    @property
+    def settings(self) -> ExecutionSettings:
+        """The plan's execution settings: its ``execution`` field, or for a plan written
+        before that field the defaults with what it kept among its options."""
+        if self.execution is not None:
+            return self.execution
+        return ExecutionSettings.from_legacy_options(self.options)
+
+    def with_settings(self, settings: ExecutionSettings) -> Plan:
+        """The same plan carrying ``settings``."""
+        from dataclasses import replace
+
+        return replace(self, execution=settings)
+
     @property
     def num_stages(self) -> int:
         return len(self.stages)
@@ -143,6 +162,7 @@ class Plan:
             "status": self.status,
             "search_seconds": self.search_seconds,
             "has_strategy": self.strategy is not None,
+            "execution": self.settings.to_dict(),
         }
 
     # ------------------------------------------------------------------ JSON
@@ -156,6 +176,8 @@ class Plan:
         }
         if self.strategy is not None:
             out["strategy"] = {k: list(v) for k, v in self.strategy.items()}
+        if self.execution is not None:
+            out["execution"] = self.execution.to_dict()
         for k, v in self.meta.items():
             out.setdefault(k, v)
         return out
@@ -199,15 +221,18 @@ class Plan:
             except (AttributeError, TypeError, ValueError):
                 raise InvalidFileError("plan 'strategy' must map node ids to integer lists") \
                     from None
+        execution = data.get("execution")
+        if execution is not None:
+            execution = ExecutionSettings.from_dict(execution)
         known = {"format", "graph", "topology", "algorithm", "seed", "options",
-                 "search_seconds", "stages", "objective", "status", "strategy"}
+                 "search_seconds", "stages", "objective", "status", "strategy", "execution"}
         return cls(
             graph=str(data.get("graph", "")), topology=str(data.get("topology", "")),
             algorithm=str(data.get("algorithm", "")), stages=tuple(stages),
             objective=objective, status=str(data.get("status", "feasible")),
             seed=int(data.get("seed", 0) or 0), options=dict(data.get("options") or {}),
             search_seconds=float(data.get("search_seconds", 0.0) or 0.0), strategy=strategy,
-            meta={k: v for k, v in data.items() if k not in known},
+            meta={k: v for k, v in data.items() if k not in known}, execution=execution,
         )
 
 

@@ -10,7 +10,8 @@
 NumPy only; no torch.
 """
 
-from shardplan.simulate._engine import OPTIMIZER_FLOPS, simulate, stage_order
+from shardplan.simulate._engine import OPTIMIZER_FLOPS, simulate
+from shardplan.simulate._pipeline import PipelineView, stage_order
 from shardplan.simulate.result import Interval, SimulationResult
 from shardplan.simulate.schedule import (
     SCHEDULES,
@@ -22,6 +23,7 @@ from shardplan.simulate.schedule import (
     one_f_one_b,
 )
 
-__all__ = ["OPTIMIZER_FLOPS", "SCHEDULES", "Action", "Interval", "Schedule", "SimulationResult",
+__all__ = ["OPTIMIZER_FLOPS", "SCHEDULES", "Action", "Interval", "PipelineView", "Schedule",
+           "SimulationResult",
            "gpipe", "interleaved_1f1b", "make_schedule", "one_f_one_b", "simulate",
            "stage_order"]

@@ -58,39 +58,17 @@ import numpy as np
 
 from shardplan.cost import CostModel, plan_arrays, stage_traffic
 from shardplan.errors import ShardplanError
-from shardplan.ir import Graph, Plan, Topology
+from shardplan.ir import ExecutionSettings, Graph, Plan, Topology
+from shardplan.simulate._pipeline import PipelineView
 from shardplan.simulate.result import Interval, SimulationResult
-from shardplan.simulate.schedule import BACKWARD, FORWARD, REDUCE_GRAD, Schedule, make_schedule
+from shardplan.simulate.schedule import BACKWARD, FORWARD, REDUCE_GRAD, Schedule
 from shardplan.topology import routes_of
 
-__all__ = ["OPTIMIZER_FLOPS", "simulate", "stage_order"]
+__all__ = ["OPTIMIZER_FLOPS", "simulate"]
 
 OPTIMIZER_FLOPS = {"sgd": 2.0, "sgd-momentum": 4.0, "momentum": 4.0, "adam": 12.0,
                    "adamw": 14.0}
 _PARAM_BYTES = 4.0  # bytes per parameter when counting the optimizer's parameters
-
-
-def stage_order(graph: Graph, plan: Plan) -> tuple[int, ...]:
-    """The plan's stages in pipeline order: a topological order of the stage graph (ties by
-    stage id). Raises :class:`ShardplanError` when the stages depend on each other in a
-    cycle (no pipeline can run them). O(n + m + k^2)."""
-    k = plan.num_stages
-    adj = graph.stage_adjacency(plan.assignment(graph.num_nodes), k)
-    indeg = adj.sum(axis=0)
-    ready = [s for s in range(k) if indeg[s] == 0]
-    heapq.heapify(ready)
-    order: list[int] = []
-    while ready:
-        s = heapq.heappop(ready)
-        order.append(s)
-        for t in np.flatnonzero(adj[s]):
-            indeg[t] -= 1
-            if indeg[t] == 0:
-                heapq.heappush(ready, int(t))
-    if len(order) < k:
-        raise ShardplanError("the plan's stages depend on each other in a cycle: no pipeline "
-                             "schedule can run them")
-    return tuple(order)
 
 
 @dataclass
@@ -528,14 +506,17 @@ def simulate(plan: Plan, graph: Graph, topology: Topology, *, schedule: str | Sc
     cm = CostModel(graph, topology, optimizer=optimizer, mixed_precision=mixed_precision,
                    param_dtype_bytes=param_dtype_bytes, efficiency=efficiency,
                    recompute=recompute, profile_flops=profile_flops)
-    order = stage_order(graph, plan)
     k = plan.num_stages
     if isinstance(schedule, Schedule):
-        sch = schedule
-        if sch.num_stages != k:
-            raise ShardplanError(f"the schedule has {sch.num_stages} stages, the plan {k}")
+        view = PipelineView.build(plan, graph, schedule=schedule)
     else:
-        sch = make_schedule(schedule, k, num_microbatches, virtual_stages=virtual_stages)
+        settings = ExecutionSettings(schedule=schedule, microbatches=num_microbatches,
+                                     virtual_stages=max(int(virtual_stages), 2)
+                                     if schedule == "interleaved-1f1b" else 2)
+        if schedule == "interleaved-1f1b" and virtual_stages < 2:
+            raise ShardplanError("interleaved 1F1B needs at least 2 virtual stages per rank")
+        view = PipelineView.build(plan, graph, settings)
+    sch, order = view.schedule, view.order
     sim = _Sim(plan, graph, topology, sch, cm, order, optimizer)
     sim.run()
     m = sch.num_microbatches

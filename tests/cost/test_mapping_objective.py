@@ -8,9 +8,9 @@ import json
 import numpy as np
 import pytest
 
-from shardplan.cost.objectives import evaluate
 from shardplan.errors import ShardplanError
 from shardplan.ir import Device, Graph, Objective, Plan, Stage, Topology, save
+from shardplan.objectives import evaluate
 from tests.helpers import run_cli
 
 

@@ -6,9 +6,9 @@ import math
 
 import pytest
 
-from shardplan.cost.objectives import evaluate
 from shardplan.errors import ShardplanError
 from shardplan.ir import Graph, Objective, Plan, Stage
+from shardplan.objectives import evaluate
 from shardplan.topology import build
 
 

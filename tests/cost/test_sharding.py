@@ -10,9 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardplan.cost import cross_edge_cost, sharding_cost, sharding_terms, weight_imbalance
-from shardplan.cost.objectives import evaluate
 from shardplan.errors import ShardplanError
 from shardplan.ir import Graph, Objective, Plan, Stage
+from shardplan.objectives import evaluate
 from shardplan.topology import build
 
 

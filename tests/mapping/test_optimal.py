@@ -12,12 +12,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from shardplan import registry
-from shardplan.cost.objectives import evaluate
 from shardplan.errors import ShardplanError
 from shardplan.ir import Device, Graph, Objective, Plan, Stage, Topology
 from shardplan.mapping._bounds import lower_bound
 from shardplan.mapping._search import twin_classes
 from shardplan.mapping._stage_time import build_problem
+from shardplan.objectives import evaluate
 
 
 def make_instance(seed: int, num_stages: int, num_replicas: int, num_devices: int, *,

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from shardplan import registry
-from shardplan.cost.objectives import evaluate
 from shardplan.errors import ShardplanError
 from shardplan.generate import layered
 from shardplan.ir import Graph, load_plan
+from shardplan.objectives import evaluate
 from shardplan.topology import build
 from tests.helpers import run_cli
 

@@ -13,10 +13,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from shardplan import registry
-from shardplan.cost.objectives import evaluate
 from shardplan.errors import ShardplanError
 from shardplan.generate import layered
 from shardplan.ir import Graph, Topology
+from shardplan.objectives import evaluate
 from shardplan.partition.brute_force import device_classes, imbalance_lower_bound
 from shardplan.topology import build
 

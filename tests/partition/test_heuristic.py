@@ -12,10 +12,10 @@ from hypothesis import strategies as st
 
 from shardplan import registry
 from shardplan.cost import sharding_cost
-from shardplan.cost.objectives import evaluate
 from shardplan.errors import ShardplanError
 from shardplan.generate import layered
 from shardplan.ir import Graph
+from shardplan.objectives import evaluate
 from shardplan.partition._sharding_common import flat_problem
 from shardplan.partition._sharding_search import (
     greedy_placement,

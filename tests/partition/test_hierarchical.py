@@ -10,10 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardplan import registry
-from shardplan.cost.objectives import evaluate
 from shardplan.errors import ShardplanError
 from shardplan.generate import layered
 from shardplan.ir import Graph, Level
+from shardplan.objectives import evaluate
 from shardplan.partition.hierarchical import hierarchy_groups
 from shardplan.topology import build
 

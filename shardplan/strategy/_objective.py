@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from shardplan.cost.objectives import Evaluation, objective
 from shardplan.errors import ShardplanError
 from shardplan.ir import Graph, Plan, Topology
+from shardplan.objectives import Evaluation, objective
 
 
 @objective("strategy")

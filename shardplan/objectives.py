@@ -23,8 +23,10 @@ Evaluation = tuple[str, float, Mapping[str, Any]]
 ObjectiveFn = Callable[..., Evaluation]
 
 _OBJECTIVES: dict[str, ObjectiveFn] = {}
-# Modules that register objectives when imported.
-_MODULES = ("shardplan.cost._sharding", "shardplan.cost._max_stage", "shardplan.cost._strategy")
+# Modules that register objectives when imported (each package registers its own, so the
+# registry depends on no planning package and no planning package on another).
+_MODULES = ("shardplan.cost._sharding", "shardplan.cost._max_stage",
+            "shardplan.strategy._objective")
 _loaded = False
 
 

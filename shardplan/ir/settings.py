@@ -1,0 +1,239 @@
+"""How a plan is executed: the settings every command after the planner reads from the plan.
+
+One :class:`ExecutionSettings` travels in every plan file (its ``execution`` field): the
+command that makes a plan writes the settings it planned with, and ``map``, ``cost``,
+``simulate``, ``report``, ``train``, ``export`` read them from the plan. A flag given to a
+later command overrides the plan's value and says so in one line (:meth:`override`). A plan
+written before the field existed loads with the defaults below (and the few settings older
+plans kept in ``options``).
+
+Batch vocabulary (one meaning everywhere):
+
+- ``microbatch_size``: samples in one micro-batch as the pipeline sees it. The R replicas of
+  a stage share it, each running ``microbatch_size / R`` samples (Parmesan section 4.1,
+  equation 3's division by the replica count). ``None`` means the graph's ``batch_size``:
+  a graph's node costs are per micro-batch at the batch it was captured at (the contract),
+  and the cost model scales them linearly when ``microbatch_size`` differs
+  (:meth:`shardplan.ir.Graph.at_batch_size`).
+- ``microbatches``: micro-batches per iteration (one optimizer step).
+- ``global_batch = microbatch_size * microbatches``: samples per iteration.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any
+
+import numpy as np
+
+from shardplan.errors import InvalidFileError, ShardplanError
+
+__all__ = ["OPTIMIZERS", "SCHEDULES", "ExecutionSettings"]
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
+OPTIMIZERS = ("sgd", "sgd-momentum", "momentum", "adam", "adamw")
+
+# Keys older plans kept among their algorithm options (before the ``execution`` field).
+_LEGACY_OPTION_KEYS = ("efficiency", "optimizer", "microbatches", "schedule", "recompute",
+                       "profile_flops")
+
+
+def _int(name: str, v: Any, low: int = 1) -> int:
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < low:
+        raise ShardplanError(f"{name.replace('_', ' ')} must be an integer >= {low}, got {v!r}")
+    return int(v)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ExecutionSettings:
+    """How one training iteration of a plan runs.
+
+    Attributes
+    ----------
+    microbatch_size : int or None
+        Samples per micro-batch, shared by a stage's replicas; None: the graph's
+        ``batch_size`` (see the module docstring).
+    microbatches : int
+        Micro-batches per iteration (default 8).
+    schedule : {"gpipe", "1f1b", "interleaved-1f1b"}
+        Pipeline schedule (default ``1f1b``).
+    virtual_stages : int
+        ``interleaved-1f1b``: plan stages per pipeline rank (default 2); 1 otherwise.
+    recompute : bool
+        Activation recomputation: the backward re-runs the forward, only stage inputs are
+        stashed between the passes.
+    optimizer : {"sgd", "sgd-momentum", "momentum", "adam", "adamw"}
+    mixed_precision : bool
+        Parameters stored in ``param_dtype_bytes`` bytes beside fp32 master weights and
+        optimizer state.
+    param_dtype_bytes : int
+    efficiency : float or None
+        Fraction of a device's peak FLOP/s that FLOP-derived times reach; None: the device
+        model's own (peak today).
+    overlap : bool
+        Devices send and receive while they compute (a separate communication stream, as
+        torch.distributed's asynchronous sends do); False: a device computes or sends, never
+        both.
+    profile_flops : float or None
+        Peak FLOP/s of the machine a graph's measured seconds come from (they are rescaled to
+        each device); None: measured seconds are used as they are.
+    """
+
+    microbatch_size: int | None = None
+    microbatches: int = 8
+    schedule: str = "1f1b"
+    virtual_stages: int = 2
+    recompute: bool = False
+    optimizer: str = "adam"
+    mixed_precision: bool = False
+    param_dtype_bytes: int = 2
+    efficiency: float | None = None
+    overlap: bool = True
+    profile_flops: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.microbatch_size is not None:
+            _int("microbatch_size", self.microbatch_size)
+        _int("microbatches", self.microbatches)
+        _int("virtual_stages", self.virtual_stages)
+        _int("param_dtype_bytes", self.param_dtype_bytes)
+        if self.schedule not in SCHEDULES:
+            raise ShardplanError(f"unknown schedule {self.schedule!r} (choose from "
+                                 f"{', '.join(SCHEDULES)})")
+        if self.optimizer not in OPTIMIZERS:
+            raise ShardplanError(f"unknown optimizer {self.optimizer!r} (choose from "
+                                 f"{', '.join(OPTIMIZERS)})")
+        for name in ("recompute", "mixed_precision", "overlap"):
+            if not isinstance(getattr(self, name), bool):
+                raise ShardplanError(f"{name} must be true or false, got "
+                                     f"{getattr(self, name)!r}")
+        if self.efficiency is not None and (
+                isinstance(self.efficiency, bool) or not isinstance(self.efficiency, (int, float))
+                or not 0 < self.efficiency <= 1):
+            raise ShardplanError(f"efficiency must be in (0, 1], got {self.efficiency!r}")
+        if self.profile_flops is not None and (
+                isinstance(self.profile_flops, bool)
+                or not isinstance(self.profile_flops, (int, float))
+                or not (math.isfinite(self.profile_flops) and self.profile_flops > 0)):
+            raise ShardplanError(f"profile_flops must be a positive number, got "
+                                 f"{self.profile_flops!r}")
+        if self.schedule == "interleaved-1f1b" and self.virtual_stages < 2:
+            raise ShardplanError("interleaved-1f1b needs virtual_stages >= 2")
+
+    # ------------------------------------------------------------------ derived
+    @property
+    def stages_per_rank(self) -> int:
+        """Plan stages one pipeline rank runs: ``virtual_stages`` when interleaved, else 1."""
+        return self.virtual_stages if self.schedule == "interleaved-1f1b" else 1
+
+    @property
+    def global_batch(self) -> int | None:
+        """Samples per iteration, ``microbatch_size * microbatches`` (None until resolved)."""
+        if self.microbatch_size is None:
+            return None
+        return self.microbatch_size * self.microbatches
+
+    @property
+    def efficiency_or_peak(self) -> float:
+        """``efficiency``, or 1.0 (peak) when unset."""
+        return 1.0 if self.efficiency is None else float(self.efficiency)
+
+    def resolve(self, graph: Any) -> ExecutionSettings:
+        """The same settings with ``microbatch_size`` filled in from ``graph.batch_size``."""
+        if self.microbatch_size is not None:
+            return self
+        return replace(self, microbatch_size=int(graph.batch_size))
+
+    def batch_scale(self, graph: Any) -> float:
+        """``microbatch_size / graph.batch_size``: how much a micro-batch's work and
+        activations exceed the graph's (1.0 when unset)."""
+        if self.microbatch_size is None:
+            return 1.0
+        return self.microbatch_size / float(graph.batch_size)
+
+    def graph_for(self, graph: Any) -> Any:
+        """``graph`` at this micro-batch size (the graph itself when they agree)."""
+        if self.microbatch_size is None or self.microbatch_size == graph.batch_size:
+            return graph
+        return graph.at_batch_size(self.microbatch_size)
+
+    # ------------------------------------------------------------------ changes
+    def override(self, **changes: Any) -> tuple[ExecutionSettings, list[str]]:
+        """New settings with ``changes`` (None values ignored), and one note per value that
+        differs from the current one: what a command prints when a flag overrides a plan.
+
+        ``global_batch`` is accepted too: it sets ``microbatch_size = global_batch /
+        microbatches`` (after any ``microbatches`` change), which must divide evenly.
+        """
+        changes = {k: v for k, v in changes.items() if v is not None}
+        names = {f.name for f in fields(self)}
+        unknown = sorted(set(changes) - names - {"global_batch"})
+        if unknown:
+            raise ShardplanError(f"unknown execution setting {unknown[0]!r} (settings: "
+                                 f"{', '.join(sorted(names | {'global_batch'}))})")
+        glob = changes.pop("global_batch", None)
+        if glob is not None:
+            glob = _int("global_batch", glob)
+            m = int(changes.get("microbatches", self.microbatches))
+            if glob % m:
+                raise ShardplanError(f"global batch {glob} is not a multiple of {m} "
+                                     "micro-batches")
+            changes["microbatch_size"] = glob // m
+        notes = []
+        for k, v in changes.items():
+            old = getattr(self, k)
+            if old is not None and old != v:
+                notes.append(f"{k.replace('_', '-')} {_show(v)} overrides the plan's "
+                             f"{_show(old)}")
+        return replace(self, **changes), notes
+
+    # ------------------------------------------------------------------ JSON
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        if self.global_batch is not None:
+            d["global_batch"] = self.global_batch
+        return d
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ExecutionSettings:
+        """Read the ``execution`` object of a plan file; unknown keys are ignored (the
+        contract: readers ignore what they do not know). ``global_batch``, when present,
+        must agree with the micro-batch size and count."""
+        if not isinstance(data, Mapping):
+            raise InvalidFileError("plan 'execution' must be a JSON object")
+        names = {f.name for f in fields(cls)}
+        kw = {k: v for k, v in data.items() if k in names and v is not None}
+        try:
+            s = cls(**kw)
+        except ShardplanError as exc:
+            raise InvalidFileError(f"plan 'execution': {exc}") from None
+        glob = data.get("global_batch")
+        if glob is not None and s.global_batch is not None and glob != s.global_batch:
+            raise InvalidFileError(f"plan 'execution': global_batch {glob!r} is not "
+                                   f"microbatch_size x microbatches = {s.global_batch}")
+        if glob is not None and s.microbatch_size is None:
+            try:
+                s, _ = s.override(global_batch=glob)
+            except ShardplanError as exc:
+                raise InvalidFileError(f"plan 'execution': {exc}") from None
+        return s
+
+    @classmethod
+    def from_legacy_options(cls, options: Mapping[str, Any]) -> ExecutionSettings:
+        """The settings of a plan written before the ``execution`` field: the cost-model
+        keys it kept among its options, the defaults for the rest."""
+        kw = {k: options[k] for k in _LEGACY_OPTION_KEYS if options.get(k) is not None}
+        if kw.get("schedule") not in (None, *SCHEDULES):
+            kw.pop("schedule")
+        try:
+            return cls(**kw)
+        except (ShardplanError, TypeError):
+            return cls()
+
+
+def _show(v: Any) -> str:
+    if isinstance(v, bool):
+        return "on" if v else "off"
+    return f"{v:g}" if isinstance(v, float) else str(v)
