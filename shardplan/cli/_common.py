@@ -13,7 +13,7 @@ from typing import Any, NoReturn
 from shardplan.errors import ShardplanError
 from shardplan.ir.io import dumps, write_json
 
-__all__ = ["OneLineParser", "add_output", "emit", "nonnegative_float", "nonnegative_int",
+__all__ = ["OneLineParser", "add_output", "emit", "nonnegative_float", "nonnegative_int", "note",
            "parse_float_list", "parse_int_list", "parse_nonnegative_float_list",
            "positive_float", "positive_int", "print_json", "split_names"]
 
@@ -40,6 +40,12 @@ def emit(args: argparse.Namespace, obj: Any, *, what: str) -> None:
             print(f"wrote {what} to {out}")
     if as_json:
         sys.stdout.write(dumps(obj) + "\n")
+
+
+def note(message: str) -> None:
+    """One line ``shardplan: note: ...`` on stderr: something the user should know that is
+    not an error (a flag overriding a plan's setting, a fallback taken)."""
+    sys.stderr.write(f"shardplan: note: {message}\n")
 
 
 def print_json(data: Any) -> None:
