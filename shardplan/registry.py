@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from shardplan.errors import ShardplanError
-from shardplan.ir import Graph, Plan, Topology
+from shardplan.ir import ExecutionSettings, Graph, Plan, Topology
 
 __all__ = ["FAMILIES", "Algorithm", "Progress", "Result", "available", "get", "register", "run",
            "take_options"]
@@ -104,12 +104,17 @@ def get(family: str, name: str) -> Algorithm:
 def run(family: str, name: str, graph: Graph, topology: Topology, *,
         seed: int = 0, time_limit: float | None = None, progress: Progress | None = None,
         **options: Any) -> Result:
-    """Look up and run an algorithm; validates the plan it returns against the inputs."""
+    """Look up and run an algorithm; validates the plan it returns against the inputs. Every
+    plan carries execution settings: one made by an algorithm that sets none gets the
+    defaults (:class:`~shardplan.ir.ExecutionSettings`) at the graph's batch size."""
     if time_limit is not None and not time_limit > 0:
         raise ShardplanError(f"time limit must be positive, got {time_limit!r}")
     result = get(family, name)(graph, topology, options=options, seed=seed,
                                time_limit=time_limit, progress=progress)
     result.plan.validate(graph, topology)
+    if result.plan.execution is None:
+        result = Result(result.plan.with_settings(ExecutionSettings().resolve(graph)),
+                        result.stats)
     return result
 
 

@@ -13,7 +13,8 @@ from typing import Any, NoReturn
 from shardplan.errors import ShardplanError
 from shardplan.ir.io import dumps, write_json
 
-__all__ = ["OneLineParser", "add_output", "emit", "nonnegative_float", "nonnegative_int", "note",
+__all__ = ["SETTING_FLAGS", "OneLineParser", "add_output", "add_settings_arguments", "emit",
+           "nonnegative_float", "nonnegative_int", "note", "plan_settings", "settings_changes",
            "parse_float_list", "parse_int_list", "parse_nonnegative_float_list",
            "positive_float", "positive_int", "print_json", "split_names"]
 
@@ -151,6 +152,59 @@ def progress_reporter(labels: Mapping[str, str] | None = None
             bar.update(tasks[label], completed=done, total=total)
 
         yield update
+
+
+#: The execution-setting flags (``ExecutionSettings`` fields): dest -> (flag, keywords).
+SETTING_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
+    "microbatch_size": ("--microbatch-size", {
+        "type": positive_int, "metavar": "B",
+        "help": "samples per micro-batch, shared by a stage's replicas (default: the graph's "
+                "batch size)"}),
+    "global_batch": ("--global-batch", {
+        "type": positive_int, "metavar": "B",
+        "help": "samples per iteration (sets the micro-batch size to B / micro-batches)"}),
+    "microbatches": ("--microbatches", {"type": positive_int, "metavar": "M",
+                                        "help": "micro-batches per iteration (default 8)"}),
+    "schedule": ("--schedule", {"choices": ("gpipe", "1f1b", "interleaved-1f1b"),
+                                "help": "pipeline schedule (default 1f1b)"}),
+    "virtual_stages": ("--virtual-stages", {"type": positive_int, "metavar": "V",
+                                            "help": "interleaved-1f1b: stages per rank "
+                                                    "(default 2)"}),
+    "recompute": ("--recompute", {"action": "store_const", "const": True,
+                                  "help": "activation recomputation (backward re-runs "
+                                          "forward)"}),
+    "optimizer": ("--optimizer", {"choices": ("sgd", "sgd-momentum", "momentum", "adam",
+                                              "adamw"),
+                                  "help": "optimizer whose state and step are counted "
+                                          "(default adam)"}),
+    "efficiency": ("--efficiency", {"type": positive_float,
+                                    "help": "fraction of peak FLOP/s reached (default: peak)"}),
+    "overlap": ("--no-overlap", {"action": "store_const", "const": False,
+                                 "help": "devices cannot compute while they communicate"}),
+}
+
+
+def add_settings_arguments(p: argparse.ArgumentParser,
+                           skip: tuple[str, ...] = ()) -> None:
+    """The execution-setting flags (all default None: the plan's value, or the default)."""
+    for dest, (flag, kw) in SETTING_FLAGS.items():
+        if dest not in skip:
+            p.add_argument(flag, dest=dest, default=None, **kw)
+
+
+def settings_changes(args: argparse.Namespace) -> dict[str, Any]:
+    """The execution settings a user set on the command line."""
+    return {dest: getattr(args, dest) for dest in SETTING_FLAGS
+            if getattr(args, dest, None) is not None}
+
+
+def plan_settings(plan: Any, graph: Any, args: argparse.Namespace) -> Any:
+    """The plan's execution settings with the command line's overrides, each override that
+    changes a plan value announced in one line (:func:`note`)."""
+    settings, notes = plan.settings.override(**settings_changes(args))
+    for line in notes:
+        note(line)
+    return settings.resolve(graph)
 
 
 def add_plan_inputs(p: argparse.ArgumentParser) -> None:

@@ -16,14 +16,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "cost", help="evaluate a plan's objective",
         description="Evaluate an objective on PLAN from the three files alone: sharding "
-                    "(paper 000, section 2.1) or max-stage (Parmesan: the partition's "
-                    "equation 3, or a mapping's equation 6 or 7 as the plan names).")
+                    "(paper 000, section 2.1), max-stage (the view of the stage-time model "
+                    "the plan names: overlap, Parmesan's equation 3, or a mapping's "
+                    "equation 6 or 7, with the plan's execution settings) or strategy "
+                    "(PaSE).")
     add_plan_inputs(p)
     p.add_argument("--objective", required=True, help="sharding | max-stage")
-    p.add_argument("--model", choices=("p2p", "allreduce"), default=None,
-                   help="max-stage: force a mapping's stage-time model")
+    p.add_argument("--model", choices=("overlap", "eq3", "p2p", "allreduce"), default=None,
+                   help="max-stage: evaluate this view instead of the plan's")
     p.add_argument("--option", action="append", type=parse_option, default=[],
-                   metavar="KEY=VALUE", help="cost-model option (VALUE as JSON)")
+                   metavar="KEY=VALUE", help="an execution setting overriding the plan's, or "
+                                             "an objective's option (VALUE as JSON)")
     p.add_argument("--json", action="store_true", help="print a JSON object")
     p.set_defaults(handler=_run)
 

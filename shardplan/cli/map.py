@@ -7,9 +7,11 @@ import argparse
 import sys
 
 from shardplan.cli._common import (
+    SETTING_FLAGS,
     add_plan_inputs,
     emit,
     load_plan_inputs,
+    note,
     positive_float,
     positive_int,
     progress_reporter,
@@ -20,9 +22,10 @@ from shardplan.errors import ShardplanError
 __all__ = ["register"]
 
 FLAGS = {
-    "model": ("--model", {"choices": ("p2p", "allreduce", "auto"),
-                          "help": "stage-time model: p2p (eq. 6), allreduce (eq. 7) or auto "
-                                  "(by the ratio of all-reduce to inter-stage bytes; default)"}),
+    "model": ("--model", {"choices": ("overlap", "p2p", "allreduce", "auto"),
+                          "help": "stage-time model: overlap (the simulator's), p2p (eq. 6), "
+                                  "allreduce (eq. 7) or auto (overlap, or p2p when the plan's "
+                                  "settings turn overlap off; default)"}),
     "workers": ("--workers", {"type": positive_int,
                               "help": "optimal: targets searched at once in worker processes "
                                       "(default 1)"}),
@@ -33,8 +36,7 @@ FLAGS = {
     "order": ("--order", {"choices": ("stage-major", "replica-major"),
                           "help": "consecutive: stage s's replicas side by side (stage-major, "
                                   "default) or replica r's pipeline side by side"}),
-    "efficiency": ("--efficiency", {"type": positive_float,
-                                    "help": "fraction of peak FLOP/s reached (cost model)"}),
+    **SETTING_FLAGS,
 }
 
 
@@ -58,6 +60,9 @@ def _run(args: argparse.Namespace) -> int:
     registry.get("map", args.algorithm)  # unknown name: fail before loading files
     plan, graph, topology = load_plan_inputs(args)
     options = algorithm_options(args, FLAGS)
+    _, notes = plan.settings.override(**{k: options[k] for k in SETTING_FLAGS if k in options})
+    for line in notes:
+        note(line)
     with progress_reporter({"map": "binary search"}) as progress:
         result = registry.run("map", args.algorithm, graph, topology, seed=args.seed,
                               time_limit=args.time_limit, progress=progress, plan=plan,
@@ -68,4 +73,7 @@ def _run(args: argparse.Namespace) -> int:
         sys.stdout.write(f"{out.algorithm}: {out.num_stages} stages x {out.num_replicas} "
                          f"replicas, {out.objective.name} = {out.objective.value:.6g} "
                          f"({out.status}, {out.search_seconds:.2f} s)\n")
+    judge = result.plan.meta.get("judge", {})
+    if judge.get("kept") == "consecutive":
+        note(f"kept the consecutive mapping: {judge['why']}")
     return 0

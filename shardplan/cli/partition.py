@@ -14,6 +14,7 @@ import sys
 from typing import Any
 
 from shardplan.cli._common import (
+    SETTING_FLAGS,
     add_output,
     emit,
     nonnegative_float,
@@ -48,12 +49,11 @@ FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "max_fronted": ("--max-fronted", {"type": positive_int, "metavar": "N",
                                       "help": "Parmesan: most fronted subgraphs the DP takes "
                                               "(more: keep clustering)"}),
-    "microbatches": ("--microbatches", {"type": positive_int, "metavar": "M",
-                                        "help": "micro-batches per iteration (memory model)"}),
-    "schedule": ("--schedule", {"help": "pipeline schedule for the memory model "
-                                        "(gpipe | 1f1b)"}),
-    "efficiency": ("--efficiency", {"type": positive_float,
-                                    "help": "fraction of peak FLOP/s reached (cost model)"}),
+    "objective": ("--objective", {"choices": ("overlap", "eq3"),
+                                  "help": "pipeline partitioners: the stage time to minimise: "
+                                          "overlap (the simulator's model, default) or eq3 "
+                                          "(Parmesan's equation 3)"}),
+    **SETTING_FLAGS,
 }
 
 

@@ -32,7 +32,7 @@ def _run(args: argparse.Namespace) -> int:
 
     plan, graph, topology = load_plan_inputs(args)
     out = write_report(plan, graph, topology, args.output, png_dir=args.png_dir,
-                       **simulation_kwargs(args))
+                       **simulation_kwargs(args, plan, graph))
     if args.json:
         print_json(out)
     else:

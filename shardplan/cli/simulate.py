@@ -4,51 +4,49 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
-from shardplan.cli._common import add_plan_inputs, load_plan_inputs, positive_int, print_json
+from shardplan.cli._common import (
+    add_plan_inputs,
+    add_settings_arguments,
+    load_plan_inputs,
+    plan_settings,
+    print_json,
+)
 
 __all__ = ["add_simulation_options", "register", "simulation_kwargs"]
 
 
 def add_simulation_options(p: argparse.ArgumentParser) -> None:
-    """The options ``simulate`` and ``report`` share."""
-    from shardplan.cost import OPTIMIZER_STATE
-    from shardplan.simulate import SCHEDULES
-
-    p.add_argument("--schedule", choices=SCHEDULES, default="1f1b",
-                   help="pipeline schedule (default 1f1b)")
-    p.add_argument("--microbatches", type=positive_int, default=4, metavar="M",
-                   help="micro-batches per iteration (default 4)")
-    p.add_argument("--recompute", action="store_true",
-                   help="activation recomputation (backward re-runs forward)")
-    p.add_argument("--virtual-stages", type=positive_int, default=2, metavar="V",
-                   help="interleaved-1f1b: stages per device (default 2)")
-    p.add_argument("--optimizer", choices=sorted(OPTIMIZER_STATE), default="adam")
+    """The options ``simulate`` and ``report`` share: the execution-setting flags (each
+    overrides the plan's setting and says so) and a schedule file."""
+    add_settings_arguments(p)
     p.add_argument("--schedule-file", metavar="FILE",
                    help="run this schedule (text form of --schedule-out) instead")
 
 
-def simulation_kwargs(args: argparse.Namespace) -> dict:
-    schedule: object = args.schedule
+def simulation_kwargs(args: argparse.Namespace, plan: Any, graph: Any) -> dict[str, Any]:
+    """``simulate``'s keywords: the plan's settings with the flags' overrides (each change
+    noted on stderr), and the schedule file's schedule when one is given."""
+    out: dict[str, Any] = {"settings": plan_settings(plan, graph, args)}
     if args.schedule_file:
         from shardplan.ir.io import read_text
         from shardplan.simulate import Schedule
 
-        schedule = Schedule.from_text(read_text(args.schedule_file))
-    return {"schedule": schedule, "num_microbatches": args.microbatches,
-            "recompute": args.recompute, "virtual_stages": args.virtual_stages,
-            "optimizer": args.optimizer}
+        out["schedule"] = Schedule.from_text(read_text(args.schedule_file))
+    return out
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add the ``simulate`` command to ``sub``."""
     p = sub.add_parser(
         "simulate", help="simulate a plan's training iteration",
-        description="Simulate one training iteration of PLAN: per-stage compute from the "
-                    "cost model, activations and gradients over the topology's routed and "
-                    "shared links, ring all-reduce of each stage's gradients, optimizer "
-                    "step. Prints iteration seconds, throughput, bubble fraction and peak "
-                    "memory per device.")
+        description="Simulate one training iteration of PLAN with its execution settings "
+                    "(flags override them): per-stage compute from the cost model, "
+                    "activations and gradients over the topology's routed and shared links, "
+                    "ring all-reduce of each stage's gradients, optimizer step. Prints "
+                    "iteration seconds, throughput, bubble fraction and peak memory per "
+                    "device.")
     add_plan_inputs(p)
     add_simulation_options(p)
     p.add_argument("--timeline", metavar="FILE.png", help="draw the pipeline timeline here")
@@ -66,7 +64,7 @@ def _run(args: argparse.Namespace) -> int:
     from shardplan.simulate import simulate
 
     plan, graph, topology = load_plan_inputs(args)
-    result = simulate(plan, graph, topology, **simulation_kwargs(args))
+    result = simulate(plan, graph, topology, **simulation_kwargs(args, plan, graph))
     data = result.to_dict(timeline=args.intervals)
     if plan.objective.lower_bound is not None:
         data["plan_lower_bound"] = plan.objective.lower_bound

@@ -12,7 +12,13 @@
 - the sharding cost of paper 000 (section 2.1): :func:`sharding_cost`,
   :func:`sharding_terms`, :func:`weight_imbalance`, :func:`cross_edge_cost`;
 - :func:`lower_bound_seconds`, and :class:`CostModel`, which bundles a graph, a topology and
-  the options with precomputed arrays for hot loops.
+  the execution settings with precomputed arrays for hot loops
+  (:meth:`CostModel.from_settings`);
+- the one stage-time model (:mod:`shardplan.cost._pipeline`): :func:`stage_times` gives a
+  placed partition's per-replica compute, messages, all-reduce and memory
+  (:class:`StageTimes`); equations 3, 6 and 7 of Parmesan and the simulator-consistent
+  ``overlap`` objective are named views of it (:data:`VIEWS`, :func:`view_seconds`); the
+  formulas themselves are written once in :mod:`shardplan.cost._formulas`.
 
 Everything is NumPy: a whole partition is a few ``np.bincount`` over its assignment array.
 """
@@ -22,6 +28,13 @@ from shardplan.cost._compute import (
     partition_compute_seconds,
     split_work,
     stage_compute_seconds,
+)
+from shardplan.cost._formulas import (
+    OPTIMIZER_FLOPS,
+    message_seconds,
+    optimizer_seconds,
+    ring_allreduce_seconds,
+    work_seconds,
 )
 from shardplan.cost._memory import (
     OPTIMIZER_STATE,
@@ -33,6 +46,15 @@ from shardplan.cost._memory import (
     stage_memory_bytes,
 )
 from shardplan.cost._model import CostModel, lower_bound_seconds, plan_arrays
+from shardplan.cost._pipeline import (
+    OBJECTIVE_NAMES,
+    VIEWS,
+    StageTimes,
+    pipeline_factor,
+    stage_times,
+    view_of_objective,
+    view_seconds,
+)
 from shardplan.cost._sharding import (
     SHARDING_OBJECTIVE,
     component_weights,
@@ -61,5 +83,8 @@ __all__ = [
     "stage_memory_bytes", "stage_traffic", "stage_transfer_seconds", "transfer_seconds",
     "transfer_seconds_matrix", "transfer_seconds_pairs",
 ]
+__all__ += ["OBJECTIVE_NAMES", "OPTIMIZER_FLOPS", "VIEWS", "StageTimes", "message_seconds",
+            "optimizer_seconds", "pipeline_factor", "ring_allreduce_seconds", "stage_times",
+            "view_of_objective", "view_seconds", "work_seconds"]
 __all__ += ["SHARDING_OBJECTIVE", "component_weights", "cross_edge_cost", "plan_components",
             "sharding_cost", "sharding_terms", "weight_imbalance"]

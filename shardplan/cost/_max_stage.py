@@ -1,143 +1,75 @@
-"""The ``max-stage`` objective: the largest stage time of a pipeline plan.
+"""The ``max-stage`` objective: the largest stage time of a pipeline plan, under a view.
 
-Which formula depends on the plan's recorded objective name:
-
-- ``max_stage_seconds`` (a partition, Parmesan section 4, equations 1-3):
-  :func:`partition_max_stage`, the cost model's :meth:`CostModel.stage_seconds` with the
-  cost-model settings the partitioner recorded in ``plan.options``, infinite when a stage
-  does not fit in memory;
-- ``max_stage_seconds_p2p`` / ``max_stage_seconds_allreduce`` (a mapping, Parmesan section 5,
-  equations 6-7): :mod:`shardplan.cost._mapping` (issue #5).
+A plan records which view of the one stage-time model its objective used
+(:data:`~shardplan.cost._pipeline.OBJECTIVE_NAMES`): ``max_stage_seconds`` (Parmesan's
+equation 3, what partitions recorded before the execution settings existed),
+``max_stage_seconds_p2p`` / ``max_stage_seconds_allreduce`` (equations 6 and 7, mappings) or
+``max_stage_seconds_overlap`` (the simulator-consistent view). ``shardplan cost --objective
+max-stage`` evaluates that view from the three files with the plan's execution settings
+(overridden by ``--option KEY=VALUE``), so it reproduces what the planner recorded.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
-from shardplan.cost._memory import SCHEDULES, in_flight_microbatches, optimizer_state_factor
-from shardplan.cost._model import CostModel, plan_arrays
+from shardplan.cost._model import CostModel
+from shardplan.cost._pipeline import (
+    OBJECTIVE_NAMES,
+    VIEWS,
+    StageTimes,
+    stage_times,
+    view_of_objective,
+)
 from shardplan.errors import ShardplanError
-from shardplan.ir import Graph, Plan, Topology
+from shardplan.ir import ExecutionSettings, Graph, Plan, Topology
 from shardplan.objectives import Evaluation, objective
 
-__all__ = ["PipelineSettings", "partition_max_stage", "pipeline_stage_seconds"]
-
-MAPPING_OBJECTIVES = ("max_stage_seconds_p2p", "max_stage_seconds_allreduce")
+__all__ = ["plan_stage_times", "plan_view"]
 
 
-@dataclass(frozen=True, slots=True)
-class PipelineSettings:
-    """The cost-model settings of a pipeline partition, as plans record them in ``options``.
-
-    Attributes
-    ----------
-    efficiency : float
-        Fraction of peak FLOP/s reached (default 1.0).
-    optimizer : str
-        Optimizer whose state the memory model counts (default ``adam``).
-    microbatches : int
-        Micro-batches per iteration (default 8); with ``schedule`` it fixes the activations
-        each stage keeps in flight (:func:`~shardplan.cost.in_flight_microbatches`).
-    schedule : {"1f1b", "gpipe"}
-        Default ``1f1b``.
-    """
-
-    efficiency: float = 1.0
-    optimizer: str = "adam"
-    microbatches: int = 8
-    schedule: str = "1f1b"
-
-    KEYS = ("efficiency", "optimizer", "microbatches", "schedule")
-
-    @classmethod
-    def from_options(cls, options: Mapping[str, Any]) -> PipelineSettings:
-        """Read the settings from a plan's (or a command line's) options; others ignored."""
-        kw = {k: options[k] for k in cls.KEYS if options.get(k) is not None}
-        s = cls(**kw)
-        if isinstance(s.efficiency, bool) or not isinstance(s.efficiency, (int, float)) \
-                or not 0 < s.efficiency <= 1:
-            raise ShardplanError(f"efficiency must be in (0, 1], got {s.efficiency!r}")
-        optimizer_state_factor(s.optimizer)
-        if isinstance(s.microbatches, bool) or not isinstance(s.microbatches, (int, np.integer)) \
-                or s.microbatches < 1:
-            raise ShardplanError(f"microbatches must be a positive integer, got "
-                                 f"{s.microbatches!r}")
-        if s.schedule not in SCHEDULES:
-            raise ShardplanError(f"unknown schedule {s.schedule!r} (choose from "
-                                 f"{', '.join(SCHEDULES)})")
-        return s
-
-    def to_options(self) -> dict[str, Any]:
-        return {"efficiency": float(self.efficiency), "optimizer": self.optimizer,
-                "microbatches": int(self.microbatches), "schedule": self.schedule}
-
-    def model(self, graph: Graph, topology: Topology) -> CostModel:
-        return CostModel(graph, topology, optimizer=self.optimizer,
-                         efficiency=float(self.efficiency))
+def plan_stage_times(plan: Plan, graph: Graph, topology: Topology,
+                     settings: ExecutionSettings | None = None) -> StageTimes:
+    """The :class:`StageTimes` of ``plan`` as placed, under ``settings`` (default: the
+    plan's own). Stages run in pipeline order
+    (:func:`~shardplan.cost._pipeline.pipeline_positions`). O(n + m log m + S^2 + messages)."""
+    settings = plan.settings if settings is None else settings
+    model = CostModel.from_settings(graph, topology, settings)
+    a = plan.assignment(graph.num_nodes)
+    return stage_times(model, a, [st.devices for st in plan.stages],
+                       num_stages=plan.num_stages)
 
 
-def pipeline_stage_seconds(model: CostModel, assignment: np.ndarray, stage_devices: np.ndarray,
-                           settings: PipelineSettings) -> tuple[np.ndarray, np.ndarray,
-                                                                np.ndarray]:
-    """Stage times of a partition: equation 3, ``inf`` for a stage that does not fit.
-
-    Returns ``(seconds, memory_bytes, fits)``, each of shape (k,): the cost model's
-    :meth:`~CostModel.stage_seconds` (per micro-batch, replicas sharing it), the memory per
-    device of each stage with the micro-batches its position in the pipeline keeps in flight,
-    and whether that fits the smallest memory among the stage's devices. O(n + m log m + r k^2).
-    """
-    k = stage_devices.shape[0]
-    seconds = model.stage_seconds(assignment, stage_devices, k)
-    flight = in_flight_microbatches(k, int(settings.microbatches), settings.schedule)
-    mem = model.partition_memory_bytes(assignment, k, in_flight=flight,
-                                       replicas=stage_devices.shape[1])
-    have = model.topology.device_memory[stage_devices].min(axis=1)
-    fits = mem <= have
-    return np.where(fits, seconds, np.inf), mem, fits
-
-
-def partition_max_stage(plan: Plan, graph: Graph, topology: Topology,
-                        options: Mapping[str, Any]) -> Evaluation:
-    """``max_stage_seconds`` of a partition plan (Parmesan equation 1).
-
-    The cost-model settings are the plan's recorded ``options`` (see
-    :class:`PipelineSettings`), overridden by ``options`` (``shardplan cost --option``).
-    Stages are numbered in plan order, which is their pipeline order (stage 0 keeps the most
-    micro-batches in flight under 1F1B).
-    """
-    merged = dict(plan.options)
-    merged.update(options)
-    settings = PipelineSettings.from_options(merged)
-    assignment, devices = plan_arrays(plan, graph)
-    model = settings.model(graph, topology)
-    seconds, mem, fits = pipeline_stage_seconds(model, assignment, devices, settings)
-    value = float(seconds.max()) if seconds.size else 0.0
-    details = {
-        "stage_seconds": [None if not math.isfinite(x) else float(x) for x in seconds],
-        "stage_memory_bytes": [float(x) for x in mem],
-        "fits_memory": [bool(x) for x in fits],
-        "settings": settings.to_options(),
-    }
-    return "max_stage_seconds", value, details
+def plan_view(plan: Plan) -> str:
+    """The view a plan's recorded objective used (``eq3`` for an unnamed legacy one)."""
+    name = plan.objective.name
+    if name in ("", "max_stage_seconds"):
+        return "eq3"
+    return view_of_objective(name)
 
 
 @objective("max-stage")
 def max_stage(plan: Plan, graph: Graph, topology: Topology, *, model: str | None = None,
               **options: Any) -> Evaluation:
-    """Evaluate the plan's max-stage objective; ``model`` (``p2p``/``allreduce``) forces the
-    mapping formulas of section 5 whatever the plan recorded."""
-    name = plan.objective.name
-    if model is not None:
-        if model not in ("p2p", "allreduce"):
-            raise ShardplanError(f"model must be p2p or allreduce, got {model!r}")
-        name = f"max_stage_seconds_{model}"
-    if name in MAPPING_OBJECTIVES:
-        from shardplan.cost._mapping import mapped_max_stage
-
-        return mapped_max_stage(plan, graph, topology, name.rsplit("_", 1)[1], options)
-    return partition_max_stage(plan, graph, topology, options)
+    """Evaluate the plan's max-stage objective: the view it recorded, or ``model`` (one of
+    :data:`VIEWS`) to force another; ``options`` override the plan's execution settings.
+    A stage that does not fit in memory makes the value infinite. O(n + m log m + S^2 R)."""
+    view = plan_view(plan) if model is None else model
+    if view not in VIEWS:
+        raise ShardplanError(f"model must be one of {', '.join(VIEWS)}, got {view!r}")
+    settings, _ = plan.settings.override(**options)
+    st = plan_stage_times(plan, graph, topology, settings)
+    seconds = st.stage_seconds(view)
+    value = float(seconds.max()) if seconds.size else 0.0
+    details = {
+        "view": view,
+        "stage_seconds": [None if not math.isfinite(x) else float(x) for x in seconds],
+        "replica_seconds": [[float(x) for x in row[:r]] for row, r in
+                            zip(st.replica_seconds(view), st.replicas, strict=True)],
+        "stage_memory_bytes": [float(x) for x in st.memory],
+        "fits_memory": [bool(x) for x in st.fits],
+        "allreduce_seconds": [float(x) for x in st.allreduce],
+        "settings": settings.to_dict(),
+    }
+    return OBJECTIVE_NAMES[view], value, details

@@ -7,12 +7,13 @@ of the paper lacks. The model below is ours; each term says where it comes from.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from shardplan.cost._checks import check_assignment, check_nodes
+from shardplan.cost._formulas import OPTIMIZER_STATE, stage_memory
 from shardplan.cost._transfer import cut_tensors
 from shardplan.errors import ShardplanError
 from shardplan.ir import Graph
@@ -20,19 +21,7 @@ from shardplan.ir import Graph
 __all__ = ["OPTIMIZER_STATE", "SCHEDULES", "in_flight_microbatches", "optimizer_state_factor",
            "partition_memory_breakdown", "partition_memory_bytes", "stage_memory_bytes"]
 
-OPTIMIZER_STATE: Mapping[str, float] = {
-    "sgd": 0.0,
-    "sgd-momentum": 1.0,
-    "momentum": 1.0,
-    "adam": 2.0,
-    "adamw": 2.0,
-}
-"""Optimizer state per parameter, in parameter copies: momentum is one buffer, Adam keeps the
-first and second moments (Kingma & Ba 2015, Algorithm 1)."""
-
-SCHEDULES = ("gpipe", "1f1b")
-
-_MASTER_BYTES = 4  # fp32 master weights and optimizer state under mixed precision
+SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
 
 
 def optimizer_state_factor(optimizer: str) -> float:
@@ -45,13 +34,14 @@ def optimizer_state_factor(optimizer: str) -> float:
 
 
 def in_flight_microbatches(num_stages: int, num_microbatches: int,
-                           schedule: str = "1f1b") -> np.ndarray:
+                           schedule: str = "1f1b", *, virtual_stages: int = 2) -> np.ndarray:
     """Micro-batches whose activations stage s holds at its peak, for every stage.
 
     GPipe runs all M forwards before any backward, so every stage holds ``M`` (Huang et al.
     2019, section 2.3). 1F1B (PipeDream-Flush, Narayanan et al. 2021; DAPPLE) starts the
     backward of a micro-batch as soon as it can, so stage s (0-based, of S) holds
-    ``min(S - s, M)``.
+    ``min(S - s, M)``. Interleaved 1F1B: the peak along the schedule's action lists
+    (:meth:`shardplan.ir.schedule.Schedule.in_flight`), ``virtual_stages`` stages per rank.
 
     Examples
     --------
@@ -70,6 +60,12 @@ def in_flight_microbatches(num_stages: int, num_microbatches: int,
                              f"{', '.join(SCHEDULES)})")
     if schedule == "gpipe":
         return np.full(num_stages, num_microbatches, dtype=np.int64)
+    if schedule == "interleaved-1f1b":
+        from shardplan.ir.schedule import make_schedule
+
+        sch = make_schedule(schedule, num_stages, num_microbatches,
+                            virtual_stages=virtual_stages)
+        return np.asarray(sch.in_flight(), dtype=np.int64)
     return np.minimum(num_stages - np.arange(num_stages), num_microbatches).astype(np.int64)
 
 
@@ -139,7 +135,7 @@ def partition_memory_breakdown(
     activations, since data-parallel replicas each hold all parameters. O(m log m + n + k).
     """
     a, k = check_assignment(graph, assignment, num_stages)
-    factor = optimizer_state_factor(optimizer)
+    optimizer_state_factor(optimizer)  # validates the name
     bad_width = isinstance(param_dtype_bytes, bool) or not isinstance(
         param_dtype_bytes, (int, np.integer)) or param_dtype_bytes < 1
     if mixed_precision and bad_width:
@@ -149,30 +145,18 @@ def partition_memory_breakdown(
     reps = _check_scale("replicas", replicas, k, low=1.0)
 
     params = np.bincount(a, weights=graph.param_bytes.astype(np.float64), minlength=k)
-    if mixed_precision:
-        master = params * (_MASTER_BYTES / param_dtype_bytes)
-        opt = factor * master
-    else:
-        master = np.zeros(k)
-        opt = factor * params
     outputs = np.bincount(a, weights=graph.output_bytes.astype(np.float64), minlength=k)
     _, to_stage, nbytes, _ = cut_tensors(graph, a, k, dedupe=True)
     received = np.bincount(to_stage, weights=nbytes, minlength=k)
-    if recompute:
-        is_input = graph.in_degree == 0
-        inputs = np.bincount(a[is_input], weights=graph.output_bytes[is_input].astype(
-            np.float64), minlength=k)
-        acts = flight * (received + inputs) + (outputs - inputs)
-    else:
-        acts = flight * (outputs + received)
-    acts = acts / reps
-    if graph.memory_bytes is None:
-        extra = np.zeros(k)
-    else:
-        extra = np.bincount(a, weights=np.nan_to_num(graph.memory_bytes, nan=0.0), minlength=k)
-    total = params + params + master + opt + acts + extra
-    return {"params": params, "gradients": params.copy(), "master": master, "optimizer": opt,
-            "activations": acts, "extra": extra, "total": total}
+    is_input = graph.in_degree == 0
+    inputs = np.bincount(a[is_input], weights=graph.output_bytes[is_input].astype(
+        np.float64), minlength=k)
+    extra = np.zeros(k) if graph.memory_bytes is None else np.bincount(
+        a, weights=np.nan_to_num(graph.memory_bytes, nan=0.0), minlength=k)
+    return stage_memory(params=params, outputs=outputs, received=received, inputs=inputs,
+                        extra=extra, in_flight=flight, replicas=reps, optimizer=optimizer,
+                        recompute=recompute, mixed_precision=mixed_precision,
+                        param_dtype_bytes=param_dtype_bytes)
 
 
 def partition_memory_bytes(

@@ -11,6 +11,7 @@ import numpy as np
 
 from shardplan.cost._checks import check_assignment, check_nodes, check_positive
 from shardplan.cost._compute import split_work
+from shardplan.cost._formulas import work_seconds
 from shardplan.cost._memory import (
     optimizer_state_factor,
     partition_memory_breakdown,
@@ -18,13 +19,12 @@ from shardplan.cost._memory import (
 from shardplan.cost._transfer import (
     allreduce_seconds,
     inverse_bandwidth,
-    replica_transfer_seconds,
     stage_devices_array,
     stage_traffic,
     stage_transfer_seconds,
 )
 from shardplan.errors import ShardplanError
-from shardplan.ir import Graph, Plan, Topology
+from shardplan.ir import ExecutionSettings, Graph, Plan, Topology
 
 __all__ = ["CostModel", "lower_bound_seconds", "plan_arrays"]
 
@@ -37,13 +37,17 @@ def _device_speed(topology: Topology, profile_flops: float | None) -> np.ndarray
 
 def lower_bound_seconds(graph: Graph, topology: Topology, num_devices: int | None = None, *,
                         efficiency: float = 1.0, recompute: bool = False,
-                        profile_flops: float | None = None) -> float:
+                        profile_flops: float | None = None, replicas: int = 1) -> float:
     """A lower bound on the largest stage time of any partition onto ``num_devices`` devices.
 
-    ``max(W / D, w_max)`` where ``w_v`` is node v's forward + backward seconds on the
+    ``max(W / D, w_max / R)`` where ``w_v`` is node v's forward + backward seconds on the
     topology's fastest device (:func:`~shardplan.cost.node_seconds` at its peak), ``W`` their
-    sum and ``D = num_devices`` (default: all of the topology's). Some stage does at least an
-    ``1/D`` share of the work, and no node is split; communication, at least 0, is left out.
+    sum, ``D = num_devices`` (default: all of the topology's) and ``R = replicas`` the most
+    replicas a stage has. A stage's replicas split its micro-batches, so a replica computes
+    ``1/R`` of its stage's work: some replica does at least a ``1/D`` share of all the work,
+    and the one holding the largest node at least ``w_max / R``. Every stage-time view
+    (:mod:`shardplan.cost._pipeline`) is at least the replica's compute, so this bounds them
+    all; communication, at least 0, is left out.
 
     Notes
     -----
@@ -62,6 +66,8 @@ def lower_bound_seconds(graph: Graph, topology: Topology, num_devices: int | Non
     ...              bandwidth=[[0, 1e9], [1e9, 0]], latency=[[0, 0], [0, 0]])
     >>> lower_bound_seconds(g, t)  # work 1.5, 1.5, 6 s at 2e12 FLOP/s
     6.0
+    >>> lower_bound_seconds(g, t, 2, replicas=2)  # max(9 / 2, 6 / 2)
+    4.5
     """
     if num_devices is None:
         num_devices = topology.num_devices
@@ -70,7 +76,7 @@ def lower_bound_seconds(graph: Graph, topology: Topology, num_devices: int | Non
         raise ShardplanError(f"num_devices must be a positive integer, got {num_devices!r}")
     model = CostModel(graph, topology, efficiency=efficiency, recompute=recompute,
                       profile_flops=profile_flops)
-    return model.lower_bound_seconds(int(num_devices))
+    return model.lower_bound_seconds(int(num_devices), replicas=replicas)
 
 
 def plan_arrays(plan: Plan, graph: Graph) -> tuple[np.ndarray, np.ndarray]:
@@ -122,7 +128,7 @@ class CostModel:
     >>> t = Topology(name="t", devices=(Device("a", 1e9, 1e12), Device("b", 1e9, 1e12)),
     ...              bandwidth=[[0, 1e9], [1e9, 0]], latency=[[0, 1e-3], [1e-3, 0]])
     >>> cm = CostModel(g, t, optimizer="sgd")
-    >>> cm.stage_seconds([0, 1], [0, 1]).tolist()  # 3 s compute + 2 x (1 ms + 1 ms) comm
+    >>> cm.stage_seconds([0, 1], [0, 1]).round(9).tolist()  # 3 s + 2 x (1 ms + 1 ms) comm
     [3.004, 6.004]
     >>> cm.partition_memory_bytes([0, 1], in_flight=[2, 1]).tolist()
     [10000000.0, 1000000.0]
@@ -137,6 +143,32 @@ class CostModel:
     efficiency: float = 1.0
     recompute: bool = False
     profile_flops: float | None = None
+    execution: ExecutionSettings | None = None
+
+    @classmethod
+    def from_settings(cls, graph: Graph, topology: Topology | None,
+                      settings: ExecutionSettings) -> CostModel:
+        """The cost model of ``graph`` run as ``settings`` say: the graph taken to the
+        settings' micro-batch size (:meth:`Graph.at_batch_size`), their optimizer,
+        precision, efficiency, recomputation and profile speed. O(n + m)."""
+        resolved = settings.resolve(graph)
+        return cls(resolved.graph_for(graph), topology, optimizer=resolved.optimizer,
+                   mixed_precision=resolved.mixed_precision,
+                   param_dtype_bytes=resolved.param_dtype_bytes,
+                   efficiency=resolved.efficiency_or_peak, recompute=resolved.recompute,
+                   profile_flops=resolved.profile_flops, execution=resolved)
+
+    @property
+    def settings(self) -> ExecutionSettings:
+        """The execution settings this model prices (built from its keywords when it was
+        not made by :meth:`from_settings`)."""
+        if self.execution is not None:
+            return self.execution
+        return ExecutionSettings(
+            microbatch_size=int(self.graph.batch_size), optimizer=self.optimizer,
+            mixed_precision=self.mixed_precision, param_dtype_bytes=self.param_dtype_bytes,
+            efficiency=self.efficiency, recompute=self.recompute,
+            profile_flops=self.profile_flops)
 
     def __post_init__(self) -> None:
         if not isinstance(self.graph, Graph):
@@ -190,8 +222,8 @@ class CostModel:
         d = self._device(device)
         fm, ff, bm, bf = self._work
         rate, speed = self.device_rate[d], self.device_speed[d]
-        fwd = fm / speed + ff / rate
-        bwd = bm / speed + bf / rate
+        fwd = work_seconds(fm, ff, speed, rate)
+        bwd = work_seconds(bm, bf, speed, rate)
         return fwd, (bwd + fwd if self.recompute else bwd)
 
     def stage_compute_seconds(self, nodes: Sequence[int] | np.ndarray,
@@ -200,8 +232,8 @@ class CostModel:
         d = self._device(device)
         mask = check_nodes(self.graph, nodes)
         fm, ff, bm, bf = (float(w[mask].sum()) for w in self._work)
-        fwd = fm / self.device_speed[d] + ff / self.device_rate[d]
-        bwd = bm / self.device_speed[d] + bf / self.device_rate[d]
+        fwd = float(work_seconds(fm, ff, self.device_speed[d], self.device_rate[d]))
+        bwd = float(work_seconds(bm, bf, self.device_speed[d], self.device_rate[d]))
         return fwd, (bwd + fwd if self.recompute else bwd)
 
     def stage_work(self, assignment: Sequence[int] | np.ndarray,
@@ -222,10 +254,8 @@ class CostModel:
         """
         fm, ff, bm, bf = self.stage_work(assignment, num_stages)
         mult = 2.0 if self.recompute else 1.0
-        meas = fm * mult + bm
-        flops = ff * mult + bf
-        return meas[:, None] / self.device_speed[None, :] + flops[:, None] / \
-            self.device_rate[None, :]
+        return work_seconds((fm * mult + bm)[:, None], (ff * mult + bf)[:, None],
+                            self.device_speed[None, :], self.device_rate[None, :])
 
     def partition_compute_seconds(self, assignment: Sequence[int] | np.ndarray,
                                   stage_devices: Any, num_stages: int | None = None
@@ -234,8 +264,8 @@ class CostModel:
         fm, ff, bm, bf = self.stage_work(assignment, num_stages)
         dev = stage_devices_array(self._topo(), stage_devices, fm.shape[0])[:, 0]
         speed, rate = self.device_speed[dev], self.device_rate[dev]
-        fwd = fm / speed + ff / rate
-        bwd = bm / speed + bf / rate
+        fwd = work_seconds(fm, ff, speed, rate)
+        bwd = work_seconds(bm, bf, speed, rate)
         return fwd, (bwd + fwd if self.recompute else bwd)
 
     # ------------------------------------------------------------------ communication
@@ -255,22 +285,19 @@ class CostModel:
                       num_stages: int | None = None) -> np.ndarray:
         """Time of every stage for one micro-batch: Parmesan's equation 3.
 
-        ``t(s) = max over replicas i of [ C[s, p_i(s)] / r + c_m_i(s) ]``: compute (forward +
-        backward) on the replica's device, divided by the r replicas that share the
-        micro-batch (equation 3's ``/(d - d')``), plus the replica's communication
-        (:func:`stage_transfer_seconds`, which already carries ``1/r`` of the bytes). The
+        The ``eq3`` view of :func:`~shardplan.cost.stage_times` (memory not checked):
+        ``t(s) = max over replicas i of [ C[s, p_i(s)] / r + c_m_i(s) ]``, compute on the
+        replica's device divided by the r replicas that share the micro-batch (equation 3's
+        ``/(d - d')``), plus every message it sends and receives in both passes. The
         pipeline's steady-state time per micro-batch is the largest ``t(s)`` (equation 1);
         gradient all-reduce is once per iteration and left to :meth:`allreduce_seconds`.
         O(n + m log m + r k^2).
         """
-        a, k = check_assignment(self.graph, assignment, num_stages)
-        dev = stage_devices_array(self._topo(), stage_devices, k)
-        r = dev.shape[1]
-        comp = self.compute_matrix(a, k)
-        b, t = stage_traffic(self.graph, a, k)
-        comm = replica_transfer_seconds(self._topo(), self.inverse_bandwidth, b, t, dev)
-        comp_r = np.take_along_axis(comp, dev, axis=1).T / r  # (r, k)
-        return (comp_r + comm).max(axis=0)
+        from shardplan.cost._pipeline import stage_times
+
+        st = stage_times(self, assignment, stage_devices, num_stages=num_stages,
+                         order=range(check_assignment(self.graph, assignment, num_stages)[1]))
+        return st.stage_seconds("eq3", memory=False)
 
     def allreduce_seconds(self, assignment: Sequence[int] | np.ndarray, stage_devices: Any,
                           num_stages: int | None = None) -> np.ndarray:
@@ -314,7 +341,8 @@ class CostModel:
         return need <= have
 
     # ------------------------------------------------------------------ bounds
-    def lower_bound_seconds(self, num_devices: int | None = None) -> float:
+    def lower_bound_seconds(self, num_devices: int | None = None, *,
+                            replicas: int = 1) -> float:
         """See :func:`lower_bound_seconds`. O(n + D)."""
         topo = self._topo()
         d = topo.num_devices if num_devices is None else int(num_devices)
@@ -325,4 +353,7 @@ class CostModel:
         work = fwd + bwd
         if work.size == 0:
             return 0.0
-        return float(max(work.sum() / d, work.max()))
+        r = int(replicas)
+        if r < 1:
+            raise ShardplanError(f"replicas must be a positive integer, got {replicas!r}")
+        return float(max(work.sum() / d, work.max() / r))

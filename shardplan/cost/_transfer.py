@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from shardplan.cost._checks import check_assignment
+from shardplan.cost._formulas import message_seconds, ring_allreduce_seconds
 from shardplan.errors import ShardplanError
 from shardplan.ir import Graph, Topology
 
@@ -85,9 +86,8 @@ def transfer_seconds_pairs(topology: Topology, src_devices: Any, dst_devices: An
         if arr.size and (int(arr.min()) < 0 or int(arr.max()) >= num):
             raise ShardplanError(f"{what} devices must lie in [0, {num})")
     inv = inverse_bandwidth(topology)
-    with np.errstate(invalid="ignore"):
-        t = topology.latency[s, d] + b * inv[s, d]
-    return np.where((s == d) | (b <= 0), 0.0, t)
+    t = message_seconds(1.0, topology.latency[s, d], b, inv[s, d])
+    return np.where(s == d, 0.0, t)
 
 
 def cut_tensors(graph: Graph, assignment: np.ndarray, num_stages: int, *,
@@ -213,18 +213,16 @@ def replica_transfer_seconds(topology: Topology, inv_bandwidth: np.ndarray,
                              devices: np.ndarray, *, gradients: bool = True) -> np.ndarray:
     """:func:`stage_transfer_seconds` of each replica, shape (r, k); inputs trusted."""
     k, r = devices.shape
-    has = traffic_bytes > 0
     out = np.zeros((r, k))
     for i in range(r):
         p = devices[:, i]
         lat = topology.latency[np.ix_(p, p)] * (p[:, None] != p[None, :])
         ib = inv_bandwidth[np.ix_(p, p)]
-        with np.errstate(invalid="ignore"):
-            fwd = np.where(has, traffic_tensors * lat + traffic_bytes / r * ib, 0.0)
-            per = fwd.sum(axis=1) + fwd.sum(axis=0)
-            if gradients:
-                bwd = np.where(has, traffic_tensors * lat.T + traffic_bytes / r * ib.T, 0.0)
-                per = per + bwd.sum(axis=1) + bwd.sum(axis=0)
+        fwd = message_seconds(traffic_tensors, lat, traffic_bytes / r, ib)
+        per = fwd.sum(axis=1) + fwd.sum(axis=0)
+        if gradients:
+            bwd = message_seconds(traffic_tensors, lat.T, traffic_bytes / r, ib.T)
+            per = per + bwd.sum(axis=1) + bwd.sum(axis=0)
         out[i] = per
     return out
 
@@ -250,5 +248,9 @@ def allreduce_seconds(topology: Topology, devices: Sequence[int] | np.ndarray,
     if r <= 1 or nbytes <= 0:
         return 0.0
     nxt = np.roll(dev, -1)
-    step = transfer_seconds_pairs(topology, dev, nxt, float(nbytes) / r)
-    return float(2 * (r - 1) * step.max())
+    inv = inverse_bandwidth(topology)
+    per = 1.0 / r * float(nbytes) * inv[dev, nxt] + topology.latency[dev, nxt]
+    worst = int(np.argmax(per))
+    return float(ring_allreduce_seconds(r, float(nbytes), topology.latency[dev[worst],
+                                                                           nxt[worst]],
+                                        inv[dev[worst], nxt[worst]]))

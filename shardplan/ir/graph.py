@@ -18,7 +18,7 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.sparse.csgraph import connected_components
 
-from shardplan.errors import InvalidFileError
+from shardplan.errors import InvalidFileError, ShardplanError
 
 __all__ = ["GRAPH_FORMAT", "Edge", "Graph", "Node"]
 
@@ -542,6 +542,39 @@ class Graph:
         adj[a[self.src], a[self.dst]] = True
         np.fill_diagonal(adj, False)
         return adj
+
+    def stage_order(self, assignment: Sequence[int] | np.ndarray,
+                    num_stages: int | None = None) -> tuple[int, ...]:
+        """The stages of a partition in pipeline order: a topological order of the stage
+        graph, ties by stage id (so a monotone partition keeps its own order). Raises
+        :class:`~shardplan.errors.ShardplanError` when the stages depend on each other in a
+        cycle (no pipeline can run them). O(m + k^2 log k).
+
+        Examples
+        --------
+        >>> g = Graph.from_arrays(name="g", fwd_flops=[1, 1, 1], src=[0, 1], dst=[1, 2])
+        >>> g.stage_order([2, 0, 1])
+        (2, 0, 1)
+        """
+        import heapq
+
+        adj = self.stage_adjacency(assignment, num_stages)
+        k = adj.shape[0]
+        indeg = adj.sum(axis=0)
+        ready = [s for s in range(k) if indeg[s] == 0]
+        heapq.heapify(ready)
+        order: list[int] = []
+        while ready:
+            s = heapq.heappop(ready)
+            order.append(s)
+            for t in np.flatnonzero(adj[s]):
+                indeg[t] -= 1
+                if indeg[t] == 0:
+                    heapq.heappush(ready, int(t))
+        if len(order) < k:
+            raise ShardplanError("the plan's stages depend on each other in a cycle: no "
+                                 "pipeline schedule can run them")
+        return tuple(order)
 
     def stage_graph(self, assignment: Sequence[int] | np.ndarray,
                     num_stages: int | None = None) -> np.ndarray:

@@ -225,12 +225,10 @@ class ExecutionSettings:
         """The settings of a plan written before the ``execution`` field: the cost-model
         keys it kept among its options, the defaults for the rest."""
         kw = {k: options[k] for k in _LEGACY_OPTION_KEYS if options.get(k) is not None}
-        if kw.get("schedule") not in (None, *SCHEDULES):
-            kw.pop("schedule")
         try:
             return cls(**kw)
-        except (ShardplanError, TypeError):
-            return cls()
+        except ShardplanError as exc:
+            raise InvalidFileError(f"plan options: {exc}") from None
 
 
 def _show(v: Any) -> str:

@@ -4,8 +4,9 @@ own device.
 ``optimal`` (:mod:`.optimal`): Algorithm 1, binary search on the target max stage time with
 an exact backtracking inner search; ``consecutive`` (:mod:`.consecutive`): consecutive stages
 on consecutive devices, the common heuristic the paper compares with. Both evaluate the
-stage-time models of :mod:`._stage_time` (equation 6, ``p2p``; equation 7, ``allreduce``),
-which ``shardplan cost --objective max-stage`` evaluates too.
+views of the one stage-time model (:mod:`._stage_time`: ``overlap``, the simulator's;
+equation 6, ``p2p``; equation 7, ``allreduce``), which ``shardplan cost --objective
+max-stage`` evaluates too.
 """
 
 from shardplan.mapping import consecutive, optimal  # noqa: F401  (register the algorithms)

@@ -18,6 +18,12 @@ d, by letting the rest of the mapping be as good as it can be for s alone:
 The paper takes ``max_s min_d``. The R replicas of s need R distinct devices, so we take the
 R-th smallest over d instead of the minimum: still a valid lower bound (Proposition 5.1's
 argument per replica), never weaker.
+
+The same bounds serve every view of :mod:`._stage_time`: the communication terms combine
+with compute as the view does (a sum, or a maximum under ``overlap``), both monotone, and the
+view's weighted all-reduce adds its least possible value (latency and inverse bandwidth
+each at their least over the device's ring links: a valid, slightly looser bound than
+their least sum). A device without the memory a stage needs is never allowed (``inf``).
 """
 
 from __future__ import annotations
@@ -28,8 +34,8 @@ import numpy as np
 
 from shardplan.mapping._stage_time import MappingProblem
 
-__all__ = ["allreduce_node_bounds", "lower_bound", "min_pair_costs", "p2p_node_bounds",
-           "ring_bottleneck"]
+__all__ = ["allreduce_min", "allreduce_node_bounds", "lower_bound", "min_pair_costs",
+           "p2p_node_bounds", "ring_bottleneck"]
 
 
 def min_pair_costs(problem: MappingProblem) -> dict[tuple[int, int], np.ndarray]:
@@ -47,26 +53,63 @@ def p2p_node_bounds(problem: MappingProblem) -> np.ndarray:
     from scipy.optimize import linear_sum_assignment  # lazily: 0.15 s to import
 
     s_count, d_count = problem.compute.shape
-    out = problem.compute.copy()
+    comm = np.zeros_like(problem.compute)
     for s in range(s_count):
         nbrs = np.flatnonzero(problem.adjacent[s])
         if nbrs.size == 0:
             continue
         costs = np.stack([problem.pair_cost(s, int(t)) for t in nbrs])  # (k, D, D)
         if nbrs.size == 1:
-            out[s] += costs[0].min(axis=1)
+            comm[s] += costs[0].min(axis=1)
             continue
         if nbrs.size > d_count - 1:
-            out[s] = np.inf
+            comm[s] = np.inf
             continue
         for d in range(d_count):
             block = np.delete(costs[:, d, :], d, axis=1)  # (k, D - 1)
             if not np.all(np.isfinite(block.min(axis=1))):
-                out[s, d] = np.inf
+                comm[s, d] = np.inf
                 continue
             big = np.where(np.isfinite(block), block, 1e300)
             rows, cols = linear_sum_assignment(big)
-            out[s, d] += float(block[rows, cols].sum())
+            comm[s, d] += float(block[rows, cols].sum())
+    out = problem.combine(problem.compute, comm)
+    if problem.ar_weight:
+        out = out + problem.ar_weight * allreduce_min(problem)
+    return np.where(problem.fits, out, np.inf)
+
+
+def allreduce_min(problem: MappingProblem) -> np.ndarray:
+    """The least all-reduce seconds a replica of stage s on device d can see, (S, D).
+
+    A ring link ``x -> y`` costs ``a_s lat[x, y] + k_s / B[x, y]``; d's ring has a link out
+    of d and one into d, so its slowest link costs at least the cheaper of d's links in
+    either direction, and (R >= 3, symmetric topology: two distinct neighbours) at least the
+    second cheapest link at d. Evaluated per stage (O(S D^2)); above 1024 devices the two
+    terms are bounded separately per direction (O(D^2 + S D), looser)."""
+    if problem.num_replicas == 1:
+        return np.zeros_like(problem.compute)
+    ib = problem.inv_bandwidth.copy()
+    np.fill_diagonal(ib, np.inf)
+    lat = problem.latency.copy()
+    np.fill_diagonal(lat, np.inf)
+    k, a = problem.allreduce_factor, problem.allreduce_latency_factor
+    s_count, d_count = problem.compute.shape
+    out = np.zeros((s_count, d_count))
+    symmetric = problem.num_replicas >= 3 and d_count >= 3 and np.array_equal(ib, ib.T) \
+        and np.array_equal(lat, lat.T)
+    with np.errstate(invalid="ignore"):
+        if d_count > 1024:
+            for s in np.flatnonzero(k > 0):
+                out[s] = np.maximum(a[s] * lat.min(axis=1) + k[s] * ib.min(axis=1),
+                                    a[s] * lat.min(axis=0) + k[s] * ib.min(axis=0))
+            return out
+        for s in np.flatnonzero(k > 0):
+            cost = a[s] * lat + k[s] * ib
+            if symmetric:
+                out[s] = np.partition(cost, 1, axis=1)[:, 1]
+            else:
+                out[s] = np.maximum(cost.min(axis=1), cost.min(axis=0))
     return out
 
 
@@ -82,13 +125,7 @@ def _allreduce_link_bound(problem: MappingProblem) -> np.ndarray:
 def allreduce_node_bounds(problem: MappingProblem) -> np.ndarray:
     """Equation 9's inner term ``c_u(s, d) + c_AR^min(s, d)`` for every (s, d), (S, D).
     O(D^2 log D + S D)."""
-    if problem.num_replicas == 1:
-        return problem.compute.copy()
-    link = _allreduce_link_bound(problem)
-    k = problem.allreduce_factor
-    with np.errstate(invalid="ignore"):
-        ar = np.where(k[:, None] > 0, k[:, None] * link[None, :], 0.0)
-    return problem.compute + ar
+    return np.where(problem.fits, problem.compute + allreduce_min(problem), np.inf)
 
 
 def ring_bottleneck(inv_bandwidth: np.ndarray, size: int,
@@ -140,18 +177,25 @@ def lower_bound(problem: MappingProblem, model: str,
     ``t(s) >= R-th smallest C[s, .] + 2 (R - 1) P(s) / R * ring_bottleneck`` (it beats
     eq. 9 when R exceeds the groups of fast devices, as on ``random-blk-*``)."""
     if node_bounds is None:
-        node_bounds = p2p_node_bounds(problem) if model == "p2p" else \
-            allreduce_node_bounds(problem)
+        node_bounds = allreduce_node_bounds(problem) if model == "allreduce" else \
+            p2p_node_bounds(problem)
     r = problem.num_replicas
     if node_bounds.size == 0:
         return 0.0
     kth = np.partition(node_bounds, r - 1, axis=1)[:, r - 1]
     best = float(kth.max())
-    if model == "allreduce" and r > 1:
+    if problem.ar_weight and r > 1:
         ring = ring_bottleneck(problem.inv_bandwidth, r)
-        comp = np.partition(problem.compute, r - 1, axis=1)[:, r - 1]
-        k = problem.allreduce_factor
+        lat = problem.latency.copy()
+        np.fill_diagonal(lat, np.inf)
+        comp = np.partition(np.where(problem.fits, problem.compute, np.inf), r - 1,
+                            axis=1)[:, r - 1]
+        k, a = problem.allreduce_factor, problem.allreduce_latency_factor
         with np.errstate(invalid="ignore"):
-            per = comp + np.where(k > 0, k * ring, 0.0)
+            ar = np.where(k > 0, k * ring + a * float(lat.min()), 0.0)
+        if model == "allreduce":
+            per = comp + ar
+        else:  # the replica's time is at least its compute, plus the weighted all-reduce
+            per = problem.combine(comp, 0.0) + problem.ar_weight * ar
         best = max(best, float(per.max()))
     return best

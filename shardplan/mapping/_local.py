@@ -5,12 +5,13 @@ and heuristic mapping". A tighter start halves the interval fewer times and lets
 searches prune earlier; it changes neither the optimum nor the proof.
 
 Each step looks at a slowest vertex v of G' and the vertices whose time moves with v's
-device (its replica's adjacent stages under p2p; its stage's other replicas under
-all-reduce), and tries moving each of them to every other device: a free device, or a
-swap with the vertex there. All candidate mappings are evaluated in one vectorised batch
-(:func:`~shardplan.mapping._stage_time.p2p_times` takes leading batch dimensions); the best
-one is taken if it lowers ``(max stage time, sum of stage times)`` lexicographically, which
-also makes the search finite. O(steps x k D x S^2 R) with k the vertices tried per step.
+device (its replica's adjacent stages under p2p and overlap; its stage's other replicas
+when the view charges the all-reduce), and tries moving each of them to every other
+device: a free device, or a swap with the vertex there. All candidate mappings are
+evaluated in one vectorised batch (:func:`~shardplan.mapping._stage_time.p2p_times` takes
+leading batch dimensions); the best one is taken if it lowers ``(max stage time, sum of
+stage times)`` lexicographically, which also makes the search finite.
+O(steps x k D x S^2 R) with k the vertices tried per step.
 """
 
 from __future__ import annotations
@@ -45,10 +46,10 @@ def improve(problem: MappingProblem, model: str, devices: np.ndarray, *,
             break
         times = stage_times(problem, dev, model)
         s, r = np.unravel_index(int(np.argmax(times)), times.shape)
-        if model == "p2p":
-            movers = [(s, r)] + [(int(t), r) for t in np.flatnonzero(problem.adjacent[s])]
-        else:
-            movers = [(s, q) for q in range(R)]
+        movers = [(s, q) for q in range(R)] if model == "allreduce" or \
+            (problem.ar_weight and R > 1) else [(s, r)]
+        if model != "allreduce":
+            movers += [(int(t), r) for t in np.flatnonzero(problem.adjacent[s])]
         batch, moves = [], []
         for a, b in movers:
             d0 = dev[a, b]

@@ -242,7 +242,12 @@ def _p2p_stage_order(problem: MappingProblem) -> list[int]:
 
 
 class P2PSearch(_Base):
-    """Inner search for equation 6 (see the module docstring)."""
+    """Inner search for the ``p2p`` and ``overlap`` views (see the module docstring).
+
+    A placed replica's bound is kept as its communication part (exact for placed
+    neighbours, the cheapest possible for the others) and combined with its compute as the
+    view does; under ``overlap`` the stage's all-reduce (the largest ring link placed so
+    far, weighted) is added to every replica of the stage."""
 
     model = "p2p"
 
@@ -251,8 +256,9 @@ class P2PSearch(_Base):
         if node_bounds is None:
             node_bounds = p2p_node_bounds(problem)
         super().__init__(problem, node_bounds, use_symmetry)
+        self.model = problem.view
         minc = min_pair_costs(problem)
-        self.base = problem.compute.copy()
+        self.base = np.zeros_like(problem.compute)  # cheapest communication per (s, d)
         for (s, _t), v in minc.items():
             self.base[s] += v
         self.minc = dict(minc)
@@ -275,23 +281,34 @@ class P2PSearch(_Base):
                     lst.append((t, self.pc[(s, t)].T.copy(), self.pc[(t, s)]))
             self.links.append(lst)
         self.order = [(s, r) for r in range(self.R) for s in order]
+        # the all-reduce term (overlap with replicas): rings break the symmetry of replicas
+        self.ar_on = bool(problem.ar_weight) and self.R > 1 and \
+            bool((problem.param_bytes > 0).any())
+        self.reflect = bool(np.array_equal(problem.inv_bandwidth, problem.inv_bandwidth.T)
+                            and np.array_equal(problem.latency, problem.latency.T))
 
     def _reset(self) -> None:
-        self.bound = np.zeros((self.S, self.R))
+        self.bound = np.zeros((self.S, self.R))  # communication part of placed replicas
+        self.ar = np.zeros(self.S)  # largest ring link placed so far, per stage
         self.minc = dict(self.minc0)
         self.base = self.base0.copy()
+
+    def _time(self, s: int, d: Any, comm: Any) -> Any:
+        return self.p.combine(self.p.compute[s, d], comm)
 
     def _refresh(self) -> None:
         """At the start of a replica: the cheapest partner of every device among the *free*
         devices only (earlier replicas hold the others for good in this subtree), which
         raises every bound of this replica and of the ones after it."""
         free = np.flatnonzero(self.free)
-        self.base = self.p.compute.copy()
+        self.base = np.zeros_like(self.p.compute)
         for key, pc in self.pc.items():
             m = pc[:, free].min(axis=1) if free.size else np.full(self.D, np.inf)
             self.minc[key] = m
             self.base[key[0]] += m
-        self.allowed = self.allowed & (self.base <= self.target)
+        with np.errstate(invalid="ignore"):
+            low = self.p.combine(self.p.compute, self.base)
+        self.allowed = self.allowed & (low <= self.target)
 
     def _dfs(self, i: int) -> bool:
         if i == len(self.order):
@@ -300,8 +317,9 @@ class P2PSearch(_Base):
         s, r = self.order[i]
         k = i - r * self.S
         if k == 0 and r > 0:
+            first = self.dev[s, 0] if self.ar_on and self.R >= 3 else self.dev[s, r - 1]
             if self.symmetry and not (self.free & self.allowed[s]
-                                      & (self.ids > self.dev[s, r - 1])).any():
+                                      & (self.ids > first)).any():
                 return False  # cheap test before the refresh
             saved_state = (self.base, self.minc, self.allowed)
             self.minc = dict(self.minc)
@@ -316,16 +334,23 @@ class P2PSearch(_Base):
 
     def _place(self, i: int, s: int, r: int, k: int) -> bool:
         t = self.target
+        p = self.p
         cand = self.free & self.allowed[s]
         if self.symmetry:
             cand &= _first_free_mask(self.free, self.cls)
             if k == 0 and r > 0:
-                cand &= self.ids > self.dev[s, r - 1]
+                if not self.ar_on or self.R <= 2:  # replicas are interchangeable
+                    cand &= self.ids > self.dev[s, r - 1]
+                else:  # only rotating (and, symmetric, reflecting) the rings is free
+                    cand &= self.ids > self.dev[s, 0]
+                    if r == self.R - 1 and self.reflect:
+                        cand &= self.ids > self.dev[s, 1]
             orbit = self._orbit_min()
             if orbit is not None:
                 cand &= orbit
         if not cand.any():
             return False
+        w = p.ar_weight if self.ar_on else 0.0
         val = self.base[s].copy()
         worst = None
         nbr_new = []
@@ -335,14 +360,27 @@ class P2PSearch(_Base):
                 val += own[x] - self.minc[(s, u)]
                 nb = self.bound[u, r] + nbr[x] - self.minc[(u, s)][x]
                 nbr_new.append((u, nb))
-                worst = nb if worst is None else np.maximum(worst, nb)
-            worst = val if worst is None else np.maximum(worst, val)
+                nt = self._time(u, x, nb) + w * self.ar[u]
+                worst = nt if worst is None else np.maximum(worst, nt)
+            own_t = self._time(s, self.ids, val)
+            if w:
+                new_ar = np.full(self.D, self.ar[s])
+                if r >= 1:
+                    new_ar = np.maximum(new_ar, p.ring_cost(s, self.dev[s, r - 1], self.ids))
+                if r == self.R - 1:
+                    new_ar = np.maximum(new_ar, p.ring_cost(s, self.ids, self.dev[s, 0]))
+                placed = [self._time(s, self.dev[s, q], self.bound[s, q]) for q in range(r)]
+                own_t = np.maximum(own_t, max(placed, default=0.0)) + w * new_ar
+            else:
+                new_ar = None
+            worst = own_t if worst is None else np.maximum(worst, own_t)
             ok = cand & (worst <= t)
         choices = np.flatnonzero(ok)
         if choices.size == 0:
             return False
         choices = choices[np.argsort(worst[choices], kind="stable")]
         saved = [(u, self.bound[u, r]) for u, _ in nbr_new]
+        saved_ar = self.ar[s]
         for d in choices:
             d = int(d)
             self.dev[s, r] = d
@@ -350,6 +388,8 @@ class P2PSearch(_Base):
             self.bound[s, r] = val[d]
             for u, nb in nbr_new:
                 self.bound[u, r] = nb[d]
+            if new_ar is not None:
+                self.ar[s] = new_ar[d]
             self.remaining[s] -= 1
             old = self._fix(d)
             if self._counts_ok() and self._dfs(i + 1):
@@ -358,6 +398,7 @@ class P2PSearch(_Base):
             self.remaining[s] += 1
             self.free[d] = True
             self.dev[s, r] = -1
+            self.ar[s] = saved_ar
         for u, b in saved:
             self.bound[u, r] = b
         return False
@@ -380,8 +421,12 @@ class AllreduceSearch(_Base):
         ib = problem.inv_bandwidth.copy()
         np.fill_diagonal(ib, np.inf)
         self.ib = ib
+        lat = problem.latency.copy()
+        np.fill_diagonal(lat, np.inf)
         self.k = problem.allreduce_factor
+        self.a = problem.allreduce_latency_factor
         self.next_link = np.maximum(ib.min(axis=1), 0.0)  # least link out of d
+        self.next_lat = np.maximum(lat.min(axis=1), 0.0)
         # Reflecting a ring reverses its links: a symmetry only if bandwidth is symmetric.
         self.reflect = bool(np.array_equal(ib, ib.T))
 
@@ -397,7 +442,9 @@ class AllreduceSearch(_Base):
         if avail.size < self.R:
             return False
         comp = float(np.partition(self.p.compute[s, avail], self.R - 1)[self.R - 1])
-        return comp + k * ring_bottleneck(self.p.inv_bandwidth, self.R, avail) <= self.target
+        ring = k * ring_bottleneck(self.p.inv_bandwidth, self.R, avail) + \
+            self.a[s] * float(self.next_lat[avail].min())
+        return comp + ring <= self.target
 
     def _dfs(self, i: int) -> bool:
         if i == len(self.order):
@@ -427,12 +474,12 @@ class AllreduceSearch(_Base):
         else:
             ar = np.full(self.D, self.max_ar[s])
             if r >= 1:
-                ar = np.maximum(ar, k * self.ib[self.dev[s, r - 1]])
+                ar = np.maximum(ar, self.p.ring_cost(s, self.dev[s, r - 1], self.ids))
             if r == R - 1:
-                ar = np.maximum(ar, k * self.ib[:, self.dev[s, 0]])
+                ar = np.maximum(ar, self.p.ring_cost(s, self.ids, self.dev[s, 0]))
                 ar_bound = ar
             else:
-                ar_bound = np.maximum(ar, k * self.next_link)
+                ar_bound = np.maximum(ar, k * self.next_link + self.a[s] * self.next_lat)
         with np.errstate(invalid="ignore"):
             worst = comp + ar_bound
         ok = cand & (worst <= self.target)
@@ -465,7 +512,7 @@ def make_search(problem: MappingProblem, model: str, use_symmetry: bool = True) 
     all-reduce): the symmetry rules all prefer low ids, and so does the cheapest-first value
     order once the ids follow quality, so the two stop pulling apart. Outcomes are reported
     in the original ids."""
-    if model == "p2p":
+    if model != "allreduce":
         nb = p2p_node_bounds(problem)
         key = nb[_p2p_stage_order(problem)[0]]
         cls: type[_Base] = P2PSearch

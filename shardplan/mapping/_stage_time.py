@@ -1,33 +1,42 @@
-"""The device-mapping problem of Parmesan section 5 and its two stage-time models (eq. 6, 7).
+"""The device-mapping problem of Parmesan section 5, priced by the one stage-time model.
 
 A :class:`MappingProblem` holds everything the search needs as arrays, computed once from the
-three files: the compute time of every stage on every device, the bytes between stages, the
-stages' parameter bytes and the topology's latency and inverse bandwidth. A mapping is an
-int array ``devices`` of shape (S, R): ``devices[s, r]`` is the device of replica r of stage
-s (G' of section 5 is R copies of the stage graph; replica r of stage s talks to replica r of
-the neighbouring stages).
+three files and the plan's execution settings by :func:`build_problem`, from the same
+quantities :func:`shardplan.cost.stage_times` uses: the compute of every stage replica on
+every device, the bytes and tensors between stages, the stages' parameter bytes, the
+topology's latency and inverse bandwidth, and which devices have the memory a stage needs. A
+mapping is an int array ``devices`` of shape (S, R): ``devices[s, r]`` is the device of
+replica r of stage s (G' of section 5 is R copies of the stage graph; replica r of stage s
+talks to replica r of the neighbouring stages).
 
-Stage times, shape (S, R) (section 5.2):
+Stage times, shape (S, R), are the views of :mod:`shardplan.cost._pipeline` (the *model*):
 
 - ``p2p`` (equation 6)::
 
       t(s_r) = C[s, p(s_r)] + sum over adjacent s' of
-               latency[p(s_r), p(s'_r)] + M[s, s'] / bandwidth[p(s_r), p(s'_r)]
+               T[s, s'] (lat[x, y] + lat[y, x]) + M[s, s'] (1/B[x, y] + 1/B[y, x])
 
-- ``allreduce`` (equation 7)::
+  with ``x = p(s_r)``, ``y = p(s'_r)``: a replica is charged everything it sends and
+  receives in both passes (activations forward, gradients backward) -- equation 3's stage
+  time at this placement, so a partition's ``eq3`` value and its mapping's ``p2p`` value
+  are one function;
+- ``overlap`` (the simulator's model)::
 
-      t(s_r) = C[s, p(s_r)] + max over ring pairs (s_i, s_i+1) of
-               2 (R - 1) P(s) / (R bandwidth[p(s_i), p(s_i+1)])
+      t(s_r) = max(C[s, x], sum over adjacent s' of T[s, s'] lat[x, y] + M[s, s'] / B[x, y])
+               + AR(s) / (M + P - 1)
 
-``C[s, d]`` is the stage's forward + backward seconds on device d
-(:meth:`shardplan.cost.CostModel.compute_matrix`, at the device's peak by default),
-``M[s, s']`` the summed bytes of the graph edges between the two stages in either direction,
-``P(s)`` the stage's parameter bytes; the ring is the replicas in order ``s_0 .. s_R-1, s_0``.
+  what the replica sends (it computes meanwhile) and its stage's all-reduce spread over the
+  iteration's pipeline steps;
+- ``allreduce`` (equation 7): ``t(s_r) = C[s, p(s_r)] + AR(s)``,
+  ``AR(s) = max over ring links (x, y) of 2 (R - 1) (lat[x, y] + P(s) / (R B[x, y]))``.
 
-Decisions where the paper is silent: equation 6 prints no latency term; the issue asks for one
-per adjacent stage (one message per stage pair), which we add. Two stages are adjacent when at
-least one graph edge joins them (even one of 0 bytes: it still costs a latency). Neither
-formula divides compute by R: each replica runs its own micro-batches.
+``C[s, d]`` is the replica's share (1/R) of the stage's forward + backward seconds on device
+d, ``M[s, s']`` the bytes per replica of the tensors between the two stages (each tensor
+once per receiving stage, both directions), ``T`` their count, ``P(s)`` the stage's parameter
+bytes, the ring the replicas in order ``s_0 .. s_R-1, s_0``. A replica on a device without
+the memory its stage needs takes ``inf``. Decisions where the paper is silent: equation 6
+prints no latency term (we charge one per tensor, as the simulator sends them), and neither
+6 nor 7 divides compute by R (we do, as equation 3 does: replicas split the micro-batch).
 """
 
 from __future__ import annotations
@@ -38,18 +47,18 @@ from typing import Any
 
 import numpy as np
 
-from shardplan.cost import CostModel, inverse_bandwidth
+from shardplan.cost import CostModel, inverse_bandwidth, pipeline_factor, stage_traffic
+from shardplan.cost._memory import in_flight_microbatches
+from shardplan.cost._pipeline import pipeline_positions
 from shardplan.errors import ShardplanError
-from shardplan.ir import Graph, Plan, Topology
+from shardplan.ir import ExecutionSettings, Graph, Plan, Topology
 from shardplan.mapping._symmetry import grid_automorphisms
 
-__all__ = ["COST_OPTIONS", "MODELS", "MappingProblem", "allreduce_times", "build_problem",
-           "choose_model", "cost_options", "objective_name", "p2p_times", "permute_devices",
+__all__ = ["MODELS", "MappingProblem", "allreduce_times", "build_problem", "choose_model",
+           "cost_settings", "memory_note", "objective_name", "p2p_times", "permute_devices",
            "stage_times"]
 
-MODELS = ("p2p", "allreduce")
-#: Cost-model options a mapping takes (and records, so ``shardplan cost`` can recompute).
-COST_OPTIONS: dict[str, Any] = {"efficiency": 1.0, "recompute": False, "profile_flops": None}
+MODELS = ("overlap", "p2p", "allreduce")
 
 
 @dataclass(frozen=True, eq=False)
@@ -59,9 +68,12 @@ class MappingProblem:
     Attributes
     ----------
     compute : ndarray, shape (S, D)
-        Forward + backward seconds of stage s on device d.
+        A replica's forward + backward seconds for stage s on device d (its 1/R share).
     stage_bytes : ndarray, shape (S, S)
-        Symmetric: bytes on graph edges between stages s and s' (either direction).
+        Symmetric: bytes per replica of the tensors between stages s and s' (either
+        direction).
+    tensors : ndarray, shape (S, S)
+        Symmetric: how many tensors those are (one latency each).
     adjacent : ndarray of bool, shape (S, S)
         Symmetric, False on the diagonal: at least one graph edge joins the stages.
     param_bytes : ndarray, shape (S,)
@@ -70,6 +82,17 @@ class MappingProblem:
     latency, inv_bandwidth : ndarray, shape (D, D)
         Seconds, and seconds per byte (``inf`` where no route, 0 on the diagonal).
     device_flops : ndarray, shape (D,)
+    fits : ndarray of bool, shape (S, D)
+        Whether device d has the memory a replica of stage s needs.
+    view : {"overlap", "p2p", "allreduce"}
+        The stage-time model the pair costs below are built for.
+    pair_latency, pair_inv_bandwidth : ndarray, shape (D, D)
+        What one tensor and one byte between two stages cost a replica on x talking to one
+        on y: round trips ``lat + lat.T``, ``1/B + 1/B.T`` under ``p2p`` (both directions,
+        both passes), the sends ``lat``, ``1/B`` under ``overlap``.
+    ar_weight : float
+        Weight of the all-reduce in a stage's time: 0 (``p2p``), ``1 / (M + P - 1)``
+        (``overlap``), 1 (``allreduce``).
     automorphisms : ndarray, shape (G, D), or None
         Device permutations that preserve every stage time (a grid's translations and
         reflections, :func:`~shardplan.mapping._symmetry.grid_automorphisms`), row 0 the
@@ -78,12 +101,18 @@ class MappingProblem:
 
     compute: np.ndarray
     stage_bytes: np.ndarray
+    tensors: np.ndarray
     adjacent: np.ndarray
     param_bytes: np.ndarray
     num_replicas: int
     latency: np.ndarray
     inv_bandwidth: np.ndarray
     device_flops: np.ndarray
+    fits: np.ndarray
+    view: str
+    pair_latency: np.ndarray
+    pair_inv_bandwidth: np.ndarray
+    ar_weight: float
     automorphisms: np.ndarray | None = None
 
     @property
@@ -96,30 +125,70 @@ class MappingProblem:
 
     @property
     def allreduce_factor(self) -> np.ndarray:
-        """``2 (R - 1) P(s) / R`` of every stage, shape (S,): seconds per (byte/s)^-1."""
+        """``2 (R - 1) P(s) / R`` of every stage, shape (S,): a ring link's seconds per unit
+        of inverse bandwidth."""
         r = self.num_replicas
         return 2.0 * (r - 1) * self.param_bytes / r
 
-    def pair_cost(self, s: int, t: int) -> np.ndarray:
-        """p2p cost of stage s talking to stage t for every device pair, shape (D, D):
-        ``latency + M[s, t] * inv_bandwidth`` (inf on the diagonal: one device per replica).
-        O(D^2)."""
+    @property
+    def allreduce_latency_factor(self) -> np.ndarray:
+        """``2 (R - 1)`` for every stage with gradients to reduce, else 0, shape (S,): a
+        ring link's seconds per second of latency."""
+        r = self.num_replicas
+        return np.where((r > 1) & (self.param_bytes > 0), 2.0 * (r - 1), 0.0)
+
+    def ring_cost(self, s: int, src: Any, dst: Any) -> Any:
+        """All-reduce seconds of stage s if its slowest ring link is ``src -> dst``
+        (broadcasts over device arrays). O(size)."""
         with np.errstate(invalid="ignore"):
-            c = self.latency + self.stage_bytes[s, t] * self.inv_bandwidth
-        c = np.where(np.isnan(c), np.inf, c)
+            c = self.allreduce_latency_factor[s] * self.latency[src, dst] + \
+                self.allreduce_factor[s] * self.inv_bandwidth[src, dst]
+        return np.where(self.param_bytes[s] > 0, c, 0.0) if self.num_replicas > 1 else 0.0 * c
+
+    def combine(self, compute: Any, comm: Any) -> Any:
+        """A replica's time from its compute and its (summed) communication, without the
+        all-reduce: ``compute + comm``, or ``max`` under ``overlap``."""
+        if self.view == "overlap":
+            return np.maximum(compute, comm)
+        if self.view == "allreduce":
+            return compute + 0.0 * comm
+        return compute + comm
+
+    def pair_cost(self, s: int, t: int) -> np.ndarray:
+        """What stage s's replica on device x pays to talk to stage t's on y, shape (D, D):
+        ``T[s, t] pair_latency + M[s, t] pair_inv_bandwidth`` (inf on the diagonal: one
+        device per replica; 0 under ``allreduce``). O(D^2)."""
+        if self.view == "allreduce" or self.stage_bytes[s, t] <= 0:
+            c = np.zeros_like(self.latency)  # nothing to send: free, even without a route
+        else:
+            with np.errstate(invalid="ignore"):
+                c = self.tensors[s, t] * self.pair_latency + \
+                    self.stage_bytes[s, t] * self.pair_inv_bandwidth
+            c = np.where(np.isnan(c), np.inf, c)
+        c = c.copy()
         np.fill_diagonal(c, np.inf)
         return c
 
 
+def _resolve_view(model: str, settings: ExecutionSettings) -> str:
+    if model == "auto":
+        return "overlap" if settings.overlap else "p2p"
+    if model not in MODELS:
+        raise ShardplanError(f"model must be one of {', '.join(MODELS)} or auto, got "
+                             f"{model!r}")
+    return model
+
+
 def build_problem(plan: Plan, graph: Graph, topology: Topology, *,
-                  efficiency: float = 1.0, recompute: bool = False,
-                  profile_flops: float | None = None,
+                  settings: ExecutionSettings | None = None, model: str = "auto",
                   automorphisms: bool = False) -> MappingProblem:
-    """The mapping problem of ``plan``'s stages on ``topology``; with ``automorphisms``, also
-    the topology's known automorphism group (for the search's symmetry breaking).
+    """The mapping problem of ``plan``'s stages on ``topology`` under ``settings`` (default:
+    the plan's) and ``model`` (``auto``: ``overlap``, or ``p2p`` when the settings turn
+    overlap off); with ``automorphisms``, also the topology's known automorphism group (for
+    the search's symmetry breaking).
 
     Raises :class:`ShardplanError` when the stages have different replica counts or when
-    there are fewer devices than replicas. O(n + m + S D + D^2).
+    there are fewer devices than replicas. O(n + m log m + S D + D^2).
     """
     plan.validate(graph)
     counts = {len(st.devices) for st in plan.stages}
@@ -130,22 +199,40 @@ def build_problem(plan: Plan, graph: Graph, topology: Topology, *,
     if s_count * r > topology.num_devices:
         raise ShardplanError(f"{s_count} stages x {r} replicas need {s_count * r} devices, the "
                              f"topology has {topology.num_devices}")
+    settings = (plan.settings if settings is None else settings).resolve(graph)
+    view = _resolve_view(model, settings)
+    cm = CostModel.from_settings(graph, topology, settings)
+    g = cm.graph
     a = plan.assignment(graph.num_nodes)
-    model = CostModel(graph, topology, efficiency=efficiency, recompute=bool(recompute),
-                      profile_flops=profile_flops)
-    compute = model.compute_matrix(a, s_count)
-    m = graph.stage_graph(a, s_count)  # every edge's bytes, as equation 6 sums them
-    # Stages joined by any edge, zero-byte ones too: they still pay the latency.
+    compute = cm.compute_matrix(a, s_count) / r
+    b, t = stage_traffic(g, a, s_count)
     adj = graph.stage_adjacency(a, s_count)
-    params = np.bincount(a, weights=graph.param_bytes.astype(np.float64), minlength=s_count)
+    params = np.bincount(a, weights=g.param_bytes.astype(np.float64), minlength=s_count)
     lat = np.array(topology.latency, dtype=np.float64)
+    np.fill_diagonal(lat, 0.0)
     inv = inverse_bandwidth(topology)
     flops = np.asarray(topology.device_flops, dtype=np.float64)
+    # memory of every stage per device (placement-independent), against every device
+    order = pipeline_positions(graph, a, s_count)
+    flight = np.zeros(s_count)
+    flight[list(order)] = in_flight_microbatches(s_count, settings.microbatches,
+                                                 settings.schedule,
+                                                 virtual_stages=settings.virtual_stages)
+    mem = cm.memory_breakdown(a, s_count, in_flight=flight, replicas=r)["total"]
+    fits = mem[:, None] <= topology.device_memory[None, :]
+    if view == "p2p":
+        pair_lat, pair_inv = lat + lat.T, inv + inv.T
+    else:
+        pair_lat, pair_inv = lat, inv
+    ranks = -(-s_count // settings.stages_per_rank)
+    weight = {"p2p": 0.0, "allreduce": 1.0,
+              "overlap": 1.0 / pipeline_factor(settings.microbatches, ranks)}[view]
     group = grid_automorphisms(topology.meta, lat, inv, flops) if automorphisms else None
     return MappingProblem(
-        compute=compute, stage_bytes=m + m.T, adjacent=adj | adj.T, param_bytes=params,
-        num_replicas=int(r), latency=lat, inv_bandwidth=inv, device_flops=flops,
-        automorphisms=group)
+        compute=compute, stage_bytes=(b + b.T) / r, tensors=t + t.T, adjacent=adj | adj.T,
+        param_bytes=params, num_replicas=int(r), latency=lat, inv_bandwidth=inv,
+        device_flops=flops, fits=fits, view=view, pair_latency=pair_lat,
+        pair_inv_bandwidth=pair_inv, ar_weight=weight, automorphisms=group)
 
 
 def permute_devices(problem: MappingProblem, perm: np.ndarray) -> MappingProblem:
@@ -155,25 +242,20 @@ def permute_devices(problem: MappingProblem, perm: np.ndarray) -> MappingProblem
     if group is not None:
         inv = np.argsort(perm)
         group = inv[group[:, perm]]
+    ix = np.ix_(perm, perm)
     return MappingProblem(
         compute=problem.compute[:, perm], stage_bytes=problem.stage_bytes,
-        adjacent=problem.adjacent, param_bytes=problem.param_bytes,
-        num_replicas=problem.num_replicas, latency=problem.latency[np.ix_(perm, perm)],
-        inv_bandwidth=problem.inv_bandwidth[np.ix_(perm, perm)],
-        device_flops=problem.device_flops[perm], automorphisms=group)
+        tensors=problem.tensors, adjacent=problem.adjacent, param_bytes=problem.param_bytes,
+        num_replicas=problem.num_replicas, latency=problem.latency[ix],
+        inv_bandwidth=problem.inv_bandwidth[ix], device_flops=problem.device_flops[perm],
+        fits=problem.fits[:, perm], view=problem.view,
+        pair_latency=problem.pair_latency[ix], pair_inv_bandwidth=problem.pair_inv_bandwidth[ix],
+        ar_weight=problem.ar_weight, automorphisms=group)
 
 
 def choose_model(problem: MappingProblem) -> str:
-    """Section 5.2's automatic choice: ``allreduce`` when the all-reduce bytes exceed the
-    inter-stage bytes, else ``p2p``.
-
-    The paper compares "the allreduce communication size and total inter-stage communication
-    size" without defining either; we take ``sum_s P(s)`` (0 when R = 1: nothing to reduce)
-    against the bytes of all edges cut between stages. O(S^2).
-    """
-    ar = float(problem.param_bytes.sum()) if problem.num_replicas > 1 else 0.0
-    cut = float(np.triu(problem.stage_bytes, 1).sum())
-    return "allreduce" if ar > cut else "p2p"
+    """The model the problem was built for (``auto`` is resolved by :func:`build_problem`)."""
+    return problem.view
 
 
 def objective_name(model: str) -> str:
@@ -188,45 +270,73 @@ def _check(problem: MappingProblem, devices: Any) -> np.ndarray:
     return dev
 
 
+def _allreduce(problem: MappingProblem, dev: np.ndarray) -> np.ndarray:
+    """Every stage's all-reduce seconds on its ring, shape (..., S)."""
+    if problem.num_replicas == 1:
+        return np.zeros(dev.shape[:-1])
+    nxt = np.roll(dev, -1, axis=-1)
+    s_idx = np.arange(problem.num_stages)[:, None]
+    with np.errstate(invalid="ignore"):
+        links = problem.allreduce_latency_factor[s_idx] * problem.latency[dev, nxt] + \
+            problem.allreduce_factor[s_idx] * problem.inv_bandwidth[dev, nxt]
+    links = np.where(problem.param_bytes[s_idx] > 0, links, 0.0)
+    return links.max(axis=-1)
+
+
 def p2p_times(problem: MappingProblem, devices: Any) -> np.ndarray:
-    """Equation 6 for every replica of every stage, shape (S, R).
+    """The problem's stage time of every replica of every stage, shape (S, R), for its
+    ``p2p`` or ``overlap`` view (module docstring).
 
     ``devices`` may carry leading batch dimensions (..., S, R): a batch of mappings is
     evaluated in one vectorised pass. O(B S^2 R)."""
     dev = _check(problem, devices)
-    comp = problem.compute[np.arange(problem.num_stages)[:, None], dev]
+    s_idx = np.arange(problem.num_stages)[:, None]
+    comp = problem.compute[s_idx, dev]
     a, b = dev[..., :, None, :], dev[..., None, :, :]  # (.., S, 1, R), (.., 1, S, R)
     with np.errstate(invalid="ignore"):
-        cost = problem.latency[a, b] + problem.stage_bytes[:, :, None] * \
-            problem.inv_bandwidth[a, b]
-    cost = np.where(problem.adjacent[:, :, None], cost, 0.0)
+        cost = problem.tensors[:, :, None] * problem.pair_latency[a, b] + \
+            problem.stage_bytes[:, :, None] * problem.pair_inv_bandwidth[a, b]
     cost = np.where(np.isnan(cost), np.inf, cost)
-    return comp + cost.sum(axis=-2)
+    cost = np.where((problem.stage_bytes > 0)[:, :, None], cost, 0.0)
+    t = problem.combine(comp, cost.sum(axis=-2))
+    if problem.ar_weight:
+        t = t + problem.ar_weight * _allreduce(problem, dev)[..., None]
+    return np.where(problem.fits[s_idx, dev], t, np.inf)
 
 
 def allreduce_times(problem: MappingProblem, devices: Any) -> np.ndarray:
     """Equation 7 for every replica of every stage, shape (S, R) (or (..., S, R) for a
     batch). O(B S R)."""
     dev = _check(problem, devices)
-    comp = problem.compute[np.arange(problem.num_stages)[:, None], dev]
-    if problem.num_replicas == 1:
-        return comp
-    ib = problem.inv_bandwidth[dev, np.roll(dev, -1, axis=-1)]  # ring pairs (s_i, s_i+1)
-    k = problem.allreduce_factor
-    with np.errstate(invalid="ignore"):
-        ar = np.where(k > 0, k * ib.max(axis=-1), 0.0)
-    return comp + ar[..., None]
+    s_idx = np.arange(problem.num_stages)[:, None]
+    comp = problem.compute[s_idx, dev]
+    t = comp + _allreduce(problem, dev)[..., None]
+    return np.where(problem.fits[s_idx, dev], t, np.inf)
 
 
-def stage_times(problem: MappingProblem, devices: Any, model: str) -> np.ndarray:
-    """:func:`p2p_times` or :func:`allreduce_times` by ``model``."""
-    if model == "p2p":
-        return p2p_times(problem, devices)
-    if model == "allreduce":
+def stage_times(problem: MappingProblem, devices: Any, model: str | None = None
+                ) -> np.ndarray:
+    """The problem's stage times (its own view; ``model``, when given, must be it)."""
+    view = problem.view if model is None else model
+    if view != problem.view:
+        raise ShardplanError(f"the problem was built for {problem.view!r}, not {view!r}")
+    if view == "allreduce":
         return allreduce_times(problem, devices)
-    raise ShardplanError(f"model must be p2p or allreduce, got {model!r}")
+    return p2p_times(problem, devices)
 
 
-def cost_options(options: Mapping[str, Any]) -> dict[str, Any]:
-    """The cost-model keywords among ``options`` (defaults filled in)."""
-    return {k: options.get(k, v) for k, v in COST_OPTIONS.items()}
+def cost_settings(plan: Plan, options: Mapping[str, Any]) -> ExecutionSettings:
+    """The plan's execution settings with the execution-setting keys among ``options``."""
+    keys = set(ExecutionSettings.__dataclass_fields__) | {"global_batch"}
+    settings, _ = plan.settings.override(**{k: v for k, v in options.items() if k in keys})
+    return settings
+
+
+def memory_note(problem: MappingProblem) -> str | None:
+    """Why no device fits some stage, if so (one line)."""
+    bad = np.flatnonzero(problem.fits.sum(axis=1) < problem.num_replicas)
+    if not bad.size:
+        return None
+    return (f"stage {int(bad[0])} fits on {int(problem.fits[bad[0]].sum())} devices, it needs "
+            f"{problem.num_replicas}")
+

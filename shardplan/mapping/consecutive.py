@@ -11,15 +11,15 @@ import numpy as np
 
 from shardplan.errors import ShardplanError
 from shardplan.ir import Graph, Topology
-from shardplan.mapping._common import mapped_plan, prepare
+from shardplan.mapping._common import SETTING_KEYS, mapped_plan, prepare
 from shardplan.mapping._search import consecutive_devices
-from shardplan.mapping._stage_time import COST_OPTIONS, stage_times
+from shardplan.mapping._stage_time import stage_times
 from shardplan.registry import Progress, Result, register, take_options
 
 __all__ = ["consecutive"]
 
 DEFAULTS: dict[str, Any] = {"plan": None, "model": "auto", "order": "stage-major",
-                            **COST_OPTIONS}
+                            **SETTING_KEYS}
 
 
 @register("map", "consecutive")
@@ -30,10 +30,10 @@ def consecutive(graph: Graph, topology: Topology, *, options: Mapping[str, Any],
     Parameters
     ----------
     options : mapping
-        ``plan`` (required), ``model`` (``auto``/``p2p``/``allreduce``: only names the
-        objective evaluated), ``order``: ``stage-major`` (default; stage s's R replicas on
-        devices ``sR .. sR + R - 1``) or ``replica-major`` (replica r's pipeline on
-        ``rS .. rS + S - 1``), and the cost-model options.
+        ``plan`` (required), ``model`` (``auto``/``overlap``/``p2p``/``allreduce``: only
+        names the objective evaluated), ``order``: ``stage-major`` (default; stage s's R
+        replicas on devices ``sR .. sR + R - 1``) or ``replica-major`` (replica r's pipeline
+        on ``rS .. rS + S - 1``), and execution settings overriding the plan's.
 
     Notes
     -----

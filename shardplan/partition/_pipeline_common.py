@@ -9,11 +9,17 @@ Plan layout (what :func:`build_plan` writes, and what issues #5 and #6 read):
 - ``devices``: the *consecutive* placement, stage s replica r on device ``s * R + r`` (the
   replicas of a stage are neighbours, i.e. in one box of a dgx1 topology). Transfers are
   evaluated with this placement; issue #5 remaps later.
-- ``objective``: ``max_stage_seconds`` (:func:`shardplan.cost._max_stage.partition_max_stage`
-  with the settings in ``options``) and ``lower_bound`` = ``CostModel.lower_bound_seconds(D)``
-  (total compute / D, the largest operator) with D = S x R.
-- ``options``: the algorithm's options, with the cost-model settings resolved
-  (``efficiency, optimizer, microbatches, schedule``) and the chosen ``stages``/``replicas``.
+- ``objective``: the largest stage time under the partitioner's view of the one stage-time
+  model (:mod:`shardplan.cost._pipeline`): ``max_stage_seconds_overlap`` by default (the
+  simulator's model: compute and sends overlap, all-reduce spread over the iteration), or
+  ``max_stage_seconds`` (Parmesan's equation 3) with ``objective="eq3"``; ``lower_bound`` =
+  ``CostModel.lower_bound_seconds(D, replicas=R)`` (total compute / D, the largest operator
+  / R) with D = S x R.
+- ``execution``: the execution settings the plan was made with (:func:`pipeline_settings`:
+  the options' micro-batch size or global batch, micro-batches, schedule, optimizer, ...),
+  micro-batch size resolved; later commands read them.
+- ``options``: the algorithm's options as given, with the chosen ``stages``/``replicas``
+  and ``objective``.
 - extra top-level fields: ``stage_bytes`` (k x k bytes stage a sends stage b per micro-batch
   forward pass, each tensor once per receiving stage), ``stage_seconds`` (per stage, ``null``
   for one that does not fit), ``placement`` (``"consecutive"``), ``search`` (per-algorithm
@@ -22,24 +28,62 @@ Plan layout (what :func:`build_plan` writes, and what issues #5 and #6 read):
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
-from shardplan.cost import CostModel, stage_traffic
-from shardplan.cost._max_stage import PipelineSettings, pipeline_stage_seconds
-from shardplan.errors import ShardplanError
-from shardplan.ir import Graph, Objective, Plan, Stage, Topology
+from shardplan.cost import OBJECTIVE_NAMES, CostModel, StageTimes, stage_times, stage_traffic
+from shardplan.errors import InfeasibleError, ShardplanError
+from shardplan.ir import ExecutionSettings, Graph, Objective, Plan, Stage, Topology
 from shardplan.registry import Result
 
-__all__ = ["SETTING_DEFAULTS", "build_plan", "placement", "shape_candidates",
-           "is_monotone", "monotone_from_labels", "tensor_bytes", "Deadline"]
+__all__ = ["OBJECTIVES", "SETTING_DEFAULTS", "build_plan", "placement", "shape_candidates",
+           "is_monotone", "monotone_from_labels", "pipeline_settings", "tensor_bytes",
+           "Deadline", "infeasible_reason"]
 
-SETTING_DEFAULTS: dict[str, Any] = {"efficiency": None, "optimizer": None, "microbatches": None,
-                                    "schedule": None}
+#: The views a pipeline partitioner can optimise (``objective`` option).
+OBJECTIVES = ("overlap", "eq3")
+
+#: Options every pipeline partitioner takes besides its own: the execution settings (see
+#: :class:`~shardplan.ir.ExecutionSettings`; ``global_batch`` sets the micro-batch size) and
+#: the ``objective`` view.
+SETTING_DEFAULTS: dict[str, Any] = {
+    **{k: None for k in ExecutionSettings.__dataclass_fields__},
+    "global_batch": None, "objective": None,
+}
+
+
+def pipeline_settings(options: Mapping[str, Any], graph: Graph | None = None
+                      ) -> tuple[ExecutionSettings, str]:
+    """The execution settings and the objective view the ``options`` ask for.
+
+    Settings not given take :class:`~shardplan.ir.ExecutionSettings`' defaults (resolved
+    against ``graph`` when given); the view defaults to ``overlap`` -- the simulator's
+    model -- or to ``eq3`` when the settings turn overlap off (a device that cannot compute
+    while it communicates is what equation 3 describes)."""
+    keys = [k for k in SETTING_DEFAULTS if k != "objective"]
+    settings, _ = ExecutionSettings().override(**{k: options.get(k) for k in keys})
+    if graph is not None:
+        settings = settings.resolve(graph)
+    view = options.get("objective")
+    if view is None:
+        view = "overlap" if settings.overlap else "eq3"
+    if view not in OBJECTIVES:
+        raise ShardplanError(f"objective must be one of {', '.join(OBJECTIVES)}, got "
+                             f"{view!r}")
+    return settings, view
+
+
+def infeasible_reason(st: StageTimes, seconds: np.ndarray) -> str:
+    """One line naming why a partition's stage time is infinite (memory or no route)."""
+    bad = np.flatnonzero(~np.isfinite(seconds))
+    s = int(bad[0]) if bad.size else 0
+    if not st.fits[s]:
+        return (f"stage {s} needs {st.memory[s] / 2**30:.3g} GiB per device and its devices "
+                f"have {st.capacity[s] / 2**30:.3g} GiB")
+    return f"stage {s} must exchange data with a device it cannot reach"
 
 
 class Deadline:
@@ -126,15 +170,17 @@ def tensor_bytes(graph: Graph) -> np.ndarray:
 
 
 def build_plan(graph: Graph, topology: Topology, *, algorithm: str, assignment: np.ndarray,
-               num_replicas: int, settings: PipelineSettings, options: Mapping[str, Any],
+               num_replicas: int, settings: ExecutionSettings, options: Mapping[str, Any],
                seed: int, deadline: Deadline, status: str,
                stats: Mapping[str, Any] | None = None,
-               model: CostModel | None = None) -> Result:
+               model: CostModel | None = None, view: str = "overlap") -> Result:
     """A :class:`Result` for a monotone ``assignment`` with the consecutive placement.
 
-    The objective value is recomputed with the cost model exactly as ``shardplan cost
-    --objective max-stage`` does. Raises :class:`ShardplanError` if the assignment is not
-    monotone (a bug) or uses more devices than the topology has.
+    The objective value is the ``view`` of :func:`~shardplan.cost.stage_times`, exactly as
+    ``shardplan cost --objective max-stage`` recomputes it from the plan's execution
+    settings. Raises :class:`~shardplan.errors.InfeasibleError` when a stage does not fit in
+    its devices' memory or cannot reach a neighbour (one line naming which), and
+    :class:`ShardplanError` if it uses more devices than the topology has.
     """
     a = np.asarray(assignment, dtype=np.int64)
     if not is_monotone(graph, a):
@@ -147,30 +193,34 @@ def build_plan(graph: Graph, topology: Topology, *, algorithm: str, assignment: 
                              f"the topology's {topology.num_devices}")
     devices = placement(k, num_replicas)
     if model is None:
-        model = settings.model(graph, topology)
-    seconds, _, _ = pipeline_stage_seconds(model, a, devices, settings)
+        model = CostModel.from_settings(graph, topology, settings)
+    st = stage_times(model, a, devices, num_stages=k, order=range(k))
+    seconds = st.stage_seconds(view)
+    if not np.all(np.isfinite(seconds)):
+        raise InfeasibleError(f"{algorithm}: no plan of {k} stages x {num_replicas} replicas: "
+                              f"{infeasible_reason(st, seconds)}")
     value = float(seconds.max()) if k else 0.0
-    bound = model.lower_bound_seconds(k * num_replicas)
-    bytes_m, _ = stage_traffic(graph, a, k)
+    bound = model.lower_bound_seconds(k * num_replicas, replicas=int(num_replicas))
+    bytes_m, _ = stage_traffic(model.graph, a, k)
     order = np.argsort(a, kind="stable")
     cuts = np.searchsorted(a[order], np.arange(k + 1))
     stages = tuple(Stage(tuple(int(v) for v in order[cuts[s]:cuts[s + 1]]),
                          tuple(int(d) for d in devices[s])) for s in range(k))
-    recorded = dict(options)
-    recorded.update(settings.to_options())
+    recorded = {key: v for key, v in options.items() if v is not None}
     recorded["stages"], recorded["replicas"] = k, int(num_replicas)
+    recorded["objective"] = view
     if deadline.expired() and status != "optimal":
         status = "timed_out"
     meta = {
         "placement": "consecutive",
         "stage_bytes": bytes_m.tolist(),
-        "stage_seconds": [float(x) if math.isfinite(x) else None for x in seconds],
+        "stage_seconds": [float(x) for x in seconds],
         "search": dict(stats or {}),
     }
     plan = Plan(graph=graph.name, topology=topology.name, algorithm=algorithm, stages=stages,
-                objective=Objective("max_stage_seconds", value, bound), status=status,
+                objective=Objective(OBJECTIVE_NAMES[view], value, bound), status=status,
                 seed=int(seed), options=recorded, search_seconds=deadline.elapsed(),
-                meta=meta)
+                meta=meta, execution=model.settings)
     return Result(plan, dict(stats or {}))
 
 

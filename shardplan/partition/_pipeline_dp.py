@@ -11,16 +11,18 @@ with ``T[{}, 0] = 0``. The replica count is the constant R (the paper's ``d - d'
 a constant, section 4.1), so the device dimension of the paper's table disappears.
 
 Stage time (``t_j``, stage j of the pipeline, on the devices of the consecutive placement):
-compute (forward + backward, the slowest of its R devices) / R, plus communication
-``2 * sum over tensors it sends or receives of (latency + bytes / (R * bandwidth))``
-(activations forward, gradients backward), ``inf`` when its memory (parameters, gradients,
-optimizer state, the activations of the micro-batches stage j keeps in flight / R) exceeds
-the smallest memory of its devices. This is :meth:`CostModel.stage_seconds` with two
-simplifications that make the stage time a function of the node set alone, as equation 3
-requires:
+the partitioner's view (``eq3`` or ``overlap``, :func:`shardplan.cost.view_seconds`) of
+compute (forward + backward, the slowest of its R devices) / R and of the messages the stage
+sends and receives -- each tensor it sends or receives costs ``latency + bytes / (R *
+bandwidth)`` once as a send and once as a receive (activations forward, gradients backward)
+-- plus, for ``overlap``, its gradient all-reduce over the iteration's pipeline steps;
+``inf`` when its memory (:func:`shardplan.cost._formulas.stage_memory` with the
+micro-batches stage j keeps in flight) exceeds the smallest memory of its devices. This is
+:func:`shardplan.cost.stage_times` with two simplifications that make the stage time a
+function of the node set alone, as equation 3 requires:
 
 - links are one nominal link (the median latency and inverse bandwidth between the placed
-  devices); exact on flat topologies;
+  devices), the all-reduce ring's too; exact on flat topologies;
 - a tensor the stage sends is charged either once (``sends="once"``) or once per consumer
   unit outside ``F`` but at most ``S - 1 - j`` times, once per later stage
   (``sends="bounded"``); the cost model charges it once per receiving stage, which lies
@@ -47,10 +49,10 @@ from functools import cached_property
 import numpy as np
 import scipy.sparse as sp
 
-from shardplan.cost import CostModel
-from shardplan.cost._max_stage import PipelineSettings
-from shardplan.cost._memory import in_flight_microbatches, optimizer_state_factor
-from shardplan.ir import Graph, Topology
+from shardplan.cost import CostModel, pipeline_factor, ring_allreduce_seconds, view_seconds
+from shardplan.cost._formulas import stage_memory
+from shardplan.cost._memory import in_flight_microbatches
+from shardplan.ir import ExecutionSettings, Graph, Topology
 
 __all__ = ["StageContext", "Units", "enumerate_fronted", "fronted_dp", "surrogate_seconds"]
 
@@ -65,7 +67,9 @@ class Units:
     num_units : int
     work : ndarray, shape (K, 2)
         Per unit, measured seconds and FLOPs of forward + backward.
-    params, outputs, extra : ndarray, shape (K,)
+    params, outputs, extra, inputs : ndarray, shape (K,)
+        ``inputs``: output bytes of the unit's graph inputs (nodes without predecessors),
+        what a stage keeps per micro-batch under recomputation.
     prod_unit : ndarray of int64, shape (P,)
         The unit of every operator that sends a tensor out of its unit.
     prod_bytes : ndarray, shape (P,)
@@ -82,6 +86,7 @@ class Units:
     params: np.ndarray
     outputs: np.ndarray
     extra: np.ndarray
+    inputs: np.ndarray
     prod_unit: np.ndarray
     prod_bytes: np.ndarray
     prod_cons: sp.csr_matrix
@@ -116,19 +121,25 @@ class Units:
 
     @classmethod
     def from_assignment(cls, graph: Graph, unit_of: np.ndarray,
-                        num_units: int | None = None) -> Units:
-        """Units from an operator -> unit map (units must be convex, quotient acyclic). O(n+m)."""
+                        num_units: int | None = None, *, recompute: bool = False) -> Units:
+        """Units from an operator -> unit map (units must be convex, quotient acyclic);
+        ``recompute`` adds each forward to its backward work. O(n + m)."""
         from shardplan.cost import split_work
 
         u = np.asarray(unit_of, dtype=np.int64)
         k = int(u.max()) + 1 if num_units is None else int(num_units)
         fm, ff, bm, bf = split_work(graph)
+        if recompute:  # the backward re-runs the forward
+            bm, bf = bm + fm, bf + ff
         work = np.stack([np.bincount(u, weights=fm + bm, minlength=k),
                          np.bincount(u, weights=ff + bf, minlength=k)], axis=1)
         params = np.bincount(u, weights=graph.param_bytes.astype(np.float64), minlength=k)
         outputs = np.bincount(u, weights=graph.output_bytes.astype(np.float64), minlength=k)
         extra = np.zeros(k) if graph.memory_bytes is None else np.bincount(
             u, weights=np.nan_to_num(graph.memory_bytes, nan=0.0), minlength=k)
+        is_input = graph.in_degree == 0
+        inputs = np.bincount(u[is_input], weights=graph.output_bytes[is_input].astype(
+            np.float64), minlength=k)
         us, ud = u[graph.src], u[graph.dst]
         cross = us != ud
         pos = cross & (graph.edge_bytes > 0)
@@ -142,12 +153,13 @@ class Units:
         preds = [0] * k
         for a, b in set(zip(us[cross].tolist(), ud[cross].tolist(), strict=True)):
             preds[b] |= 1 << a
-        return cls(u, k, work, params, outputs, extra, u[prods], pbytes, cons, preds)
+        return cls(u, k, work, params, outputs, extra, inputs, u[prods], pbytes, cons, preds)
 
 
 @dataclass(frozen=True, eq=False)
 class StageContext:
-    """What a stage time needs besides its node set: R, the placement, memory, one link."""
+    """What a stage time needs besides its node set: R, the placement, memory, one link,
+    the settings and the view."""
 
     num_stages: int
     num_replicas: int
@@ -155,13 +167,24 @@ class StageContext:
     rate: np.ndarray  # (S, R) effective FLOP/s
     memory: np.ndarray  # (S,) smallest device memory of each stage
     in_flight: np.ndarray  # (S,)
-    state_factor: float  # 2 + optimizer state copies
+    settings: ExecutionSettings
+    view: str
     latency: float
     inv_bandwidth: float
 
+    @property
+    def state_factor(self) -> float:
+        """Memory per parameter byte that does not depend on the micro-batch (parameters,
+        gradients, optimizer state and master weights), as :func:`stage_memory` counts."""
+        return float(stage_memory(params=1.0, outputs=0.0, received=0.0, inputs=0.0,
+                                  extra=0.0, in_flight=0.0, replicas=1,
+                                  optimizer=self.settings.optimizer, recompute=False,
+                                  mixed_precision=self.settings.mixed_precision,
+                                  param_dtype_bytes=self.settings.param_dtype_bytes)["total"])
+
     @classmethod
-    def build(cls, model: CostModel, topology: Topology, settings: PipelineSettings,
-              num_stages: int, num_replicas: int) -> StageContext:
+    def build(cls, model: CostModel, topology: Topology, settings: ExecutionSettings,
+              num_stages: int, num_replicas: int, view: str = "overlap") -> StageContext:
         dev = np.arange(num_stages * num_replicas).reshape(num_stages, num_replicas)
         used = dev.reshape(-1)
         if used.size > 1:
@@ -170,26 +193,37 @@ class StageContext:
             inv = float(np.median(model.inverse_bandwidth[np.ix_(used, used)][off]))
         else:
             lat = inv = 0.0
+        flight = in_flight_microbatches(num_stages, int(settings.microbatches),
+                                        settings.schedule,
+                                        virtual_stages=settings.virtual_stages)
         return cls(num_stages, num_replicas, model.device_speed[dev], model.device_rate[dev],
                    topology.device_memory[dev].min(axis=1).astype(np.float64),
-                   in_flight_microbatches(num_stages, int(settings.microbatches),
-                                          settings.schedule).astype(np.float64),
-                   2.0 + optimizer_state_factor(settings.optimizer), lat, inv)
+                   flight.astype(np.float64), settings, view, lat, inv)
 
     def stage_times(self, work: np.ndarray, params: np.ndarray, outputs: np.ndarray,
-                    extra: np.ndarray, recv_bytes: np.ndarray, tensors: np.ndarray,
-                    tensor_bytes: np.ndarray) -> np.ndarray:
+                    extra: np.ndarray, inputs: np.ndarray, recv_bytes: np.ndarray,
+                    tensors: np.ndarray, tensor_bytes: np.ndarray) -> np.ndarray:
         """Stage times of candidate node sets at every stage position, shape (S, c).
 
-        ``tensors`` and ``tensor_bytes`` (sent plus received) have shape (S, c) or (c,).
+        ``tensors`` and ``tensor_bytes`` (sent plus received) have shape (S, c) or (c,):
+        each is one message the stage sends (an activation, or the gradient of what it
+        received) and one it receives, so ``send = recv``.
         """
         r = self.num_replicas
-        comm = 2.0 * (tensors * self.latency + tensor_bytes / r * self.inv_bandwidth)
+        s = self.settings
+        xfer = tensors * self.latency + tensor_bytes / r * self.inv_bandwidth
         comp = (work[None, None, :, 0] / self.speed[:, :, None]
                 + work[None, None, :, 1] / self.rate[:, :, None]).max(axis=1) / r
-        mem = self.state_factor * params + extra + \
-            self.in_flight[:, None] * (outputs + recv_bytes)[None, :] / r
-        return np.where(mem <= self.memory[:, None], comp + comm, np.inf)
+        ar = ring_allreduce_seconds(r, params, self.latency, self.inv_bandwidth)[None, :]
+        steps = pipeline_factor(s.microbatches, -(-self.num_stages // s.stages_per_rank))
+        times = view_seconds(self.view, comp, xfer, xfer, ar, steps)
+        mem = stage_memory(params=params[None, :], outputs=outputs[None, :],
+                           received=recv_bytes[None, :], inputs=inputs[None, :],
+                           extra=extra[None, :], in_flight=self.in_flight[:, None],
+                           replicas=r, optimizer=s.optimizer, recompute=s.recompute,
+                           mixed_precision=s.mixed_precision,
+                           param_dtype_bytes=s.param_dtype_bytes)["total"]
+        return np.where(mem <= self.memory[:, None], times, np.inf)
 
 
 def enumerate_fronted(preds: list[int], cap: int) -> tuple[np.ndarray, np.ndarray] | None:
@@ -260,14 +294,16 @@ def _candidate_terms(units: Units, lattice: tuple[np.ndarray, ...], j: int, cand
     cap = num_stages - 1 - np.arange(num_stages)  # per position
     tens = recv_n[None, :] + cum_n[:, cap].T
     tens_b = recv_b[None, :] + cum_b[:, cap].T
-    return (sums[:, 0:2], sums[:, 2], sums[:, 3], sums[:, 4], recv_b, tens, tens_b)
+    return (sums[:, 0:2], sums[:, 2], sums[:, 3], sums[:, 4], sums[:, 5], recv_b, tens,
+            tens_b)
 
 
 def _lattice_arrays(units: Units, masks: np.ndarray) -> tuple[np.ndarray, ...]:
-    """Per fronted subgraph: attribute sums (N, 5), producers inside (N, P) and, per
+    """Per fronted subgraph: attribute sums (N, 6), producers inside (N, P) and, per
     producer, its consumer units inside (N, P). O(N (K + nnz))."""
     mf = masks.astype(np.float64)
-    attrs = np.column_stack([units.work, units.params, units.outputs, units.extra])
+    attrs = np.column_stack([units.work, units.params, units.outputs, units.extra,
+                             units.inputs])
     in_f = masks[:, units.prod_unit].astype(np.float32)
     cons_in = np.asarray((units.prod_cons @ mf.T).T, dtype=np.float32)
     return mf @ attrs, in_f, cons_in
@@ -305,9 +341,10 @@ def fronted_dp(units: Units, ctx: StageContext, fronted: tuple[np.ndarray, np.nd
             cands = cands[low <= upper * (1 + 1e-9)]
             if cands.size == 0:
                 continue
-        work, params, outputs, extra, recv_b, tens, tens_b = _candidate_terms(
+        work, params, outputs, extra, inputs, recv_b, tens, tens_b = _candidate_terms(
             units, lattice, j, cands, s_max, sends)
-        times = ctx.stage_times(work, params, outputs, extra, recv_b, tens, tens_b)  # (S, c)
+        times = ctx.stage_times(work, params, outputs, extra, inputs, recv_b, tens,
+                                tens_b)  # (S, c)
         prev = table[cands, :s_max]  # (c, S): T[F', c - 1] for c = 1..S
         val = np.maximum(prev, times.T)
         best = np.argmin(val, axis=0)

@@ -15,7 +15,8 @@ Evaluation is incremental and exact for the cost model: :class:`StageState` keep
 producer and consuming stage, the edge bytes, and the stage-pair traffic matrices ``B, T``
 of :func:`~shardplan.cost.stage_traffic`; a move updates them in O(deg(v) + deg of v's
 producers' entries) and the stage times are recomputed from ``B, T`` and per-stage sums in
-O(R S^2) with the same formulas as :meth:`CostModel.stage_seconds` and the memory model, so
+O(R S^2) with the one model's functions (:func:`~shardplan.cost._pipeline.uniform_comm`,
+:func:`~shardplan.cost.view_seconds`, :func:`~shardplan.cost._formulas.stage_memory`), so
 the refined plan's value is the one ``shardplan cost`` reports. One step costs O(m) for the
 candidate scan plus O(candidates x (deg + R S^2)).
 """
@@ -26,11 +27,11 @@ from collections.abc import Callable
 
 import numpy as np
 
-from shardplan.cost import CostModel
-from shardplan.cost._max_stage import PipelineSettings
-from shardplan.cost._memory import in_flight_microbatches, optimizer_state_factor
-from shardplan.cost._transfer import replica_transfer_seconds
-from shardplan.ir import Graph
+from shardplan.cost import CostModel, pipeline_factor, ring_allreduce_seconds, view_seconds
+from shardplan.cost._formulas import stage_memory, work_seconds
+from shardplan.cost._memory import in_flight_microbatches
+from shardplan.cost._pipeline import uniform_comm
+from shardplan.ir import ExecutionSettings, Graph
 
 __all__ = ["StageState", "refine"]
 
@@ -38,31 +39,39 @@ __all__ = ["StageState", "refine"]
 class StageState:
     """A monotone partition with incrementally maintained stage times (see module doc)."""
 
-    def __init__(self, graph: Graph, model: CostModel, settings: PipelineSettings,
-                 assignment: np.ndarray, devices: np.ndarray) -> None:
+    def __init__(self, graph: Graph, model: CostModel, settings: ExecutionSettings,
+                 assignment: np.ndarray, devices: np.ndarray, view: str = "overlap") -> None:
+        graph = model.graph  # at the settings' micro-batch size
         self.graph = graph
         self.model = model
+        self.settings = settings
+        self.view = view
         self.a = np.asarray(assignment, dtype=np.int64).copy()
         self.k, self.r = devices.shape
         self.devices = devices
         k = self.k
         fm, ff, bm, bf = model._work
+        if model.recompute:  # the backward re-runs the forward
+            bm, bf = bm + fm, bf + ff
         self.meas = fm + bm
         self.flops = ff + bf
         self.params = graph.param_bytes.astype(np.float64)
         self.outb = graph.output_bytes.astype(np.float64)
+        self.inb = np.where(graph.in_degree == 0, self.outb, 0.0)
         self.extra = np.zeros(graph.num_nodes) if graph.memory_bytes is None else \
             np.nan_to_num(graph.memory_bytes, nan=0.0)
         a = self.a
         self.s_meas = np.bincount(a, weights=self.meas, minlength=k)
         self.s_flops = np.bincount(a, weights=self.flops, minlength=k)
-        self.static = (2.0 + optimizer_state_factor(settings.optimizer)) * self.params + \
-            self.extra
-        self.s_static = np.bincount(a, weights=self.static, minlength=k)
+        self.s_params = np.bincount(a, weights=self.params, minlength=k)
+        self.s_extra = np.bincount(a, weights=self.extra, minlength=k)
         self.s_out = np.bincount(a, weights=self.outb, minlength=k)
+        self.s_in = np.bincount(a, weights=self.inb, minlength=k)
         self.count = np.bincount(a, minlength=k)
-        self.flight = in_flight_microbatches(k, int(settings.microbatches),
-                                             settings.schedule).astype(np.float64)
+        self.flight = in_flight_microbatches(k, int(settings.microbatches), settings.schedule,
+                                             virtual_stages=settings.virtual_stages
+                                             ).astype(np.float64)
+        self.steps = pipeline_factor(settings.microbatches, -(-k // settings.stages_per_rank))
         self.mem_cap = model.topology.device_memory[devices].min(axis=1).astype(np.float64)
         self.speed = model.device_speed[devices]
         self.rate = model.device_rate[devices]
@@ -73,9 +82,10 @@ class StageState:
             p = devices[:, i]
             self.lat.append(lat[np.ix_(p, p)] * (p[:, None] != p[None, :]))
             self.ib.append(self.inv[np.ix_(p, p)])
-        self.lat_t = [x.T.copy() for x in self.lat]
-        self.ib_t = [x.T.copy() for x in self.ib]
-        self.finite_links = all(np.all(np.isfinite(x)) for x in self.ib)
+        # the slowest link of every stage's ring (replicas in order)
+        ring, nxt = devices, np.roll(devices, -1, axis=1)
+        self.ring_lat = lat[ring, nxt]
+        self.ring_ib = self.inv[ring, nxt]
         # cons[u][stage] = list of positive edge bytes from u into that stage.
         self.cons: list[dict[int, list[float]]] = [{} for _ in range(graph.num_nodes)]
         self.inputs: list[list[tuple[int, float]]] = [[] for _ in range(graph.num_nodes)]
@@ -98,22 +108,23 @@ class StageState:
 
     # ------------------------------------------------------------------ evaluation
     def stage_seconds(self) -> np.ndarray:
-        """Cost-model stage times of the current partition, ``inf`` when not fitting."""
+        """The view's stage times of the current partition, ``inf`` when not fitting."""
         r = self.r
-        comp = (self.s_meas[:, None] / self.speed + self.s_flops[:, None] / self.rate) / r
-        if self.finite_links:
-            b = self.B / r
-            t = None
-            for i in range(r):
-                f = self.T * self.lat[i] + b * self.ib[i]
-                g = self.T * self.lat_t[i] + b * self.ib_t[i]
-                per = f.sum(axis=1) + f.sum(axis=0) + g.sum(axis=1) + g.sum(axis=0) + comp[:, i]
-                t = per if t is None else np.maximum(t, per)
-        else:
-            comm = replica_transfer_seconds(self.model.topology, self.inv, self.B, self.T,
-                                            self.devices)  # (r, k)
-            t = (comp.T + comm).max(axis=0)
-        mem = self.s_static + self.flight * (self.s_out + self.B.sum(axis=0)) / r
+        comp = work_seconds(self.s_meas[:, None], self.s_flops[:, None], self.speed,
+                            self.rate) / r  # (k, r)
+        send, recv = uniform_comm(self.B, self.T, self.lat, self.ib, r)  # (r, k)
+        link = self.ring_lat + self.s_params[:, None] / r * self.ring_ib
+        w = np.argmax(link, axis=1)
+        rows = np.arange(self.k)
+        ar = ring_allreduce_seconds(r, self.s_params, self.ring_lat[rows, w],
+                                    self.ring_ib[rows, w])
+        t = view_seconds(self.view, comp.T, send, recv, ar[None, :], self.steps).max(axis=0)
+        s = self.settings
+        mem = stage_memory(params=self.s_params, outputs=self.s_out, received=self.B.sum(axis=0),
+                           inputs=self.s_in, extra=self.s_extra, in_flight=self.flight,
+                           replicas=r, optimizer=s.optimizer, recompute=s.recompute,
+                           mixed_precision=s.mixed_precision,
+                           param_dtype_bytes=s.param_dtype_bytes)["total"]
         return np.where(mem <= self.mem_cap, t, np.inf)
 
     def key(self) -> tuple[float, float]:
@@ -151,12 +162,10 @@ class StageState:
         for t in own:
             self._contrib(v, t, 1.0)
         for arr, w in ((self.s_meas, self.meas[v]), (self.s_flops, self.flops[v]),
-                       (self.s_out, self.outb[v])):
+                       (self.s_out, self.outb[v]), (self.s_params, self.params[v]),
+                       (self.s_extra, self.extra[v]), (self.s_in, self.inb[v])):
             arr[src] -= w
             arr[dst] += w
-        w = self.static[v]
-        self.s_static[src] -= w
-        self.s_static[dst] += w
         self.count[src] -= 1
         self.count[dst] += 1
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from shardplan.cost._max_stage import PipelineSettings
+from shardplan.cost import CostModel
 from shardplan.errors import ShardplanError
 from shardplan.ir import Graph, Topology
 from shardplan.partition._pipeline_common import (
@@ -25,6 +25,7 @@ from shardplan.partition._pipeline_common import (
     Deadline,
     build_plan,
     monotone_from_labels,
+    pipeline_settings,
 )
 from shardplan.partition.uniform import baseline_shape
 from shardplan.registry import Progress, Result, register, take_options
@@ -48,10 +49,10 @@ def metis_partition(graph: Graph, topology: Topology, *, options: Mapping[str, A
     """pymetis k-way partition, then the convex repair of the module docstring."""
     deadline = Deadline(time_limit)
     opts = take_options("metis", options, DEFAULTS)
-    settings = PipelineSettings.from_options(opts)
+    settings, view = pipeline_settings(opts, graph)
     s, r = baseline_shape(opts, graph, topology)
     n = graph.num_nodes
-    model = settings.model(graph, topology)
+    model = CostModel.from_settings(graph, topology, settings)
     fwd, bwd = model.node_seconds(0)
     if s == 1 or n <= 1:
         labels = np.zeros(n, dtype=np.int64)
@@ -83,4 +84,4 @@ def metis_partition(graph: Graph, topology: Topology, *, options: Mapping[str, A
     a = monotone_from_labels(graph, labels)
     return build_plan(graph, topology, algorithm="metis", assignment=a, num_replicas=r,
                       settings=settings, options=opts, seed=seed, deadline=deadline,
-                      status="feasible", model=model)
+                      status="feasible", model=model, view=view)

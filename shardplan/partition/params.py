@@ -16,12 +16,12 @@ from typing import Any
 
 import numpy as np
 
-from shardplan.cost._max_stage import PipelineSettings
 from shardplan.ir import Graph, Topology
 from shardplan.partition._pipeline_common import (
     SETTING_DEFAULTS,
     Deadline,
     build_plan,
+    pipeline_settings,
     sequence_dp,
 )
 from shardplan.partition.uniform import baseline_shape
@@ -39,7 +39,7 @@ def params_partition(graph: Graph, topology: Topology, *, options: Mapping[str, 
     """Contiguous stages of a topological order with balanced parameter bytes."""
     deadline = Deadline(time_limit)
     opts = take_options("params", options, DEFAULTS)
-    settings = PipelineSettings.from_options(opts)
+    settings, view = pipeline_settings(opts, graph)
     s, r = baseline_shape(opts, graph, topology)
     order = graph.topological_order
     prefix = np.concatenate(([0.0], np.cumsum(graph.param_bytes[order].astype(np.float64))))
@@ -52,4 +52,4 @@ def params_partition(graph: Graph, topology: Topology, *, options: Mapping[str, 
     a[order] = seg
     return build_plan(graph, topology, algorithm="params", assignment=a, num_replicas=r,
                       settings=settings, options=opts, seed=seed, deadline=deadline,
-                      status="feasible")
+                      status="feasible", view=view)

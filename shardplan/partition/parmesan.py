@@ -12,13 +12,20 @@ fronted subgraphs), each replicated R times, minimising the largest stage time (
    stage that may receive it; the cost model lies between);
 3. iterative refinement (4.3, :mod:`._pipeline_refine`) of up to I boundary moves of each
    DP plan, and of PipeDream's split of a topological order (a third start, not in the
-   paper), under the cost model itself; the best refined plan is kept.
+   paper), under the cost model itself.
 
-Choosing S and R (the paper's appendix E is not in our text): unless the user fixes them,
-every ``S x R = D`` is partitioned and the pair with the smallest estimated iteration time
-``(M + S - 1) * max stage time + largest gradient all-reduce`` is returned (M micro-batches,
-a 1F1B/GPipe pipeline with fill and drain). The estimate is ours: the max-stage objective
-alone ignores the all-reduce, so it would always pick S = 1, R = D when memory allows.
+The objective is a view of the one stage-time model (``objective`` option): ``overlap``
+(default; compute and sends overlap as the simulator runs them, gradient all-reduce spread
+over the iteration) or ``eq3`` (the paper's equation 3). Which refined start (and, with it,
+PipeDream's unrefined split) becomes the plan is decided, under ``overlap``, by the
+simulator (:func:`shardplan.simulate.simulate`) with the plan's execution settings -- the
+surrogate objective picks candidates, the simulated iteration picks among them, so Parmesan
+never returns a plan that simulates slower than another it built (in particular PipeDream's
+split at the same S and R) -- and under ``eq3`` by the objective (the paper's flow, exact on
+the DP's terms), the simulator breaking ties. The (S, R) pair is always the one whose plan
+simulates fastest. The paper's appendix E on choosing S and R is not in our text.
+Shapes whose stages cannot fit in memory are skipped; when none fits the partitioner says
+which stage needs how much (exit 2 on the command line).
 
 Plan layout: see :mod:`._pipeline_common` (consecutive placement, ``stage_bytes``, lower
 bound). Status ``optimal`` when S and R were given, the DP ran on the whole graph, the links between
@@ -42,8 +49,9 @@ refine_steps : int
     I, default 200.
 max_fronted : int
     Largest number of fronted subgraphs the DP takes (default 1500).
-efficiency, optimizer, microbatches, schedule
-    Cost-model settings (:class:`~shardplan.cost._max_stage.PipelineSettings`).
+objective : {"overlap", "eq3"}
+microbatch_size, global_batch, microbatches, schedule, optimizer, efficiency, recompute, ...
+    Execution settings (:class:`~shardplan.ir.ExecutionSettings`), recorded in the plan.
 """
 
 from __future__ import annotations
@@ -54,14 +62,14 @@ from typing import Any
 import numpy as np
 
 from shardplan.cost import CostModel
-from shardplan.cost._max_stage import PipelineSettings
-from shardplan.errors import ShardplanError
-from shardplan.ir import Graph, Topology
+from shardplan.errors import InfeasibleError, ShardplanError
+from shardplan.ir import ExecutionSettings, Graph, Topology
 from shardplan.partition._pipeline_cluster import Clusterer
 from shardplan.partition._pipeline_common import (
     SETTING_DEFAULTS,
     Deadline,
     build_plan,
+    pipeline_settings,
     placement,
     shape_candidates,
 )
@@ -108,26 +116,28 @@ def _uniform_out_bytes(graph: Graph) -> bool:
 
 
 def partition_shape(graph: Graph, topology: Topology, model: CostModel,
-                    settings: PipelineSettings, num_stages: int, num_replicas: int,
+                    settings: ExecutionSettings, num_stages: int, num_replicas: int,
                     opts: Mapping[str, Any], deadline: Deadline,
-                    exact_fronted: tuple[np.ndarray, np.ndarray] | None
-                    ) -> tuple[np.ndarray, dict[str, Any]]:
-    """Clustering + DP + refinement for one (S, R); ``(assignment, stats)``."""
+                    exact_fronted: tuple[np.ndarray, np.ndarray] | None, view: str = "overlap"
+                    ) -> tuple[list[tuple[str, np.ndarray]], dict[str, Any]]:
+    """Clustering + DP + refinement for one (S, R): the candidate assignments (each start's
+    refined plan, and PipeDream's split as it is) with their names, and statistics."""
+    cg = model.graph  # at the settings' micro-batch size
     n = graph.num_nodes
-    ctx = StageContext.build(model, topology, settings, num_stages, num_replicas)
+    ctx = StageContext.build(model, topology, settings, num_stages, num_replicas, view)
     stats: dict[str, Any] = {"stages": num_stages, "replicas": num_replicas}
     check = deadline.expired
     if exact_fronted is not None:
-        units = Units.from_assignment(graph, np.arange(n), n)
+        units = Units.from_assignment(cg, np.arange(n), n, recompute=settings.recompute)
         fronted = exact_fronted
         stats.update(mode="exact", units=n, fronted=int(fronted[0].shape[0]))
     else:
         fwd, bwd = model.node_seconds(int(np.argmax(topology.device_flops)))
-        mem = ctx.state_factor * graph.param_bytes + float(ctx.in_flight.max()) * \
-            graph.output_bytes / num_replicas
-        if graph.memory_bytes is not None:
-            mem = mem + np.nan_to_num(graph.memory_bytes, nan=0.0)
-        clusterer = Clusterer(graph, fwd + bwd, mem, float(ctx.memory.min()),
+        mem = ctx.state_factor * cg.param_bytes + float(ctx.in_flight.max()) * \
+            cg.output_bytes / num_replicas
+        if cg.memory_bytes is not None:
+            mem = mem + np.nan_to_num(cg.memory_bytes, nan=0.0)
+        clusterer = Clusterer(cg, fwd + bwd, mem, float(ctx.memory.min()),
                               float(opts["alpha"]), ctx.latency, ctx.inv_bandwidth)
         target = opts["clusters"] or max(6 * num_stages, 64)
         target = int(min(max(target, num_stages), n))
@@ -135,7 +145,7 @@ def partition_shape(graph: Graph, topology: Topology, model: CostModel,
         while True:
             k = clusterer.run(target)
             unit_of = clusterer.unit_of()
-            units = Units.from_assignment(graph, unit_of, k)
+            units = Units.from_assignment(cg, unit_of, k, recompute=settings.recompute)
             found = enumerate_fronted(units.preds, int(opts["max_fronted"]))
             if found is not None or target <= 2 * num_stages or k > target:
                 break
@@ -147,7 +157,16 @@ def partition_shape(graph: Graph, topology: Topology, model: CostModel,
     if units.num_units < num_stages:
         raise ShardplanError(f"cannot split {units.num_units} units into {num_stages} stages")
     steps = int(opts["refine_steps"])
-    best: tuple[tuple[float, float], np.ndarray] | None = None
+    cands: list[tuple[str, np.ndarray]] = []
+
+    def refined(name: str, a: np.ndarray) -> None:
+        state = StageState(graph, model, settings, a, placement(int(a.max()) + 1,
+                                                                num_replicas), view)
+        if steps > 0 and num_stages > 1:
+            stats.update({f"{k}_{name}": v for k, v in refine(state, steps,
+                                                              check=check).items()})
+        cands.append((name, state.a.copy()))
+
     for sends in ("once", "bounded"):
         out = fronted_dp(units, ctx, fronted, sends=sends, check=check)
         if out is None:
@@ -155,39 +174,33 @@ def partition_shape(graph: Graph, topology: Topology, model: CostModel,
         value, stage_of_unit = out
         stats[f"dp_value_{sends}"] = value if np.isfinite(value) else None
         _, a = np.unique(stage_of_unit[units.unit_of], return_inverse=True)
-        a = a.astype(np.int64)
-        state = StageState(graph, model, settings, a, placement(int(a.max()) + 1,
-                                                                num_replicas))
-        if steps > 0 and num_stages > 1:
-            stats.update({f"{k}_{sends}": v for k, v in
-                          refine(state, steps, check=check).items()})
-        key = state.key()
-        if best is None or key < best[0]:
-            best = (key, state.a.copy())
-            stats["dp_kept"] = sends
+        refined(sends, a.astype(np.int64))
     if not check():
         # A third start beside the two DP plans: PipeDream's split of a topological order,
-        # refined the same way. The DP prices sends within bounds (see above) and refinement
-        # is local, so on some graphs this start ends lower; keeping the best of the three
-        # makes Parmesan never worse than the pipedream baseline on the same objective.
+        # refined the same way, and kept as it is too. The DP prices sends within bounds
+        # (see above) and refinement is local, so on some graphs these end lower.
         seq = PipeDreamSequence.build(graph, topology, model, num_stages * num_replicas)
         _, a = np.unique(seq.solve(num_stages, num_replicas)[1], return_inverse=True)
-        state = StageState(graph, model, settings, a.astype(np.int64),
-                           placement(int(a.max()) + 1, num_replicas))
-        if steps > 0 and num_stages > 1:
-            stats.update({f"{k}_sequence": v for k, v in
-                          refine(state, steps, check=check).items()})
-        key = state.key()
-        if best is None or key < best[0]:
-            best = (key, state.a.copy())
-            stats["dp_kept"] = "sequence"
-    if best is None:
+        a = a.astype(np.int64)
+        cands.append(("pipedream", a.copy()))
+        refined("sequence", a)
+    if not cands:
         stats["dp"] = "timed_out"
         order = graph.topological_order
         a = np.empty(n, dtype=np.int64)
         a[order] = np.arange(n) * num_stages // n
-        return a, stats
-    return best[1], stats
+        cands.append(("timed_out", a))
+    return cands, stats
+
+
+def _simulated(plan: Any, graph: Graph, topology: Topology) -> float:
+    """The simulated iteration seconds of a plan (its own settings); inf if it cannot run."""
+    from shardplan.simulate import simulate
+
+    try:
+        return float(simulate(plan, graph, topology, timeline=False).iteration_seconds)
+    except ShardplanError:
+        return float("inf")
 
 
 @register("partition", "parmesan")
@@ -198,7 +211,8 @@ def parmesan_partition(graph: Graph, topology: Topology, *, options: Mapping[str
 
     See the module docstring for the algorithm, options and decisions. Deterministic (the
     seed is recorded only). Complexity: dominated by the DP, O(N^2 K + sum_F |F_F| (P + K))
-    per (S, R) for N fronted subgraphs of K units (see :mod:`._pipeline_dp`).
+    per (S, R) for N fronted subgraphs of K units (see :mod:`._pipeline_dp`), plus one
+    simulation per candidate plan.
     """
     deadline = Deadline(time_limit)
     opts = take_options("parmesan", options, DEFAULTS)
@@ -210,57 +224,76 @@ def parmesan_partition(graph: Graph, topology: Topology, *, options: Mapping[str
     if isinstance(opts["alpha"], bool) or not isinstance(opts["alpha"], (int, float)) \
             or opts["alpha"] < 0:
         raise ShardplanError(f"alpha must be a non-negative number, got {opts['alpha']!r}")
-    settings = PipelineSettings.from_options(opts)
+    settings, view = pipeline_settings(opts, graph)
     if graph.num_nodes == 0:
         raise ShardplanError("the graph has no nodes")
     shapes = shape_candidates(opts, topology.num_devices, graph.num_nodes)
-    model = settings.model(graph, topology)
+    model = CostModel.from_settings(graph, topology, settings)
     n = graph.num_nodes
     exact = None
     if n + 1 <= int(opts["max_fronted"]):
         exact = enumerate_fronted(Units.from_assignment(graph, np.arange(n), n).preds,
                                   int(opts["max_fronted"]))
-    results = []
+    best: tuple[float, float, int, Result] | None = None
     tried: list[dict[str, Any]] = []
+    reasons: list[str] = []
     for i, (s, r) in enumerate(shapes):
         if progress is not None:
             progress("parmesan (S, R)", i, len(shapes))
         if i and deadline.expired():
             break
-        a, stats = partition_shape(graph, topology, model, settings, s, r, opts, deadline,
-                                   exact)
-        status = "feasible"
-        res = build_plan(graph, topology, algorithm="parmesan", assignment=a,
-                         num_replicas=r, settings=settings, options=opts, seed=seed,
-                         deadline=deadline, status=status, stats=stats, model=model)
-        plan = res.plan
-        value = plan.objective.value
+        cands, stats = partition_shape(graph, topology, model, settings, s, r, opts, deadline,
+                                       exact, view)
+        kept = None
+        sims = {}
+        for name, a in cands:
+            try:
+                res = build_plan(graph, topology, algorithm="parmesan", assignment=a,
+                                 num_replicas=r, settings=settings, options=opts, seed=seed,
+                                 deadline=deadline, status="feasible", stats=stats,
+                                 model=model, view=view)
+            except InfeasibleError as exc:
+                reasons.append(str(exc))
+                continue
+            sim = _simulated(res.plan, graph, topology)
+            sims[name] = sim if np.isfinite(sim) else None
+            value = res.plan.objective.value
+            key = (sim, value) if view == "overlap" else (value, sim)
+            if kept is None or key < kept[0]:
+                kept = (key, name, res, sim, value)
+        stats["simulated"] = sims
+        if kept is None:
+            tried.append({"stages": s, "replicas": r, "fits": False})
+            continue
+        _, name, res, sim, value = kept
+        stats["kept"] = name
+        res.plan.meta["search"].update(simulated=sims, kept=name)  # type: ignore[union-attr]
         bound = stats.get("dp_value_once")
         if len(shapes) == 1 and stats.get("mode") == "exact" and bound is not None and \
                 _uniform_links(topology, placement(s, r).reshape(-1)) and \
                 _uniform_out_bytes(graph) and value <= bound * (1 + 1e-9):
-            res = build_plan(graph, topology, algorithm="parmesan", assignment=a,
-                             num_replicas=r, settings=settings, options=opts, seed=seed,
-                             deadline=deadline, status="optimal", stats=stats, model=model)
-            plan = res.plan
-        asg = plan.assignment(n)
-        devs = np.array([st.devices for st in plan.stages])
-        allreduce = float(model.allreduce_seconds(asg, devs).max()) if r > 1 else 0.0
-        m = int(settings.microbatches)
-        score = (m + plan.num_stages - 1) * value + allreduce
-        stats["iteration_estimate"] = score
+            res = build_plan(graph, topology, algorithm="parmesan", assignment=res.plan.
+                             assignment(n), num_replicas=r, settings=settings, options=opts,
+                             seed=seed, deadline=deadline, status="optimal", stats=stats,
+                             model=model, view=view)
         tried.append({"stages": s, "replicas": r, "max_stage_seconds": value,
-                      "iteration_estimate": score})
-        results.append((score, i, res))
+                      "simulated_seconds": sim if np.isfinite(sim) else None})
+        if best is None or (sim, value, i) < best[:3]:
+            best = (sim, value, i, res)
     if progress is not None:
         progress("parmesan (S, R)", len(shapes), len(shapes))
-    _, _, best = min(results, key=lambda x: (x[0], x[1]))
+    if best is None:
+        if not reasons:
+            raise InfeasibleError("parmesan found no plan within the time limit")
+        raise InfeasibleError(reasons[0] if len(shapes) == 1 else
+                              f"no (stages, replicas) shape fits: {reasons[0]}")
+    result = best[3]
     if len(shapes) > 1:
-        best.plan.meta["search"]["shapes"] = tried  # type: ignore[index]
-    if len(results) < len(shapes) and best.plan.status != "timed_out":
-        best = build_plan(graph, topology, algorithm="parmesan",
-                          assignment=best.plan.assignment(n),
-                          num_replicas=best.plan.num_replicas, settings=settings,
-                          options=opts, seed=seed, deadline=deadline, status="timed_out",
-                          stats={**best.stats, "shapes": tried}, model=model)
-    return best
+        result.plan.meta["search"]["shapes"] = tried  # type: ignore[index]
+    if len(tried) < len(shapes) and result.plan.status != "timed_out":
+        result = build_plan(graph, topology, algorithm="parmesan",
+                            assignment=result.plan.assignment(n),
+                            num_replicas=result.plan.num_replicas, settings=settings,
+                            options=opts, seed=seed, deadline=deadline, status="timed_out",
+                            stats={**result.stats, "shapes": tried}, model=model, view=view)
+    return result

@@ -26,12 +26,13 @@ from typing import Any
 
 import numpy as np
 
-from shardplan.cost._max_stage import PipelineSettings
+from shardplan.cost import CostModel
 from shardplan.ir import Graph, Topology
 from shardplan.partition._pipeline_common import (
     SETTING_DEFAULTS,
     Deadline,
     build_plan,
+    pipeline_settings,
     sequence_dp,
     shape_candidates,
     tensor_bytes,
@@ -90,7 +91,7 @@ class PipeDreamSequence:
         if used.size > 1:
             off = ~np.eye(used.size, dtype=bool)
             inv = float(np.median(model.inverse_bandwidth[np.ix_(used, used)][off]))
-        comm = 2.0 * cut_bytes(graph, order) * inv  # 2 C_i, after position i
+        comm = 2.0 * cut_bytes(model.graph, order) * inv  # 2 C_i, after position i
         return cls(order, work, params, comm, inv)
 
     def solve(self, num_stages: int, num_replicas: int) -> tuple[float, np.ndarray]:
@@ -117,8 +118,8 @@ def pipedream_partition(graph: Graph, topology: Topology, *, options: Mapping[st
     """PipeDream's DP with one replica count for every stage (see the module docstring)."""
     deadline = Deadline(time_limit)
     opts = take_options("pipedream", options, DEFAULTS)
-    settings = PipelineSettings.from_options(opts)
-    model = settings.model(graph, topology)
+    settings, view = pipeline_settings(opts, graph)
+    model = CostModel.from_settings(graph, topology, settings)
     n = graph.num_nodes
     shapes = shape_candidates(opts, topology.num_devices, n)
     sequence = PipeDreamSequence.build(graph, topology, model,
@@ -138,4 +139,4 @@ def pipedream_partition(graph: Graph, topology: Topology, *, options: Mapping[st
     _, s, r, a = best
     return build_plan(graph, topology, algorithm="pipedream", assignment=a, num_replicas=r,
                       settings=settings, options=opts, seed=seed, deadline=deadline,
-                      status="feasible", stats={"shapes": tried}, model=model)
+                      status="feasible", stats={"shapes": tried}, model=model, view=view)

@@ -14,12 +14,12 @@ from typing import Any
 
 import numpy as np
 
-from shardplan.cost._max_stage import PipelineSettings
 from shardplan.ir import Graph, Topology
 from shardplan.partition._pipeline_common import (
     SETTING_DEFAULTS,
     Deadline,
     build_plan,
+    pipeline_settings,
     shape_candidates,
 )
 from shardplan.registry import Progress, Result, register, take_options
@@ -44,11 +44,11 @@ def uniform_partition(graph: Graph, topology: Topology, *, options: Mapping[str,
     """Equal operator counts per stage along a topological order (deterministic)."""
     deadline = Deadline(time_limit)
     opts = take_options("uniform", options, DEFAULTS)
-    settings = PipelineSettings.from_options(opts)
+    settings, view = pipeline_settings(opts, graph)
     s, r = baseline_shape(opts, graph, topology)
     n = graph.num_nodes
     a = np.empty(n, dtype=np.int64)
     a[graph.topological_order] = np.arange(n) * s // n
     return build_plan(graph, topology, algorithm="uniform", assignment=a, num_replicas=r,
                       settings=settings, options=opts, seed=seed, deadline=deadline,
-                      status="feasible")
+                      status="feasible", view=view)

@@ -1,6 +1,6 @@
 """Simulate a plan's training iteration: schedules as data and a discrete-event simulator.
 
-- :mod:`~shardplan.simulate.schedule`: :class:`Schedule` (per rank, the ordered
+- :mod:`shardplan.ir.schedule` (re-exported here): :class:`Schedule` (per rank, the ordered
   :class:`Action` list; text form ``2F0`` like torch.distributed.pipelining) and the
   generators :func:`gpipe`, :func:`one_f_one_b`, :func:`interleaved_1f1b`;
 - :func:`simulate`: one iteration of a plan on its topology (compute from the shared cost
@@ -10,10 +10,8 @@
 NumPy only; no torch.
 """
 
-from shardplan.simulate._engine import OPTIMIZER_FLOPS, simulate
-from shardplan.simulate._pipeline import PipelineView, stage_order
-from shardplan.simulate.result import Interval, SimulationResult
-from shardplan.simulate.schedule import (
+from shardplan.cost import OPTIMIZER_FLOPS
+from shardplan.ir.schedule import (
     SCHEDULES,
     Action,
     Schedule,
@@ -22,6 +20,9 @@ from shardplan.simulate.schedule import (
     make_schedule,
     one_f_one_b,
 )
+from shardplan.simulate._engine import simulate
+from shardplan.simulate._pipeline import PipelineView, stage_order
+from shardplan.simulate.result import Interval, SimulationResult
 
 __all__ = ["OPTIMIZER_FLOPS", "SCHEDULES", "Action", "Interval", "PipelineView", "Schedule",
            "SimulationResult",

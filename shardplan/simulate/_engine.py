@@ -1,48 +1,49 @@
-"""The discrete-event simulator of one training iteration of a pipeline plan.
+"""The discrete-event simulator of one training iteration of a plan.
 
 Tasks, messages and the network are modelled as follows (Parmesan section 3 mentions its
 task-graph simulator and leaves it to appendix H, which our copy lacks; everything below is
-what we decided):
+what we decided). Every number comes from the one stage-time model,
+:func:`shardplan.cost.stage_times`, with the plan's execution settings, so a plan's
+objective, ``shardplan cost`` and the simulator price the same compute and the same messages:
 
+- **Pipeline.** :class:`~shardplan.simulate.PipelineView`: the stages in pipeline order, the
+  schedule's per-rank action lists, the devices of every rank.
 - **Compute.** Every device runs its rank's schedule actions in order, one at a time (a
   blocked head action blocks the device, as torch's pipelining runtime does). Forward and
-  backward seconds come from the shared :class:`~shardplan.cost.CostModel` on the device
-  that runs them, divided by the R replicas of the stage (each replica runs ``1/R`` of every
-  micro-batch, as in the cost model's equation 3); recomputation adds the forward to the
-  backward. So a pipeline of free transfers gives exactly the cost model's stage times.
-- **Messages.** After the forward of (stage a, micro-batch m), replica i sends to replica i
-  of every stage b that reads a's outputs one message of ``B[a, b] / R`` bytes (the cost
-  model's :func:`~shardplan.cost.stage_traffic`), paying ``T[a, b]`` latencies (one per
-  distinct tensor, sent back to back). Gradients of the same size go back after the
-  backward of b. The forward of b waits for every input message, the backward of a for every
-  gradient. Messages between stages on one device are free.
-- **Network.** A device sends one message at a time (FIFO) but computes meanwhile (a
-  separate communication stream). A message waits its latency, then streams its bytes over
-  the routed path (:func:`shardplan.topology.routes_of`, physical ``links`` when the
-  topology has them, else one direct link per pair); concurrent messages share every link
-  on their paths max-min fairly (progressive filling). Alone on its path a message takes
-  exactly ``latency + bytes / bandwidth``, the cost model's transfer time.
-- **All-reduce.** When all R replicas of a stage have passed its ``REDUCE_GRAD`` action (after
-  its last backward), its gradients (the stage's ``param_bytes``) are ring all-reduced:
-  ``2 (R - 1)`` steps, each every replica sending ``P / R`` bytes to the next on the ring
-  (the plan's device order) through the same send queues and links, the next step starting
-  when the whole step has arrived. Uncontended this is exactly
-  :func:`~shardplan.cost.allreduce_seconds`. The device keeps computing meanwhile.
+  backward seconds are the model's per replica: the replica's share of the micro-batch on
+  its device; recomputation adds the forward to the backward.
+- **Messages.** After the forward of (stage a, replica i, micro-batch m), every message of
+  the model from (a, i) leaves (its bytes, one latency per tensor, sent back to back);
+  gradients of the same size go back after the backward of the receiver. The forward of a
+  replica waits for every message addressed to it, the backward for every gradient. Stages
+  joined only by zero-byte edges still wait for each other (free messages). Messages
+  between stages on one device are free.
+- **Network.** A device sends one message at a time (FIFO). With the settings' ``overlap``
+  (default) it computes meanwhile (a separate communication stream); without it, a message
+  starts only when neither end is computing and neither end starts computing while one of
+  its messages is in flight or waiting (a device computes or communicates, never both). A
+  message waits its latency, then streams its bytes over the routed path
+  (:func:`shardplan.topology.routes_of`, physical ``links`` when the topology has them, else
+  one direct link per pair); concurrent messages share every link on their paths max-min
+  fairly (progressive filling). Alone on its path a message takes exactly the model's
+  ``latency + bytes / bandwidth``.
+- **All-reduce.** When all replicas of a stage have passed its ``REDUCE_GRAD`` action (after
+  its last backward), its gradients are ring all-reduced: ``2 (R - 1)`` steps, each every
+  replica sending ``P / R`` bytes to the next on the ring (the plan's device order) through
+  the same send queues and links, the next step starting when the whole step has arrived.
+  Uncontended this is the model's all-reduce. The device keeps computing meanwhile.
 - **Optimizer step.** A device steps once its actions are done and the all-reduces of its
-  stages are over: ``OPTIMIZER_FLOPS[optimizer]`` FLOPs per parameter (our estimate of the
-  elementwise update: 2 for SGD, 4 with momentum, 12 for Adam) at the device's rate.
+  stages are over, for the model's optimizer seconds.
 - **Memory.** A device holds its stages' parameters, gradients, optimizer state and extra
   memory throughout, plus one micro-batch's activations per (stage, micro-batch) from the
   start of its forward to the end of its backward: the terms of
-  :func:`~shardplan.cost.partition_memory_breakdown` (its activations are linear in the
-  micro-batches in flight), so the peak under 1F1B is the cost model's
-  :func:`~shardplan.cost.in_flight_microbatches` figure.
+  :func:`~shardplan.cost.partition_memory_breakdown`, so the peak is the model's memory with
+  the schedule's micro-batches in flight.
 
 Complexity: O(E log E + C I F h) for E events, C changes of the set of streaming messages
-(rates are recomputed once per time step at which messages start or end), I progressive-
-filling rounds (distinct bottleneck shares), F concurrent messages (at most one per device)
-and h hops per path. A 16-device iteration of ResNet-152 takes tens of milliseconds; 512
-devices of a 3-D torus with 32-replica all-reduces about 6 s.
+(rates are recomputed once per time step at which messages start or end, and only when two
+of them share a link), I progressive-filling rounds, F concurrent messages and h hops per
+path.
 """
 
 from __future__ import annotations
@@ -56,19 +57,16 @@ from typing import Any
 
 import numpy as np
 
-from shardplan.cost import CostModel, plan_arrays, stage_traffic
+from shardplan.cost import CostModel, stage_times
+from shardplan.cost._pipeline import replica_pairs
 from shardplan.errors import ShardplanError
 from shardplan.ir import ExecutionSettings, Graph, Plan, Topology
+from shardplan.ir.schedule import BACKWARD, FORWARD, REDUCE_GRAD, Schedule
 from shardplan.simulate._pipeline import PipelineView
 from shardplan.simulate.result import Interval, SimulationResult
-from shardplan.simulate.schedule import BACKWARD, FORWARD, REDUCE_GRAD, Schedule
 from shardplan.topology import routes_of
 
-__all__ = ["OPTIMIZER_FLOPS", "simulate"]
-
-OPTIMIZER_FLOPS = {"sgd": 2.0, "sgd-momentum": 4.0, "momentum": 4.0, "adam": 12.0,
-                   "adamw": 14.0}
-_PARAM_BYTES = 4.0  # bytes per parameter when counting the optimizer's parameters
+__all__ = ["simulate"]
 
 
 @dataclass
@@ -147,17 +145,34 @@ class _Network:
         return done
 
     def rates(self) -> None:
-        """Max-min fair rates by progressive filling: repeatedly find the links whose capacity
-        left, shared equally among their unfixed messages, is smallest, and fix those
-        messages at that share. O(iterations x total hops), vectorised."""
+        """Max-min fair rates. When no link carries two messages (the common case of a
+        pipeline's point-to-point traffic) each message streams at its path's bottleneck;
+        otherwise progressive filling: repeatedly find the links whose capacity left, shared
+        equally among their unfixed messages, is smallest, and fix those messages at that
+        share. O(total hops) or O(iterations x total hops), vectorised."""
         flows = self.flows
         if not flows:
+            return
+        cap = self.capacity
+        seen: set[int] = set()
+        shared = False
+        for f in flows:
+            for lk in f.links:
+                if lk in seen:
+                    shared = True
+                    break
+                seen.add(lk)
+            if shared:
+                break
+        if not shared:
+            for f in flows:
+                f.rate = min(cap[lk] for lk in f.links)
             return
         lens = np.fromiter((len(f.links) for f in flows), dtype=np.int64, count=len(flows))
         fid = np.repeat(np.arange(len(flows)), lens)
         lid = np.fromiter((lk for f in flows for lk in f.links), dtype=np.int64,
                           count=int(lens.sum()))
-        left = np.asarray(self.capacity, dtype=np.float64).copy()
+        left = np.asarray(cap, dtype=np.float64).copy()
         num_links = left.size
         active = np.ones(len(flows), dtype=bool)
         rate = np.zeros(len(flows))
@@ -179,76 +194,69 @@ class _Network:
 
 
 class _Sim:
-    def __init__(self, plan: Plan, graph: Graph, topology: Topology, schedule: Schedule,
-                 cm: CostModel, order: tuple[int, ...], optimizer: str) -> None:
+    def __init__(self, view: PipelineView, st: Any, static_mem: np.ndarray,
+                 per_mb: np.ndarray, topology: Topology, overlap: bool) -> None:
         self.t = 0.0
         self.heap: list[tuple[float, int, Callable[[], None]]] = []
         self.seq = 0
         self.intervals: list[Interval] = []
-        self.schedule = schedule
-        assign, _ = plan_arrays(plan, graph)
-        k = plan.num_stages
-        inv = np.empty(k, dtype=np.int64)
-        inv[list(order)] = np.arange(k)
-        a = inv[assign]  # pipeline position of every node
-        self.r = r = len(plan.stages[0].devices)
-        # devices: rank p uses the devices of the plan stage at pipeline position p
-        rank_dev = [plan.stages[order[p]].devices for p in range(schedule.num_ranks)]
-        self.dev = np.array([rank_dev[schedule.stage_rank[s]] for s in range(k)],
-                            dtype=np.int64).reshape(k, r)
-        # compute seconds of every (stage, replica)
-        fm, ff, bm, bf = cm.stage_work(a, k)
-        speed, rate = cm.device_speed[self.dev], cm.device_rate[self.dev]
-        fwd = fm[:, None] / speed + ff[:, None] / rate
-        bwd = bm[:, None] / speed + bf[:, None] / rate
-        if cm.recompute:
-            bwd = bwd + fwd
-        self.fwd, self.bwd = fwd / r, bwd / r
-        # traffic and dependencies
-        self.bytes, self.tensors = stage_traffic(graph, a, k)
-        adj = graph.stage_adjacency(a, k)
-        self.succ = [np.flatnonzero(adj[s]).tolist() for s in range(k)]
-        self.pred = [np.flatnonzero(adj[:, s]).tolist() for s in range(k)]
+        self.schedule = sch = view.schedule
+        self.overlap = overlap
+        k = view.num_stages
+        self.dev, self.reps = st.devices, st.replicas
+        self.fwd, self.bwd = st.forward, st.backward
+        # messages: the model's, plus free ones where stages are joined by zero-byte edges
+        self.out_msgs: dict[tuple[int, int], list[tuple[int, int, float, float]]] = {}
+        self.in_msgs: dict[tuple[int, int], list[tuple[int, int, float, float]]] = {}
+        m = st.messages
+        rows = list(zip(m.src_stage.tolist(), m.src_replica.tolist(), m.dst_stage.tolist(),
+                        m.dst_replica.tolist(), m.nbytes.tolist(), m.tensors.tolist(),
+                        strict=True))
+        for a, b in zip(*np.nonzero(view.adjacency & (st.traffic_bytes <= 0)), strict=True):
+            ii, jj, _ = replica_pairs(int(self.reps[a]), int(self.reps[b]))
+            rows += [(int(a), int(i), int(b), int(j), 0.0, 0.0)
+                     for i, j in zip(ii.tolist(), jj.tolist(), strict=True)]
+        for a, i, b, j, nb, tn in rows:
+            self.out_msgs.setdefault((a, i), []).append((b, j, nb, tn))
+            self.in_msgs.setdefault((b, j), []).append((a, i, nb, tn))
         # memory
-        mem = cm.memory_breakdown(a, k, in_flight=0, replicas=r)["total"]
-        mem1 = cm.memory_breakdown(a, k, in_flight=1, replicas=r)["total"]
-        self.per_mb = mem1 - mem
-        self.devices = tuple(sorted({int(d) for d in self.dev.ravel()}))
+        self.per_mb = per_mb
+        self.devices = tuple(sorted({int(d) for d in self.dev[self.dev >= 0]}))
         self.mem_now = {d: 0.0 for d in self.devices}
-        for s in range(k):
-            for i in range(r):
-                self.mem_now[int(self.dev[s, i])] += float(mem[s])
-        self.mem_peak = dict(self.mem_now)
-        self.mem_line = {d: [(0.0, self.mem_now[d])] for d in self.devices}
-        # optimizer: seconds per device
-        params = np.bincount(a, weights=graph.param_bytes.astype(np.float64), minlength=k)
-        self.grad_bytes = params
-        flops = OPTIMIZER_FLOPS.get(optimizer, 12.0)
         self.opt_seconds = {d: 0.0 for d in self.devices}
         for s in range(k):
-            for i in range(r):
+            for i in range(int(self.reps[s])):
                 d = int(self.dev[s, i])
-                self.opt_seconds[d] += params[s] / _PARAM_BYTES * flops / cm.device_rate[d]
+                self.mem_now[d] += float(static_mem[s])
+                self.opt_seconds[d] += float(st.optimizer[s, i])
+        self.mem_peak = dict(self.mem_now)
+        self.mem_line = {d: [(0.0, self.mem_now[d])] for d in self.devices}
+        self.grad_bytes = st.param_bytes
         # network
         self.topology = topology
         self.routes = routes_of(topology)
         self._link_ids: dict[tuple[int, int], int] = {}
-        caps: list[float] = []
         best: dict[tuple[int, int], tuple[float, float]] = {}
         for lk in topology.links:
             key = (int(lk.src), int(lk.dst))
             if key not in best or (lk.latency, -lk.bandwidth) < best[key]:
                 best[key] = (lk.latency, -lk.bandwidth)
         self._link_bw = {key: -v[1] for key, v in best.items()}
-        self.net = _Network(caps)
+        self.net = _Network([])
         self._paths: dict[tuple[int, int], tuple[int, ...]] = {}
         self.send_q: dict[int, deque[_Message]] = {d: deque() for d in self.devices}
         self.sending: dict[int, bool] = {d: False for d in self.devices}
+        self.computing: dict[int, bool] = {d: False for d in self.devices}
+        self.pending: dict[int, int] = {d: 0 for d in self.devices}
         # workers and bookkeeping
-        self.workers = [_Worker(p, i, int(rank_dev[p][i]), schedule.ranks[p],
-                                stages=tuple(s for s in range(k) if schedule.stage_rank[s] == p))
-                        for p in range(schedule.num_ranks) for i in range(r)]
+        self.workers = [
+            _Worker(p, i, int(view.rank_devices[p][i]), sch.ranks[p],
+                    stages=tuple(s for s in range(k) if sch.stage_rank[s] == p))
+            for p in range(sch.num_ranks) for i in range(len(view.rank_devices[p]))]
         self.worker_of = {(w.rank, w.replica): w for w in self.workers}
+        self.workers_on: dict[int, list[_Worker]] = {d: [] for d in self.devices}
+        for w in self.workers:
+            self.workers_on.setdefault(w.device, []).append(w)
         self.arrived: dict[tuple[str, int, int, int], int] = {}
         self.ar_ready = [0] * k
         self.ar_start = [math.nan] * k
@@ -285,12 +293,12 @@ class _Sim:
 
     # ------------------------------------------------------------------ compute
     def ready(self, w: _Worker, act: Any) -> bool:
+        key = (act.stage, w.replica)
         if act.op == FORWARD:
-            need = len(self.pred[act.stage])
-            have = self.arrived.get((FORWARD, act.stage, w.replica, act.microbatch), 0)
+            need = len(self.in_msgs.get(key, ()))
         else:
-            need = len(self.succ[act.stage])
-            have = self.arrived.get((BACKWARD, act.stage, w.replica, act.microbatch), 0)
+            need = len(self.out_msgs.get(key, ()))
+        have = self.arrived.get((act.op, act.stage, w.replica, act.microbatch), 0)
         w.waiting = f"{have} of {need} messages arrived"
         return have >= need
 
@@ -307,16 +315,21 @@ class _Sim:
                 continue
             if not self.ready(w, act):
                 return
+            if not self.overlap and self.pending[w.device]:
+                w.waiting = "its messages to go first (no overlap)"
+                return
             w.pos += 1
             s, i = act.stage, w.replica
             dur = float(self.fwd[s, i] if act.op == FORWARD else self.bwd[s, i])
             start = self.t
             w.busy = True
+            self.computing[w.device] = True
             if act.op == FORWARD:
                 self.memory(w.device, float(self.per_mb[s]))
 
             def finish(w: _Worker = w, act: Any = act, start: float = start) -> None:
                 w.busy = False
+                self.computing[w.device] = False
                 self.intervals.append(Interval(w.device, start, self.t, act.op, act.stage,
                                                act.microbatch))
                 if act.op == FORWARD:
@@ -325,6 +338,8 @@ class _Sim:
                     self.memory(w.device, -float(self.per_mb[act.stage]))
                     self.last_backward = max(self.last_backward, self.t)
                     self.sent_backward(act.stage, w.replica, act.microbatch)
+                if not self.overlap:
+                    self.retry_sends()
                 self.advance(w)
 
             self.at(self.t + dur, finish)
@@ -353,16 +368,14 @@ class _Sim:
         self.advance(self.worker_of[(self.schedule.stage_rank[stage], replica)])
 
     def sent_forward(self, s: int, i: int, m: int) -> None:
-        for b in self.succ[s]:
-            self.send(int(self.dev[s, i]), int(self.dev[b, i]), self.bytes[s, b] / self.r,
-                      self.tensors[s, b], "activation", s, m,
-                      lambda b=b: self.wake(FORWARD, b, i, m))
+        for b, j, nb, tn in self.out_msgs.get((s, i), ()):
+            self.send(int(self.dev[s, i]), int(self.dev[b, j]), nb, tn, "activation", s, m,
+                      lambda b=b, j=j: self.wake(FORWARD, b, j, m))
 
-    def sent_backward(self, s: int, i: int, m: int) -> None:
-        for a in self.pred[s]:
-            self.send(int(self.dev[s, i]), int(self.dev[a, i]), self.bytes[a, s] / self.r,
-                      self.tensors[a, s], "gradient", s, m,
-                      lambda a=a: self.wake(BACKWARD, a, i, m))
+    def sent_backward(self, s: int, j: int, m: int) -> None:
+        for a, i, nb, tn in self.in_msgs.get((s, j), ()):
+            self.send(int(self.dev[s, j]), int(self.dev[a, i]), nb, tn, "gradient", s, m,
+                      lambda a=a, i=i: self.wake(BACKWARD, a, i, m))
 
     def send(self, src: int, dst: int, nbytes: float, tensors: float, kind: str, stage: int,
              mb: int | None, on_arrival: Callable[[], None]) -> None:
@@ -372,15 +385,24 @@ class _Sim:
         lat = float(self.topology.latency[src, dst]) * float(tensors)
         self.send_q[src].append(_Message(src, dst, float(nbytes), lat, kind, stage, mb,
                                          on_arrival))
+        self.pending[src] += 1
+        self.pending[dst] += 1
         self.next_send(src)
 
     def next_send(self, src: int) -> None:
         if self.sending[src] or not self.send_q[src]:
             return
-        msg = self.send_q[src].popleft()
+        msg = self.send_q[src][0]
+        if not self.overlap and (self.computing[src] or self.computing[msg.dst]):
+            return  # retried when a computation ends
+        self.send_q[src].popleft()
         self.sending[src] = True
         msg.start = self.t
         self.at(self.t + msg.latency, lambda: self.stream(msg))
+
+    def retry_sends(self) -> None:
+        for d in self.devices:
+            self.next_send(d)
 
     def stream(self, msg: _Message) -> None:
         if msg.nbytes <= 0:
@@ -411,70 +433,79 @@ class _Sim:
         self.intervals.append(Interval(msg.src, msg.start, self.t, msg.kind, msg.stage,
                                        msg.microbatch, msg.dst))
         self.sending[msg.src] = False
+        self.pending[msg.src] -= 1
+        self.pending[msg.dst] -= 1
         msg.on_arrival()
         self.next_send(msg.src)
+        if not self.overlap:
+            for d in (msg.src, msg.dst):
+                for w in self.workers_on.get(d, ()):
+                    self.advance(w)
 
     # ------------------------------------------------------------------ all-reduce
     def reduce_ready(self, s: int) -> None:
         self.ar_ready[s] += 1
-        if self.ar_ready[s] < self.r:
+        r = int(self.reps[s])
+        if self.ar_ready[s] < r:
             return
         self.ar_start[s] = self.t
-        if self.r == 1 or self.grad_bytes[s] <= 0:
+        if r == 1 or self.grad_bytes[s] <= 0:
             self.reduce_done(s)
         else:
-            self.reduce_step(s, 2 * (self.r - 1))
+            self.reduce_step(s, 2 * (r - 1))
 
     def reduce_step(self, s: int, steps_left: int) -> None:
         if steps_left == 0:
             self.reduce_done(s)
             return
-        self.ar_step_left[s] = self.r
-        chunk = self.grad_bytes[s] / self.r
+        r = int(self.reps[s])
+        self.ar_step_left[s] = r
+        chunk = self.grad_bytes[s] / r
 
         def arrived() -> None:
             self.ar_step_left[s] -= 1
             if self.ar_step_left[s] == 0:
                 self.reduce_step(s, steps_left - 1)
 
-        for i in range(self.r):
-            self.send(int(self.dev[s, i]), int(self.dev[s, (i + 1) % self.r]), chunk, 1.0,
+        for i in range(r):
+            self.send(int(self.dev[s, i]), int(self.dev[s, (i + 1) % r]), chunk, 1.0,
                       "allreduce", s, None, arrived)
 
     def reduce_done(self, s: int) -> None:
         self.ar_done[s] = self.t
         p = self.schedule.stage_rank[s]
-        for i in range(self.r):
+        for i in range(int(self.reps[s])):
             self.advance(self.worker_of[(p, i)])
 
 
-def simulate(plan: Plan, graph: Graph, topology: Topology, *, schedule: str | Schedule = "1f1b",
-             num_microbatches: int = 4, recompute: bool = False, virtual_stages: int = 2,
-             optimizer: str = "adam", mixed_precision: bool = False,
-             param_dtype_bytes: int = 2, efficiency: float = 1.0,
-             profile_flops: float | None = None, timeline: bool = True) -> SimulationResult:
+_LEGACY = {"num_microbatches": "microbatches"}
+
+
+def simulate(plan: Plan, graph: Graph, topology: Topology,
+             settings: ExecutionSettings | None = None, *,
+             schedule: str | Schedule | None = None, timeline: bool = True,
+             **overrides: Any) -> SimulationResult:
     """Simulate one training iteration of ``plan`` (see the module docstring for the model).
 
     Parameters
     ----------
     plan, graph, topology
-        Every stage must have the same number R of replica devices.
-    schedule : {"gpipe", "1f1b", "interleaved-1f1b"} or Schedule
-        A name, or a schedule of the plan's number of stages (pipeline positions in the
-        order of :func:`stage_order`). ``interleaved-1f1b`` runs the S stages on the
-        devices of the first ``S / virtual_stages`` pipeline positions, stage s on those of
-        position ``s mod (S / v)`` (the looping placement of Narayanan et al. 2021); the
-        other stages' devices stay idle.
-    num_microbatches : int
-        Ignored when ``schedule`` is a Schedule (its own count is used).
-    recompute : bool
-        Activation recomputation: the backward re-runs the forward, and only stage inputs are
-        kept between the passes (the cost model's ``recompute``).
-    virtual_stages : int
-    optimizer, mixed_precision, param_dtype_bytes, efficiency, profile_flops
-        Passed to :class:`~shardplan.cost.CostModel`.
+        Stages may have different replica counts.
+    settings : ExecutionSettings, optional
+        How the iteration runs; default: the plan's own (:attr:`Plan.settings`).
+    schedule : str or Schedule, optional
+        A schedule name (overrides the settings' ``schedule``), or a schedule of the plan's
+        number of stages (pipeline positions in the order of :func:`stage_order`; its
+        micro-batch count is used). ``interleaved-1f1b`` runs the S stages on the devices
+        of the first ``S / virtual_stages`` pipeline positions, stage s on those of position
+        ``s mod (S / v)`` (the looping placement of Narayanan et al. 2021); the other
+        stages' devices stay idle.
     timeline : bool
         Keep the intervals and memory timeline in the result.
+    **overrides
+        Any :class:`~shardplan.ir.ExecutionSettings` field (``microbatches``,
+        ``recompute``, ``optimizer``, ``efficiency``, ``overlap``, ...; ``num_microbatches``
+        is accepted for ``microbatches``), overriding ``settings``.
 
     Returns
     -------
@@ -483,8 +514,8 @@ def simulate(plan: Plan, graph: Graph, topology: Topology, *, schedule: str | Sc
     Raises
     ------
     ShardplanError
-        Stages with different replica counts, a cyclic stage graph, a schedule that does not
-        fit the plan or deadlocks, an unreachable device pair.
+        A cyclic stage graph, a schedule that does not fit the plan or deadlocks, an
+        unreachable device pair, a bad setting.
 
     Examples
     --------
@@ -493,31 +524,35 @@ def simulate(plan: Plan, graph: Graph, topology: Topology, *, schedule: str | Sc
     >>> t = Topology(name="t", devices=(Device("a", 1e12, 1e12), Device("b", 1e12, 1e12)),
     ...              bandwidth=[[0, 1e9], [1e9, 0]], latency=[[0, 0], [0, 0]])
     >>> p = Plan("g", "t", "hand", (Stage((0,), (0,)), Stage((1,), (1,))), Objective("x", 0))
-    >>> r = simulate(p, g, t, schedule="gpipe", num_microbatches=3, optimizer="sgd")
+    >>> r = simulate(p, g, t, schedule="gpipe", microbatches=3, optimizer="sgd")
     >>> round(r.iteration_seconds, 6), round(r.bubble_fraction, 4)  # (3 + 2 - 1) * (1 + 2)
     (12.0, 0.25)
     """
-    if isinstance(num_microbatches, bool) or not isinstance(num_microbatches, int) \
-            or num_microbatches < 1:
-        raise ShardplanError(f"the number of micro-batches must be a positive integer, got "
-                             f"{num_microbatches!r}")
     plan.validate(graph, topology)
-    plan_arrays(plan, graph)  # same replica count everywhere
-    cm = CostModel(graph, topology, optimizer=optimizer, mixed_precision=mixed_precision,
-                   param_dtype_bytes=param_dtype_bytes, efficiency=efficiency,
-                   recompute=recompute, profile_flops=profile_flops)
-    k = plan.num_stages
+    settings = plan.settings if settings is None else settings
+    changes = {_LEGACY.get(k, k): v for k, v in overrides.items()}
+    given: Schedule | None = None
     if isinstance(schedule, Schedule):
-        view = PipelineView.build(plan, graph, schedule=schedule)
-    else:
-        settings = ExecutionSettings(schedule=schedule, microbatches=num_microbatches,
-                                     virtual_stages=max(int(virtual_stages), 2)
-                                     if schedule == "interleaved-1f1b" else 2)
-        if schedule == "interleaved-1f1b" and virtual_stages < 2:
-            raise ShardplanError("interleaved 1F1B needs at least 2 virtual stages per rank")
-        view = PipelineView.build(plan, graph, settings)
+        given = schedule
+        changes["microbatches"] = schedule.num_microbatches
+    elif schedule is not None:
+        changes["schedule"] = schedule
+    settings, _ = settings.override(**changes)
+    settings = settings.resolve(graph)
+    view = PipelineView.build(plan, graph, settings, schedule=given)
     sch, order = view.schedule, view.order
-    sim = _Sim(plan, graph, topology, sch, cm, order, optimizer)
+    k = plan.num_stages
+    pos = np.empty(k, dtype=np.int64)
+    pos[list(order)] = np.arange(k)
+    a_pos = pos[plan.assignment(graph.num_nodes)]
+    devices = [view.stage_devices(p) for p in range(k)]
+    cm = CostModel.from_settings(graph, topology, settings)
+    st = stage_times(cm, a_pos, devices, num_stages=k, order=range(k),
+                     in_flight=sch.in_flight())
+    reps = st.replicas
+    static = cm.memory_breakdown(a_pos, k, in_flight=0, replicas=reps)["total"]
+    per_mb = cm.memory_breakdown(a_pos, k, in_flight=1, replicas=reps)["total"] - static
+    sim = _Sim(view, st, static, per_mb, topology, settings.overlap)
     sim.run()
     m = sch.num_microbatches
     devs = sim.devices
@@ -530,13 +565,16 @@ def simulate(plan: Plan, graph: Graph, topology: Topology, *, schedule: str | Sc
     bubble = 1.0 - sum(busy.values()) / (len(devs) * pipeline) if pipeline > 0 else 0.0
     per_device = {d: 0.0 for d in devs}
     for s in range(k):
-        for i in range(sim.r):
-            d = int(sim.dev[s, i])
-            per_device[d] += float(sim.fwd[s, i] + sim.bwd[s, i])
-    samples = m * int(graph.batch_size)
+        for i in range(int(reps[s])):
+            per_device[int(st.devices[s, i])] += float(st.forward[s, i] + st.backward[s, i])
+    samples = int(settings.global_batch or m * graph.batch_size)
     intervals = tuple(sorted(sim.intervals, key=lambda iv: (iv.start, iv.device, iv.end)))
+    opts = settings.to_dict()
+    opts.update(num_microbatches=m, schedule=sch.name,
+                virtual_stages=settings.virtual_stages if sch.name == "interleaved-1f1b"
+                else 1)
     return SimulationResult(
-        schedule=sch, stage_order=order, num_microbatches=m, num_replicas=sim.r,
+        schedule=sch, stage_order=order, num_microbatches=m, num_replicas=int(reps.max()),
         samples_per_iteration=samples, iteration_seconds=iteration, pipeline_seconds=pipeline,
         throughput=samples / iteration if iteration > 0 else math.inf,
         bubble_fraction=float(max(0.0, bubble)), devices=devs,
@@ -549,8 +587,5 @@ def simulate(plan: Plan, graph: Graph, topology: Topology, *, schedule: str | Sc
         ideal_seconds=float(m * max(per_device.values())),
         intervals=intervals if timeline else (),
         memory_timeline=tuple(tuple(sim.mem_line[d]) for d in devs) if timeline else (),
-        options={"schedule": sch.name, "num_microbatches": m, "recompute": recompute,
-                 "virtual_stages": virtual_stages if sch.name == "interleaved-1f1b" else 1,
-                 "optimizer": optimizer, "mixed_precision": mixed_precision,
-                 "efficiency": efficiency},
+        options=opts,
     )

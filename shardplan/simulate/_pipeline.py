@@ -7,39 +7,20 @@ stages, the same devices per rank and the same per-rank action lists (``2F0`` ..
 
 from __future__ import annotations
 
-import heapq
 from dataclasses import dataclass
 
 import numpy as np
 
 from shardplan.errors import ShardplanError
 from shardplan.ir import ExecutionSettings, Graph, Plan
-from shardplan.simulate.schedule import Schedule, make_schedule
+from shardplan.ir.schedule import Schedule, make_schedule
 
 __all__ = ["PipelineView", "stage_order"]
 
 
 def stage_order(graph: Graph, plan: Plan) -> tuple[int, ...]:
-    """The plan's stages in pipeline order: a topological order of the stage graph (ties by
-    stage id). Raises :class:`ShardplanError` when the stages depend on each other in a
-    cycle (no pipeline can run them). O(n + m + k^2)."""
-    k = plan.num_stages
-    adj = graph.stage_adjacency(plan.assignment(graph.num_nodes), k)
-    indeg = adj.sum(axis=0)
-    ready = [s for s in range(k) if indeg[s] == 0]
-    heapq.heapify(ready)
-    order: list[int] = []
-    while ready:
-        s = heapq.heappop(ready)
-        order.append(s)
-        for t in np.flatnonzero(adj[s]):
-            indeg[t] -= 1
-            if indeg[t] == 0:
-                heapq.heappush(ready, int(t))
-    if len(order) < k:
-        raise ShardplanError("the plan's stages depend on each other in a cycle: no pipeline "
-                             "schedule can run them")
-    return tuple(order)
+    """The plan's stages in pipeline order (:meth:`Graph.stage_order`). O(n + m + k^2)."""
+    return graph.stage_order(plan.assignment(graph.num_nodes), plan.num_stages)
 
 
 @dataclass(frozen=True, eq=False)

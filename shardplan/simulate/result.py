@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from shardplan.simulate.schedule import Schedule
+from shardplan.ir.schedule import Schedule
 
 __all__ = ["COMPUTE_KINDS", "TRANSFER_KINDS", "Interval", "SimulationResult"]
 

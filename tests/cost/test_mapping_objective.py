@@ -1,5 +1,5 @@
-"""``shardplan cost --objective max-stage`` on mapped plans: Parmesan equations 6 and 7 on a
-tiny instance worked out by hand."""
+"""``shardplan cost --objective max-stage`` on mapped plans: the views of the stage-time model
+(Parmesan equations 6 and 7, equation 3, overlap) on a tiny instance worked out by hand."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from shardplan.errors import ShardplanError
-from shardplan.ir import Device, Graph, Objective, Plan, Stage, Topology, save
+from shardplan.ir import Device, ExecutionSettings, Graph, Objective, Plan, Stage, Topology, save
 from shardplan.objectives import evaluate
 from tests.helpers import run_cli
 
@@ -34,32 +34,50 @@ def instance(name: str = "max_stage_seconds_p2p", **options) -> tuple[Graph, Top
 def test_p2p_by_hand():
     graph, topo, plan = instance()
     name, value, details = evaluate(plan, graph, topo, "max-stage")
-    # compute 3 s and 6 s; replica 0: devices 0 <-> 2 (1 ms + 1e6 / 1e9 = 2 ms);
-    # replica 1: devices 1 <-> 3 (1 ms + 1e6 / 5e8 = 3 ms).
+    # Replicas split the micro-batch: compute 3 s / 2 and 6 s / 2 per replica. Each replica
+    # sends or receives half the 1e6-byte tensor forward and its gradient backward: replica
+    # 0 on devices 0 <-> 2 (1 ms + 5e5 / 1e9 = 1.5 ms each way), replica 1 on 1 <-> 3
+    # (1 ms + 5e5 / 5e8 = 2 ms each way); both stages pay both messages.
     assert name == "max_stage_seconds_p2p"
-    assert np.allclose(details["replica_seconds"], [[3.002, 3.003], [6.002, 6.003]])
-    assert value == pytest.approx(6.003)
+    assert np.allclose(details["replica_seconds"], [[1.503, 1.504], [3.003, 3.004]])
+    assert value == pytest.approx(3.004)
 
 
 def test_allreduce_by_hand():
     graph, topo, plan = instance("max_stage_seconds_allreduce")
     name, value, details = evaluate(plan, graph, topo, "max-stage")
-    # R = 2: 2 (R - 1) P / R = P. Stage 0: 4e8 / 1e10 = 0.04 s; stage 1: 2e9 / 1e9 = 2 s.
+    # Ring of R = 2: 2 (R - 1) (latency + P / (R B)). Stage 0 on 0, 1: 2 (1 ms + 2e8 / 1e10)
+    # = 0.042 s; stage 1 on 2, 3: 2 (1 ms + 1e9 / 1e9) = 2.002 s; plus the replica's compute.
     assert name == "max_stage_seconds_allreduce"
-    assert details["stage_seconds"] == pytest.approx([3.04, 8.0])
-    assert value == pytest.approx(8.0)
+    assert details["stage_seconds"] == pytest.approx([1.542, 5.002])
+    assert details["allreduce_seconds"] == pytest.approx([0.042, 2.002])
+    assert value == pytest.approx(5.002)
+
+
+def test_overlap_and_eq3_by_hand():
+    graph, topo, plan = instance("max_stage_seconds_overlap")
+    name, value, details = evaluate(plan, graph, topo, "max-stage")
+    # max(compute, sends) + all-reduce / (M + P - 1) with M = 8 micro-batches, P = 2 ranks.
+    assert name == "max_stage_seconds_overlap"
+    assert details["stage_seconds"] == pytest.approx([1.5 + 0.042 / 9, 3.0 + 2.002 / 9])
+    # equation 3 is equation 6's slowest replica, at the same placement
+    name, value, _ = evaluate(plan, graph, topo, "max-stage", model="eq3")
+    assert name == "max_stage_seconds" and value == pytest.approx(3.004)
 
 
 def test_model_option_overrides_the_recorded_name():
     graph, topo, plan = instance("max_stage_seconds_p2p")
     name, value, _ = evaluate(plan, graph, topo, "max-stage", model="allreduce")
-    assert name == "max_stage_seconds_allreduce" and value == pytest.approx(8.0)
+    assert name == "max_stage_seconds_allreduce" and value == pytest.approx(5.002)
 
 
-def test_cost_options_come_from_the_plan_unless_given():
-    graph, topo, plan = instance(efficiency=0.5)
-    assert evaluate(plan, graph, topo, "max-stage")[1] == pytest.approx(12.003)
-    assert evaluate(plan, graph, topo, "max-stage", efficiency=1.0)[1] == pytest.approx(6.003)
+def test_settings_come_from_the_plan_unless_given():
+    graph, topo, plan = instance(efficiency=0.5)  # an older plan: settings in its options
+    assert evaluate(plan, graph, topo, "max-stage")[1] == pytest.approx(6.004)
+    assert evaluate(plan, graph, topo, "max-stage", efficiency=1.0)[1] == pytest.approx(3.004)
+    graph, topo, plan = instance()
+    plan = plan.with_settings(ExecutionSettings(efficiency=0.25))
+    assert evaluate(plan, graph, topo, "max-stage")[1] == pytest.approx(12.004)
     with pytest.raises(ShardplanError, match="bogus"):
         evaluate(plan, graph, topo, "max-stage", bogus=1)
 
@@ -71,7 +89,7 @@ def test_cli_cost_of_a_mapped_plan(tmp_path, capsys):
     files = [str(tmp_path / f) for f in ("p.json", "g.json", "t.json")]
     assert run_cli(["cost", *files, "--objective", "max-stage", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["objective"] == "max_stage_seconds_p2p" and out["value"] == pytest.approx(6.003)
+    assert out["objective"] == "max_stage_seconds_p2p" and out["value"] == pytest.approx(3.004)
     assert run_cli(["cost", *files, "--objective", "max-stage", "--model", "allreduce",
                     "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["value"] == pytest.approx(8.0)
+    assert json.loads(capsys.readouterr().out)["value"] == pytest.approx(5.002)

@@ -21,7 +21,7 @@ def files(tmp_path):
 
 
 @pytest.mark.parametrize("algorithm", ["optimal", "consecutive"])
-@pytest.mark.parametrize("model", ["p2p", "allreduce"])
+@pytest.mark.parametrize("model", ["overlap", "p2p", "allreduce"])
 def test_map_then_cost(files, tmp_path, capsys, algorithm, model):
     out = tmp_path / "mapped.json"
     assert run_cli(["map", *files, "--algorithm", algorithm, "--model", model,
@@ -40,9 +40,26 @@ def test_map_json_and_auto_model(files, capsys):
                     "--time-limit", "30"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["format"] == "shardplan.plan/1" and data["seed"] == 3
-    assert data["options"]["model"] in ("p2p", "allreduce")
+    assert data["options"]["model"] == "overlap"  # auto: the simulator's view
     assert data["mapped_from"]["algorithm"] == "test"
-    assert data["status"] == "optimal"
+    # the simulator judged the optimum against the consecutive mapping
+    judge = data["judge"]
+    assert judge["kept"] in ("optimal", "consecutive")
+    if judge["kept"] == "optimal":
+        assert data["status"] == "optimal"
+        assert judge["simulated_seconds"] <= judge["consecutive_simulated_seconds"]
+    else:
+        assert data["status"] == "feasible"
+        assert judge["consecutive_simulated_seconds"] < judge["simulated_seconds"]
+
+
+def test_map_flag_overrides_the_plan_setting_with_a_note(files, capsys):
+    assert run_cli(["map", *files, "--algorithm", "consecutive", "--json",
+                    "--microbatches", "3"]) == 0
+    out = capsys.readouterr()
+    data = json.loads(out.out)
+    assert data["execution"]["microbatches"] == 3
+    assert "shardplan: note: microbatches 3 overrides the plan's 8" in out.err
 
 
 @pytest.mark.parametrize("extra, message", [

@@ -14,11 +14,13 @@ from shardplan.mapping._search import AllreduceSearch, P2PSearch, consecutive_de
 from shardplan.mapping._stage_time import build_problem, choose_model, stage_times
 from tests.mapping.test_optimal import brute_force, make_instance
 
+MODELS = ["overlap", "p2p", "allreduce"]
 
-@pytest.mark.parametrize("model", ["p2p", "allreduce"])
+
+@pytest.mark.parametrize("model", MODELS)
 def test_batch_evaluation_equals_one_by_one(model):
     graph, topo, plan = make_instance(8, 3, 2, 7, symmetric=False)
-    prob = build_problem(plan, graph, topo)
+    prob = build_problem(plan, graph, topo, model=model)
     rng = np.random.default_rng(0)
     batch = np.stack([rng.permutation(7)[:6].reshape(3, 2) for _ in range(20)])
     together = stage_times(prob, batch, model)
@@ -26,48 +28,68 @@ def test_batch_evaluation_equals_one_by_one(model):
         assert np.array_equal(together[b], stage_times(prob, batch[b], model))
 
 
-@pytest.mark.parametrize("model", ["p2p", "allreduce"])
+@pytest.mark.parametrize("model", MODELS)
 def test_local_search_never_worsens_and_keeps_a_bijection(model):
     for seed in range(5):
         graph, topo, plan = make_instance(seed, 4, 2, 8)
-        prob = build_problem(plan, graph, topo)
+        prob = build_problem(plan, graph, topo, model=model)
         start = consecutive_devices(4, 2)
         dev, _ = improve(prob, model, start)
         assert len(set(dev.reshape(-1).tolist())) == 8
         assert stage_times(prob, dev, model).max() <= stage_times(prob, start, model).max()
 
 
-@pytest.mark.parametrize("model", ["p2p", "allreduce"])
+@pytest.mark.parametrize("model", MODELS)
 def test_inner_search_answers_around_the_optimum(model):
     graph, topo, plan = make_instance(21, 3, 2, 6)
-    prob = build_problem(plan, graph, topo)
+    prob = build_problem(plan, graph, topo, model=model)
     opt = brute_force(graph, topo, plan, model)
-    search = (P2PSearch if model == "p2p" else AllreduceSearch)(prob)
+    search = (AllreduceSearch if model == "allreduce" else P2PSearch)(prob)
     above = search.search(opt * (1 + 1e-6), None)
     assert above.status == "found" and above.value <= opt * (1 + 1e-6)
     assert search.search(opt * (1 - 1e-6), None).status == "infeasible"
     # The node bounds are lower bounds of the optimum (eq. 8 / 9).
-    nb = p2p_node_bounds(prob) if model == "p2p" else allreduce_node_bounds(prob)
+    nb = allreduce_node_bounds(prob) if model == "allreduce" else p2p_node_bounds(prob)
     assert lower_bound(prob, model, nb) <= opt * (1 + 1e-12)
 
 
 def test_p2p_bound_uses_the_exact_assignment_with_latency():
     # Stage 0 talks to two stages; eq. 8 places both neighbours on distinct devices.
     graph, topo, plan = make_instance(2, 3, 1, 4)
-    prob = build_problem(plan, graph, topo)
+    prob = build_problem(plan, graph, topo, model="p2p")
     nb = p2p_node_bounds(prob)
     assert np.all(nb >= prob.compute - 1e-15)
     assert math.isfinite(lower_bound(prob, "p2p", nb)) or not np.isfinite(nb).any()
 
 
-def test_choose_model_by_bytes():
+def test_auto_model_follows_the_settings():
+    from shardplan.ir import ExecutionSettings
+
     graph, topo, plan = make_instance(0, 2, 2, 4)
-    prob = build_problem(plan, graph, topo)
-    ar = prob.param_bytes.sum()
-    cut = np.triu(prob.stage_bytes, 1).sum()
-    assert choose_model(prob) == ("allreduce" if ar > cut else "p2p")
-    graph1, topo1, plan1 = make_instance(0, 2, 1, 4)  # one replica: nothing to all-reduce
-    assert choose_model(build_problem(plan1, graph1, topo1)) == "p2p"
+    assert choose_model(build_problem(plan, graph, topo)) == "overlap"
+    off = ExecutionSettings(overlap=False)
+    assert choose_model(build_problem(plan, graph, topo, settings=off)) == "p2p"
+    assert choose_model(build_problem(plan, graph, topo, model="allreduce")) == "allreduce"
+
+
+def test_views_agree_with_the_stage_time_model():
+    # The mapping's arrays and shardplan.cost.stage_times are two code paths for one model.
+    from shardplan.cost import CostModel
+    from shardplan.cost import stage_times as model_times
+
+    for seed in range(4):
+        graph, topo, plan = make_instance(seed, 3, 2, 7, symmetric=seed % 2 == 0)
+        devices = np.random.default_rng(seed).permutation(7)[:6].reshape(3, 2)
+        cm = CostModel.from_settings(graph, topo, plan.settings)
+        st = model_times(cm, plan.assignment(graph.num_nodes), devices, order=range(3))
+        for model in MODELS:
+            prob = build_problem(plan, graph, topo, model=model)
+            got = stage_times(prob, devices)
+            want = st.replica_seconds(model)
+            assert np.allclose(np.nan_to_num(got, posinf=-1), np.nan_to_num(want, posinf=-1),
+                               rtol=1e-12, atol=0)
+        # equation 3 is equation 6's slowest replica at the same placement
+        assert np.allclose(st.stage_seconds("eq3"), st.replica_seconds("p2p").max(axis=1))
 
 
 def test_ring_bottleneck_by_hand():

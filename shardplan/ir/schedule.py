@@ -139,6 +139,27 @@ class Schedule:
                         if (s, op, mb) not in seen:
                             raise ShardplanError(f"rank {r} never runs {Action(s, op, mb)}")
 
+    def in_flight(self) -> tuple[int, ...]:
+        """Per stage, the most micro-batches whose activations it holds at once: the peak of
+        (forwards started - backwards done) along its rank's actions. GPipe gives M, 1F1B
+        ``min(S - s, M)`` (what the memory model charges). O(S M).
+
+        Examples
+        --------
+        >>> one_f_one_b(3, 5).in_flight(), gpipe(2, 3).in_flight()
+        ((3, 2, 1), (3, 3))
+        """
+        peak = [0] * self.num_stages
+        for actions in self.ranks:
+            now = dict.fromkeys(range(self.num_stages), 0)
+            for a in actions:
+                if a.op == FORWARD:
+                    now[a.stage] += 1
+                    peak[a.stage] = max(peak[a.stage], now[a.stage])
+                elif a.op == BACKWARD:
+                    now[a.stage] -= 1
+        return tuple(peak)
+
     # ------------------------------------------------------------------ text form
     def to_text(self) -> str:
         """The CSV-like text form (see the module docstring); :meth:`from_text` reads it."""

@@ -1,0 +1,122 @@
+"""The execution model's formulas, each written once.
+
+Everything that prices compute, a message, an all-reduce, an optimizer step or a stage's
+memory -- the cost model, the partitioners' dynamic programs and refinement, the mapping
+search and the simulator -- calls these elementwise functions (on scalars or arrays), so a
+change to the model is a change here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+__all__ = ["OPTIMIZER_FLOPS", "OPTIMIZER_STATE", "message_seconds", "optimizer_seconds",
+           "ring_allreduce_seconds", "stage_memory", "work_seconds"]
+
+OPTIMIZER_STATE: Mapping[str, float] = {
+    "sgd": 0.0,
+    "sgd-momentum": 1.0,
+    "momentum": 1.0,
+    "adam": 2.0,
+    "adamw": 2.0,
+}
+"""Optimizer state per parameter, in parameter copies: momentum is one buffer, Adam keeps the
+first and second moments (Kingma & Ba 2015, Algorithm 1)."""
+
+OPTIMIZER_FLOPS: Mapping[str, float] = {"sgd": 2.0, "sgd-momentum": 4.0, "momentum": 4.0,
+                                        "adam": 12.0, "adamw": 14.0}
+"""FLOPs of one optimizer update per parameter: our estimate of the elementwise work (SGD's
+scale and add; momentum's extra buffer update; Adam's two moment updates, bias corrections,
+square root and division; AdamW's decoupled weight decay)."""
+
+_MASTER_BYTES = 4  # fp32 master weights and optimizer state under mixed precision
+_OPT_PARAM_BYTES = 4.0  # bytes per parameter when counting the optimizer's parameters
+
+
+def work_seconds(measured: Any, flops: Any, speed: Any, rate: Any) -> Any:
+    """Seconds of work on a device: ``measured / speed + flops / rate``.
+
+    ``measured`` are profiled seconds (0 where the work was not measured), ``speed`` how much
+    faster the device is than the profiling machine, ``flops`` the unmeasured FLOPs and
+    ``rate`` the device's effective FLOP/s (peak times efficiency). Parmesan's c_u
+    (section 4, equation 1). Broadcasts. O(size)."""
+    return np.asarray(measured) / speed + np.asarray(flops) / rate
+
+
+def message_seconds(tensors: Any, latency: Any, nbytes: Any, inv_bandwidth: Any) -> Any:
+    """Seconds of one message carrying ``tensors`` tensors of ``nbytes`` in all over a link:
+    ``tensors * latency + nbytes * inv_bandwidth`` (alpha-beta; one latency per tensor,
+    sent back to back), 0 when nothing is sent. ``inv_bandwidth`` is ``inf`` where no route
+    exists (then the message takes forever). Parmesan's c_m (sections 4.1 and 5.2).
+    Broadcasts. O(size)."""
+    b = np.asarray(nbytes, dtype=np.float64)
+    with np.errstate(invalid="ignore"):
+        t = np.asarray(tensors) * latency + b * inv_bandwidth
+    return np.where(b > 0, t, 0.0)
+
+
+def ring_allreduce_seconds(replicas: Any, nbytes: Any, latency: Any, inv_bandwidth: Any) -> Any:
+    """Seconds of a ring all-reduce of ``nbytes`` over ``replicas`` devices whose slowest ring
+    link has ``latency`` and ``inv_bandwidth``: ``2 (R - 1) (latency + nbytes / (R B))``
+    (reduce-scatter then all-gather, each of R - 1 synchronised steps of ``nbytes / R`` per
+    device). 0 for one replica or no bytes. Parmesan's c_AR (equation 7, footnote 1) plus a
+    latency per step. Broadcasts. O(size)."""
+    r = np.asarray(replicas, dtype=np.float64)
+    b = np.asarray(nbytes, dtype=np.float64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        t = 2.0 * (r - 1.0) * (np.asarray(latency) + b / np.maximum(r, 1.0) * inv_bandwidth)
+    return np.where((r > 1) & (b > 0), t, 0.0)
+
+
+def optimizer_seconds(param_bytes: Any, optimizer: str, rate: Any) -> Any:
+    """Seconds of the optimizer step over ``param_bytes`` of parameters at ``rate`` FLOP/s:
+    :data:`OPTIMIZER_FLOPS` per parameter (4-byte parameters). Broadcasts. O(size)."""
+    return np.asarray(param_bytes, dtype=np.float64) / _OPT_PARAM_BYTES * \
+        OPTIMIZER_FLOPS[optimizer] / rate
+
+
+def stage_memory(*, params: Any, outputs: Any, received: Any, inputs: Any, extra: Any,
+                 in_flight: Any, replicas: Any, optimizer: str, recompute: bool,
+                 mixed_precision: bool = False, param_dtype_bytes: int = 2
+                 ) -> dict[str, Any]:
+    """Every memory term of a stage, bytes per device, elementwise over stages.
+
+    With ``P = params`` (parameter bytes):
+
+    - ``params = P``, ``gradients = P``;
+    - ``optimizer = f P`` with ``f`` from :data:`OPTIMIZER_STATE`; under
+      ``mixed_precision`` the optimizer keeps fp32 master weights,
+      ``master = 4 P / param_dtype_bytes``, and fp32 state ``f * master`` (Micikevicius et
+      al. 2018; ZeRO's 16 bytes per parameter for Adam with fp16, Rajbhandari et al. 2020);
+    - ``activations``: one micro-batch's are the stage's ``outputs`` plus what it
+      ``received`` from other stages; it keeps them for each of the ``in_flight``
+      micro-batches. With ``recompute`` (GPipe section 2.3) it keeps only its inputs
+      (``received`` plus the outputs of graph inputs in the stage, ``inputs``) per micro-batch
+      in flight and re-creates one micro-batch's other outputs during its backward. The
+      ``replicas`` of a stage split every micro-batch, so activations are divided by them
+      (parameters and optimizer state are replicated in full);
+    - ``extra``: other working memory, once.
+
+    ``total`` is their sum. Broadcasts. O(size).
+    """
+    factor = OPTIMIZER_STATE[optimizer]
+    p = np.asarray(params, dtype=np.float64)
+    if mixed_precision:
+        master = p * (_MASTER_BYTES / param_dtype_bytes)
+        opt = factor * master
+    else:
+        master = np.zeros_like(p)
+        opt = factor * p
+    flight = np.asarray(in_flight, dtype=np.float64)
+    if recompute:
+        acts = flight * (np.asarray(received) + inputs) + (np.asarray(outputs) - inputs)
+    else:
+        acts = flight * (np.asarray(outputs) + received)
+    acts = acts / np.asarray(replicas, dtype=np.float64)
+    extra = np.asarray(extra, dtype=np.float64) + 0.0 * p
+    total = p + p + master + opt + acts + extra
+    return {"params": p, "gradients": p.copy(), "master": master, "optimizer": opt,
+            "activations": acts, "extra": extra, "total": total}
