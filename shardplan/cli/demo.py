@@ -86,9 +86,8 @@ def run_demo(out_dir: str | Path, *, model: str = DEFAULT_MODEL, batch_size: int
     from shardplan.simulate import simulate
 
     t0 = time.perf_counter()
-    gpipe = simulate(plan, graph, topo, schedule="gpipe", num_microbatches=microbatches,
-                     timeline=False)
-    result = simulate(plan, graph, topo, schedule="1f1b", num_microbatches=microbatches)
+    result = simulate(plan, graph, topo)  # the plan's settings: 1F1B, its micro-batches
+    gpipe = simulate(plan, graph, topo, schedule="gpipe", timeline=False)
     write_json(out / "simulation.json", result.to_dict())
     write_atomic(out / "schedule.txt", result.schedule.to_text())
     steps.append({"step": "simulate", "file": str(out / "simulation.json"),

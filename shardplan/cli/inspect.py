@@ -30,7 +30,9 @@ def summarize(obj: Graph | Topology | Plan, *, devices: int | None = None,
                 list(s.nodes)]).sum()) for s in obj.stages]
             out["stage_flops"] = stage_flops
             a = obj.assignment(graph.num_nodes)
-            out["inter_stage_bytes"] = float(graph.stage_graph(a, obj.num_stages).sum())
+            from shardplan.cost import stage_traffic
+
+            out["inter_stage_bytes"] = float(stage_traffic(graph, a, obj.num_stages)[0].sum())
             out["stage_graph_acyclic"] = graph.is_acyclic_partition(a)
         elif topology is not None:
             raise ShardplanError("checking a plan against a topology needs --graph too")

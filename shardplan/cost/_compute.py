@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from shardplan.cost._checks import check_assignment, check_nodes, check_positive, check_rate_array
+from shardplan.cost._formulas import work_seconds
 from shardplan.ir import Graph
 
 __all__ = ["node_seconds", "partition_compute_seconds", "split_work", "stage_compute_seconds"]
@@ -78,8 +79,8 @@ def node_seconds(graph: Graph, flops_per_second: float, efficiency: float = 1.0,
         "efficiency", efficiency, at_most=1.0)
     speed = check_positive("speed", speed)
     fm, ff, bm, bf = split_work(graph)
-    fwd = fm / speed + ff / rate
-    bwd = bm / speed + bf / rate
+    fwd = work_seconds(fm, ff, speed, rate)
+    bwd = work_seconds(bm, bf, speed, rate)
     if recompute:
         bwd = bwd + fwd
     return fwd, bwd
@@ -149,8 +150,8 @@ def partition_compute_seconds(
         "efficiency", efficiency, at_most=1.0)
     spd = check_rate_array("speed", speed, k)
     fm, ff, bm, bf = (np.bincount(a, weights=w, minlength=k) for w in split_work(graph))
-    fwd = fm / spd + ff / rate
-    bwd = bm / spd + bf / rate
+    fwd = work_seconds(fm, ff, spd, rate)
+    bwd = work_seconds(bm, bf, spd, rate)
     if recompute:
         bwd = bwd + fwd
     return fwd, bwd

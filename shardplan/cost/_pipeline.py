@@ -362,10 +362,8 @@ def stage_times(model: Any, assignment: Sequence[int] | np.ndarray, stage_device
     for s in np.flatnonzero((reps > 1) & (params > 0)):
         ring = dev[s, :reps[s]]
         nxt = np.roll(ring, -1)
-        per = topology.latency[ring, nxt] + params[s] / reps[s] * inv[ring, nxt]
-        w = int(np.argmax(per))
-        ar[s] = ring_allreduce_seconds(reps[s], params[s], topology.latency[ring[w], nxt[w]],
-                                       inv[ring[w], nxt[w]])
+        ar[s] = ring_allreduce_seconds(reps[s], params[s], topology.latency[ring, nxt],
+                                       inv[ring, nxt]).max()  # the slowest link paces it
     # memory, with the micro-batches each pipeline position keeps in flight
     if order is None:
         order = pipeline_positions(graph, a, k)

@@ -249,8 +249,5 @@ def allreduce_seconds(topology: Topology, devices: Sequence[int] | np.ndarray,
         return 0.0
     nxt = np.roll(dev, -1)
     inv = inverse_bandwidth(topology)
-    per = 1.0 / r * float(nbytes) * inv[dev, nxt] + topology.latency[dev, nxt]
-    worst = int(np.argmax(per))
-    return float(ring_allreduce_seconds(r, float(nbytes), topology.latency[dev[worst],
-                                                                           nxt[worst]],
-                                        inv[dev[worst], nxt[worst]]))
+    return float(ring_allreduce_seconds(r, float(nbytes), topology.latency[dev, nxt],
+                                        inv[dev, nxt]).max())

@@ -280,10 +280,15 @@ class P2PSearch(_Base):
                 if adj[s, t]:
                     lst.append((t, self.pc[(s, t)].T.copy(), self.pc[(t, s)]))
             self.links.append(lst)
-        self.order = [(s, r) for r in range(self.R) for s in order]
         # the all-reduce term (overlap with replicas): rings break the symmetry of replicas
         self.ar_on = bool(problem.ar_weight) and self.R > 1 and \
             bool((problem.param_bytes > 0).any())
+        # (stage, replica, position of the stage in a replica's order): replica by replica
+        # (the cheapest partners are refreshed between replicas); with the all-reduce term,
+        # stage by stage instead, so that every ring closes early and prunes
+        self.order = [(s, r, k) for s, r, k in (
+            ((s, r, k) for k, s in enumerate(order) for r in range(self.R)) if self.ar_on
+            else ((s, r, k) for r in range(self.R) for k, s in enumerate(order)))]
         self.reflect = bool(np.array_equal(problem.inv_bandwidth, problem.inv_bandwidth.T)
                             and np.array_equal(problem.latency, problem.latency.T))
 
@@ -314,12 +319,10 @@ class P2PSearch(_Base):
         if i == len(self.order):
             return True
         self._tick()
-        s, r = self.order[i]
-        k = i - r * self.S
-        if k == 0 and r > 0:
-            first = self.dev[s, 0] if self.ar_on and self.R >= 3 else self.dev[s, r - 1]
+        s, r, k = self.order[i]
+        if k == 0 and r > 0 and not self.ar_on:
             if self.symmetry and not (self.free & self.allowed[s]
-                                      & (self.ids > first)).any():
+                                      & (self.ids > self.dev[s, r - 1])).any():
                 return False  # cheap test before the refresh
             saved_state = (self.base, self.minc, self.allowed)
             self.minc = dict(self.minc)

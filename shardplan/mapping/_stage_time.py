@@ -47,7 +47,14 @@ from typing import Any
 
 import numpy as np
 
-from shardplan.cost import CostModel, inverse_bandwidth, pipeline_factor, stage_traffic
+from shardplan.cost import (
+    CostModel,
+    inverse_bandwidth,
+    message_seconds,
+    pipeline_factor,
+    ring_allreduce_seconds,
+    stage_traffic,
+)
 from shardplan.cost._memory import in_flight_microbatches
 from shardplan.cost._pipeline import pipeline_positions
 from shardplan.errors import ShardplanError
@@ -140,10 +147,8 @@ class MappingProblem:
     def ring_cost(self, s: int, src: Any, dst: Any) -> Any:
         """All-reduce seconds of stage s if its slowest ring link is ``src -> dst``
         (broadcasts over device arrays). O(size)."""
-        with np.errstate(invalid="ignore"):
-            c = self.allreduce_latency_factor[s] * self.latency[src, dst] + \
-                self.allreduce_factor[s] * self.inv_bandwidth[src, dst]
-        return np.where(self.param_bytes[s] > 0, c, 0.0) if self.num_replicas > 1 else 0.0 * c
+        return ring_allreduce_seconds(self.num_replicas, self.param_bytes[s],
+                                      self.latency[src, dst], self.inv_bandwidth[src, dst])
 
     def combine(self, compute: Any, comm: Any) -> Any:
         """A replica's time from its compute and its (summed) communication, without the
@@ -158,14 +163,13 @@ class MappingProblem:
         """What stage s's replica on device x pays to talk to stage t's on y, shape (D, D):
         ``T[s, t] pair_latency + M[s, t] pair_inv_bandwidth`` (inf on the diagonal: one
         device per replica; 0 under ``allreduce``). O(D^2)."""
-        if self.view == "allreduce" or self.stage_bytes[s, t] <= 0:
-            c = np.zeros_like(self.latency)  # nothing to send: free, even without a route
-        else:
-            with np.errstate(invalid="ignore"):
-                c = self.tensors[s, t] * self.pair_latency + \
-                    self.stage_bytes[s, t] * self.pair_inv_bandwidth
+        if self.view == "allreduce":
+            c = np.zeros_like(self.latency)
+        else:  # nothing to send is free, even without a route
+            c = message_seconds(self.tensors[s, t], self.pair_latency, self.stage_bytes[s, t],
+                                self.pair_inv_bandwidth)
             c = np.where(np.isnan(c), np.inf, c)
-        c = c.copy()
+        c = np.array(c, dtype=np.float64)
         np.fill_diagonal(c, np.inf)
         return c
 
@@ -275,11 +279,8 @@ def _allreduce(problem: MappingProblem, dev: np.ndarray) -> np.ndarray:
     if problem.num_replicas == 1:
         return np.zeros(dev.shape[:-1])
     nxt = np.roll(dev, -1, axis=-1)
-    s_idx = np.arange(problem.num_stages)[:, None]
-    with np.errstate(invalid="ignore"):
-        links = problem.allreduce_latency_factor[s_idx] * problem.latency[dev, nxt] + \
-            problem.allreduce_factor[s_idx] * problem.inv_bandwidth[dev, nxt]
-    links = np.where(problem.param_bytes[s_idx] > 0, links, 0.0)
+    links = ring_allreduce_seconds(problem.num_replicas, problem.param_bytes[:, None],
+                                   problem.latency[dev, nxt], problem.inv_bandwidth[dev, nxt])
     return links.max(axis=-1)
 
 
@@ -293,11 +294,9 @@ def p2p_times(problem: MappingProblem, devices: Any) -> np.ndarray:
     s_idx = np.arange(problem.num_stages)[:, None]
     comp = problem.compute[s_idx, dev]
     a, b = dev[..., :, None, :], dev[..., None, :, :]  # (.., S, 1, R), (.., 1, S, R)
-    with np.errstate(invalid="ignore"):
-        cost = problem.tensors[:, :, None] * problem.pair_latency[a, b] + \
-            problem.stage_bytes[:, :, None] * problem.pair_inv_bandwidth[a, b]
+    cost = message_seconds(problem.tensors[:, :, None], problem.pair_latency[a, b],
+                           problem.stage_bytes[:, :, None], problem.pair_inv_bandwidth[a, b])
     cost = np.where(np.isnan(cost), np.inf, cost)
-    cost = np.where((problem.stage_bytes > 0)[:, :, None], cost, 0.0)
     t = problem.combine(comp, cost.sum(axis=-2))
     if problem.ar_weight:
         t = t + problem.ar_weight * _allreduce(problem, dev)[..., None]

@@ -50,7 +50,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from shardplan.cost import CostModel, pipeline_factor, ring_allreduce_seconds, view_seconds
-from shardplan.cost._formulas import stage_memory
+from shardplan.cost._formulas import stage_memory, work_seconds
 from shardplan.cost._memory import in_flight_microbatches
 from shardplan.ir import ExecutionSettings, Graph, Topology
 
@@ -212,8 +212,8 @@ class StageContext:
         r = self.num_replicas
         s = self.settings
         xfer = tensors * self.latency + tensor_bytes / r * self.inv_bandwidth
-        comp = (work[None, None, :, 0] / self.speed[:, :, None]
-                + work[None, None, :, 1] / self.rate[:, :, None]).max(axis=1) / r
+        comp = work_seconds(work[None, None, :, 0], work[None, None, :, 1],
+                            self.speed[:, :, None], self.rate[:, :, None]).max(axis=1) / r
         ar = ring_allreduce_seconds(r, params, self.latency, self.inv_bandwidth)[None, :]
         steps = pipeline_factor(s.microbatches, -(-self.num_stages // s.stages_per_rank))
         times = view_seconds(self.view, comp, xfer, xfer, ar, steps)

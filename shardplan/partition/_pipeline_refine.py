@@ -113,11 +113,8 @@ class StageState:
         comp = work_seconds(self.s_meas[:, None], self.s_flops[:, None], self.speed,
                             self.rate) / r  # (k, r)
         send, recv = uniform_comm(self.B, self.T, self.lat, self.ib, r)  # (r, k)
-        link = self.ring_lat + self.s_params[:, None] / r * self.ring_ib
-        w = np.argmax(link, axis=1)
-        rows = np.arange(self.k)
-        ar = ring_allreduce_seconds(r, self.s_params, self.ring_lat[rows, w],
-                                    self.ring_ib[rows, w])
+        ar = ring_allreduce_seconds(r, self.s_params[:, None], self.ring_lat,
+                                    self.ring_ib).max(axis=1)
         t = view_seconds(self.view, comp.T, send, recv, ar[None, :], self.steps).max(axis=0)
         s = self.settings
         mem = stage_memory(params=self.s_params, outputs=self.s_out, received=self.B.sum(axis=0),

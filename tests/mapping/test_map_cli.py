@@ -71,3 +71,50 @@ def test_map_errors(files, capsys, extra, message):
     assert run_cli(["map", *files, *extra]) == 2
     err = capsys.readouterr().err
     assert err.startswith("shardplan: error:") and message in err and err.count("\n") == 1
+
+
+def test_map_respects_device_memory_and_refuses_when_nothing_fits(tmp_path, capsys):
+    import numpy as np
+
+    from shardplan.ir import Device, Topology
+
+    graph, topo, plan = make_instance(4, 2, 1, 4)
+    need = float(graph.param_bytes.max()) * 4  # params, gradients and Adam state of a node
+    small = tuple(Device(f"d{i}", 1.0 if i < 2 else 1e15, d.flops)
+                  for i, d in enumerate(topo.devices))
+    for name, devices in (("part", small), ("none", tuple(
+            Device(d.name, 1.0, d.flops) for d in topo.devices))):
+        t = Topology(name="t", devices=devices, bandwidth=topo.bandwidth,
+                     latency=topo.latency)
+        for obj, fname in ((plan, "plan.json"), (graph, "g.json"), (t, f"{name}.json")):
+            save(obj, tmp_path / fname)
+        args = ["map", str(tmp_path / "plan.json"), str(tmp_path / "g.json"),
+                str(tmp_path / f"{name}.json"), "--algorithm", "optimal", "--json"]
+        if name == "part":
+            assert need > 1.0
+            assert run_cli(args) == 0
+            data = json.loads(capsys.readouterr().out)
+            used = np.array([d for st in data["stages"] for d in st["devices"]])
+            assert set(used.tolist()) <= {2, 3}  # devices 0 and 1 have 1 byte of memory
+        else:
+            assert run_cli(args) == 2
+            err = capsys.readouterr().err
+            assert err.startswith("shardplan: error: optimal: no mapping fits in device "
+                                  "memory") and err.count("\n") == 1
+
+
+def test_map_onto_devices_that_cannot_talk_exits_2(tmp_path, capsys):
+    import numpy as np
+
+    from shardplan.ir import Topology
+
+    graph, topo, plan = make_instance(4, 3, 1, 3)
+    assert graph.edge_bytes.sum() > 0
+    t = Topology(name="t", devices=topo.devices, bandwidth=np.zeros((3, 3)),
+                 latency=np.zeros((3, 3)))
+    for obj, fname in ((plan, "plan.json"), (graph, "g.json"), (t, "t.json")):
+        save(obj, tmp_path / fname)
+    assert run_cli(["map", *(str(tmp_path / f) for f in ("plan.json", "g.json", "t.json")),
+                    "--algorithm", "optimal", "--json"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot connect" in err and err.count("\n") == 1
