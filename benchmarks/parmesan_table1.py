@@ -16,7 +16,9 @@ each (S, R) in {(4, 4), (8, 2), (16, 1)}, it runs
 - ``parmesan`` (partition) + ``optimal`` (map): the paper's full flow,
 
 and simulates one iteration of each plan with ``shardplan.simulate`` (1F1B, 4 micro-batches
-of 8 samples per replica, activation recomputation, as in the paper's section 7). The table
+of 8 samples per replica, activation recomputation, as in the paper's section 7: the
+execution settings every plan is made with, so partition, map and simulation price the same
+run). The table
 gives the simulated throughput relative to pipedream + consecutive, and the search seconds
 (partition + map).
 A search that fails (an infeasible plan) shows its one-line error in the notes.
@@ -66,29 +68,22 @@ def machines() -> dict[str, Topology]:
     return {"hier 4x4": hier, "dgx1 x2": build("dgx1", boxes=2)}
 
 
-def per_replica(graph: Graph, replicas: int) -> Graph:
-    """The graph at a micro-batch of ``8 R`` samples, so that each of the R replicas of a
-    stage runs 8 (the paper's mBS per replica, its Figure 3: BS = mBS x R x MB).
-
-    FLOPs and activation bytes are linear in the batch and parameters are not, so the graph
-    captured at batch 8 is scaled instead of captured again.
-    """
-    if replicas == 1:
-        return graph
-    f = float(replicas)
-    return graph.replace(name=f"{graph.name}@{graph.batch_size * replicas}",
-                         batch_size=graph.batch_size * replicas,
-                         fwd_flops=graph.fwd_flops * f, bwd_flops=graph.bwd_flops * f,
-                         output_bytes=graph.output_bytes * replicas,
-                         edge_bytes=graph.edge_bytes * replicas)
+def settings(graph: Graph, replicas: int) -> dict:
+    """The execution settings of the paper's runs: micro-batches of ``8 R`` samples, so
+    that each of the R replicas of a stage runs 8 (the paper's mBS per replica, its Figure
+    3: BS = mBS x R x MB), 4 micro-batches, 1F1B, activation recomputation. The cost model
+    scales the graph captured at batch 8 to the micro-batch size."""
+    return {"microbatch_size": graph.batch_size * replicas, "microbatches": MICROBATCHES,
+            "schedule": "1f1b", "recompute": True}
 
 
 def run_flow(graph: Graph, topo: Topology, partitioner: str, mapper: str, s: int, r: int,
              time_limit: float) -> tuple[Plan, float]:
-    """Partition then map; returns the plan and the search seconds of both."""
+    """Partition then map, planned with the runs' settings; returns the plan and the search
+    seconds of both."""
     t0 = time.perf_counter()
     part = registry.run("partition", partitioner, graph, topo, time_limit=time_limit,
-                        stages=s, replicas=r)
+                        stages=s, replicas=r, **settings(graph, r))
     plan = registry.run("map", mapper, graph, topo, plan=part.plan, time_limit=time_limit).plan
     return plan, time.perf_counter() - t0
 
@@ -114,14 +109,11 @@ def main() -> int:
     for mname, topo in machines().items():
         for name, graph in graphs.items():
             for s, r in SHAPES:
-                scaled = per_replica(graph, r)
                 for label, part, mapper in ROWS:
                     key = (mname, name, label, (s, r))
                     try:
-                        plan, secs = run_flow(scaled, topo, part, mapper, s, r, limit)
-                        sim = simulate(plan, scaled, topo, schedule="1f1b",
-                                       num_microbatches=MICROBATCHES, recompute=True,
-                                       timeline=False)
+                        plan, secs = run_flow(graph, topo, part, mapper, s, r, limit)
+                        sim = simulate(plan, graph, topo, timeline=False)  # its settings
                         results[key] = (sim.throughput, secs)
                         print(f"{mname:9s} {name:10s} ({s:2d},{r}) {label:36s} "
                               f"{sim.throughput:9.1f} samples/s  {secs:6.1f} s search "
