@@ -40,10 +40,10 @@ objective, ``shardplan cost`` and the simulator price the same compute and the s
   :func:`~shardplan.cost.partition_memory_breakdown`, so the peak is the model's memory with
   the schedule's micro-batches in flight.
 
-Complexity: O(E log E + C I F h) for E events, C changes of the set of streaming messages
-(rates are recomputed once per time step at which messages start or end, and only when two
-of them share a link), I progressive-filling rounds, F concurrent messages and h hops per
-path.
+Complexity: O(E log E) for E events while no link carries two messages at once (a message's
+finish time is known when it starts), plus O(C I F h) for C changes of the set of streaming
+messages while links are shared (rates recomputed once per time step), I progressive-filling
+rounds, F concurrent messages and h hops per path.
 """
 
 from __future__ import annotations
@@ -83,6 +83,8 @@ class _Message:
     remaining: float = 0.0
     rate: float = 0.0
     start: float = 0.0
+    t_rate: float = 0.0
+    finish: float = 0.0
 
 
 @dataclass
@@ -100,79 +102,99 @@ class _Worker:
 
 @dataclass
 class _Network:
-    """Messages streaming bytes over shared links: max-min fair rates (progressive filling),
-    recomputed only when the set of messages changes (lazily, once per time step)."""
+    """Messages streaming bytes over shared links at max-min fair rates.
+
+    While no link carries two messages (the common case of a pipeline's point-to-point
+    traffic), every message streams at its path's bottleneck from start to end: its finish
+    time is known when it starts and goes on a heap, O(log F) per message. When links are
+    shared, the rates are recomputed by progressive filling whenever the set of messages
+    changes (lazily, once per time step), and the finish times with them."""
 
     capacity: list[float]
-    flows: list[_Message] = field(default_factory=list)
-    t_ref: float = 0.0
+    flows: dict[int, _Message] = field(default_factory=dict)
+    count: dict[int, int] = field(default_factory=dict)  # messages per link
+    shared: int = 0  # links carrying two or more messages
+    heap: list[tuple[float, int, int]] = field(default_factory=list)  # (finish, seq, id)
     dirty: bool = False
-    next_time: float = math.inf
+    seq: int = 0
 
-    def settle(self, t: float) -> None:
-        """Advance every message's remaining bytes to time ``t`` at the current rates."""
-        if t > self.t_ref:
-            dt = t - self.t_ref
-            for f in self.flows:
-                f.remaining -= f.rate * dt
-            self.t_ref = t
+    def _push(self, msg: _Message) -> None:
+        self.seq += 1
+        msg.finish = msg.t_rate + max(msg.remaining, 0.0) / msg.rate
+        heapq.heappush(self.heap, (msg.finish, self.seq, id(msg)))
 
     def add(self, msg: _Message, t: float) -> None:
-        self.settle(t)
-        msg.remaining = msg.nbytes
-        self.flows.append(msg)
-        self.dirty = True
+        for lk in msg.links:
+            c = self.count.get(lk, 0) + 1
+            self.count[lk] = c
+            if c == 2:
+                self.shared += 1
+        msg.remaining, msg.t_rate = msg.nbytes, t
+        self.flows[id(msg)] = msg
+        if self.shared == 0 and not self.dirty:
+            msg.rate = min(self.capacity[lk] for lk in msg.links)
+            self._push(msg)
+        else:
+            self.dirty = True
+
+    def remove(self, msg: _Message) -> None:
+        was_shared = self.shared > 0
+        for lk in msg.links:
+            c = self.count[lk] - 1
+            self.count[lk] = c
+            if c == 1:
+                self.shared -= 1
+        del self.flows[id(msg)]
+        if was_shared:
+            self.dirty = True  # the others' shares may grow
 
     def refresh(self, t: float) -> None:
-        """Recompute the rates and the next completion time if messages came or went."""
+        """After messages came or went under sharing: settle every message's bytes at its
+        old rate, recompute the rates and every finish time."""
         if not self.dirty:
             return
-        self.settle(t)
-        self.rates()
-        self.next_time = min((t + max(f.remaining, 0.0) / f.rate for f in self.flows),
-                             default=math.inf)
+        flows = list(self.flows.values())
+        for f in flows:
+            f.remaining -= f.rate * (t - f.t_rate)
+            f.t_rate = t
+        self.rates(flows)
+        self.heap = []
+        for f in flows:
+            self._push(f)
         self.dirty = False
 
+    def next_time(self) -> float:
+        """When the next message finishes (``inf`` if none streams)."""
+        heap = self.heap
+        while heap and (heap[0][2] not in self.flows
+                        or self.flows[heap[0][2]].finish != heap[0][0]):
+            heapq.heappop(heap)
+        return heap[0][0] if heap else math.inf
+
     def pop_done(self, t: float) -> list[_Message]:
-        self.settle(t)
-        # done: no bytes left (to rounding), or so few that time cannot tell the difference
-        done = [f for f in self.flows if f.remaining <= 1e-9 * max(f.nbytes, 1.0)
-                or self.t_ref + f.remaining / f.rate <= t]
-        if done:
-            gone = {id(f) for f in done}
-            self.flows = [f for f in self.flows if id(f) not in gone]
-        self.dirty = True
+        """The messages finishing at ``t`` (to rounding), removed."""
+        done = []
+        while True:
+            nxt = self.next_time()
+            if nxt > t * (1 + 1e-12) + 1e-15:
+                break
+            _, _, key = heapq.heappop(self.heap)
+            msg = self.flows[key]
+            self.remove(msg)
+            done.append(msg)
         return done
 
-    def rates(self) -> None:
-        """Max-min fair rates. When no link carries two messages (the common case of a
-        pipeline's point-to-point traffic) each message streams at its path's bottleneck;
-        otherwise progressive filling: repeatedly find the links whose capacity left, shared
-        equally among their unfixed messages, is smallest, and fix those messages at that
-        share. O(total hops) or O(iterations x total hops), vectorised."""
-        flows = self.flows
+    def rates(self, flows: list[_Message]) -> None:
+        """Max-min fair rates by progressive filling: repeatedly find the links whose
+        capacity left, shared equally among their unfixed messages, is smallest, and fix
+        those messages at that share. O(iterations x total hops), vectorised."""
         if not flows:
-            return
-        cap = self.capacity
-        seen: set[int] = set()
-        shared = False
-        for f in flows:
-            for lk in f.links:
-                if lk in seen:
-                    shared = True
-                    break
-                seen.add(lk)
-            if shared:
-                break
-        if not shared:
-            for f in flows:
-                f.rate = min(cap[lk] for lk in f.links)
             return
         lens = np.fromiter((len(f.links) for f in flows), dtype=np.int64, count=len(flows))
         fid = np.repeat(np.arange(len(flows)), lens)
         lid = np.fromiter((lk for f in flows for lk in f.links), dtype=np.int64,
                           count=int(lens.sum()))
-        left = np.asarray(cap, dtype=np.float64).copy()
+        left = np.asarray(self.capacity, dtype=np.float64).copy()
         num_links = left.size
         active = np.ones(len(flows), dtype=bool)
         rate = np.zeros(len(flows))
@@ -277,8 +299,9 @@ class _Sim:
         while self.heap or net.flows:
             net.refresh(self.t)
             t_heap = self.heap[0][0] if self.heap else math.inf
-            if net.flows and net.next_time <= t_heap:
-                self.t = max(self.t, net.next_time)
+            t_net = net.next_time()
+            if net.flows and t_net <= t_heap:
+                self.t = max(self.t, t_net)
                 for f in net.pop_done(self.t):
                     self.delivered(f)
             else:
