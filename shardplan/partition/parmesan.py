@@ -72,7 +72,7 @@ from shardplan.partition._pipeline_dp import (
     fronted_dp,
 )
 from shardplan.partition._pipeline_refine import StageState, refine
-from shardplan.partition.pipedream import PipeDreamSequence
+from shardplan.partition.pipedream_sequence import PipeDreamSequence
 from shardplan.registry import Progress, Result, register, take_options
 
 __all__ = ["parmesan_partition"]
@@ -170,17 +170,20 @@ def partition_shape(graph: Graph, topology: Topology, model: CostModel,
         # refined the same way. The DP prices sends within bounds (see above) and refinement
         # is local, so on some graphs this start ends lower; keeping the best of the three
         # makes Parmesan never worse than the pipedream baseline on the same objective.
+        # (bisection form, O(64 n); the deadline is checked between probes.)
         seq = PipeDreamSequence.build(graph, topology, model, num_stages * num_replicas)
-        _, a = np.unique(seq.solve(num_stages, num_replicas)[1], return_inverse=True)
-        state = StageState(graph, model, settings, a.astype(np.int64),
-                           placement(int(a.max()) + 1, num_replicas))
-        if steps > 0 and num_stages > 1:
-            stats.update({f"{k}_sequence": v for k, v in
-                          refine(state, steps, check=check).items()})
-        key = state.key()
-        if best is None or key < best[0]:
-            best = (key, state.a.copy())
-            stats["dp_kept"] = "sequence"
+        solved = seq.solve(num_stages, num_replicas, check=check)
+        if solved is not None:
+            _, a = np.unique(solved[1], return_inverse=True)
+            state = StageState(graph, model, settings, a.astype(np.int64),
+                               placement(int(a.max()) + 1, num_replicas))
+            if steps > 0 and num_stages > 1:
+                stats.update({f"{k}_sequence": v for k, v in
+                              refine(state, steps, check=check).items()})
+            key = state.key()
+            if best is None or key < best[0]:
+                best = (key, state.a.copy())
+                stats["dp_kept"] = "sequence"
     if best is None:
         stats["dp"] = "timed_out"
         order = graph.topological_order
