@@ -19,7 +19,8 @@ Kinds and the attributes their cost formula reads (``../shared/pase-cost-model.m
 ``gemm``                  ``m``, ``n``, ``k``, ``batch`` (lists of dims), ``pw`` (fused
                           pointwise ops); fully connected, convolution, einsum, embedding
 ``lstm``                  dims ``(L, S, B, N, K)``; the whole multi-layer LSTM
-``pool``                  ``window`` ``[R, S]``; dims ``(b, c, h, w)``
+``pool``                  ``window`` ``[R, S]``, ``input_hw`` (input height, width); dims
+                          ``(b, c, h, w)``
 ``elementwise``           ``pw``
 ``norm``, ``softmax``     ``axis``
 ``softmax_ce``            ``axis`` (the class axis)

@@ -251,7 +251,7 @@ def build_tables(graph: Graph, devices: int, *, cost_model: str = "pase",
         costs.append(cv)
     edges = []
     for e in range(graph.num_edges):
-        if check is not None and (e & 15) == 0 and check():
+        if check is not None and (e & 3) == 0 and check():
             return None
         u, v = int(graph.src[e]), int(graph.dst[e])
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
@@ -259,6 +259,8 @@ def build_tables(graph: Graph, devices: int, *, cost_model: str = "pase",
                                 float(graph.edge_bytes[e]))
         if m is not None:
             edges.append((u, v, np.asarray(m, dtype=np.float64)))
+    if check is not None and check():
+        return None
     return Tables(graph=graph.name, devices=int(devices), cost_model=cost_model,
                   objective=model.objective, names=tuple(graph.names),
                   dims=tuple(s.dims for s in spaces), configs=tuple(configs),
