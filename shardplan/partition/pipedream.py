@@ -97,6 +97,11 @@ def _ideals(graph: Graph, cap: int) -> np.ndarray | None:
     for _ in range(n):
         held = np.asarray(adj_t @ frontier.T.astype(np.float32)).T  # predecessors held
         f_idx, v_idx = np.nonzero(~frontier & (held == indeg[None, :]))
+        # A graph with at most ``cap`` sets has antichains of at most log2(cap) nodes, so a
+        # set has at most that many extensions: more pairs than 16 cap mean more sets than
+        # cap (and would cost memory to deduplicate).
+        if f_idx.size > 16 * cap:
+            return None
         nxt = frontier[f_idx].copy()
         nxt[np.arange(f_idx.size), v_idx] = True
         _, first = np.unique(np.packbits(nxt, axis=1), axis=0, return_index=True)
