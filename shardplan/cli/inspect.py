@@ -43,6 +43,10 @@ def summarize(obj: Graph | Topology | Plan, *, devices: int | None = None,
             stage_flops = [float((graph.fwd_flops[list(s.nodes)] + graph.bwd_flops[
                 list(s.nodes)]).sum()) for s in obj.stages]
             out["stage_flops"] = stage_flops
+            measured = _measured_work(graph)
+            if measured is not None:  # what a profile knows: measured seconds per stage
+                out["stage_measured_seconds"] = [float(measured[0][list(s.nodes)].sum())
+                                                 for s in obj.stages]
             a = obj.assignment(graph.num_nodes)
             out["inter_stage_bytes"] = float(graph.stage_graph(a, obj.num_stages).sum())
             out["stage_graph_acyclic"] = graph.is_acyclic_partition(a)

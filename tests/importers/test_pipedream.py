@@ -229,3 +229,11 @@ def test_inspect_shows_seconds_bounds_and_what_was_dropped(tmp_path: Path, capsy
     assert run(["inspect", str(out)]) == 0
     text = capsys.readouterr().out
     assert "lower_bounds_seconds" in text and "D=4" not in text and "node1 (Input" in text
+    topo, plan = tmp_path / "t.json", tmp_path / "p.json"
+    assert run(["topology", "flat", "--devices", "2", "-o", str(topo)]) == 0
+    assert run(["partition", str(out), str(topo), "--algorithm", "pipedream", "-o",
+                str(plan)]) == 0
+    capsys.readouterr()
+    assert run(["inspect", str(plan), "--graph", str(out), "--json"]) == 0
+    s = json.loads(capsys.readouterr().out)
+    assert sum(s["stage_measured_seconds"]) == pytest.approx(total)
