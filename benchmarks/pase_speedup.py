@@ -1,6 +1,8 @@
 """Speed-up of PaSE's strategies over data parallelism under each cost model (the paper's
 Figure 6 analogue, predicted rather than run): cost(data-parallel) / cost(pase), and the
-expert strategy's for comparison.
+expert strategy's for comparison, with the model-parallel degree the expert chose (the
+cheapest Megatron-style degree dividing p) and the devices data parallelism really uses (a
+batch of 128 with the CNNs' cutoff 4 splits at most 32 ways: at 64 devices it uses 32).
 
     .venv/bin/python benchmarks/pase_speedup.py            # 4, 8, 16, 32, 64 devices
     .venv/bin/python benchmarks/pase_speedup.py --quick    # 4 and 8 devices
@@ -40,18 +42,28 @@ def main() -> None:
             g = generate(kind)
             for p in devices:
                 topo = flat(p)
-                v = {name: registry.run("strategy", name, g, topo, cost_model=model)
-                     .plan.objective.value for name in ("pase", "data-parallel", "expert")}
+                plans = {name: registry.run("strategy", name, g, topo, cost_model=model).plan
+                         for name in ("pase", "data-parallel", "expert")}
+                v = {name: pl.objective.value for name, pl in plans.items()}
                 rows.append((model, kind, p, v["data-parallel"] / v["pase"],
-                             v["data-parallel"] / v["expert"]))
+                             v["data-parallel"] / v["expert"],
+                             plans["expert"].meta.get("choice"),
+                             plans["data-parallel"].meta["devices_used"]))
                 print(f"{model:8s} {kind:13s} {p:3d}  pase x{rows[-1][3]:.2f}  "
-                      f"expert x{rows[-1][4]:.2f}", flush=True)
+                      f"expert x{rows[-1][4]:.2f} (m={rows[-1][5]})  "
+                      f"data parallel on {rows[-1][6]}", flush=True)
     RESULTS.mkdir(exist_ok=True)
     lines = ["# Predicted speed-up over data parallelism", "",
              f"`{' '.join(['benchmarks/pase_speedup.py', *sys.argv[1:]])}`: "
-             "cost(data-parallel) / cost(strategy) under each cost model.", "",
-             "| cost model | benchmark | devices | PaSE | expert |", "|---|---|---|---|---|"]
-    lines += [f"| {m} | {k} | {p} | {a:.2f} | {b:.2f} |" for m, k, p, a, b in rows]
+             "cost(data-parallel) / cost(strategy) under each cost model. `expert m`: the "
+             "model-parallel degree the expert strategy chose (the cheapest power of two "
+             "dividing the devices); `data parallel on`: devices data parallelism uses, "
+             "marked * when the batch does not split over all of them (its speed-ups are then "
+             "over a run on fewer devices).", "",
+             "| cost model | benchmark | devices | PaSE | expert | expert m | "
+             "data parallel on |", "|---|---|---|---|---|---|---|"]
+    lines += [f"| {m} | {k} | {p} | {a:.2f} | {b:.2f} | {mp} | {used}{'*' if used < p else ''} |"
+              for m, k, p, a, b, mp, used in rows]
     name = "pase_speedup_quick" if args.quick else "pase_speedup"
     (RESULTS / f"{name}.md").write_text("\n".join(lines) + "\n")
     import matplotlib
@@ -62,8 +74,8 @@ def main() -> None:
     fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
     for ax, model in zip(axes, ("pase", "default"), strict=True):
         for kind in KINDS:
-            xs = [p for m, k, p, _, _ in rows if m == model and k == kind]
-            ys = [a for m, k, _, a, _ in rows if m == model and k == kind]
+            xs = [r[2] for r in rows if r[0] == model and r[1] == kind]
+            ys = [r[3] for r in rows if r[0] == model and r[1] == kind]
             ax.plot(xs, ys, marker="o", label=kind)
         ax.set_xscale("log", base=2)
         ax.set_title(f"cost model: {model}")

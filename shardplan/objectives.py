@@ -26,7 +26,7 @@ _OBJECTIVES: dict[str, ObjectiveFn] = {}
 # Modules that register objectives when imported (each package registers its own, so the
 # registry depends on no planning package and no planning package on another).
 _MODULES = ("shardplan.cost._sharding", "shardplan.cost._max_stage",
-            "shardplan.strategy._objective")
+            "shardplan.strategy._objective", "shardplan.partition._pipedream_model")
 _loaded = False
 
 

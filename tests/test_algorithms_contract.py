@@ -22,7 +22,9 @@ from shardplan.topology import build
 
 # The cost objective that recomputes each recorded objective name.
 _OBJECTIVE_OF = {"sharding_cost": "sharding", "pase_cost": "strategy",
-                "pase_seconds": "strategy"}
+                "pase_seconds": "strategy", "pipedream_seconds": "pipedream"}
+# Objectives of pipeline plans (stages in pipeline order: convex, acyclic stage graph).
+_PIPELINE = ("max_stage_seconds", "pipedream_seconds")
 
 
 def _objective_for(name: str) -> str:
@@ -46,9 +48,10 @@ def _check_plan(plan: Plan, graph: Graph, topology: Topology) -> None:
     plan.validate(graph, topology)
     assert plan.status in ("optimal", "feasible", "timed_out")
     assert sorted(v for st in plan.stages for v in st.nodes) == list(range(graph.num_nodes))
-    if plan.objective.name.startswith("max_stage_seconds"):
+    if plan.objective.name.startswith(_PIPELINE):
         a = plan.assignment(graph.num_nodes)
         assert graph.is_acyclic_partition(a)
+        assert np.all(a[graph.src] <= a[graph.dst])  # stages listed in pipeline order
         for st in plan.stages:
             assert graph.is_convex(list(st.nodes))
     name, value, _ = evaluate(plan, graph, topology, _objective_for(plan.objective.name))

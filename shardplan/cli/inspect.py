@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+import numpy as np
+
 from shardplan.cli._common import positive_int, print_json
 from shardplan.errors import ShardplanError
 from shardplan.ir import Graph, Plan, Topology, load, load_graph, load_topology
@@ -20,7 +22,19 @@ def summarize(obj: Graph | Topology | Plan, *, devices: int | None = None,
     out = obj.summary()
     if isinstance(obj, Graph):
         counts = [devices] if devices else [1, 8, 64]
-        out["lower_bounds_flops"] = {str(d): obj.lower_bounds(d) for d in counts}
+        measured = _measured_work(obj)
+        if measured is not None:
+            out["lower_bounds_seconds"] = {str(d): _bounds(measured[0], d) for d in counts}
+            if measured[1]:
+                out["unmeasured_nodes"] = measured[1]
+        if measured is None or measured[1] or float(obj.fwd_flops.sum()) > 0:
+            out["lower_bounds_flops"] = {str(d): obj.lower_bounds(d) for d in counts}
+        dropped = obj.meta.get("dropped_on_import")
+        if dropped:
+            out["dropped_on_import"] = [
+                f"{d.get('name')} ({d.get('description')}: {d.get('reason')}, "
+                f"{1e3 * (d.get('fwd_seconds', 0) + d.get('bwd_seconds', 0)):.3g} ms)"
+                for d in dropped]
     if isinstance(obj, Plan):
         if graph is not None:
             obj.validate(graph, topology)
@@ -29,6 +43,10 @@ def summarize(obj: Graph | Topology | Plan, *, devices: int | None = None,
             stage_flops = [float((graph.fwd_flops[list(s.nodes)] + graph.bwd_flops[
                 list(s.nodes)]).sum()) for s in obj.stages]
             out["stage_flops"] = stage_flops
+            measured = _measured_work(graph)
+            if measured is not None:  # what a profile knows: measured seconds per stage
+                out["stage_measured_seconds"] = [float(measured[0][list(s.nodes)].sum())
+                                                 for s in obj.stages]
             a = obj.assignment(graph.num_nodes)
             from shardplan.cost import stage_traffic
 
@@ -37,6 +55,26 @@ def summarize(obj: Graph | Topology | Plan, *, devices: int | None = None,
         elif topology is not None:
             raise ShardplanError("checking a plan against a topology needs --graph too")
     return out
+
+
+def _measured_work(graph: Graph) -> tuple[np.ndarray, int] | None:
+    """Forward + backward measured seconds per node and how many nodes lack them (counted
+    as 0), or None when the graph has no measured times."""
+    if graph.fwd_seconds is None and graph.bwd_seconds is None:
+        return None
+    n = graph.num_nodes
+    f = np.full(n, np.nan) if graph.fwd_seconds is None else graph.fwd_seconds
+    b = np.full(n, np.nan) if graph.bwd_seconds is None else graph.bwd_seconds
+    missing = int(np.count_nonzero(np.isnan(f) & np.isnan(b)))
+    return np.nan_to_num(f) + np.nan_to_num(b), missing
+
+
+def _bounds(work: np.ndarray, devices: int) -> dict[str, float]:
+    """The two makespan bounds of :meth:`Graph.lower_bounds`, on ``work``."""
+    total = float(work.sum())
+    largest = float(work.max()) if work.size else 0.0
+    return {"average": total / devices, "largest_node": largest,
+            "bound": max(total / devices, largest)}
 
 
 def _fmt(v: float) -> str:
@@ -64,6 +102,11 @@ def _print_text(s: dict[str, Any]) -> None:
         elif isinstance(val, dict) and key == "lower_bounds_flops":
             text = "; ".join(f"D={d}: {_fmt(b['bound'])} FLOP (avg {_fmt(b['average'])}, "
                              f"largest node {_fmt(b['largest_node'])})" for d, b in val.items())
+        elif isinstance(val, dict) and key == "lower_bounds_seconds":
+            text = "; ".join(f"D={d}: {b['bound']:.4g} s (avg {b['average']:.4g} s, "
+                             f"largest node {b['largest_node']:.4g} s)" for d, b in val.items())
+        elif key == "dropped_on_import":
+            text = "; ".join(val)
         elif isinstance(val, list) and val and isinstance(val[0], dict) \
                 and "bandwidth" in val[0]:
             if len(val) > 6:  # measured: every pair its own value

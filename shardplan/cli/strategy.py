@@ -5,19 +5,23 @@ Without ``--topology`` the devices are a flat topology of N devices (the ``pase`
 ignores the topology anyway; the ``default`` one reads its FLOP/s, memory and links).
 ``--export-tables F`` writes the search's input (every node's configurations and costs, every
 edge's cost matrix) for outside solvers; ``--import-tables F`` solves such a file instead of
-building one. Prints the chosen configuration per layer like the paper's Table II.
+building one, and needs no GRAPH then (the tables hold every node's configurations and costs).
+Prints the chosen configuration per layer like the paper's Table II. ``--time-limit`` counts
+from the start of the command: loading, building the tables, pruning and the search.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
 from typing import Any
 
 from shardplan.cli._common import (
     add_output,
     emit,
     nonnegative_int,
+    note,
     positive_float,
     positive_int,
     progress_reporter,
@@ -34,7 +38,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Choose how every layer of GRAPH is split over N devices: pase (the "
                     "paper's dynamic program, exact under the cost model), data-parallel, or "
                     "expert (one weird trick for CNNs, Megatron-style for transformers).")
-    p.add_argument("graph", metavar="GRAPH", help="graph file (shardplan.graph/1)")
+    p.add_argument("graph", metavar="GRAPH", nargs="?", default=None,
+                   help="graph file (shardplan.graph/1); not needed with --import-tables")
     p.add_argument("--devices", type=positive_int, default=None, metavar="N",
                    help="devices (default: the topology's; required without --topology)")
     p.add_argument("--topology", metavar="TOPO", help="topology file (default: flat N)")
@@ -64,19 +69,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=_run)
 
 
-def format_table(graph: Any, strategy: Any, dims: Any, limit: int = 60) -> str:
+def format_table(names: Any, ops: Any, strategy: Any, dims: Any, limit: int = 60) -> str:
     """Per-layer table (the paper's Table II): consecutive layers with the same kind, dims
     and configuration are merged into one row."""
     rows: list[tuple[str, str, str, str]] = []
     last = None
-    for v in range(graph.num_nodes):
-        key = (graph.ops[v], ",".join(dims[v]),
+    for v in range(len(names)):
+        key = (ops[v], ",".join(dims[v]),
                "(" + ",".join(str(x) for x in strategy[str(v)]) + ")")
         if key == last and rows:
             first = rows[-1][0].split(" .. ")[0]
-            rows[-1] = (f"{first} .. {graph.names[v]}", *key)
+            rows[-1] = (f"{first} .. {names[v]}", *key)
         else:
-            rows.append((graph.names[v], *key))
+            rows.append((names[v], *key))
         last = key
     head = ("layer", "op", "dims", "configuration")
     shown = rows if len(rows) <= limit else rows[:limit]
@@ -88,20 +93,34 @@ def format_table(graph: Any, strategy: Any, dims: Any, limit: int = 60) -> str:
     return "\n".join(lines)
 
 
+def _remaining(args: argparse.Namespace, t0: float) -> float | None:
+    """The time limit left after what the command already spent (at least 1 ms)."""
+    if args.time_limit is None:
+        return None
+    return max(1e-3, args.time_limit - (time.perf_counter() - t0))
+
+
 def _run(args: argparse.Namespace) -> int:
     from shardplan import registry
-    from shardplan.ir import load_graph, load_topology, read_json, write_json
+    from shardplan.ir import load_graph, load_topology, write_json
     from shardplan.topology import flat
 
+    t0 = time.perf_counter()
     if not args.output and not args.json and not args.export_tables:
         raise ShardplanError("say where the plan goes: -o FILE or --json")
     registry.get("strategy", args.algorithm)
     if args.import_tables and args.algorithm != "pase":
         raise ShardplanError("--import-tables solves with the pase algorithm only")
+    if args.import_tables and args.export_tables:
+        raise ShardplanError("--import-tables and --export-tables do not go together")
     if args.ordering is not None and args.algorithm != "pase":
         raise ShardplanError("--ordering applies to --algorithm pase only")
     if args.model_parallel is not None and args.algorithm != "expert":
         raise ShardplanError("--model-parallel applies to --algorithm expert only")
+    if args.import_tables:
+        return _run_imported(args, t0)
+    if args.graph is None:
+        raise ShardplanError("give GRAPH (or --import-tables FILE)")
     graph = load_graph(args.graph)
     if args.topology:
         topology = load_topology(args.topology)
@@ -121,47 +140,80 @@ def _run(args: argparse.Namespace) -> int:
     if args.model_parallel is not None:
         options["model_parallel"] = args.model_parallel
 
-    from shardplan.strategy.pase import devices_of, solve_tables
-    from shardplan.strategy.tables import Tables, build_tables
+    from shardplan.strategy.pase import devices_of
+    from shardplan.strategy.tables import build_tables, graph_spaces
 
     devices = devices_of(topology, options.get("devices"))
     if args.export_tables:
         tables = build_tables(graph, devices, cost_model=args.cost_model, topology=topology,
                               cutoff=args.cutoff, memory_limit=args.memory_limit)
+        assert tables is not None
         write_json(args.export_tables, tables.to_dict())
         if not args.json:
             print(f"wrote tables to {args.export_tables}")
         if not args.output and not args.json:
             return 0
     with progress_reporter() as progress:
-        if args.import_tables:
-            tables = Tables.from_dict(read_json(args.import_tables))
-            if tables.num_nodes != graph.num_nodes:
-                raise ShardplanError(f"tables have {tables.num_nodes} nodes, the graph "
-                                     f"{graph.num_nodes}")
-            if tables.devices > topology.num_devices:
-                raise ShardplanError(f"tables are for {tables.devices} devices, the topology "
-                                     f"has {topology.num_devices}")
-            result = solve_tables(tables, ordering=args.ordering or "generate-seq",
-                                  time_limit=args.time_limit, progress=progress,
-                                  graph_name=graph.name, topology_name=topology.name,
-                                  seed=args.seed,
-                                  options={"import_tables": str(args.import_tables)})
-            dims = tables.dims
-        else:
-            result = registry.run("strategy", args.algorithm, graph, topology,
-                                  seed=args.seed, time_limit=args.time_limit,
-                                  progress=progress, **options)
-            from shardplan.strategy.tables import graph_spaces
+        result = registry.run("strategy", args.algorithm, graph, topology, seed=args.seed,
+                              time_limit=_remaining(args, t0), progress=progress, **options)
+    dims = [sp.dims for sp in graph_spaces(graph)]
+    _report(args, result.plan, graph.names, graph.ops, dims, devices)
+    return 0
 
-            dims = [s.dims for s in graph_spaces(graph)]
-    plan = result.plan
+
+def _run_imported(args: argparse.Namespace, t0: float) -> int:
+    """``--import-tables``: solve the file's tables; GRAPH, when given, is checked against
+    them."""
+    from shardplan.ir import load_graph, load_topology, read_json
+    from shardplan.strategy.pase import solve_tables
+    from shardplan.strategy.tables import Tables
+
+    for flag, value in (("--cost-model", args.cost_model != "pase"), ("--cutoff", args.cutoff),
+                        ("--memory-limit", args.memory_limit)):
+        if value:
+            raise ShardplanError(f"{flag} does not apply to --import-tables (the file holds "
+                                 "the costs)")
+    tables = Tables.from_dict(read_json(args.import_tables))
+    topology_name = ""
+    if args.graph is not None:
+        graph = load_graph(args.graph)
+        if tables.num_nodes != graph.num_nodes:
+            raise ShardplanError(f"tables have {tables.num_nodes} nodes, the graph "
+                                 f"{graph.num_nodes}")
+    if args.topology:
+        topology = load_topology(args.topology)
+        if tables.devices > topology.num_devices:
+            raise ShardplanError(f"tables are for {tables.devices} devices, the topology has "
+                                 f"{topology.num_devices}")
+        topology_name = topology.name
+    if args.devices is not None and args.devices != tables.devices:
+        raise ShardplanError(f"tables are for {tables.devices} devices, not {args.devices}")
+    with progress_reporter() as progress:
+        result = solve_tables(tables, ordering=args.ordering or "generate-seq",
+                              time_limit=_remaining(args, t0), progress=progress,
+                              topology_name=topology_name, seed=args.seed, t0=t0,
+                              options={"import_tables": str(args.import_tables),
+                                       "devices": tables.devices})
+    ops = [""] * tables.num_nodes
+    _report(args, result.plan, tables.names, ops, tables.dims, tables.devices)
+    return 0
+
+
+def _report(args: argparse.Namespace, plan: Any, names: Any, ops: Any, dims: Any,
+            devices: int) -> None:
     if args.output or args.json:
         emit(args, plan, what="plan")
+    meta = plan.meta
+    if "note" in meta:
+        note(meta["note"])
+    if plan.status == "timed_out" and "incumbent" in meta:
+        note(f"the time limit cut the search short: the plan is the {meta['incumbent']} "
+             "strategy")
     if not args.json:
         if not args.quiet:
-            sys.stdout.write(format_table(graph, plan.strategy, dims) + "\n")
-        sys.stdout.write(f"{plan.algorithm}: {devices} devices, {plan.objective.name} = "
+            sys.stdout.write(format_table(names, ops, plan.strategy, dims) + "\n")
+        extra = f", model parallel {meta['choice']}" if plan.algorithm == "expert" and \
+            "choice" in meta else ""
+        sys.stdout.write(f"{plan.algorithm}: {devices} devices{extra}, {plan.objective.name} = "
                          f"{plan.objective.value:.6g} ({plan.status}, "
                          f"{plan.search_seconds:.2f} s)\n")
-    return 0

@@ -42,10 +42,14 @@ def plan_stage_times(plan: Plan, graph: Graph, topology: Topology,
 
 
 def plan_view(plan: Plan) -> str:
-    """The view a plan's recorded objective used (``eq3`` for an unnamed legacy one)."""
+    """The view a plan's recorded objective used: ``eq3`` for an unnamed legacy one, and
+    ``overlap`` (the simulator's) for a plan that optimised something else (a sharding
+    cost, PipeDream's own value, a PaSE strategy)."""
     name = plan.objective.name
     if name in ("", "max_stage_seconds"):
         return "eq3"
+    if name not in OBJECTIVE_NAMES.values():
+        return "overlap"
     return view_of_objective(name)
 
 

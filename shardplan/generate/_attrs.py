@@ -11,8 +11,14 @@ from shardplan._rng import make_rng
 from shardplan.errors import ShardplanError
 from shardplan.ir import Graph
 
-__all__ = ["check_int", "check_probability", "check_real", "check_weight_range", "draw_weights",
-           "graph_from_weights", "rng_for", "seed_value"]
+__all__ = ["MAX_EDGES", "MAX_NODES", "check_int", "check_probability", "check_real",
+           "check_size", "check_weight_range", "draw_weights", "graph_from_weights", "rng_for",
+           "seed_value"]
+
+MAX_NODES = 10_000_000
+"""Most nodes a generator makes (a graph file of that size is a few GB of JSON)."""
+MAX_EDGES = 50_000_000
+"""Most edges (expected, for random-dag) a generator makes."""
 
 _BYTES_PER_PARAM = 4  # fp32 parameters and activations
 
@@ -25,6 +31,17 @@ def check_int(name: str, value: Any, *, low: int, high: int | None = None) -> in
         where = f">= {low}" if high is None else f"in [{low}, {high}]"
         raise ShardplanError(f"{name} must be {where}, got {value}")
     return int(value)
+
+
+def check_size(kind: str, num_nodes: int, num_edges: float = 0.0) -> None:
+    """Refuse up front a graph larger than :data:`MAX_NODES` nodes or :data:`MAX_EDGES`
+    edges, saying what it would take (about 200 bytes of JSON per node and 60 per edge)."""
+    if num_nodes > MAX_NODES or num_edges > MAX_EDGES:
+        gib = (200.0 * num_nodes + 60.0 * num_edges) / 2**30
+        edges = f" and ~{num_edges:.3g} edges" if num_edges else ""
+        raise ShardplanError(f"a {kind} graph of {num_nodes} nodes{edges} would take "
+                             f"~{gib:.3g} GiB as a file; at most {MAX_NODES} nodes and "
+                             f"{MAX_EDGES} edges are generated")
 
 
 def check_real(name: str, value: Any, *, low: float, high: float | None = None) -> float:

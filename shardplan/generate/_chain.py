@@ -7,6 +7,7 @@ import numpy as np
 from shardplan.generate._attrs import (
     check_int,
     check_real,
+    check_size,
     check_weight_range,
     draw_weights,
     graph_from_weights,
@@ -61,6 +62,7 @@ def chain(
     ([0, 1, 2], [1, 2, 3])
     """
     n = check_int("num_nodes", num_nodes, low=1)
+    check_size("chain", n, n - 1)
     lo, hi = check_weight_range(weight_low, weight_high)
     ppw = check_real("params_per_weight", params_per_weight, low=0.0)
     batch = check_int("batch_size", batch_size, low=1)

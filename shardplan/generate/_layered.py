@@ -9,6 +9,7 @@ from shardplan.generate._attrs import (
     check_int,
     check_probability,
     check_real,
+    check_size,
     check_weight_range,
     draw_weights,
     graph_from_weights,
@@ -124,6 +125,7 @@ def layered(
     True
     """
     n = check_int("num_nodes", num_nodes, low=1)
+    check_size("layered", n)
     width = check_int("width", width, low=1)
     first_width = check_int("first_width", first_width, low=1)
     max_fanin = check_int("max_fanin", max_fanin, low=1)

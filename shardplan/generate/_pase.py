@@ -8,9 +8,16 @@ vocabulary 50000, d_model 512, 8 heads of 64, FFN 2048, 6 + 6 layers) with atten
 einsums. Every node carries its ``space`` (see :mod:`shardplan.strategy.spaces`); the graph's
 ``pase_cutoff`` meta field is 4 for the CNNs and 1 for the others, as the note says.
 
-Decisions the note leaves open: ReLUs are fused into the layer before them (``pw = 1``); the
+As the prototype's ``graph.py`` builds them (baidu-research/PaSE): AlexNet's convolutions and
+hidden FC layers fuse their ReLU (``pw = 1``); InceptionV3's convolutions do not (its
+``AddBasicConv`` is a plain convolution and a batch norm); the Transformer adds the positional
+encoding to each embedding in an elementwise node of its own, and its first FFN layer fuses
+two pointwise ops (ReLU and dropout, ``pw = 2``); a pooling's halo exchange is priced on its
+input tensor (``input_hw``), as the prototype's ``Pooling`` does.
+
+Decisions the note leaves open: the
 InceptionE module's inner concatenations feed its final concat directly (same data); the
-Transformer has no positional-encoding node; the fused QKV projection's output is read by the
+fused QKV projection's output is read by the
 Q K^T einsum with the sequence as its query axis (the key's use of it is not a separate
 tensor), and by the attention-times-V einsum with the sequence as its key axis; the decoder's
 cross-attention has a Q projection of its own input and a fused KV projection of the encoder
@@ -126,13 +133,15 @@ class _CNN:
         b = self.b
         ho = (hin + 2 * pad - k) // stride + 1
         nid = b.add(name, op, "pool", [("b", b.batch), ("c", c), ("h", ho), ("w", ho)],
-                    output=_IMG, inputs=[(src, _IMG)], expert=_DATA, window=[k, k])
+                    output=_IMG, inputs=[(src, _IMG)], expert=_DATA, window=[k, k],
+                    input_hw=[hin, hin])
         return nid, ho
 
     def conv_bn(self, name: str, src: int | None, cin: int, h: int, w: int, cout: int,
                 k: tuple[int, int], stride: int = 1,
                 pad: tuple[int, int] = (0, 0)) -> tuple[int, int, int, int]:
-        """A convolution (+ReLU) followed by its batch norm: (bn node, cout, h, w)."""
+        """A convolution followed by its batch norm, the prototype's ``AddBasicConv`` (no
+        pointwise op fused into the convolution): (bn node, cout, h, w)."""
         b = self.b
         ho = (h + 2 * pad[0] - k[0]) // stride + 1
         wo = (w + 2 * pad[1] - k[1]) // stride + 1
@@ -142,7 +151,7 @@ class _CNN:
                     output=(("b",), ("o",), ("h",), ("w",)),
                     inputs=[] if src is None else [(src, (("b",), ("c",), (), ()))],
                     fixed=("h", "w"), weight=("c", "r", "s", "o"), expert=_DATA,
-                    m=["b", "h", "w"], n=["o"], k=["c", "r", "s"], pw=1, module=name)
+                    m=["b", "h", "w"], n=["o"], k=["c", "r", "s"], pw=0, module=name)
         nid = b.add(f"{name}.bn", "batch_norm", "norm",
                     [("b", b.batch), ("c", cout), ("h", ho), ("w", wo)], output=_IMG,
                     inputs=[(cid, _IMG)], weight=("c",), weight_scale=2, expert=_DATA,
@@ -162,10 +171,12 @@ class _CNN:
         """Flatten (reshape) or global mean, FC layers, softmax + cross-entropy."""
         b = self.b
         if flatten:
+            # Only splits that keep the flattened data contiguous (the note): the batch,
+            # the leading axis, which the cutoff keeps from splitting fully.
             src = b.add("flatten", "view", "reshape",
                         [("b", b.batch), ("c", c), ("h", h), ("w", h)],
                         output=(("b",), ("c", "h", "w")), inputs=[(src, _IMG)],
-                        fixed=("h", "w"), expert=_DATA)
+                        fixed=("c", "h", "w"), expert=_DATA)
             feat = c * h * h
         else:
             src = b.add("avgpool", "mean", "reduce_mean",
@@ -337,9 +348,14 @@ def transformer(*, batch_size: int = 64, name: str = "transformer", num_layers: 
     heads = {"b": "data", "h": "model"}
 
     def embedding(nm: str) -> int:
-        return b.add(nm, "embedding", "gemm", [("b", bs), ("s", seq), ("d", dm), ("v", voc)],
-                     output=_SEQ3, weight=("v", "d"), expert={"b": "data", "v": "model"},
-                     m=["b", "s"], n=["d"], k=["v"])
+        """The embedding and, as the prototype, the positional encoding added to it (an
+        elementwise node; the encoding itself is an input, so no edge)."""
+        e = b.add(nm, "embedding", "gemm", [("b", bs), ("s", seq), ("d", dm), ("v", voc)],
+                  output=_SEQ3, weight=("v", "d"), expert={"b": "data", "v": "model"},
+                  m=["b", "s"], n=["d"], k=["v"])
+        return b.add(f"{nm.rsplit('.', 1)[0]}.positional", "add", "elementwise",
+                     [("b", bs), ("s", seq), ("d", dm)], output=_SEQ3, inputs=[(e, _SEQ3)],
+                     expert=data)
 
     def proj(nm: str, src: int, width: int) -> int:
         """(b, s, d) -> (b, s, h, width) projection (fused Q/K/V parts)."""
@@ -382,10 +398,11 @@ def transformer(*, batch_size: int = 64, name: str = "transformer", num_layers: 
                      expert=data, axis="d", module=pre)
 
     def ffn(pre: str, x: int) -> int:
+        # ReLU and dropout fused into the first layer: two pointwise ops, as the prototype.
         h1 = b.add(f"{pre}.ffn1", "linear", "gemm",
                    [("b", bs), ("s", seq), ("f", ff), ("d", dm)],
                    output=(("b",), ("s",), ("f",)), inputs=[(x, _SEQ3)], weight=("f", "d"),
-                   expert={"b": "data", "f": "model"}, m=["b", "s"], n=["f"], k=["d"], pw=1,
+                   expert={"b": "data", "f": "model"}, m=["b", "s"], n=["f"], k=["d"], pw=2,
                    module=pre)
         return b.add(f"{pre}.ffn2", "linear", "gemm",
                      [("b", bs), ("s", seq), ("d", dm), ("f", ff)], output=_SEQ3,

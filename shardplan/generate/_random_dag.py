@@ -9,6 +9,7 @@ from shardplan.generate._attrs import (
     check_int,
     check_probability,
     check_real,
+    check_size,
     check_weight_range,
     draw_weights,
     graph_from_weights,
@@ -111,6 +112,7 @@ def random_dag(
             raise ShardplanError(f"avg_degree must be at most num_nodes - 1 = {n - 1}, got "
                                  f"{avg_degree!r}")
         p = min(deg / (n - 1), 1.0) if n > 1 else 0.0
+    check_size("random-dag", n, p * (n * (n - 1) / 2))
     lo, hi = check_weight_range(weight_low, weight_high)
     ppw = check_real("params_per_weight", params_per_weight, low=0.0)
     batch = check_int("batch_size", batch_size, low=1)

@@ -9,6 +9,13 @@ The format: one line per node, then one tab-indented line per edge::
 Times are milliseconds measured at the profiling batch size; ``activation_size`` (the node's
 output, bytes; a ``[a; b]`` list for several outputs, summed) and ``parameter_size`` are bytes.
 A partitioned profile ends node lines with ``-- stage_id=N``.
+
+PipeDream's optimizer (``optimizer/optimizer_graph_hierarchical.py``) removes two kinds of nodes
+before it searches: the sources whose description starts with ``Input`` (data loading: their
+time is not model compute, and the input always lives on the first stage) and the sinks whose
+description starts with ``__getitem__`` (tuple unpacking left over by the tracer). The
+importer does the same by default and records what it dropped in the graph's ``meta``
+(``dropped_on_import``, which ``shardplan inspect`` shows); ``keep_inputs=True`` keeps them.
 """  # noqa: E501
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import math
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
@@ -81,8 +89,30 @@ def _op_of(description: str) -> str:
     return m.group(0).rsplit(".", 1)[-1] if m else "op"
 
 
+def _dropped(ids: list[str], descs: list[str], src: np.ndarray, dst: np.ndarray
+             ) -> dict[int, str]:
+    """The nodes PipeDream's optimizer removes: ``Input`` sources, then the ``__getitem__``
+    sinks of what is left (once, as PipeDream does). ``{node: reason}``. O(n + m)."""
+    n = len(ids)
+    indeg = np.bincount(dst, minlength=n)
+    out: dict[int, str] = {v: "input" for v in range(n)
+                           if indeg[v] == 0 and descs[v].startswith("Input")}
+    if out:
+        gone = np.zeros(n, dtype=bool)
+        gone[list(out)] = True
+        keep = ~gone[src] & ~gone[dst]
+        outdeg = np.bincount(src[keep], minlength=n)
+    else:
+        gone = np.zeros(n, dtype=bool)
+        outdeg = np.bincount(src, minlength=n)
+    for v in range(n):
+        if not gone[v] and outdeg[v] == 0 and descs[v].startswith("__getitem__"):
+            out[v] = "getitem sink"
+    return out
+
+
 def parse_pipedream(text: str, *, name: str = "pipedream", batch_size: int = 1,
-                    source: str = "<profile>") -> Graph:
+                    source: str = "<profile>", keep_inputs: bool = False) -> Graph:
     """Parse the text of a PipeDream profile into a :class:`Graph`.
 
     Nodes are renumbered ``0..n-1`` in a topological order (Kahn's algorithm, ties broken by
@@ -104,6 +134,10 @@ def parse_pipedream(text: str, *, name: str = "pipedream", batch_size: int = 1,
         Batch size the profile was taken at (the format does not record it).
     source : str
         File name used in error messages.
+    keep_inputs : bool
+        Keep the ``Input`` sources and ``__getitem__`` sinks that PipeDream's optimizer
+        removes (see the module docstring); by default they are dropped and listed in
+        ``meta["dropped_on_import"]``.
 
     Returns
     -------
@@ -113,7 +147,7 @@ def parse_pipedream(text: str, *, name: str = "pipedream", batch_size: int = 1,
     ------
     InvalidFileError
         A malformed line (with its number), a repeated node id, an edge naming an unknown
-        node, no node at all, or a cycle.
+        node, no node at all (or none left once the input nodes are dropped), or a cycle.
 
     Notes
     -----
@@ -131,9 +165,13 @@ def parse_pipedream(text: str, *, name: str = "pipedream", batch_size: int = 1,
     ...     "node2 -- Linear(in_features=2, out_features=2, bias=True) -- "
     ...     "forward_compute_time=0.5, backward_compute_time=1.5, activation_size=8.0, "
     ...     "parameter_size=24.0\\n"
-    ...     "\\tnode1 -- node2\\n")
+    ...     "node3 -- ReLU() -- forward_compute_time=0.1, backward_compute_time=0.1, "
+    ...     "activation_size=8.0, parameter_size=0.0\\n"
+    ...     "\\tnode1 -- node2\\n\\tnode2 -- node3\\n")
     >>> g.names, g.ops, g.fwd_seconds.tolist(), g.edge_bytes.tolist()
-    (('node1', 'node2'), ('Input', 'Linear'), [0.001, 0.0005], [8])
+    (('node2', 'node3'), ('Linear', 'ReLU'), [0.0005, 0.0001], [8])
+    >>> g.meta["dropped_on_import"][0]["name"]
+    'node1'
     """
     if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) \
             or batch_size < 1:
@@ -201,7 +239,26 @@ def parse_pipedream(text: str, *, name: str = "pipedream", batch_size: int = 1,
     dst = np.array([p[1] for p in pairs], dtype=np.int64)
 
     order = _topological_order(ids, src, dst, source)
-    new_id = np.empty(n, dtype=np.int64)
+    meta: dict[str, Any] = {"imported_from": "pipedream"}
+    if not keep_inputs:
+        drop = _dropped(ids, descs, src, dst)
+        if drop:
+            if len(drop) == n:
+                raise InvalidFileError(f"{source}: every node is an Input or __getitem__ node "
+                                       "(nothing is left to partition; keep them with "
+                                       "--keep-inputs)")
+            meta["dropped_on_import"] = [
+                {"name": ids[v], "description": descs[v], "reason": drop[v],
+                 "fwd_seconds": fields[v]["forward_compute_time"] / 1e3,
+                 "bwd_seconds": fields[v]["backward_compute_time"] / 1e3}
+                for v in order if v in drop]
+            order = [v for v in order if v not in drop]
+            keep = np.array([a not in drop and b not in drop
+                             for a, b in zip(src.tolist(), dst.tolist(), strict=True)],
+                            dtype=bool)
+            src, dst = src[keep], dst[keep]
+    n = len(order)
+    new_id = np.full(len(ids), -1, dtype=np.int64)
     new_id[order] = np.arange(n)
     src, dst = new_id[src], new_id[dst]
     e_order = np.lexsort((dst, src))
@@ -224,7 +281,7 @@ def parse_pipedream(text: str, *, name: str = "pipedream", batch_size: int = 1,
         ops=[_op_of(descs[i]) for i in order], modules=[descs[i] for i in order],
         fwd_seconds=col("forward_compute_time") / 1e3,
         bwd_seconds=col("backward_compute_time") / 1e3,
-        node_extra=extra, meta={"imported_from": "pipedream"},
+        node_extra=extra, meta=meta,
     )
 
 
@@ -260,12 +317,13 @@ def _topological_order(ids: list[str], src: np.ndarray, dst: np.ndarray,
 
 
 def load_pipedream(path: str | os.PathLike[str], *, name: str | None = None,
-                   batch_size: int = 1) -> Graph:
-    """Read a PipeDream profile file (see :func:`parse_pipedream`).
+                   batch_size: int = 1, keep_inputs: bool = False) -> Graph:
+    """Read a PipeDream profile file (see :func:`parse_pipedream`, ``keep_inputs`` included).
 
     The graph is named after the file (``vgg16.txt`` -> ``vgg16``) unless ``name`` is given.
     Any unreadable file is a one-line :class:`InvalidFileError`.
     """
     p = Path(path)
     text = read_text(p)
-    return parse_pipedream(text, name=name or p.stem, batch_size=batch_size, source=str(path))
+    return parse_pipedream(text, name=name or p.stem, batch_size=batch_size, source=str(path),
+                           keep_inputs=keep_inputs)

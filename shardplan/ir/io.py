@@ -119,13 +119,22 @@ def read_text(path: str | os.PathLike[str]) -> str:
 
 
 def read_json(path: str | os.PathLike[str]) -> Any:
-    """Parse a JSON file; any failure is one :class:`InvalidFileError` line."""
+    """Parse a JSON file; any failure is one :class:`InvalidFileError` line (malformed text,
+    nesting deep enough to exhaust the parser's recursion, an integer of thousands of
+    digits)."""
     text = read_text(path)
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise InvalidFileError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno} "
                                f"column {exc.colno})") from None
+    except RecursionError:
+        raise InvalidFileError(f"{path}: JSON nested too deeply (no contract file nests more "
+                               "than a few levels)") from None
+    except ValueError as exc:  # an integer beyond Python's digit limit (4300 by default)
+        why = "an integer has too many digits" if "digits" in str(exc) else \
+            str(exc).splitlines()[0]
+        raise InvalidFileError(f"{path}: not a usable JSON file ({why})") from None
 
 
 def load(path: str | os.PathLike[str]) -> Graph | Topology | Plan:

@@ -81,7 +81,7 @@ from shardplan.partition._pipeline_dp import (
     fronted_dp,
 )
 from shardplan.partition._pipeline_refine import StageState, refine
-from shardplan.partition.pipedream import PipeDreamSequence
+from shardplan.partition.pipedream_sequence import PipeDreamSequence
 from shardplan.registry import Progress, Result, register, take_options
 
 __all__ = ["parmesan_partition"]
@@ -194,11 +194,14 @@ def partition_shape(graph: Graph, topology: Topology, model: CostModel,
         # A third start beside the two DP plans: PipeDream's split of a topological order,
         # refined the same way, and kept as it is too. The DP prices sends within bounds
         # (see above) and refinement is local, so on some graphs these end lower.
+        # (bisection form, O(64 n); the deadline is checked between probes.)
         seq = PipeDreamSequence.build(graph, topology, model, num_stages * num_replicas)
-        _, a = np.unique(seq.solve(num_stages, num_replicas)[1], return_inverse=True)
-        a = a.astype(np.int64)
-        cands.append(("pipedream", a.copy()))
-        refined("sequence", a)
+        solved = seq.solve(num_stages, num_replicas, check=check)
+        if solved is not None:
+            _, a = np.unique(solved[1], return_inverse=True)
+            a = a.astype(np.int64)
+            cands.append(("pipedream", a.copy()))
+            refined("sequence", a)
     if not cands:
         stats["dp"] = "timed_out"
         order = graph.topological_order

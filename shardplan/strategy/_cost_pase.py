@@ -121,7 +121,12 @@ def layer_cost(space: Space, f: np.ndarray, u: Units) -> Vec:
     if kind == "pool":
         b, c, h, w = space.dims[:4]
         rr, ss = (float(x) for x in a.get("window", (1, 1)))
-        hp, wp = pdev([h]), pdev([w])
+        # The halo is exchanged on the input tensor (the prototype's Pooling prices it on
+        # its input image, split like the output); spaces without ``input_hw`` use the
+        # output's height and width.
+        hin, win = (float(x) for x in a.get("input_hw", (sizes[space.index(h)],
+                                                          sizes[space.index(w)])))
+        hp, wp = hin / fac([h]), win / fac([w])
         halo = (hp + rr * _ind(fac([h]))) * (wp + ss * _ind(fac([w]))) - hp * wp
         return u.mac * e + u.word(space) * pdev([b, c]) * halo
     if kind == "elementwise":

@@ -52,8 +52,8 @@ import numpy as np
 from shardplan.errors import ShardplanError
 from shardplan.strategy.tables import Tables
 
-__all__ = ["DPResult", "TableTooLargeError", "bfs_sequence", "generate_seq", "plan_tables",
-           "prune_dominated", "solve"]
+__all__ = ["DPResult", "TableTooLargeError", "bfs_sequence", "check_finite", "generate_seq",
+           "greedy_choice", "lower_bound", "plan_tables", "prune_dominated", "solve"]
 
 
 class TableTooLargeError(ShardplanError):
@@ -166,8 +166,9 @@ def plan_tables(n: int, adj: Sequence[set[int]], sequence: Sequence[int]) -> _St
     return _Structure(list(sequence), dep, children, parent)
 
 
-def prune_dominated(tables: Tables, *, candidates: int = 16, passes: int = 1
-                    ) -> tuple[Tables, list[np.ndarray]]:
+def prune_dominated(tables: Tables, *, candidates: int = 16, passes: int = 1,
+                    check: Callable[[], bool] | None = None
+                    ) -> tuple[Tables, list[np.ndarray]] | None:
     """Drop configurations that can never be strictly needed (exact).
 
     Configuration c of node v is dominated by c' when, whatever its neighbours choose,
@@ -180,7 +181,8 @@ def prune_dominated(tables: Tables, *, candidates: int = 16, passes: int = 1
     per node. Not in the paper: it is what makes the Transformer at 64 devices a matter of
     seconds (the DP is exponential in the dependent sets, whose sizes multiply K).
 
-    Returns the reduced tables and, per node, the kept rows of the original configurations.
+    Returns the reduced tables and, per node, the kept rows of the original configurations;
+    None when ``check()`` (called once per node) says the time is up.
     """
     n = tables.num_nodes
     keep = [np.flatnonzero(np.isfinite(c)) for c in tables.node_cost]
@@ -194,6 +196,8 @@ def prune_dominated(tables: Tables, *, candidates: int = 16, passes: int = 1
     for _ in range(passes):
         changed = False
         for v in range(n):
+            if check is not None and check():
+                return None
             rows = keep[v]
             if rows.size <= 1:
                 continue
@@ -201,10 +205,10 @@ def prune_dominated(tables: Tables, *, candidates: int = 16, passes: int = 1
             mats = [m[np.ix_(rows, keep[u])] for u, m in inc[v]]
             optimistic = node + sum((mm.min(axis=1) for mm in mats), np.zeros(rows.size))
             cand = np.argsort(optimistic, kind="stable")[:candidates]
-            worst = node[cand][:, None] - node[None, :]  # (C, K): l(c') - l(c)
-            for mm in mats:
-                diff = mm[cand][:, None, :] - mm[None, :, :]  # (C, K, K_u)
-                with np.errstate(invalid="ignore"):
+            with np.errstate(invalid="ignore"):  # inf - inf: nan, never "dominated"
+                worst = node[cand][:, None] - node[None, :]  # (C, K): l(c') - l(c)
+                for mm in mats:
+                    diff = mm[cand][:, None, :] - mm[None, :, :]  # (C, K, K_u)
                     worst = worst + diff.max(axis=2)
             dominated = np.any(worst <= 0, axis=0)
             dominated[cand] = False
@@ -221,6 +225,53 @@ def prune_dominated(tables: Tables, *, candidates: int = 16, passes: int = 1
         edges=tuple((u, v, m[np.ix_(keep[u], keep[v])]) for u, v, m in tables.edges),
         meta=tables.meta)
     return reduced, keep
+
+
+def greedy_choice(tables: Tables, order: Sequence[int] | None = None,
+                  check: Callable[[], bool] | None = None) -> np.ndarray:
+    """A strategy that prices edges: visit the nodes in ``order`` (default: by id, which is
+    a topological order for graphs) and give each the configuration that minimises its own
+    cost plus the edges to the nodes already decided. O(sum_v K_v (1 + deg v)).
+
+    The incumbent a search that runs out of time returns (with data parallelism, when a
+    graph is known): unlike each node's cheapest configuration alone, it accounts for the
+    re-sharding its choices cause. When ``check()`` says the time is up the remaining nodes
+    take their cheapest own configuration.
+    """
+    n = tables.num_nodes
+    inc: list[list[tuple[int, np.ndarray]]] = [[] for _ in range(n)]
+    for u, v, m in tables.edges:
+        inc[u].append((v, m))
+        inc[v].append((u, m.T))
+    choice = np.full(n, -1, dtype=np.int64)
+    late = False
+    with np.errstate(invalid="ignore", over="ignore"):
+        for i, v in enumerate(range(n) if order is None else order):
+            if check is not None and not late and (i & 63) == 0 and check():
+                late = True
+            cost = tables.node_cost[v].copy()
+            if not late:
+                for u, m in inc[v]:
+                    if choice[u] >= 0:
+                        cost = cost + m[:, choice[u]]
+            choice[v] = int(np.argmin(np.where(np.isnan(cost), np.inf, cost)))
+    return choice
+
+
+def lower_bound(tables: Tables) -> float:
+    """Every node's and edge's cheapest cost, summed: no strategy costs less (costs are
+    >= 0). O(sum of table sizes)."""
+    return float(sum(float(np.min(c)) for c in tables.node_cost)
+                 + sum(float(np.min(m)) for _, _, m in tables.edges))
+
+
+def check_finite(tables: Tables) -> None:
+    """One line naming the first node none of whose configurations has a finite cost."""
+    for v, c in enumerate(tables.node_cost):
+        if not np.any(np.isfinite(c)):
+            raise ShardplanError(f"every configuration of node {v} ({tables.names[v]!r}) has "
+                                 "an infinite cost (ruled out, e.g. by the memory limit): no "
+                                 "strategy exists")
 
 
 def _meet(keys: list[np.ndarray], k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -263,7 +314,8 @@ def table_bytes(tables: Tables, st: _Structure) -> tuple[int, int]:
 def solve(tables: Tables, *, ordering: str = "generate-seq", time_limit: float | None = None,
           progress: Callable[[str, float, float], None] | None = None,
           max_table_bytes: float = 4e9, chunk_elements: int = 1 << 22,
-          prune: bool = True) -> DPResult:
+          prune: bool = True, deadline: float | None = None,
+          incumbent: np.ndarray | None = None) -> DPResult:
     """Minimise equation (1) over the tables exactly (recurrence 4).
 
     Parameters
@@ -271,8 +323,12 @@ def solve(tables: Tables, *, ordering: str = "generate-seq", time_limit: float |
     tables : Tables
     ordering : {"generate-seq", "bfs"}
     time_limit : float, optional
-        Seconds; when reached, the result is the cheapest configuration of every node by its
-        own cost (edges ignored), evaluated in full, with status ``timed_out``.
+        Seconds from the call (pruning included); ``deadline`` is the same as an absolute
+        ``time.perf_counter()`` value (the earlier of the two counts). When reached, the
+        result is ``incumbent`` (default: :func:`greedy_choice`), evaluated in full, with
+        status ``timed_out``.
+    incumbent : ndarray, optional
+        The strategy to return if the time runs out.
     progress : callable, optional
         ``progress("pase", vertices done, n)``.
     max_table_bytes : float
@@ -287,10 +343,26 @@ def solve(tables: Tables, *, ordering: str = "generate-seq", time_limit: float |
     DPResult
     """
     t0 = time.perf_counter()
+    if time_limit is not None:
+        deadline = t0 + time_limit if deadline is None else min(deadline, t0 + time_limit)
+    check_finite(tables)
     original = tables
+
+    def expired() -> bool:
+        return deadline is not None and time.perf_counter() > deadline
+
+    def give_up(seq: Sequence[int] = (), max_dep: int = 0, max_table: int = 0,
+                peak: int = 0) -> DPResult:
+        choice = incumbent if incumbent is not None else greedy_choice(original)
+        return DPResult(np.asarray(choice, dtype=np.int64), original.evaluate(choice),
+                        "timed_out", max_dep, max_table, peak, tuple(seq))
+
     keep: list[np.ndarray] | None = None
     if prune:
-        tables, keep = prune_dominated(tables)
+        pruned = prune_dominated(tables, check=expired)
+        if pruned is None:
+            return give_up()
+        tables, keep = pruned
     n = tables.num_nodes
     adj = _adjacency(n, tables.edges)
     if ordering == "generate-seq":
@@ -318,115 +390,113 @@ def solve(tables: Tables, *, ordering: str = "generate-seq", time_limit: float |
     cost_tab: dict[int, tuple[np.ndarray, list[np.ndarray]]] = {}
     arg_tab: dict[int, tuple[np.ndarray, list[np.ndarray]]] = {}
     roots: list[int] = []
-    deadline = None if time_limit is None else t0 + time_limit
     timed_out = False
-    peak_entries = 0
-    for i, v in enumerate(seq):
-        dv = st.dep[v]
-        axis = {u: a for a, u in enumerate(dv)}
-        kids = [(st.dep[w], *cost_tab.pop(w)) for w in st.children[v]]
-        # Class map of each axis: the meet of the terms' own classes.
-        cls: list[np.ndarray] = []
-        rep: list[np.ndarray] = []
-        for u in dv:
-            keys = []
-            if u in adj[v]:
-                keys.append(_column_classes(mat[(v, u)]))
-            for dw, _, kcls in kids:
-                if u in dw:
-                    keys.append(kcls[dw.index(u)])
-            inv, first = _meet(keys, ks[u])
-            cls.append(inv)
-            rep.append(first)
-        shape = tuple(len(r) for r in rep)
-        # v's own configurations: one per class of identical interfaces (the cheapest).
-        vkeys = [_row_classes(mat[(v, u)][:, rep[axis[u]]]) for u in dv if u in adj[v]]
-        vkeys += [kcls[0] for _, _, kcls in kids]
-        vcls, _ = _meet(vkeys, ks[v])
-        order = np.lexsort((tables.node_cost[v], vcls))
-        first_of = np.ones(len(order), dtype=bool)
-        first_of[1:] = vcls[order[1:]] != vcls[order[:-1]]
-        cands = order[first_of]
-        width = int(np.prod(shape, dtype=np.int64)) if shape else 1
-        peak_entries = max(peak_entries, width)
-        best = np.full(shape, np.inf)
-        arg = np.zeros(shape, dtype=np.int64)
-        # Per-term views over D(v)'s axes, built once per vertex.
-        edge_terms = []
-        for u in dv:
-            if u in adj[v]:
-                a = axis[u]
+    with np.errstate(invalid="ignore", over="ignore"):  # inf + inf stays inf, quietly
+        peak_entries = 0
+        for i, v in enumerate(seq):
+            dv = st.dep[v]
+            axis = {u: a for a, u in enumerate(dv)}
+            kids = [(st.dep[w], *cost_tab.pop(w)) for w in st.children[v]]
+            # Class map of each axis: the meet of the terms' own classes.
+            cls: list[np.ndarray] = []
+            rep: list[np.ndarray] = []
+            for u in dv:
+                keys = []
+                if u in adj[v]:
+                    keys.append(_column_classes(mat[(v, u)]))
+                for dw, _, kcls in kids:
+                    if u in dw:
+                        keys.append(kcls[dw.index(u)])
+                inv, first = _meet(keys, ks[u])
+                cls.append(inv)
+                rep.append(first)
+            shape = tuple(len(r) for r in rep)
+            # v's own configurations: one per class of identical interfaces (the cheapest).
+            vkeys = [_row_classes(mat[(v, u)][:, rep[axis[u]]]) for u in dv if u in adj[v]]
+            vkeys += [kcls[0] for _, _, kcls in kids]
+            vcls, _ = _meet(vkeys, ks[v])
+            order = np.lexsort((tables.node_cost[v], vcls))
+            first_of = np.ones(len(order), dtype=bool)
+            first_of[1:] = vcls[order[1:]] != vcls[order[:-1]]
+            cands = order[first_of]
+            width = int(np.prod(shape, dtype=np.int64)) if shape else 1
+            peak_entries = max(peak_entries, width)
+            best = np.full(shape, np.inf)
+            arg = np.zeros(shape, dtype=np.int64)
+            # Per-term views over D(v)'s axes, built once per vertex.
+            edge_terms = []
+            for u in dv:
+                if u in adj[v]:
+                    a = axis[u]
+                    sh = [1] * len(shape)
+                    sh[a] = shape[a]
+                    edge_terms.append((mat[(v, u)][:, rep[a]], sh))
+            child_terms = []
+            for dw, tab, kcls in kids:
+                rest = [kcls[j][rep[axis[x]]] for j, x in enumerate(dw) if j > 0]
                 sh = [1] * len(shape)
-                sh[a] = shape[a]
-                edge_terms.append((mat[(v, u)][:, rep[a]], sh))
-        child_terms = []
-        for dw, tab, kcls in kids:
-            rest = [kcls[j][rep[axis[x]]] for j, x in enumerate(dw) if j > 0]
-            sh = [1] * len(shape)
-            for x in dw[1:]:
-                sh[axis[x]] = shape[axis[x]]
-            ident = all(np.array_equal(r, np.arange(tab.shape[j + 1]))
-                        for j, r in enumerate(rest))
-            child_terms.append((tab, kcls[0], None if ident else np.ix_(*rest), sh))
-        if width >= 2048:
-            # Large tables: one candidate at a time, running minimum in place (contiguous
-            # passes; an argmin across a candidate axis is several times slower).
-            buf = np.empty(shape)
-            mask = np.empty(shape, dtype=bool)
-            for j, c in enumerate(cands):
-                if deadline is not None and j % 8 == 0 and time.perf_counter() > deadline:
-                    timed_out = True
-                    break
-                buf.fill(tables.node_cost[v][c])
-                for m, sh in edge_terms:
-                    buf += m[c].reshape(sh)
-                for tab, cls0, gather, sh in child_terms:
-                    part = tab[cls0[c]]
-                    if gather is not None:
-                        part = part[gather]
-                    buf += part.reshape(sh)
-                np.less(buf, best, out=mask)
-                np.copyto(best, buf, where=mask)
-                np.copyto(arg, c, where=mask)
-        else:
-            chunk = max(1, min(len(cands), chunk_elements // max(width, 1)))
-            for c0 in range(0, len(cands), chunk):
-                if deadline is not None and time.perf_counter() > deadline:
-                    timed_out = True
-                    break
-                cc = cands[c0:c0 + chunk]
-                acc = np.empty((len(cc), *shape))
-                acc[...] = tables.node_cost[v][cc].reshape((len(cc),) + (1,) * len(shape))
-                for m, sh in edge_terms:
-                    acc += m[cc].reshape((len(cc), *sh))
-                for tab, cls0, gather, sh in child_terms:
-                    part = tab[cls0[cc]]
-                    if gather is not None:
-                        part = part[(slice(None), *gather)]
-                    # np.ix_ keeps dw's axis order, which is D(v)'s order restricted to dw.
-                    acc += part.reshape((len(cc), *sh))
-                local = np.argmin(acc, axis=0)
-                low = np.take_along_axis(acc, local[None], axis=0)[0]
-                better = low < best
-                best = np.where(better, low, best)
-                arg = np.where(better, cc[local], arg)
-        if timed_out:
-            break
-        cost_tab[v] = (best, cls)
-        arg_tab[v] = (arg.astype(_argmin_dtype(ks[v])), cls)
-        if not dv:
-            roots.append(v)
-        if progress is not None:
-            progress("pase", i + 1, n)
+                for x in dw[1:]:
+                    sh[axis[x]] = shape[axis[x]]
+                ident = all(np.array_equal(r, np.arange(tab.shape[j + 1]))
+                            for j, r in enumerate(rest))
+                child_terms.append((tab, kcls[0], None if ident else np.ix_(*rest), sh))
+            if width >= 2048:
+                # Large tables: one candidate at a time, running minimum in place (contiguous
+                # passes; an argmin across a candidate axis is several times slower).
+                buf = np.empty(shape)
+                mask = np.empty(shape, dtype=bool)
+                for j, c in enumerate(cands):
+                    if deadline is not None and j % 8 == 0 and time.perf_counter() > deadline:
+                        timed_out = True
+                        break
+                    buf.fill(tables.node_cost[v][c])
+                    for m, sh in edge_terms:
+                        buf += m[c].reshape(sh)
+                    for tab, cls0, gather, sh in child_terms:
+                        part = tab[cls0[c]]
+                        if gather is not None:
+                            part = part[gather]
+                        buf += part.reshape(sh)
+                    np.less(buf, best, out=mask)
+                    np.copyto(best, buf, where=mask)
+                    np.copyto(arg, c, where=mask)
+            else:
+                chunk = max(1, min(len(cands), chunk_elements // max(width, 1)))
+                for c0 in range(0, len(cands), chunk):
+                    if deadline is not None and time.perf_counter() > deadline:
+                        timed_out = True
+                        break
+                    cc = cands[c0:c0 + chunk]
+                    acc = np.empty((len(cc), *shape))
+                    acc[...] = tables.node_cost[v][cc].reshape((len(cc),) + (1,) * len(shape))
+                    for m, sh in edge_terms:
+                        acc += m[cc].reshape((len(cc), *sh))
+                    for tab, cls0, gather, sh in child_terms:
+                        part = tab[cls0[cc]]
+                        if gather is not None:
+                            part = part[(slice(None), *gather)]
+                        # np.ix_ keeps dw's axis order, which is D(v)'s order restricted to dw.
+                        acc += part.reshape((len(cc), *sh))
+                    local = np.argmin(acc, axis=0)
+                    low = np.take_along_axis(acc, local[None], axis=0)[0]
+                    better = low < best
+                    best = np.where(better, low, best)
+                    arg = np.where(better, cc[local], arg)
+            if timed_out:
+                break
+            cost_tab[v] = (best, cls)
+            arg_tab[v] = (arg.astype(_argmin_dtype(ks[v])), cls)
+            if not dv:
+                roots.append(v)
+            if progress is not None:
+                progress("pase", i + 1, n)
 
     if timed_out:
-        choice = np.array([int(np.argmin(c)) for c in original.node_cost], dtype=np.int64)
-        return DPResult(choice, original.evaluate(choice), "timed_out", max_dep, max_table,
-                        peak, tuple(seq))
+        return give_up(seq, max_dep, max_table, peak)
     value = float(sum(float(cost_tab[r][0]) for r in roots))
     if not np.isfinite(value):
-        raise ShardplanError("every strategy breaks the memory limit somewhere (cost is "
-                             "infinite)")
+        raise ShardplanError("every strategy has an infinite cost somewhere (configurations "
+                             "ruled out, e.g. by the memory limit, on both ends of an edge)")
     choice = np.full(n, -1, dtype=np.int64)
     for v in reversed(seq):
         tab, cls = arg_tab[v]

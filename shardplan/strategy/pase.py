@@ -15,13 +15,16 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
+
 from shardplan.errors import ShardplanError
 from shardplan.ir import Graph, Objective, Plan, Stage, Topology
 from shardplan.registry import Progress, Result, register, take_options
-from shardplan.strategy._dp import solve
-from shardplan.strategy.tables import Tables, build_tables
+from shardplan.strategy._dp import check_finite, greedy_choice, lower_bound, solve
+from shardplan.strategy.spaces import configurations
+from shardplan.strategy.tables import Tables, build_tables, graph_spaces
 
-__all__ = ["pase", "plan_from_choice", "solve_tables"]
+__all__ = ["data_parallel_rows", "pase", "plan_from_choice", "solve_tables"]
 
 DEFAULTS: Mapping[str, Any] = {
     "devices": None,            # default: every device of the topology
@@ -35,7 +38,7 @@ DEFAULTS: Mapping[str, Any] = {
 
 def devices_of(topology: Topology, devices: Any) -> int:
     n = topology.num_devices if devices is None else devices
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
         raise ShardplanError(f"devices must be a positive integer, got {devices!r}")
     if n > topology.num_devices:
         raise ShardplanError(f"devices {n} exceeds the topology's {topology.num_devices}")
@@ -59,22 +62,57 @@ def solve_tables(tables: Tables, *, ordering: str = "generate-seq",
                  time_limit: float | None = None, progress: Progress | None = None,
                  max_table_bytes: float = 4e9, graph_name: str | None = None,
                  topology_name: str = "", seed: int = 0,
-                 options: Mapping[str, Any] | None = None, t0: float | None = None) -> Result:
-    """Run the DP on ``tables`` (built here or imported) and wrap the answer as a plan."""
+                 options: Mapping[str, Any] | None = None, t0: float | None = None,
+                 incumbents: Mapping[str, np.ndarray] | None = None) -> Result:
+    """Run the DP on ``tables`` (built here or imported) and wrap the answer as a plan.
+
+    ``time_limit`` counts from ``t0`` (default: now), so that the caller's table building
+    counts too. ``incumbents`` are named strategies to fall back on (``data-parallel``...);
+    a greedy pass that prices edges (:func:`greedy_choice`) is always among them, and the
+    cheapest is what a search cut short returns, with status ``timed_out`` and the sum of
+    every node's and edge's cheapest cost as lower bound.
+    """
     t0 = time.perf_counter() if t0 is None else t0
-    res = solve(tables, ordering=ordering, time_limit=time_limit, progress=progress,
-                max_table_bytes=max_table_bytes)
+    deadline = None if time_limit is None else t0 + time_limit
+    if tables.num_nodes == 0:
+        raise ShardplanError("the tables have no nodes: there is no strategy to choose")
+    check_finite(tables)
+    candidates = {"greedy": greedy_choice(tables)}
+    candidates.update(incumbents or {})
+    values = {k: tables.evaluate(c) for k, c in candidates.items()}
+    fallback = min(values, key=lambda k: (values[k], k))
+    res = solve(tables, ordering=ordering, deadline=deadline, progress=progress,
+                max_table_bytes=max_table_bytes, incumbent=candidates[fallback])
     seconds = time.perf_counter() - t0
-    lb = res.value if res.status == "optimal" else None
+    if res.status == "optimal":
+        lb: float | None = res.value
+        meta: dict[str, Any] = {"cost_model": tables.cost_model}
+    else:
+        lb = min(lower_bound(tables), res.value)
+        meta = {"cost_model": tables.cost_model, "incumbent": fallback,
+                "incumbents": {k: v for k, v in sorted(values.items())}}
     plan = plan_from_choice(tables, res.choice, graph_name=graph_name or tables.graph,
                             topology_name=topology_name, algorithm="pase", seed=seed,
                             options=options or {}, status=res.status, seconds=seconds,
-                            num_nodes=tables.num_nodes, lower_bound=lb,
-                            meta={"cost_model": tables.cost_model})
+                            num_nodes=tables.num_nodes, lower_bound=lb, meta=meta)
     stats = {"max_dependent_set": res.max_dependent, "max_table_entries": res.max_table,
              "table_bytes": res.table_bytes, "ordering": ordering,
              "configurations": [len(c) for c in tables.node_cost]}
     return Result(plan, stats)
+
+
+def data_parallel_rows(graph: Graph, devices: int, cutoff: int | None) -> list[np.ndarray]:
+    """Per node, its data-parallel configuration (one row): the largest batch split its
+    space allows (:func:`~shardplan.strategy.data_parallel.data_parallel_split`). O(n K d)."""
+    from shardplan.strategy._baseline import closest
+    from shardplan.strategy.data_parallel import data_parallel_split
+
+    cut = int(cutoff if cutoff is not None else graph.meta.get("pase_cutoff", 4))
+    rows = []
+    for space in graph_spaces(graph):
+        configs = configurations(space, devices, cut)
+        rows.append(configs[closest(configs, data_parallel_split(space, devices))][None, :])
+    return rows
 
 
 @register("strategy", "pase")
@@ -96,7 +134,9 @@ def pase(graph: Graph, topology: Topology, *, options: Mapping[str, Any], seed: 
     seed : int
         Recorded only: the search is deterministic.
     time_limit : float, optional
-        On expiry the plan is each node's locally cheapest configuration, ``timed_out``.
+        Counts table building, pruning and the DP. On expiry the plan is the cheaper of data
+        parallelism and a greedy pass that prices edges (data parallelism alone when the
+        tables were not even built), status ``timed_out``.
 
     Returns
     -------
@@ -107,16 +147,34 @@ def pase(graph: Graph, topology: Topology, *, options: Mapping[str, Any], seed: 
     Notes
     -----
     Complexity O(n K^(M+1)) with K the most configurations of a node and M the largest
-    dependent set (section III-B); memory O(n K^M) for the argmin tables.
+    dependent set (section III-B); memory O(n K^M) for the argmin tables. Not in the paper:
+    what a time limit returns (the prototype has none).
     """
     t0 = time.perf_counter()
     opts = take_options("pase", options, DEFAULTS)
+    if graph.num_nodes == 0:
+        raise ShardplanError("the graph has no nodes: there is no strategy to choose")
     devices = devices_of(topology, opts["devices"])
-    tables = build_tables(graph, devices, cost_model=opts["cost_model"], topology=topology,
-                          cutoff=opts["cutoff"], memory_limit=opts["memory_limit"])
-    remaining = None if time_limit is None else max(1e-3, time_limit - (time.perf_counter()
-                                                                         - t0))
-    return solve_tables(tables, ordering=opts["ordering"], time_limit=remaining,
+    deadline = None if time_limit is None else t0 + time_limit
+    kw = {"cost_model": opts["cost_model"], "topology": topology, "cutoff": opts["cutoff"],
+          "memory_limit": opts["memory_limit"]}
+    dp_rows = data_parallel_rows(graph, devices, opts["cutoff"])
+    tables = build_tables(graph, devices, **kw, check=None if deadline is None else
+                          (lambda: time.perf_counter() > deadline))
+    if tables is None:  # out of time before the tables were built: data parallelism
+        single = build_tables(graph, devices, **kw, only=dp_rows)
+        assert single is not None
+        choice = np.zeros(graph.num_nodes, dtype=np.int64)
+        plan = plan_from_choice(single, choice, graph_name=graph.name,
+                                topology_name=topology.name, algorithm="pase", seed=seed,
+                                options=options, status="timed_out",
+                                seconds=time.perf_counter() - t0, num_nodes=graph.num_nodes,
+                                meta={"cost_model": single.cost_model,
+                                      "incumbent": "data-parallel"})
+        return Result(plan, {"tables": "not built"})
+    dp_choice = np.array([tables.index_of(v, dp_rows[v][0]) for v in range(graph.num_nodes)],
+                         dtype=np.int64)
+    return solve_tables(tables, ordering=opts["ordering"], time_limit=time_limit,
                         progress=progress, max_table_bytes=float(opts["max_table_bytes"]),
                         graph_name=graph.name, topology_name=topology.name, seed=seed,
-                        options=options, t0=t0)
+                        options=options, t0=t0, incumbents={"data-parallel": dp_choice})

@@ -19,7 +19,8 @@ Kinds and the attributes their cost formula reads (``../shared/pase-cost-model.m
 ``gemm``                  ``m``, ``n``, ``k``, ``batch`` (lists of dims), ``pw`` (fused
                           pointwise ops); fully connected, convolution, einsum, embedding
 ``lstm``                  dims ``(L, S, B, N, K)``; the whole multi-layer LSTM
-``pool``                  ``window`` ``[R, S]``; dims ``(b, c, h, w)``
+``pool``                  ``window`` ``[R, S]``, ``input_hw`` (input height, width); dims
+                          ``(b, c, h, w)``
 ``elementwise``           ``pw``
 ``norm``, ``softmax``     ``axis``
 ``softmax_ce``            ``axis`` (the class axis)
@@ -49,6 +50,8 @@ __all__ = ["KINDS", "Space", "allowed_factors", "batch_only", "configurations"]
 
 KINDS = ("gemm", "lstm", "pool", "elementwise", "norm", "softmax", "softmax_ce",
          "reduce_mean", "reshape", "concat", "split", "transpose", "opaque")
+
+_MAX_SIZE = 2**53  # sizes are multiplied as float64: beyond this they are not exact
 
 _STRUCT_KEYS = {"kind", "dims", "fixed", "output", "output_shape", "inputs", "weight",
                 "dtype_bytes"}
@@ -100,6 +103,8 @@ class Space:
             raise InvalidFileError(f"space dims {self.dims!r} must be distinct, one size each")
         if any(int(s) < 1 for s in self.sizes):
             raise InvalidFileError(f"space sizes must be positive, got {self.sizes!r}")
+        if any(int(s) > _MAX_SIZE for s in self.sizes):
+            raise InvalidFileError(f"space sizes must be below 2^53, got {max(self.sizes)}")
         known = set(self.dims)
         groups = [*self.output, *(g for t in self.inputs.values() for g in t)]
         for names in (self.fixed, self.weight, *groups):
@@ -155,6 +160,8 @@ class Space:
                 dtype_bytes=int(data.get("dtype_bytes", 4)),
                 attrs={k: v for k, v in data.items() if k not in _STRUCT_KEYS},
             )
+        except InvalidFileError:
+            raise
         except (KeyError, TypeError, ValueError) as exc:
             raise InvalidFileError(f"malformed space: {type(exc).__name__}: {exc}") from None
 
@@ -175,15 +182,15 @@ def batch_only(batch_size: int, *, flops: float = 0.0, param_words: float = 0.0,
 def allowed_factors(size: int, devices: int, cutoff: int) -> list[int]:
     """Divisors e of ``size`` with ``size / e >= cutoff`` and ``e <= devices`` (at least 1).
 
-    O(sqrt(size)).
+    O(min(devices, size / cutoff)): only factors up to ``devices`` can be used, so a huge
+    dimension costs no more than a small one.
     """
-    out = set()
-    i = 1
-    while i * i <= size:
-        if size % i == 0:
-            out.update((i, size // i))
-        i += 1
-    good = sorted(e for e in out if size // e >= cutoff and e <= devices)
+    size, cutoff = int(size), max(1, int(cutoff))
+    top = min(int(devices), size // cutoff)
+    if top < 1:
+        return [1]
+    e = np.arange(1, top + 1, dtype=np.int64)
+    good = e[size % e == 0].tolist()
     return good if good else [1]
 
 

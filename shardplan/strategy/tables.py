@@ -17,7 +17,7 @@ Infinite costs (configurations ruled out by the memory limit) are written as ``n
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -79,6 +79,10 @@ class Tables:
 
     def index_of(self, v: int, factors: Sequence[int]) -> int:
         """Row of ``factors`` among node ``v``'s configurations (ShardplanError if none)."""
+        if len(factors) != self.configs[v].shape[1]:
+            raise ShardplanError(f"node {v} ({self.names[v]!r}) needs {self.configs[v].shape[1]}"
+                                 f" split factors (one per dimension of its space), got "
+                                 f"{len(factors)}")
         want = np.asarray(factors, dtype=np.int64)
         hit = np.flatnonzero(np.all(self.configs[v] == want[None, :], axis=1))
         if not hit.size:
@@ -122,9 +126,16 @@ class Tables:
                 raise
             raise InvalidFileError(f"malformed tables: {type(exc).__name__}: {exc}") from None
         for v, (cf, co) in enumerate(zip(configs, costs, strict=False)):
-            if cf.shape[0] != co.shape[0] or cf.shape[0] == 0:
+            if cf.shape[0] != co.shape[0] or cf.shape[0] == 0 or co.ndim != 1:
                 raise InvalidFileError(f"node {v}: configs and cost differ in length or are "
                                        f"empty")
+            if np.any(np.isnan(co)) or np.any(co < 0):
+                raise InvalidFileError(f"node {v}: costs must be numbers >= 0 (null for "
+                                       "infinite)")
+        for u, v, m in edges:
+            if np.any(np.isnan(m)) or np.any(m < 0):
+                raise InvalidFileError(f"edge {u}->{v}: costs must be numbers >= 0 (null for "
+                                       "infinite)")
         return cls(graph=str(data.get("graph", "")), devices=int(data.get("devices", 1)),
                    cost_model=str(data.get("cost_model", "")),
                    objective=str(data.get("objective", "pase_cost")),
@@ -187,7 +198,9 @@ def make_cost_model(name: str, topology: Topology | None, devices: int,
 
 def build_tables(graph: Graph, devices: int, *, cost_model: str = "pase",
                  topology: Topology | None = None, cutoff: int | None = None,
-                 memory_limit: float | None = None) -> Tables:
+                 memory_limit: float | None = None,
+                 check: Callable[[], bool] | None = None,
+                 only: Sequence[np.ndarray] | None = None) -> Tables | None:
     """Enumerate configurations and evaluate the cost model on every node and edge.
 
     Parameters
@@ -204,6 +217,13 @@ def build_tables(graph: Graph, devices: int, *, cost_model: str = "pase",
         meta field, else 4, as the note says).
     memory_limit : float, optional
         Bytes per device (``default`` model only).
+    check : callable, optional
+        Called between nodes and edges; when it returns True the build stops and returns
+        None (a time limit).
+    only : sequence of ndarray, optional
+        Per node, the configurations to cost (rows of split factors) instead of all of them:
+        a strategy's own costs without the whole tables (what a search that ran out of time
+        reports). Memory limits are not checked then.
 
     Notes
     -----
@@ -214,21 +234,33 @@ def build_tables(graph: Graph, devices: int, *, cost_model: str = "pase",
     cut = int(cutoff if cutoff is not None else graph.meta.get("pase_cutoff", 4))
     model = make_cost_model(cost_model, topology, devices, memory_limit)
     spaces = graph_spaces(graph)
-    configs = [configurations(s, devices, cut) for s in spaces]
+    if only is not None:
+        configs = [np.asarray(c, dtype=np.int64).reshape(-1, len(s.dims))
+                   for c, s in zip(only, spaces, strict=True)]
+    else:
+        configs = [configurations(s, devices, cut) for s in spaces]
     costs = []
     for i, (s, c) in enumerate(zip(spaces, configs, strict=True)):
-        cv = np.asarray(model.node_cost(s, c), dtype=np.float64)
-        if not np.any(np.isfinite(cv)):
+        if check is not None and check():
+            return None
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            cv = np.asarray(model.node_cost(s, c), dtype=np.float64)
+        if only is None and not np.any(np.isfinite(cv)):
             raise ShardplanError(f"no configuration of node {i} ({graph.names[i]!r}) fits the "
                                  f"memory limit")
         costs.append(cv)
     edges = []
     for e in range(graph.num_edges):
+        if check is not None and (e & 3) == 0 and check():
+            return None
         u, v = int(graph.src[e]), int(graph.dst[e])
-        m = model.edge_cost(spaces[u], spaces[v], u, configs[u], configs[v],
-                            float(graph.edge_bytes[e]))
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            m = model.edge_cost(spaces[u], spaces[v], u, configs[u], configs[v],
+                                float(graph.edge_bytes[e]))
         if m is not None:
             edges.append((u, v, np.asarray(m, dtype=np.float64)))
+    if check is not None and check():
+        return None
     return Tables(graph=graph.name, devices=int(devices), cost_model=cost_model,
                   objective=model.objective, names=tuple(graph.names),
                   dims=tuple(s.dims for s in spaces), configs=tuple(configs),

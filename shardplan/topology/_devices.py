@@ -13,7 +13,8 @@ import numpy as np
 from shardplan.errors import ShardplanError
 from shardplan.ir.topology import Device
 
-__all__ = ["DEVICE_PRESETS", "DevicePreset", "generator_meta", "make_devices", "resolve_device"]
+__all__ = ["DEVICE_PRESETS", "DevicePreset", "MAX_MATRIX_BYTES", "check_dense_size",
+           "generator_meta", "make_devices", "resolve_device"]
 
 GIB = 2**30
 
@@ -98,6 +99,23 @@ def check_count(name: str, value: Any, *, minimum: int = 1) -> int:
     if v < minimum:
         raise ShardplanError(f"{name} must be an integer >= {minimum}, got {value!r}")
     return v
+
+
+MAX_MATRIX_BYTES = 4 * 2**30
+"""Largest size of a topology's two dense D x D float64 matrices (bandwidth and latency) a
+builder makes: 4 GiB, i.e. 16384 devices."""
+
+
+def check_dense_size(kind: str, num_devices: int) -> None:
+    """Refuse, before allocating anything, a topology whose dense matrices would exceed
+    :data:`MAX_MATRIX_BYTES`; the message says how much memory it would need. O(1)."""
+    need = 2 * 8 * float(num_devices) ** 2
+    if need > MAX_MATRIX_BYTES:
+        most = int((MAX_MATRIX_BYTES / 16) ** 0.5)
+        raise ShardplanError(f"a {kind} topology of {num_devices} devices needs "
+                             f"{need / 2**30:.3g} GiB for its dense bandwidth and latency "
+                             f"matrices (2 x {num_devices}^2 float64); at most {most} devices "
+                             f"({MAX_MATRIX_BYTES / 2**30:g} GiB) are supported")
 
 
 def check_shape(kind: str, shape: Any, ndim: int | None = None, *, minimum: int = 1,

@@ -7,6 +7,7 @@ import numpy as np
 from shardplan.ir.topology import Level, Topology
 from shardplan.topology._devices import (
     check_count,
+    check_dense_size,
     check_nonnegative,
     check_positive,
     generator_meta,
@@ -101,6 +102,7 @@ def dgx1(boxes: int = 1, *, nvlink_bandwidth: float = 25e9, nvlink_latency: floa
     box_bw = np.where(counts > 0, counts * nv_bw, pc_bw)
     box_lat = np.where(counts > 0, nv_lat, pc_lat)
     n = GPUS_PER_BOX * nb
+    check_dense_size("dgx1", n)
     box_of = np.arange(n) // GPUS_PER_BOX
     same = box_of[:, None] == box_of[None, :]
     local = np.arange(n) % GPUS_PER_BOX

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -9,6 +10,7 @@ import numpy as np
 from shardplan.errors import ShardplanError
 from shardplan.ir.topology import Link, Topology
 from shardplan.topology._devices import (
+    check_dense_size,
     check_nonnegative,
     check_positive,
     check_shape,
@@ -66,7 +68,8 @@ def grid(kind: str, shape: Sequence[int], ndim: int, wrap: bool, *,
                              f"{'x'.join(map(str, dims))}")
     bw = check_positive("link_bandwidth", link_bandwidth)
     lat = check_nonnegative("hop_latency", hop_latency)
-    n = int(np.prod(dims))
+    n = math.prod(dims)
+    check_dense_size(kind, n)
     links = grid_links(dims, wrap=wrap, bandwidth=bw, latency=lat)
     routes = route(n, links, weight="hops")
     coords = np.stack(np.unravel_index(np.arange(n), dims), axis=1)

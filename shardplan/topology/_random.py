@@ -31,7 +31,13 @@ import numpy as np
 from shardplan._rng import make_rng
 from shardplan.errors import ShardplanError
 from shardplan.ir.topology import Level, Topology
-from shardplan.topology._devices import check_count, check_range, generator_meta, make_devices
+from shardplan.topology._devices import (
+    check_count,
+    check_dense_size,
+    check_range,
+    generator_meta,
+    make_devices,
+)
 
 __all__ = ["random_blk_1", "random_blk_2", "uniform_dist"]
 
@@ -196,6 +202,7 @@ def random_blk_1(num_devices: int, *, seed: int | None = 0, block_size: int = 4,
     machine; a mapper that ignores levels sees a "fully heterogeneous" matrix.
     """
     n = check_count("num_devices", num_devices)
+    check_dense_size("random", n)
     b = check_count("block_size", block_size)
     if n % b:
         raise ShardplanError(f"random-blk-1 needs num_devices ({n}) to be a multiple of "
@@ -242,6 +249,7 @@ def random_blk_2(num_devices: int, *, seed: int | None = 0, block_size: int = 4,
     O(D^2).
     """
     n = check_count("num_devices", num_devices)
+    check_dense_size("random", n)
     b = check_count("block_size", block_size)
     big = check_count("super_block_size", super_block_size)
     if big % b:
@@ -288,6 +296,7 @@ def uniform_dist(num_devices: int, *, seed: int | None = 0,
     O(D^2).
     """
     n = check_count("num_devices", num_devices)
+    check_dense_size("random", n)
     bws = _ranges("bandwidth", bandwidth, 1)
     lats = _ranges("latency", latency, 1)
     rng = _make_rng(seed)

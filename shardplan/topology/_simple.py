@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -10,6 +11,7 @@ from shardplan.errors import ShardplanError
 from shardplan.ir.topology import Level, Topology
 from shardplan.topology._devices import (
     check_count,
+    check_dense_size,
     check_list,
     check_nonnegative,
     check_positive,
@@ -64,6 +66,7 @@ def flat(num_devices: int, *, bandwidth: float = 1.25e10, latency: float = 1e-5,
     says RaNNC assumes; the baseline of the mapping experiments. O(D^2).
     """
     n = check_count("num_devices", num_devices)
+    check_dense_size("flat", n)
     bw = check_positive("bandwidth", bandwidth)
     lat = check_nonnegative("latency", latency)
     off = ~np.eye(n, dtype=bool)
@@ -140,7 +143,8 @@ def hierarchical(shape: Sequence[int], *, level_names: Sequence[str] | None = No
     lats = (tuple(t[2] for t in tiers) if latency is None
             else check_list("latency", latency, depth, what=what, positive=False))
 
-    n = int(np.prod(dims))
+    n = math.prod(dims)
+    check_dense_size("hierarchical", n)
     # group id of every device at every level: devices i, j are in the same level-k group iff
     # i // stride[k] == j // stride[k], stride[k] = prod(dims[k+1:]).
     strides = [int(np.prod(dims[k + 1:])) for k in range(depth)]

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -89,13 +90,52 @@ CASES = {
     "pipedream malformed": lambda t: ["import", "pipedream", _write(t / "p.txt", "garbage\n"),
                                       "-o", str(t / "out.json")],
     "no output given": lambda t: ["generate", "chain", "--nodes", "3"],
+    # issue 13 items 9-10: tracebacks and endless runs, now refused up front
+    "json nested 100000 deep": lambda t: ["inspect", _write(t / "x.json",
+                                                           "[" * 100_000 + "]" * 100_000)],
+    "integer of 5000 digits": lambda t: ["inspect", _write(
+        t / "x.json", '{"format": "shardplan.graph/1", "batch_size": ' + "9" * 5000 + "}")],
+    "tables nested 100000 deep": lambda t: ["strategy", "--import-tables",
+                                            _write(t / "x.json", "[" * 100_000), "--json"],
+    "strategy on 10^12 devices": lambda t: ["strategy", _write(t / "g.json", _graph_dict()),
+                                            "--devices", "1000000000000", "-o",
+                                            str(t / "out.json")],
+    "strategy of the wrong length": lambda t: [
+        "cost", _write(t / "p.json", {
+            "format": "shardplan.plan/1", "stages": [{"nodes": [0, 1], "devices": [0]}],
+            "objective": {"name": "pase_cost", "value": 1.0}, "options": {"devices": 1},
+            "strategy": {"0": [1, 1], "1": [1]}}),
+        _write(t / "g.json", _graph_dict()), _write(t / "t.json", _topo_dict()),
+        "--objective", "strategy"],
+    "space dimension beyond 2^53": lambda t: ["strategy", _write(t / "g.json", _graph_dict(
+        nodes=[{"id": 0, "fwd_flops": 1.0, "space": {"kind": "elementwise",
+                                                     "dims": [["b", 10**20]]}},
+               {"id": 1, "fwd_flops": 2.0}])), "--devices", "4", "-o", str(t / "out.json")],
+    "strategy of an empty graph": lambda t: ["strategy", _write(t / "g.json", _graph_dict(
+        nodes=[], edges=[])), "--devices", "4", "-o", str(t / "out.json")],
+    "all-infinite tables": lambda t: ["strategy", "--import-tables", _write(t / "x.json", {
+        "format": "shardplan.pase-tables/1", "devices": 2,
+        "nodes": [{"id": 0, "configs": [[1], [2]], "cost": [None, None]},
+                  {"id": 1, "configs": [[1]], "cost": [1.0]}],
+        "edges": [{"src": 0, "dst": 1, "cost": [[None], [None]]}]}), "-o",
+        str(t / "out.json")],
+    "topology flat of 100000 devices": lambda t: ["topology", "flat", "--devices", "100000",
+                                                  "-o", str(t / "out.json")],
+    "topology hierarchical 1000x1000": lambda t: ["topology", "hierarchical", "--shape",
+                                                  "1000x1000", "-o", str(t / "out.json")],
+    "generate random-dag of 10^9 nodes": lambda t: ["generate", "random-dag", "--nodes",
+                                                    "1000000000", "-o", str(t / "out.json")],
+    "generate random-dag of 5e9 edges": lambda t: ["generate", "random-dag", "--nodes",
+                                                   "100000", "--edge-probability", "1",
+                                                   "-o", str(t / "out.json")],
 }
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_bad_input_is_one_line_and_exit_2(case: str, tmp_path: Path, capsys) -> None:
     argv = CASES[case](tmp_path)
-    with pytest.raises(SystemExit) as exc_info:
+    with pytest.raises(SystemExit) as exc_info, warnings.catch_warnings():
+        warnings.simplefilter("error")  # a NumPy warning on the way is a failure too
         sys.exit(main(argv))
     assert exc_info.value.code == 2, case
     err = capsys.readouterr().err

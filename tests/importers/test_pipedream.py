@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +30,7 @@ def _line(node: str, desc: str, f: float, b: float, a: str, p: float, tail: str 
 
 
 def test_hand_written_profile() -> None:
-    g = load_pipedream(DATA, batch_size=8)
+    g = load_pipedream(DATA, batch_size=8, keep_inputs=True)
     assert g.name == "resnet_block" and g.batch_size == 8 and g.num_nodes == 16
     assert list(g.names) == IDS  # relabelled 0..15 in topological (and natural) order
     assert g.ops[:6] == ("Input", "Conv2d", "BatchNorm2d", "ReLU", "MaxPool2d", "Conv2d")
@@ -50,8 +51,37 @@ def test_hand_written_profile() -> None:
     assert edges[(4, 10)] == 6422528  # the skip edge, MaxPool output
     assert edges[(0, 1)] == 4816896 and edges[(13, 14)] == 4 and edges[(14, 15)] == 2048
     assert [x["pipedream_stage_id"] for x in g.node_extra] == [0] * 8 + [1] * 8
-    assert g.meta["imported_from"] == "pipedream"
+    assert g.meta["imported_from"] == "pipedream" and "dropped_on_import" not in g.meta
     assert Graph.from_dict(g.to_dict()).names == g.names
+
+
+def test_input_and_getitem_nodes_are_dropped_as_pipedream_does() -> None:
+    g = load_pipedream(DATA, batch_size=8)
+    assert g.num_nodes == 15 and list(g.names) == IDS[1:]  # node1 -- Input is gone
+    assert g.num_edges == 16 and g.ops[0] == "Conv2d"
+    assert np.allclose(g.fwd_seconds, np.array(FWD_MS[1:]) / 1000)
+    (d,) = g.meta["dropped_on_import"]
+    assert d == {"name": "node1", "description": "Input", "reason": "input",
+                 "fwd_seconds": 0.00025, "bwd_seconds": 0.0}
+    # A second input, a __getitem__ sink and a __getitem__ node that is not a sink (kept).
+    text = "\n".join([
+        _line("node1", "Input", 5, 0, "64.000", 0),
+        _line("node2", "Input", 5, 0, "64.000", 0),
+        _line("node3", "Linear(in_features=4, out_features=4, bias=True)", 1, 2, "16.000", 80),
+        _line("node4", "__getitem__(0)", 0, 0, "8.000", 0),
+        _line("node5", "__getitem__(1)", 0, 0, "8.000", 0),
+        _line("node6", "ReLU()", 0.5, 0.5, "8.000", 0),
+        "\tnode1 -- node3", "\tnode2 -- node3", "\tnode3 -- node4", "\tnode3 -- node5",
+        "\tnode5 -- node6",
+    ])
+    g = parse_pipedream(text)
+    assert g.names == ("node3", "node5", "node6")
+    assert [d["reason"] for d in g.meta["dropped_on_import"]] == ["input", "input",
+                                                                   "getitem sink"]
+    assert g.src.tolist() == [0, 1] and g.dst.tolist() == [1, 2]
+    assert parse_pipedream(text, keep_inputs=True).num_nodes == 6
+    with pytest.raises(InvalidFileError, match="every node is an Input"):
+        parse_pipedream(_line("node1", "Input", 1, 0, "4.0", 0))
 
 
 def test_relabels_in_topological_order_when_ids_disagree() -> None:
@@ -61,7 +91,7 @@ def test_relabels_in_topological_order_when_ids_disagree() -> None:
         _line("node7", "ReLU()", 0.5, 0.5, "40.000", 0),
         "\tnode2 -- node7", "\tnode10 -- node2", "\tnode10 -- node7",
     ])
-    g = parse_pipedream(text)
+    g = parse_pipedream(text, keep_inputs=True)
     assert g.names == ("node10", "node2", "node7")
     assert g.src.tolist() == [0, 0, 1] and g.dst.tolist() == [1, 2, 2]
     assert g.edge_bytes.tolist() == [100, 100, 40]
@@ -80,7 +110,7 @@ def test_format_corners() -> None:
         "\tnode1 -- node2",  # repeated edge: kept once
         "    node2 -- compressed_node3",  # spaces instead of a tab
     ]) + "\n"
-    g = parse_pipedream(text, name="x", batch_size=4)
+    g = parse_pipedream(text, name="x", batch_size=4, keep_inputs=True)
     assert g.names == ("node1", "node2", "compressed_node3")
     assert g.modules[1] == "Split(2) -- chunked" and g.ops[1] == "Split"
     assert g.output_bytes.tolist() == [64, 48, 8]  # 8.5 rounds to even
@@ -147,10 +177,13 @@ def test_cli_import(tmp_path: Path, capsys) -> None:
     out = tmp_path / "g.json"
     assert run(["import", "pipedream", str(DATA), "--batch-size", "8", "--name", "rb",
                 "-o", str(out)]) == 0
-    assert "wrote graph to" in capsys.readouterr().out
+    cap = capsys.readouterr()
+    assert "wrote graph to" in cap.out and "dropped 1 node(s)" in cap.err
     g = load_graph(out)
-    assert g.name == "rb" and g.batch_size == 8 and g.num_nodes == 16
-    assert g.fwd_seconds is not None and g.fwd_seconds[1] == pytest.approx(1.5e-3)
+    assert g.name == "rb" and g.batch_size == 8 and g.num_nodes == 15
+    assert g.fwd_seconds is not None and g.fwd_seconds[0] == pytest.approx(1.5e-3)
+    assert run(["import", "pipedream", str(DATA), "--keep-inputs", "-o", str(out)]) == 0
+    assert load_graph(out).num_nodes == 16
 
 
 @pytest.mark.parametrize("content, match", [
@@ -177,3 +210,30 @@ def test_cli_usage_errors(capsys) -> None:
     assert len(err) == 3 and all(e.startswith("shardplan: error: ") for e in err)
     assert run(["import", "pipedream", "--help"]) == 0
     assert "GRAPH_TXT" in capsys.readouterr().out
+
+
+def test_inspect_shows_seconds_bounds_and_what_was_dropped(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "g.json"
+    assert run(["import", "pipedream", str(DATA), "-o", str(out)]) == 0
+    capsys.readouterr()
+    assert run(["inspect", str(out), "--json", "--devices", "4"]) == 0
+    s = json.loads(capsys.readouterr().out)
+    # FLOPs are unknown (0) in a profile: the bounds are in measured seconds only.
+    assert "lower_bounds_flops" not in s
+    total = (sum(FWD_MS) + sum(BWD_MS) - 0.25) / 1000  # the Input node's 0.25 ms dropped
+    b = s["lower_bounds_seconds"]["4"]
+    assert b["average"] == pytest.approx(total / 4)
+    assert b["largest_node"] == pytest.approx((1.5 + 3.1) / 1000)
+    assert b["bound"] == pytest.approx(max(total / 4, 4.6e-3))
+    assert s["dropped_on_import"] == ["node1 (Input: input, 0.25 ms)"]
+    assert run(["inspect", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "lower_bounds_seconds" in text and "D=4" not in text and "node1 (Input" in text
+    topo, plan = tmp_path / "t.json", tmp_path / "p.json"
+    assert run(["topology", "flat", "--devices", "2", "-o", str(topo)]) == 0
+    assert run(["partition", str(out), str(topo), "--algorithm", "pipedream", "-o",
+                str(plan)]) == 0
+    capsys.readouterr()
+    assert run(["inspect", str(plan), "--graph", str(out), "--json"]) == 0
+    s = json.loads(capsys.readouterr().out)
+    assert sum(s["stage_measured_seconds"]) == pytest.approx(total)

@@ -148,11 +148,35 @@ def test_baseline_strategies_split_as_described() -> None:
     g = transformer(num_layers=1)
     dp = registry.run("strategy", "data-parallel", g, flat(16)).plan.strategy
     assert all(f[0] == 16 and math.prod(f) == 16 for f in dp.values())
-    ex = registry.run("strategy", "expert", g, flat(16)).plan.strategy
+    ex = registry.run("strategy", "expert", g, flat(16), model_parallel=8).plan.strategy
     i = g.names.index("encoder.0.attn.qk")  # dims (b, h, q, t, e)
     assert ex[str(i)] == (2, 8, 1, 1, 1)
     j = g.names.index("encoder.0.ffn2")  # dims (b, s, d, f): row split
     assert ex[str(j)] == (2, 1, 1, 8)
+
+
+@pytest.mark.parametrize("devices", [4, 8, 16])
+def test_expert_picks_its_model_parallel_degree_per_device_count(devices: int) -> None:
+    g = transformer(num_layers=1)
+    res = registry.run("strategy", "expert", g, flat(devices))
+    meta = res.plan.meta
+    tried = {int(k): v for k, v in meta["candidates"].items()}
+    assert sorted(tried) == [m for m in (1, 2, 4, 8, 16) if devices % m == 0]
+    for m, v in tried.items():  # each candidate is the fixed-degree expert's cost
+        fixed = registry.run("strategy", "expert", g, flat(devices), model_parallel=m).plan
+        assert fixed.objective.value == pytest.approx(v)
+    assert meta["choice"] == min(tried, key=lambda m: (tried[m], m))
+    assert res.plan.objective.value == pytest.approx(min(tried.values()))
+    dp = registry.run("strategy", "data-parallel", g, flat(devices)).plan.objective.value
+    assert res.plan.objective.value <= dp * (1 + 1e-12)  # m = 1 is data parallelism here
+
+
+def test_data_parallel_says_when_the_batch_does_not_split_over_every_device() -> None:
+    g = alexnet()  # batch 128, cutoff 4: at most 32-way batch splits
+    plan = registry.run("strategy", "data-parallel", g, flat(64)).plan
+    assert plan.meta["devices_used"] == 32 and "uses 32 of the 64 devices" in plan.meta["note"]
+    plan = registry.run("strategy", "data-parallel", g, flat(32)).plan
+    assert plan.meta["devices_used"] == 32 and "note" not in plan.meta
 
 
 def test_bfs_runs_out_of_table_memory_and_time_limit_times_out() -> None:
@@ -214,3 +238,72 @@ def test_cli_errors_are_one_line(argv: list[str], match: str, tmp_path: Path,
     assert run_cli(["strategy", str(graph), *argv]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("shardplan: error: ") and match in err
+
+
+# ---------------------------------------------------------------- time limits and incumbents
+def _chain_tables() -> Tables:
+    """Two nodes whose own cheapest configurations (0, 0) re-shard expensively: per-node
+    argmin costs 0 + 1 + 100, the greedy pass that prices the edge (0, 1) 0 + 2 + 2, the
+    optimum (1, 1) 1 + 2 + 0."""
+    return Tables(graph="g", devices=2, cost_model="test", objective="pase_cost",
+                  names=("a", "b"), dims=(("x",), ("x",)),
+                  configs=(np.array([[1], [2]]), np.array([[1], [2]])),
+                  node_cost=(np.array([0.0, 1.0]), np.array([1.0, 2.0])),
+                  edges=((0, 1, np.array([[100.0, 2.0], [1.0, 0.0]])),))
+
+
+def test_a_search_out_of_time_returns_a_greedy_pass_that_prices_edges() -> None:
+    from shardplan.strategy._dp import greedy_choice, lower_bound
+
+    t = _chain_tables()
+    assert t.evaluate([0, 0]) == 101.0
+    assert greedy_choice(t).tolist() == [0, 1] and t.evaluate([0, 1]) == 4.0
+    res = solve(t, deadline=0.0)  # already expired: before pruning
+    assert res.status == "timed_out" and res.choice.tolist() == [0, 1] and res.value == 4.0
+    res = solve(t, deadline=0.0, incumbent=np.array([1, 1]))
+    assert res.choice.tolist() == [1, 1] and res.value == 3.0
+    assert solve(t).value == 3.0 and lower_bound(t) == 0.0 + 1.0 + 0.0
+
+
+def test_time_limit_counts_table_building_and_returns_data_parallelism() -> None:
+    g = transformer(num_layers=2)
+    res = registry.run("strategy", "pase", g, flat(64), time_limit=1e-4)
+    plan = res.plan
+    assert plan.status == "timed_out" and plan.meta["incumbent"] == "data-parallel"
+    dp = registry.run("strategy", "data-parallel", g, flat(64)).plan
+    assert plan.strategy == dp.strategy
+    assert plan.objective.value == pytest.approx(dp.objective.value)
+
+
+def test_a_huge_dimension_costs_no_more_than_a_small_one() -> None:
+    from shardplan.strategy.spaces import allowed_factors
+
+    assert allowed_factors(10**15, 64, 4) == [1, 2, 4, 5, 8, 10, 16, 20, 25, 32, 40, 50, 64]
+    assert allowed_factors(7, 64, 4) == [1] and allowed_factors(12, 8, 4) == [1, 2, 3]
+    space = Space(kind="elementwise", dims=("b", "n"), sizes=(2**52, 3),
+                  output=(("b",), ("n",)), output_shape=(2**52, 3))
+    # b splits 1, 2, 4, 8, 16 ways; with n split 3 ways only b in 1, 2, 4 fit in 16 devices
+    assert configurations(space, 16, 1).shape == (5 + 3, 2)
+
+
+def test_cli_import_tables_without_a_graph(tmp_path: Path, capsys) -> None:
+    graph = tmp_path / "g.json"
+    assert run_cli(["generate", "alexnet", "-o", str(graph)]) == 0
+    tabs = tmp_path / "t.json"
+    assert run_cli(["strategy", str(graph), "--devices", "8", "--export-tables", str(tabs)]) == 0
+    capsys.readouterr()
+    assert run_cli(["strategy", "--import-tables", str(tabs), "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["status"] == "optimal" and len(plan["strategy"]) == 13
+    assert plan["stages"][0]["devices"] == list(range(8))
+    assert run_cli(["strategy", "--import-tables", str(tabs), "-o", str(tmp_path / "p.json")]) \
+        == 0
+    assert "conv1" in capsys.readouterr().out
+    for argv, match in ((["--devices", "4"], "tables are for 8 devices"),
+                        (["--cutoff", "2"], "--cutoff does not apply"),
+                        (["--export-tables", str(tmp_path / "u.json")], "do not go together")):
+        assert run_cli(["strategy", "--import-tables", str(tabs), "--json", *argv]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and match in err
+    assert run_cli(["strategy", "--devices", "4", "--json"]) == 2
+    assert "give GRAPH" in capsys.readouterr().err
