@@ -23,35 +23,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from shardplan.errors import ShardplanError
-from shardplan.runtime._config import KINDS, OPTIMIZERS, SCHEDULES, TrainConfig
+from shardplan.runtime._args import config_for_plan
+from shardplan.runtime._config import KINDS, OPTIMIZERS, SCHEDULES, RunResult, TrainConfig
 
-__all__ = ["KINDS", "OPTIMIZERS", "SCHEDULES", "TrainConfig", "config_for_plan", "contiguous_plan",
-           "load_checkpoint_into", "train", "train_many"]
-
-
-def config_for_plan(plan: Any, graph: Any, **options: Any) -> TrainConfig:
-    """A pipeline :class:`TrainConfig` for ``plan`` on ``graph`` (``options``: the other
-    fields, such as ``model``, ``steps``, ``schedule``, ``microbatches``).
-
-    Raises
-    ------
-    ShardplanError
-        A plan that does not fit the graph, or a module-level graph (the runtime cuts the
-        operator-level program).
-    """
-    plan.validate(graph)
-    if graph.meta.get("granularity", "op") != "op":
-        raise ShardplanError("train needs an operator-level graph (capture --granularity op): "
-                             "the runtime cuts the exported program at operator boundaries")
-    if graph.meta.get("mode", "train") != "train":
-        raise ShardplanError("train needs a graph captured in train mode")
-    stages = tuple(tuple(graph.names[i] for i in sorted(st.nodes)) for st in plan.stages)
-    devices = tuple(tuple(st.devices) for st in plan.stages)
-    if "model" not in options and graph.meta.get("model"):
-        options["model"] = graph.meta["model"]
-    if "model" not in options:
-        raise ShardplanError("say which model the graph was captured from: --model SPEC")
-    return TrainConfig(kind="pipeline", stages=stages, devices=devices, **options)
+__all__ = ["KINDS", "OPTIMIZERS", "SCHEDULES", "RunResult", "TrainConfig", "config_for_plan",
+           "contiguous_plan", "load_checkpoint_into", "train", "train_many"]
 
 
 def contiguous_plan(graph: Any, num_stages: int, replicas: int = 1) -> Any:
