@@ -223,11 +223,14 @@ def _restore_groups(opt: torch.optim.Optimizer, data: dict[str, Any], path: str)
 
 
 def _load_into(tensors: dict[str, torch.Tensor], path: str, *, no_dist: bool) -> None:
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    _SafeReader(path).read_metadata()  # refuses here, in one line, what DCP would refuse
     try:
         dcp.load(tensors, storage_reader=_SafeReader(path), no_dist=no_dist)
     except ShardplanError:
         raise
-    except Exception as exc:  # noqa: BLE001 - DCP wraps per-rank failures; one line for them
+    except (Exception, CheckpointException) as exc:  # noqa: BLE001 - one line for any
         text = " ".join(str(exc).split())
         missing = re.search(r"Missing key in checkpoint state_dict: ([\w.]+)", text)
         why = f"it lacks {missing.group(1)!r}" if missing else f"{type(exc).__name__}: " \
