@@ -54,6 +54,9 @@ def main(argv: list[str] | None = None) -> int:
         if cfg.world_size != world_env:
             raise ShardplanError(f"this run needs {cfg.world_size} processes, torchrun started "
                                  f"{world_env} (--nnodes x --nproc-per-node)")
+    except ShardplanError as exc:  # every rank finds it; rank 0 says it
+        return _fail(str(exc)) if rank_env == 0 else 2
+    try:
         if rank_env == 0:
             for line in prepared.notes:
                 sys.stderr.write(f"shardplan: note: {line}\n")
