@@ -85,9 +85,14 @@ def _run(cfgs: list[TrainConfig], world: int) -> None:
         check_equal(cfg, got, _reference(cfg))
 
 
-def test_two_process_subset() -> None:
+def test_two_process_subset(tmp_path) -> None:
     """Every schedule; tied weights across two ranks and on one rank (two stages per rank);
-    replicas; a micro-batch of one sample; the data-parallel baselines."""
+    replicas; a micro-batch of one sample; the data-parallel baselines. The same launch runs
+    the fast dropout check (test_dropout.py) and a pipeline resume (test_checkpoint.py):
+    each launch costs seconds of imports."""
+    from test_checkpoint import check_resume, pipeline_resume_configs
+    from test_dropout import GPT2, check_dropout, dropout_configs
+
     cfgs = [
         pipeline("gpt2", 2, 1, "1f1b", optimizer="sgd"),  # tied: ranks 0 and 1
         pipeline("gpt2", 2, 2, "interleaved-1f1b", optimizer="sgd"),  # tied: on one rank
@@ -100,7 +105,13 @@ def test_two_process_subset() -> None:
                 seq_len=SEQ)
     cfgs.append(TrainConfig(kind="ddp", model=MODELS["mlp"], **base))
     cfgs.append(TrainConfig(kind="fsdp", model=MODELS["transformer"], **base))
-    _run(cfgs, 2)
+    drop = dropout_configs(capture_spec(GPT2, batch_size=4, seq_len=8))
+    resume = pipeline_resume_configs(tmp_path)
+    results = train_many(cfgs + drop + resume)
+    for cfg, got in zip(cfgs, results[:len(cfgs)], strict=True):
+        check_equal(cfg, got, _reference(cfg))
+    check_dropout(drop, results[len(cfgs):len(cfgs) + len(drop)])
+    check_resume(results[len(cfgs) + len(drop):])
 
 
 def _matrix(world: int) -> list[TrainConfig]:
