@@ -210,14 +210,16 @@ def config_for_plan(plan: Any, graph: Any, settings: Any = None, **options: Any)
 
     ``settings`` (default: the plan's) are overridden by the execution settings among
     ``options`` (``schedule``, ``microbatches``, ``microbatch_size``, ``optimizer``,
-    ``virtual_stages``, and ``global_batch`` or its alias ``batch_size``); the other options
+    ``virtual_stages``, ``recompute``, and ``global_batch`` or its alias ``batch_size``); the
+    other options
     are :class:`TrainConfig` fields (``model``, ``steps``, ``lr``, ``seq_len``, ...). The
     model defaults to the graph's ``meta["model"]``.
     """
     base = (plan.settings if settings is None else settings).resolve(graph)
     glob = options.pop("global_batch", None) or options.pop("batch_size", None)
     changes = {k: options.pop(k) for k in ("schedule", "microbatches", "microbatch_size",
-                                            "optimizer", "virtual_stages") if k in options}
+                                            "optimizer", "virtual_stages", "recompute")
+               if k in options}
     settings, _ = base.override(global_batch=glob, **changes)
     if "model" not in options and graph.meta.get("model"):
         options["model"] = graph.meta["model"]

@@ -70,12 +70,12 @@ def check_equal(cfg: TrainConfig, got: object, ref: object) -> None:
 
 def pipeline(key: str, stages: int, replicas: int, schedule: str, *, optimizer: str,
              microbatches: int = 4, microbatch_size: int | None = None,
-             virtual_stages: int = 2) -> TrainConfig:
+             virtual_stages: int = 2, recompute: bool = False) -> TrainConfig:
     plan = contiguous_plan(_graph(key), stages, replicas)
     return config_for_plan(
         plan, _graph(key), model=MODELS[key], steps=STEPS, schedule=schedule,
         microbatches=microbatches, microbatch_size=microbatch_size or 2 * replicas,
-        virtual_stages=virtual_stages, optimizer=optimizer,
+        virtual_stages=virtual_stages, optimizer=optimizer, recompute=recompute,
         lr=0.5 if optimizer == "sgd" else 1e-3, return_params=True)
 
 
@@ -100,7 +100,9 @@ def test_two_process_subset(tmp_path) -> None:
         pipeline("gpt2", 2, 1, "gpipe", optimizer="adam", microbatch_size=1),
         pipeline("mlp", 1, 2, "gpipe", optimizer="adam"),
         pipeline("transformer", 2, 1, "1f1b", optimizer="sgd", microbatch_size=1),
+        pipeline("gpt2", 2, 1, "1f1b", optimizer="sgd", recompute=True),  # as planned
     ]
+    assert cfgs[-1].recompute
     base = dict(steps=STEPS, microbatch_size=4, microbatches=2, nproc=2, return_params=True,
                 seq_len=SEQ)
     cfgs.append(TrainConfig(kind="ddp", model=MODELS["mlp"], **base))
