@@ -72,11 +72,11 @@ def main(argv: list[str] | None = None) -> int:
     graph = captured("mlp", batch_size=batch)
     with tempfile.TemporaryDirectory() as tmp:
         plan, how = planned(graph, tmp)
-    common = dict(model="mlp", steps=steps, batch_size=batch, optimizer="adam", lr=1e-3)
-    cfgs = [TrainConfig(kind="fsdp", nproc=NPROC, **common),
-            TrainConfig(kind="ddp", nproc=NPROC, **common),
-            config_for_plan(plan, graph, schedule="gpipe", microbatches=args.microbatches,
-                            **common)]
+    common = dict(model="mlp", steps=steps, optimizer="adam", lr=1e-3)
+    micro = dict(microbatches=args.microbatches, microbatch_size=batch // args.microbatches)
+    cfgs = [TrainConfig(kind="fsdp", nproc=NPROC, **micro, **common),
+            TrainConfig(kind="ddp", nproc=NPROC, **micro, **common),
+            config_for_plan(plan, graph, schedule="gpipe", **micro, **common)]
     names = ["PyTorch FSDP (fully_shard)", "DDP", f"planned pipeline ({how}, GPipe, "
              f"{args.microbatches} micro-batch{'es' if args.microbatches > 1 else ''})"]
     results = train_many(cfgs)

@@ -3,19 +3,84 @@
 Shared by ``shardplan topology measure`` and ``shardplan train``: both spawn ranks that write
 ``rank{r}.err`` (a JSON object ``{"time", "error", ...}``) into a scratch directory when they
 fail. No torch here: the targets import it in the children.
+
+Nothing outlives the launcher: every rank asks Linux to kill it when its parent dies
+(``prctl(PR_SET_PDEATHSIG)``, checked against a parent that died first), and SIGTERM or
+SIGHUP to the launcher stops the ranks, lets the caller remove its scratch directory and ends
+with :class:`Terminated` (one line saying so).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
+import sys
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from shardplan.errors import ShardplanError
 
-__all__ = ["read_rank_errors", "run_ranks", "settle"]
+__all__ = ["Terminated", "die_with_parent", "read_rank_errors", "run_ranks", "settle"]
+
+
+class Terminated(ShardplanError):  # noqa: N818 - it names what happened to the launcher
+    """The launcher was sent SIGTERM or SIGHUP; its ranks have been stopped."""
+
+    def __init__(self, signum: int, what: str = "ranks") -> None:
+        self.signum = signum
+        self.what = what
+        super().__init__(f"stopped by {signal.Signals(signum).name}")
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """In a child process: be killed (SIGKILL) when the parent exits, however it exits.
+
+    Linux's ``prctl(PR_SET_PDEATHSIG)``; elsewhere a no-op. A parent that died before the
+    call is noticed (the child is re-parented) and the child exits at once.
+    """
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+        except (OSError, AttributeError):  # pragma: no cover - no prctl in this libc
+            pass
+    if os.getppid() != parent_pid:
+        os._exit(1)
+
+
+def _rank_entry(target: Callable[..., None], parent_pid: int, *args: Any) -> None:
+    die_with_parent(parent_pid)
+    target(*args)
+
+
+@contextmanager
+def _stop_on_signals() -> Iterator[None]:
+    """Within the block, SIGTERM and SIGHUP raise :class:`Terminated` (once: a second
+    signal during the clean-up is ignored, so the clean-up finishes)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    sigs = [signal.SIGTERM] + ([signal.SIGHUP] if hasattr(signal, "SIGHUP") else [])
+    old = {s: signal.getsignal(s) for s in sigs}
+
+    def handler(signum: int, frame: Any) -> None:
+        for s in sigs:
+            signal.signal(s, signal.SIG_IGN)
+        raise Terminated(signum)
+
+    for s in sigs:
+        signal.signal(s, handler)
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
 
 Failure = Callable[[Sequence[Any], int, float], str]
 
@@ -27,16 +92,25 @@ def run_ranks(target: Callable[..., None], args: Callable[[int], tuple[Any, ...]
 
     Raises a one-line :class:`ShardplanError` when a rank exits non-zero (the text is
     ``failure(procs, rank, deadline)``) or when ``timeout`` seconds pass
-    (``"<what> timed out after ..."`` followed by ``hint``). Every rank started is stopped
-    before this returns or raises (terminate, then kill), so nothing is left running.
+    (``"<what> timed out after ..."`` followed by ``hint``), and :class:`Terminated` on
+    SIGTERM/SIGHUP. Every rank started is stopped before this returns or raises (terminate,
+    then kill), so nothing is left running; ranks also die with this process if it is killed.
     """
     import multiprocessing as mp
-    from multiprocessing.connection import wait
 
     ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=target, args=args(r), daemon=True, name=f"{name}-{r}")
-             for r in range(nproc)]
+    me = os.getpid()
+    procs = [ctx.Process(target=_rank_entry, args=(target, me, *args(r)), daemon=True,
+                         name=f"{name}-{r}") for r in range(nproc)]
     deadline = time.monotonic() + timeout
+    with _stop_on_signals():
+        _wait_all(procs, deadline, timeout, what, failure, hint)
+
+
+def _wait_all(procs: list[Any], deadline: float, timeout: float, what: str, failure: Failure,
+              hint: str) -> None:
+    from multiprocessing.connection import wait
+
     try:
         for p in procs:
             p.start()

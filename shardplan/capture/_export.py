@@ -27,7 +27,7 @@ from shardplan.capture._flops import count_op_flops
 from shardplan.errors import ShardplanError
 from shardplan.ir import Graph
 
-__all__ = ["OpCapture", "TensorUse", "capture_ops", "export_model", "ops_to_graph",
+__all__ = ["OpCapture", "TensorUse", "capture_ops", "export_model", "graph_ops", "ops_to_graph",
            "tensor_bytes"]
 
 Progress = Callable[[str, int, int], None]
@@ -40,10 +40,21 @@ def tensor_bytes(val: Any) -> int:
 
 
 def export_model(model: torch.nn.Module, example_inputs: tuple[Any, ...], *,
-                 name: str) -> torch.export.ExportedProgram:
-    """``torch.export.export(model, example_inputs, strict=False)``, errors made one line."""
+                 name: str, dynamic_batch: bool = False) -> torch.export.ExportedProgram:
+    """``torch.export.export(model, example_inputs, strict=False)``, errors made one line.
+
+    With ``dynamic_batch``, the leading dimension of every tensor input is exported as one
+    symbolic size (``torch.export.Dim.DYNAMIC``), so that the program runs at any batch size
+    (the runtime's micro-batches); the example inputs should have at least 2 samples (torch
+    specialises sizes 0 and 1).
+    """
+    dynamic = None
+    if dynamic_batch:
+        dynamic = tuple({0: torch.export.Dim.DYNAMIC}
+                        if isinstance(t, torch.Tensor) and t.dim() > 0 else None
+                        for t in example_inputs)
     try:
-        return torch.export.export(model, example_inputs, strict=False)
+        return torch.export.export(model, example_inputs, dynamic_shapes=dynamic, strict=False)
     except Exception as exc:  # noqa: BLE001 - any export failure is the user's model's
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise ShardplanError(f"torch.export could not trace {name!r}: "
@@ -80,6 +91,9 @@ class OpCapture:
         Model outputs produced by ops: (producer, key, bytes).
     fx_nodes : list of torch.fx.Node
         The exported node of each op (profiling runs them).
+    input_shapes, input_dtypes : list
+        Shape and dtype name of each tensor input of the model (batch dimension first); the
+        graph keeps them in ``meta`` so that ``shardplan train`` feeds the captured shapes.
     """
 
     names: list[str] = field(default_factory=list)
@@ -96,6 +110,8 @@ class OpCapture:
     outputs: list[tuple[int, tuple[int, ...], int]] = field(default_factory=list)
     fx_nodes: list[torch.fx.Node] = field(default_factory=list)
     input_bytes: int = 0
+    input_shapes: list[list[int]] = field(default_factory=list)
+    input_dtypes: list[str] = field(default_factory=list)
     buffer_bytes: int = 0
     dropped_buffer_updates: int = 0
     flop_methods: dict[str, list[str]] = field(default_factory=dict)
@@ -146,6 +162,26 @@ def _is_buffer_update(node: torch.fx.Node, buffers: Mapping[str, str]) -> bool:
         return False
     reads = _node_args(node)
     return bool(reads) and all(a.op == "placeholder" and a.name in buffers for a in reads)
+
+
+def _kept(calls: Sequence[torch.fx.Node], buffer_of: Mapping[str, str]) -> list[torch.fx.Node]:
+    """The operators that become graph nodes (see the module docstring)."""
+    return [n for n in calls if n.target is not operator.getitem and not _is_bookkeeping(n)
+            and not _is_buffer_update(n, buffer_of)]
+
+
+def graph_ops(ep: torch.export.ExportedProgram, *, module_prefix: str = ""
+              ) -> list[tuple[str, str, str]]:
+    """``(fx name, operator, module)`` of every operator capture makes a graph node of, in
+    program order: what a graph's ``names``, ``ops`` and ``modules`` hold for this program.
+    The runtime matches a graph against the program it exports itself. O(n)."""
+    buffer_of = dict(ep.graph_signature.inputs_to_buffers)
+    calls = [n for n in ep.graph_module.graph.nodes if n.op == "call_function"]
+    out = []
+    for n in _kept(calls, buffer_of):
+        stack = _module_stack(n, module_prefix)
+        out.append((n.name, _op_name(n.target), stack[-1][0] if stack else ""))
+    return out
 
 
 def capture_ops(
@@ -210,14 +246,16 @@ def capture_ops(
         else:
             if node.name in user_inputs:
                 cap.input_bytes += tensor_bytes(val)
+                if isinstance(val, torch.Tensor):
+                    cap.input_shapes.append([int(d) for d in val.shape])
+                    cap.input_dtypes.append(str(val.dtype).removeprefix("torch."))
             needs_grad[node.name] = bool(isinstance(val, torch.Tensor) and val.requires_grad)
 
     # Ops in program order; getitem resolves to (producer, key).
     op_index: dict[str, int] = {}
     getitem_src: dict[str, tuple[int, tuple[int, ...]]] = {}
     calls = [n for n in graph.nodes if n.op == "call_function"]
-    kept = [n for n in calls if n.target is not operator.getitem and not _is_bookkeeping(n)
-            and not _is_buffer_update(n, buffer_of)]
+    kept = _kept(calls, buffer_of)
     cap.dropped_buffer_updates = sum(1 for n in calls if _is_buffer_update(n, buffer_of))
     for n in kept:
         op_index[n.name] = len(op_index)
@@ -379,6 +417,7 @@ def ops_to_graph(cap: OpCapture, *, name: str, batch_size: int,
         weight=np.array(cap.param_count, dtype=np.float64),
         src=src, dst=dst, edge_bytes=eb,
         node_extra=extra if any(extra) else None,
-        meta=dict(meta or {}),
+        meta={**({"input_shapes": cap.input_shapes, "input_dtypes": cap.input_dtypes}
+                 if cap.input_shapes else {}), **dict(meta or {})},
         **optional,
     )

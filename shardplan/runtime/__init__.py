@@ -1,20 +1,25 @@
 """Run plans for real with torch.distributed (issue #8), and the baselines they compete with.
 
 A plan's stages are node sets of an operator-level graph whose node names are the fx names of
-``torch.export``'s program. :func:`config_for_plan` turns (plan, graph, options) into a
-:class:`TrainConfig`; :func:`train` runs it, on local processes it spawns itself (gloo on CPU
-with one thread each, NCCL with CUDA) or, under ``torchrun ... -m shardplan.runtime``, on the
-processes torchrun started. Each rank exports the model at the micro-batch size, cuts the
-program at the plan's boundaries (:mod:`shardplan.runtime._split`), wraps its stage in a
-``torch.distributed.pipelining.PipelineStage`` and runs GPipe, 1F1B or interleaved 1F1B;
-replicas of a stage average their gradients with one all-reduce per step, and tied weights
-(GPT-2's embedding and head) sum theirs over the stages that hold them. ``--baseline
+``torch.export``'s program. :func:`config_for_plan` (and the command line, through the
+torch-free :mod:`shardplan.runtime._args`) turns (plan, graph, settings) into a
+:class:`TrainConfig`: the plan's execution settings and the
+:class:`~shardplan.simulate.PipelineView` the simulator uses (stage order, per-rank action
+lists, devices per rank). :func:`train` runs it, on local processes it spawns itself (gloo on
+CPU with one thread each, NCCL with CUDA) or, under ``torchrun ... -m shardplan.runtime``, on
+the processes torchrun started. Each rank exports the model with a dynamic batch dimension,
+matches the graph against that program, cuts it at the plan's boundaries
+(:mod:`shardplan.runtime._split`), wraps its stages in
+``torch.distributed.pipelining.PipelineStage`` and runs its action list with torch's
+action-list runtime; replicas of a stage sum their gradients with one all-reduce per step,
+tied weights (GPT-2's embedding and head) sum theirs over the ranks holding them, and every
+forward sets the random state from (seed, step, chunk, stage). ``--baseline
 fsdp|ddp|single`` trains the same model on the same data with FSDP2, DDP or one process.
 
 Paper 000, sections 3-4: its pipeline is GPipe over stages placed on GPUs, compared with FSDP
 on an MLP (our ``benchmarks/paper000_table1.py``).
 
-This package imports torch; nothing in the planning core imports it.
+Only the ranks import torch: configs, the launcher and the results are torch-free.
 """
 
 from __future__ import annotations
@@ -23,35 +28,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from shardplan.errors import ShardplanError
-from shardplan.runtime._config import KINDS, OPTIMIZERS, SCHEDULES, TrainConfig
+from shardplan.runtime._args import config_for_plan
+from shardplan.runtime._config import KINDS, OPTIMIZERS, SCHEDULES, RunResult, TrainConfig
 
-__all__ = ["KINDS", "OPTIMIZERS", "SCHEDULES", "TrainConfig", "config_for_plan", "contiguous_plan",
-           "load_checkpoint_into", "train", "train_many"]
-
-
-def config_for_plan(plan: Any, graph: Any, **options: Any) -> TrainConfig:
-    """A pipeline :class:`TrainConfig` for ``plan`` on ``graph`` (``options``: the other
-    fields, such as ``model``, ``steps``, ``schedule``, ``microbatches``).
-
-    Raises
-    ------
-    ShardplanError
-        A plan that does not fit the graph, or a module-level graph (the runtime cuts the
-        operator-level program).
-    """
-    plan.validate(graph)
-    if graph.meta.get("granularity", "op") != "op":
-        raise ShardplanError("train needs an operator-level graph (capture --granularity op): "
-                             "the runtime cuts the exported program at operator boundaries")
-    if graph.meta.get("mode", "train") != "train":
-        raise ShardplanError("train needs a graph captured in train mode")
-    stages = tuple(tuple(graph.names[i] for i in sorted(st.nodes)) for st in plan.stages)
-    devices = tuple(tuple(st.devices) for st in plan.stages)
-    if "model" not in options and graph.meta.get("model"):
-        options["model"] = graph.meta["model"]
-    if "model" not in options:
-        raise ShardplanError("say which model the graph was captured from: --model SPEC")
-    return TrainConfig(kind="pipeline", stages=stages, devices=devices, **options)
+__all__ = ["KINDS", "OPTIMIZERS", "SCHEDULES", "RunResult", "TrainConfig", "config_for_plan",
+           "contiguous_plan", "load_checkpoint_into", "train", "train_many"]
 
 
 def contiguous_plan(graph: Any, num_stages: int, replicas: int = 1) -> Any:

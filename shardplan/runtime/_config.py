@@ -1,22 +1,44 @@
-"""What one training run is: the value object every rank receives."""
+"""What one training run is (the value object every rank receives) and what it reports.
+
+No torch here: the launcher builds configs and reads results without importing it.
+"""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from shardplan.errors import ShardplanError
 
-__all__ = ["KINDS", "OPTIMIZERS", "SCHEDULES", "TrainConfig"]
+__all__ = ["KINDS", "OPTIMIZERS", "SCHEDULES", "RunResult", "TrainConfig", "mix_seed"]
 
 KINDS = ("pipeline", "ddp", "fsdp", "single")
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
-OPTIMIZERS = ("adam", "sgd")
+OPTIMIZERS = ("adam", "adamw", "sgd", "sgd-momentum", "momentum")
+
+
+def mix_seed(seed: int, step: int, chunk: int, stage: int) -> int:
+    """The random seed of one stage's forward of one chunk of one step.
+
+    Every run sets the random state from this before each forward (pipeline: per stage;
+    unsplit baselines: stage 0 for the whole model), so dropout masks are a function of
+    ``(seed, step, chunk, stage)`` and nothing else: the same seed repeats a run exactly, and
+    a pipeline draws the masks a single process running the same stage modules draws.
+    """
+    x = (int(seed) * 1_000_003 + int(step)) % (1 << 61)
+    x = (x * 65_537 + int(chunk)) % (1 << 61)
+    return (x * 257 + int(stage)) % (1 << 61)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TrainConfig:
-    """One training run: model, data, schedule, layout, checkpoints.
+    """One training run: model, data, micro-batching, schedule, layout, checkpoints.
+
+    Batch vocabulary (that of :class:`shardplan.ir.ExecutionSettings`): one optimizer step
+    trains ``global_batch = microbatch_size x microbatches`` samples; a micro-batch is cut
+    into ``replicas`` equal parts, one per replica of a stage (pipeline) or per process
+    (ddp/fsdp); ``single`` runs the parts one after another (gradient accumulation), which is
+    what the pipeline computes.
 
     Attributes
     ----------
@@ -27,22 +49,45 @@ class TrainConfig:
     kind : {"pipeline", "ddp", "fsdp", "single"}
         The planned pipeline, or a baseline.
     schedule : {"gpipe", "1f1b", "interleaved-1f1b"}
+        The schedule's name (the pipeline runs ``actions``; this names them).
     microbatches : int
-        Micro-batches per replica per step (pipeline: the schedule's; baselines: gradient
-        accumulation over that many chunks of each rank's share).
-    batch_size : int
-        The global batch of one step, split evenly over replicas and micro-batches.
-    seq_len : int
-        Tokens per sample for language models.
+        Micro-batches per step.
+    microbatch_size : int
+        Samples per micro-batch, shared by the replicas.
+    replicas : int
+        Parts each micro-batch is cut into: the plan's replicas per stage (``pipeline``, and
+        ``single`` when it stands in for a replicated pipeline); ddp/fsdp use ``nproc``.
+    seq_len, image_size : int or None
+        Input sizes the model is built with (None: the zoo's default).
+    input_shapes : tuple of tuple of int, or None
+        The graph's recorded input shapes without the batch dimension; the model built here
+        must have them (None: not recorded, not checked).
+    export_batch : int
+        Batch size to export the model at (the graph's; the batch dimension is dynamic).
     lr : float
-    optimizer : {"adam", "sgd"}
+    optimizer : {"adam", "adamw", "sgd", "sgd-momentum", "momentum"}
     seed : int
-        Seeds the synthetic data (step ``t``'s batch is a function of ``seed`` and ``t``); the
-        initial weights are the zoo's (its own fixed seed).
+        Seeds the synthetic data (step ``t``'s batch is a function of ``seed`` and ``t``) and
+        the random state of every forward (:func:`mix_seed`); the initial weights are the
+        zoo's (its own fixed seed).
+    recompute : bool
+        Pipeline: recompute each stage's forward during its backward (activation
+        checkpointing), as the plan's settings say.
     stages : tuple of tuple of str
-        Pipeline: per plan stage, the fx names of its operators.
-    devices : tuple of tuple of int
-        Pipeline: per plan stage, its device per replica.
+        Per plan stage, the graph's names of its operators (``single`` with stages runs the
+        same stage modules one after another).
+    graph_nodes : tuple of (str, str, str)
+        Per graph node: name, operator, module; matched against the program the runtime
+        exports (:func:`shardplan.runtime._split.match_graph`).
+    order : tuple of int
+        Pipeline position -> plan stage (the :class:`~shardplan.simulate.PipelineView`'s).
+    actions : tuple of tuple of str
+        Per pipeline rank, its actions in torch's text form (``2F0``, ``1B3``,
+        ``1REDUCE_GRAD``), exactly the simulator's schedule.
+    stage_rank : tuple of int
+        Pipeline position -> pipeline rank.
+    rank_devices : tuple of tuple of int
+        Per pipeline rank, its device per replica.
     nproc : int
         Baselines: processes (``single`` is 1).
     checkpoint_dir : str or None
@@ -63,13 +108,22 @@ class TrainConfig:
     kind: str = "pipeline"
     schedule: str = "gpipe"
     microbatches: int = 1
-    batch_size: int = 8
-    seq_len: int = 16
+    microbatch_size: int = 8
+    replicas: int = 1
+    seq_len: int | None = None
+    image_size: int | None = None
+    input_shapes: tuple[tuple[int, ...], ...] | None = None
+    export_batch: int = 8
     lr: float = 1e-3
     optimizer: str = "adam"
     seed: int = 0
+    recompute: bool = False
     stages: tuple[tuple[str, ...], ...] = ()
-    devices: tuple[tuple[int, ...], ...] = ()
+    graph_nodes: tuple[tuple[str, str, str], ...] = ()
+    order: tuple[int, ...] = ()
+    actions: tuple[tuple[str, ...], ...] = ()
+    stage_rank: tuple[int, ...] = ()
+    rank_devices: tuple[tuple[int, ...], ...] = ()
     nproc: int = 1
     checkpoint_dir: str | None = None
     checkpoint_every: int = 0
@@ -88,9 +142,15 @@ class TrainConfig:
         if self.optimizer not in OPTIMIZERS:
             raise ShardplanError(f"unknown optimizer {self.optimizer!r} (choose from "
                                  f"{', '.join(OPTIMIZERS)})")
-        for name in ("steps", "microbatches", "batch_size", "seq_len", "nproc"):
+        for name in ("steps", "microbatches", "microbatch_size", "replicas", "nproc",
+                     "export_batch"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ShardplanError(f"{name.replace('_', ' ')} must be a positive integer, "
+                                     f"got {v!r}")
+        for name in ("seq_len", "image_size"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
                 raise ShardplanError(f"{name.replace('_', ' ')} must be a positive integer, "
                                      f"got {v!r}")
         if not self.lr > 0:
@@ -100,44 +160,74 @@ class TrainConfig:
         if self.resume and not self.checkpoint_dir:
             raise ShardplanError("--resume needs --checkpoint-dir")
         if self.kind == "pipeline":
-            if not self.stages or len(self.stages) != len(self.devices):
-                raise ShardplanError("a pipeline run needs the plan's stages and devices")
-            reps = {len(d) for d in self.devices}
-            if len(reps) != 1:
-                raise ShardplanError(f"every stage needs the same number of replicas to run "
-                                     f"(the plan has {sorted(reps)})")
-            if self.schedule == "1f1b" and self.microbatches < len(self.stages):
-                raise ShardplanError(f"1f1b needs at least as many micro-batches as stages "
-                                     f"({len(self.stages)}), got {self.microbatches}")
-            if self.schedule == "interleaved-1f1b" and len(self.stages) % 2:
-                raise ShardplanError("interleaved-1f1b runs two plan stages per device: the "
-                                     "plan needs an even number of stages")
-        if self.kind != "pipeline" and self.batch_size < self.replicas * self.microbatches:
-            raise ShardplanError(f"batch size {self.batch_size} is smaller than processes x "
-                                 f"microbatches = {self.replicas} x {self.microbatches}")
-        # Baselines split uneven batches with tensor_split (shares differ by at most one
-        # sample); the pipeline's stages are exported at one fixed micro-batch size.
-        if self.kind == "pipeline" and self.batch_size % (self.replicas * self.microbatches):
-            raise ShardplanError(f"batch size {self.batch_size} is not divisible by replicas x "
-                                 f"microbatches = {self.replicas} x {self.microbatches}")
+            self._check_pipeline()
+        if self.microbatch_size % self.parts and self.kind in ("pipeline", "single"):
+            raise ShardplanError(f"micro-batch size {self.microbatch_size} is not divisible by "
+                                 f"the {self.parts} replicas that share it")
+        if self.kind in ("ddp", "fsdp") and self.microbatch_size < self.parts:
+            raise ShardplanError(f"micro-batch size {self.microbatch_size} is smaller than the "
+                                 f"{self.parts} processes that share it")
+
+    def _check_pipeline(self) -> None:
+        if not self.stages or not self.actions or not self.rank_devices:
+            raise ShardplanError("a pipeline run needs the plan's stages and schedule "
+                                 "(config_for_plan builds them)")
+        num = len(self.stages)
+        if sorted(self.order) != list(range(num)) or len(self.stage_rank) != num:
+            raise ShardplanError("the pipeline order must name every plan stage once")
+        if {len(d) for d in self.rank_devices} != {self.replicas}:
+            raise ShardplanError(f"every pipeline rank needs {self.replicas} replicas to run "
+                                 f"(the plan has {sorted({len(d) for d in self.rank_devices})})")
+        if len(self.actions) != len(self.rank_devices):
+            raise ShardplanError("the schedule needs one action list per pipeline rank")
+        devices = [d for devs in self.rank_devices for d in devs]
+        if len(set(devices)) != len(devices):
+            raise ShardplanError("a device runs two pipeline ranks")
 
     @property
-    def replicas(self) -> int:
-        """Data-parallel copies: the plan's replicas per stage, or the baseline's processes."""
-        if self.kind == "pipeline":
-            return len(self.devices[0])
-        return 1 if self.kind == "single" else self.nproc
+    def parts(self) -> int:
+        """Equal parts of one micro-batch: one per replica (pipeline, single) or process."""
+        return self.nproc if self.kind in ("ddp", "fsdp") else self.replicas
+
+    @property
+    def global_batch(self) -> int:
+        """Samples per optimizer step."""
+        return self.microbatch_size * self.microbatches
 
     @property
     def world_size(self) -> int:
         if self.kind == "pipeline":
-            n = sum(len(d) for d in self.devices)
-            return n // 2 if self.schedule == "interleaved-1f1b" else n
+            return len(self.rank_devices) * self.replicas
         return 1 if self.kind == "single" else self.nproc
 
     @property
-    def microbatch_size(self) -> int:
-        return max(1, self.batch_size // (self.replicas * self.microbatches))
+    def chunk_size(self) -> int:
+        """Samples one replica (or the single process) runs at once."""
+        return max(1, self.microbatch_size // self.parts)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@dataclass(slots=True)
+class RunResult:
+    """What a run reports (rank 0 of a distributed run, or the single process).
+
+    ``params`` (tests): every parameter by name, as a list of tensors, one per holder (the
+    replicas of a stage, the stages sharing a tied weight); only when asked for.
+    """
+
+    losses: list[float] = field(default_factory=list)
+    seconds_per_step: list[float] = field(default_factory=list)
+    start_step: int = 0
+    params: dict[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"losses": self.losses, "seconds_per_step": self.seconds_per_step,
+                "start_step": self.start_step}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunResult:
+        return cls(losses=[float(v) for v in data["losses"]],
+                   seconds_per_step=[float(v) for v in data["seconds_per_step"]],
+                   start_step=int(data["start_step"]))

@@ -10,20 +10,43 @@ from torch import nn
 
 from shardplan.errors import ShardplanError
 
-__all__ = ["batch_for_step", "build", "loss_fn_for", "microbatches"]
+__all__ = ["batch_for_step", "build", "chunks", "loss_fn_for", "resize_batch"]
 
 # Models whose output is already a probability distribution (paper 000's MLP ends in softmax).
 _PROBABILITY_OUTPUT = ("mlp",)
 
 
-def build(spec: str, *, batch_size: int, seq_len: int) -> tuple[nn.Module, tuple[Any, ...], str]:
-    """The zoo model in training mode and example inputs of ``batch_size`` samples."""
+def build(spec: str, *, batch_size: int, seq_len: int | None = None,
+          image_size: int | None = None,
+          input_shapes: tuple[tuple[int, ...], ...] | None = None
+          ) -> tuple[nn.Module, tuple[Any, ...], str]:
+    """The zoo model in training mode and example inputs of ``batch_size`` samples.
+
+    ``seq_len`` / ``image_size`` None: the zoo's defaults. ``input_shapes`` (the graph's,
+    without the batch dimension): the built inputs must have them, or the graph is not this
+    model's.
+    """
     from shardplan.capture import build_model
 
+    kw: dict[str, Any] = {"image_size": image_size}
+    if seq_len is not None:
+        kw["seq_len"] = seq_len
     with torch.random.fork_rng(devices=[]):  # build_model seeds the global RNG
-        model, inputs, name = build_model(spec, batch_size=batch_size, seq_len=seq_len)
+        model, inputs, name = build_model(spec, batch_size=batch_size, **kw)
     model.train()
-    return model, tuple(inputs), name
+    inputs = tuple(inputs)
+    if input_shapes is not None:
+        have = tuple(tuple(int(d) for d in t.shape[1:]) for t in inputs
+                     if isinstance(t, torch.Tensor))
+        if have != tuple(tuple(s) for s in input_shapes):
+            raise ShardplanError(f"the graph's inputs are {_shapes(input_shapes)} per sample, "
+                                 f"{spec!r} takes {_shapes(have)}: the graph does not match "
+                                 f"the model")
+    return model, inputs, name
+
+
+def _shapes(shapes: Any) -> str:
+    return ", ".join("x".join(map(str, s)) or "scalar" for s in shapes)
 
 
 def loss_fn_for(spec: str) -> Any:
@@ -72,9 +95,23 @@ def _is_tokens(example_inputs: tuple[Any, ...]) -> bool:
     return not t.is_floating_point() and t.dim() == 2
 
 
-def microbatches(inputs: tuple[torch.Tensor, ...], target: torch.Tensor, count: int
-                 ) -> list[tuple[tuple[torch.Tensor, ...], torch.Tensor]]:
-    """Split a batch into ``count`` equal consecutive chunks (the order every run uses)."""
-    xs = [t.tensor_split(count) for t in inputs]
-    ys = target.tensor_split(count)
-    return [(tuple(x[i] for x in xs), ys[i]) for i in range(count)]
+def chunks(inputs: tuple[torch.Tensor, ...], target: torch.Tensor, microbatches: int,
+           parts: int) -> list[tuple[tuple[torch.Tensor, ...], torch.Tensor]]:
+    """Cut a step's batch into ``microbatches`` consecutive micro-batches and each of those
+    into ``parts`` consecutive parts: chunk ``j * parts + p`` is part ``p`` of micro-batch
+    ``j`` (the order every run uses; replica or process ``p`` runs part ``p``). Parts of
+    uneven micro-batches differ by at most one sample."""
+    xs = [t.tensor_split(microbatches) for t in inputs]
+    ys = target.tensor_split(microbatches)
+    out = []
+    for j in range(microbatches):
+        px = [x[j].tensor_split(parts) for x in xs]
+        py = ys[j].tensor_split(parts)
+        out.extend((tuple(x[p] for x in px), py[p]) for p in range(parts))
+    return out
+
+
+def resize_batch(t: torch.Tensor, size: int) -> torch.Tensor:
+    """``t`` with ``size`` samples: its first ones, repeated as needed."""
+    reps = -(-size // t.shape[0])
+    return t.repeat(reps, *([1] * (t.dim() - 1)))[:size].contiguous()

@@ -1,21 +1,23 @@
 """The local launcher: one spawned process per rank, a run of several configs, failure
-handling.
+handling. No torch here: the ranks import it; the launcher only waits.
 
 Ranks meet through a ``FileStore`` in a temporary directory (no ports to pick). Each rank
 writes ``rank{r}.json`` (its results, atomically), ``rank{r}.err`` (when and why it failed)
 and ``rank{r}.log`` (its stdout and stderr, so that torch's warnings stay out of the user's
-terminal). The parent waits on all of them: the first rank to exit with an error stops the
-others (SIGTERM, then SIGKILL) and the run fails with one line naming the rank that failed
-first; a run exceeding its time limit fails the same way. A dead rank therefore never hangs
-the run: its peers see the broken connection or the process-group timeout, and the parent
-sees its exit at once.
+terminal); rank 0 writes the parameters tests ask for to ``params.pt`` (read back
+weights-only). The parent waits on all of them: the first rank to exit with an error stops
+the others (SIGTERM, then SIGKILL) and the run fails with one line naming the rank that
+failed first; a run exceeding its time limit fails the same way. A dead rank therefore never
+hangs the run: its peers see the broken connection or the process-group timeout, and the
+parent sees its exit at once. SIGTERM or SIGHUP to the launcher stops the ranks and removes
+the temporary directory (:class:`shardplan._ranks.Terminated`); if the launcher is killed
+outright, its ranks die with it (parent-death signal).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import pickle
 import sys
 import tempfile
 import time
@@ -25,6 +27,7 @@ from typing import Any
 
 from shardplan._ranks import read_rank_errors, run_ranks, settle
 from shardplan.errors import ShardplanError
+from shardplan.runtime._config import RunResult
 
 __all__ = ["launch", "rank_main"]
 
@@ -65,7 +68,13 @@ def rank_main(rank: int, world: int, configs: list[Any], tmpdir: str) -> None:
             res = run_config(cfg, rank, world)
             results.append(res)
             dist.barrier()
-        _write(os.path.join(tmpdir, f"rank{rank}.pkl"), pickle.dumps(results))
+        if rank == 0:
+            if any(r.params is not None for r in results):
+                tmp = os.path.join(tmpdir, "params.pt.tmp")
+                torch.save([r.params for r in results], tmp)
+                os.replace(tmp, os.path.join(tmpdir, "params.pt"))
+            _write(os.path.join(tmpdir, "rank0.json"),
+                   json.dumps([r.to_dict() for r in results]).encode())
         dist.destroy_process_group()
     except BaseException as exc:  # noqa: BLE001 - every failure is reported to the parent
         first = (str(exc).strip().splitlines() or [""])[0]
@@ -81,7 +90,7 @@ def rank_main(rank: int, world: int, configs: list[Any], tmpdir: str) -> None:
 
 
 def launch(configs: Sequence[Any], nproc: int, *, time_limit: float | None = None,
-           keep_logs: str | None = None) -> list[Any]:
+           keep_logs: str | None = None) -> list[RunResult]:
     """Run ``configs`` one after another on ``nproc`` fresh local processes.
 
     Parameters
@@ -104,6 +113,8 @@ def launch(configs: Sequence[Any], nproc: int, *, time_limit: float | None = Non
     ------
     ShardplanError
         A rank failed (the first to fail is named, with its error), or the time ran out.
+    Terminated
+        SIGTERM or SIGHUP: the ranks were stopped and the temporary directory removed.
     """
     if nproc < 1:
         raise ShardplanError("a run needs at least one process")
@@ -122,8 +133,16 @@ def launch(configs: Sequence[Any], nproc: int, *, time_limit: float | None = Non
                     if os.path.exists(src):
                         with open(src, "rb") as fh:
                             _write(os.path.join(keep_logs, f"rank{r}.log"), fh.read())
-        with open(os.path.join(tmp, "rank0.pkl"), "rb") as fh:
-            return pickle.load(fh)  # noqa: S301 - written by our own rank 0
+        with open(os.path.join(tmp, "rank0.json"), encoding="utf-8") as fh:
+            results = [RunResult.from_dict(d) for d in json.load(fh)]
+        params_path = os.path.join(tmp, "params.pt")
+        if os.path.exists(params_path):  # tests only: torch is imported for them
+            import torch
+
+            for res, params in zip(results, torch.load(params_path, weights_only=True),
+                                   strict=True):
+                res.params = params
+        return results
 
 
 def _failure(procs: Sequence[Any], rank: int, tmp: str, deadline: float) -> str:

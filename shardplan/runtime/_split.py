@@ -20,7 +20,8 @@ from torch.export.graph_signature import OutputKind
 
 from shardplan.errors import ShardplanError
 
-__all__ = ["StageProgram", "split_program", "stage_order"]
+__all__ = ["StageProgram", "example_tensor", "match_graph", "probe", "split_program",
+           "tied_groups"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,35 +77,70 @@ def _set_attr(root: nn.Module, fqn: str, value: Any, *, param: bool, persistent:
         setattr(mod, last, value)
 
 
-def stage_order(num_stages: int, edges: set[tuple[int, int]]) -> list[int]:
-    """Plan stages in a topological order of the stage graph (ties: lower index first).
+def match_graph(graph_nodes: Sequence[tuple[str, str, str]],
+                program: Sequence[tuple[str, str, str]], *, model: str = "the model"
+                ) -> dict[str, str]:
+    """Which operator of ``program`` each graph node is: graph name -> program name.
+
+    The runtime exports the model itself, with a dynamic batch dimension (and maybe another
+    torch than the one that captured the graph); shape arithmetic can then add, drop or
+    rename a few operators (GPT-2's attention mask), so names are matched by aligning the two
+    operator sequences, each operator known by ``(operator, module)``: the longest common
+    blocks first (``difflib.SequenceMatcher``, no junk heuristic). Identical sequences map
+    names to themselves. Graph nodes without a partner are dropped (their program operators,
+    if any, follow their inputs' stage); O(n^2) worst case, O(n) for near-identical programs.
 
     Raises
     ------
     ShardplanError
-        The stages form a cycle (data flows from a stage back to an earlier one).
+        Fewer than 90% of the graph's operators were found: the graph is not this model's.
     """
-    indeg = [0] * num_stages
-    succ: list[list[int]] = [[] for _ in range(num_stages)]
-    for a, b in edges:
-        succ[a].append(b)
-        indeg[b] += 1
-    import heapq
+    import difflib
 
-    ready = [s for s in range(num_stages) if indeg[s] == 0]
-    heapq.heapify(ready)
-    order = []
-    while ready:
-        s = heapq.heappop(ready)
-        order.append(s)
-        for t in succ[s]:
-            indeg[t] -= 1
-            if indeg[t] == 0:
-                heapq.heappush(ready, t)
-    if len(order) != num_stages:
-        raise ShardplanError("the plan's stages form a cycle: a pipeline needs data to flow "
-                             "from each stage only to later ones")
-    return order
+    a = [(op, mod) for _, op, mod in graph_nodes]
+    b = [(op, mod) for _, op, mod in program]
+    if a == b and all(g[0] == p[0] for g, p in zip(graph_nodes, program, strict=True)):
+        return {g[0]: g[0] for g in graph_nodes}
+    sm = difflib.SequenceMatcher(None, a, b, autojunk=False)
+    out: dict[str, str] = {}
+    for i, j, size in sm.get_matching_blocks():
+        for k in range(size):
+            out[graph_nodes[i + k][0]] = program[j + k][0]
+    if len(out) < 0.9 * len(graph_nodes):
+        raise ShardplanError(f"the graph does not match {model}: only {len(out)} of its "
+                             f"{len(graph_nodes)} operators are in the model's exported program "
+                             f"(was the graph captured from this model, at op granularity, in "
+                             f"train mode?)")
+    return out
+
+
+def _batch_sizes(input_nodes: Sequence[fx.Node], batch: int | None) -> dict[Any, int]:
+    """The symbols of the inputs' batch dimensions, each bound to ``batch``."""
+    if batch is None:
+        return {}
+    out = {}
+    for node in input_nodes:
+        val = node.meta.get("val")
+        if isinstance(val, torch.Tensor) and val.dim() and isinstance(val.shape[0], torch.SymInt):
+            out[val.shape[0].node.expr] = int(batch)
+    return out
+
+
+def _concrete(node: fx.Node, sizes: dict[Any, int]) -> Any:
+    """The value of a size node at the bound batch size."""
+    val = node.meta.get("val")
+    if isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        expr = val.node.expr
+        expr = expr.xreplace(sizes) if hasattr(expr, "xreplace") else expr
+        if getattr(expr, "free_symbols", None):
+            raise ShardplanError(f"value {node.name!r} crossing a stage boundary depends on "
+                                 f"sizes other than the batch ({expr}); cut the graph elsewhere")
+        kind = {torch.SymInt: int, torch.SymFloat: float, torch.SymBool: bool}[type(val)]
+        return kind(expr)
+    if isinstance(val, (int, float, bool)):
+        return val
+    raise ShardplanError(f"value {node.name!r} crossing a stage boundary is not a tensor "
+                         f"({type(val).__name__}); cut the graph elsewhere")
 
 
 def _node_inputs(node: fx.Node) -> list[fx.Node]:
@@ -117,6 +153,9 @@ def split_program(
     model: nn.Module,
     ep: torch.export.ExportedProgram,
     stage_nodes: Sequence[Sequence[str]],
+    order: Sequence[int],
+    *,
+    batch: int | None = None,
 ) -> list[StageProgram]:
     """Cut ``ep`` into pipeline stages.
 
@@ -127,14 +166,22 @@ def split_program(
     ep : ExportedProgram
         ``torch.export.export(model, inputs)`` in training mode, at the micro-batch size.
     stage_nodes : sequence of sequence of str
-        Per plan stage, the fx names of its operators (the graph's ``names``). Operators the
-        graph leaves out (``getitem``, bookkeeping calls, unread buffer updates) go with the
-        operator they read from.
+        Per plan stage, the fx names of its operators in ``ep`` (:func:`match_graph`).
+        Operators the graph leaves out (``getitem``, bookkeeping calls, unread buffer
+        updates, shape arithmetic) go with the operator they read from.
+    order : sequence of int
+        The plan stages in pipeline order (:class:`shardplan.simulate.PipelineView`'s: one
+        derivation of stage order for the simulator and the runtime).
+    batch : int, optional
+        For a program exported with a dynamic batch dimension: the batch size the stages
+        will run at. Sizes computed from the batch (``sym_size``, products of sizes) are sent
+        by no stage: a stage that reads one computed by an earlier stage gets its value at
+        ``batch`` as a constant (pipeline stages exchange tensors only).
 
     Returns
     -------
     list of StageProgram
-        In pipeline order: a topological order of the stage graph. Stage ``k`` receives every
+        In pipeline order. Stage ``k`` receives every
         value made before it that stage ``k`` or a later one reads (values skipping stages
         are passed through the stages between: torch's pipeline stages talk to neighbours
         only) and sends what stage ``k + 1`` receives; the last stage returns the model's
@@ -144,7 +191,7 @@ def split_program(
     ------
     ShardplanError
         A name the program does not have (the graph was captured from another model), a model
-        with more than one output tensor, stages that form a cycle.
+        with more than one output tensor, data flowing against ``order``.
 
     Notes
     -----
@@ -183,13 +230,18 @@ def split_program(
             users = [stage_of[u] for u in node.users if u in stage_of]
             stage_of[node] = min(users) if users else 0
 
-    edges: set[tuple[int, int]] = set()
+    if sorted(order) != list(range(num_plan_stages)):
+        raise ShardplanError(f"the pipeline order {list(order)} is not one of the "
+                             f"{num_plan_stages} plan stages each")
+    pos = {s: k for k, s in enumerate(order)}
     for node, s in stage_of.items():
         for a in _node_inputs(node):
-            if a in stage_of and stage_of[a] != s:
-                edges.add((stage_of[a], s))
-    order = stage_order(num_plan_stages, edges)
-    pos = {s: k for k, s in enumerate(order)}
+            if a in stage_of and pos[stage_of[a]] > pos[s] \
+                    and isinstance(a.meta.get("val"), torch.Tensor):
+                raise ShardplanError(
+                    f"the model's program sends {a.name!r} from plan stage {stage_of[a]} back "
+                    f"to plan stage {s}, which the graph runs first: the graph does not match "
+                    f"the model's exported program")
     stage_at = {node: pos[s] for node, s in stage_of.items()}
     num = num_plan_stages
     input_nodes = [by_name[nm] for nm in user_inputs]
@@ -223,9 +275,11 @@ def split_program(
                 last_use[a] = max(last_use.get(a, -1), stage_at[node])
     last_use[model_out] = num - 1
     order_index = {n: i for i, n in enumerate(g.nodes)}
+    sizes = _batch_sizes(input_nodes, batch)
     live_in: list[list[fx.Node]] = []
     for k in range(num):
-        vals = [v for v, last in last_use.items() if stage_at[v] < k <= last]
+        vals = [v for v, last in last_use.items() if stage_at[v] < k <= last
+                and (v in input_nodes or isinstance(v.meta.get("val"), torch.Tensor))]
         if k == 0:
             vals = list(dict.fromkeys([*input_nodes, *vals]))
         live_in.append(sorted(vals, key=order_index.__getitem__))
@@ -262,9 +316,12 @@ def split_program(
 
         def lookup(a: fx.Node, _env: dict[fx.Node, fx.Node] = env, _sg: fx.Graph = sg,
                    _root: nn.Module = root, _used: list[str] = used_params,
-                   _k: int = k) -> fx.Node:
+                   _k: int = k) -> Any:
             if a in _env:
                 return _env[a]
+            if a.op == "call_function" and not isinstance(a.meta.get("val"), torch.Tensor) \
+                    and stage_at.get(a, _k) < _k:  # a size an earlier stage computed
+                return _concrete(a, sizes)
             if a.op == "placeholder" and a.name in root_attrs:
                 value, is_param, persistent = root_attrs[a.name]
                 name = attr_name(a)
@@ -301,7 +358,7 @@ def split_program(
         sg.lint()
         module = fx.GraphModule(root, sg, class_name=f"Stage{k}")
         stages.append(StageProgram(
-            index=k, plan_stage=order[k], module=module,
+            index=k, plan_stage=int(order[k]), module=module,
             inputs=tuple(v.name for v in live_in[k]), outputs=tuple(v.name for v in outs),
             input_meta=tuple(v.meta.get("val") for v in live_in[k]),
             output_meta=tuple(v.meta.get("val") for v in outs),
@@ -310,32 +367,39 @@ def split_program(
     return stages
 
 
-def probe_requires_grad(stages: Sequence[StageProgram], inputs: Sequence[Any]
-                        ) -> list[tuple[bool, ...]]:
-    """Per stage, whether each received value requires a gradient.
+def probe(stages: Sequence[StageProgram], inputs: Sequence[Any], model: nn.Module
+          ) -> list[tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]]:
+    """Per stage, example values of what it receives and what it returns, at the batch size
+    of ``inputs``, with ``requires_grad`` as in training (the exported program's symbolic
+    shapes and missing ``requires_grad`` say neither).
 
-    The exported program's fake values do not record it for activations, so the stages are
-    run once, in order, on ``inputs`` (real tensors, micro-batch size); O(one forward).
+    The stages run once, in order, on ``inputs``; the model's buffers (BatchNorm running
+    statistics the stages update) and the random state are restored afterwards, so the probe
+    leaves no trace in training. O(one forward).
     """
-    out: list[tuple[bool, ...]] = []
+    saved = [(b, b.detach().clone()) for b in model.buffers()]
+    out = []
     values = tuple(inputs)
     with torch.random.fork_rng(devices=[]):
         for st in stages:
-            out.append(tuple(bool(isinstance(v, torch.Tensor) and v.requires_grad)
-                             for v in values))
             res = st.module(*values)
-            values = res if isinstance(res, tuple) else (res,)
+            outs = res if isinstance(res, tuple) else (res,)
+            out.append((values, tuple(outs)))
+            values = tuple(outs)
+    with torch.no_grad():
+        for b, v in saved:
+            b.copy_(v)
     return out
 
 
-def example_tensor(meta: Any, device: torch.device, requires_grad: bool) -> torch.Tensor:
-    """A zero tensor with the shape and dtype of an exported value's ``meta["val"]``: what a
+def example_tensor(value: Any, device: torch.device) -> torch.Tensor:
+    """A zero tensor with the shape, dtype and ``requires_grad`` of ``value``: what a
     pipeline stage needs to know to send and receive it."""
-    if not isinstance(meta, torch.Tensor):
+    if not isinstance(value, torch.Tensor):
         raise ShardplanError(f"a value crossing a stage boundary is not a tensor "
-                             f"({type(meta).__name__}); cut the graph elsewhere")
-    t = torch.zeros(tuple(int(d) for d in meta.shape), dtype=meta.dtype, device=device)
-    return t.requires_grad_(requires_grad)
+                             f"({type(value).__name__}); cut the graph elsewhere")
+    t = torch.zeros(tuple(value.shape), dtype=value.dtype, device=device)
+    return t.requires_grad_(bool(value.requires_grad and value.is_floating_point()))
 
 
 def tied_groups(stages: Sequence[StageProgram], model: nn.Module) -> list[tuple[str, ...]]:

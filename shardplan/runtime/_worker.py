@@ -3,15 +3,22 @@
 Used by the local launcher (:mod:`shardplan.runtime._launch`, one spawned process per rank,
 rendezvous through a ``FileStore``), by ``torchrun ... -m shardplan.runtime`` (rendezvous
 from torchrun's environment) and, for ``single``, in the caller's own process.
+
+Every run draws the same data (:func:`~shardplan.runtime._data.batch_for_step`), cuts it into
+the same chunks (:func:`~shardplan.runtime._data.chunks`) and sets the random state before
+every forward from ``(seed, step, chunk, stage)`` (:func:`~shardplan.runtime._config.mix_seed`),
+so a pipeline equals one process running the same stage modules one after another, dropout
+included, and the same seed repeats a run exactly.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -21,24 +28,10 @@ from torch import nn
 
 from shardplan.errors import ShardplanError
 from shardplan.runtime import _checkpoint
-from shardplan.runtime._config import TrainConfig
-from shardplan.runtime._data import batch_for_step, build, loss_fn_for, microbatches
+from shardplan.runtime._config import RunResult, TrainConfig, mix_seed
+from shardplan.runtime._data import batch_for_step, build, chunks, loss_fn_for, resize_batch
 
 __all__ = ["RunResult", "init_distributed", "run_config", "run_single"]
-
-
-@dataclass(slots=True)
-class RunResult:
-    """What a run reports (rank 0 of a distributed run, or the single process)."""
-
-    losses: list[float] = field(default_factory=list)
-    seconds_per_step: list[float] = field(default_factory=list)
-    start_step: int = 0
-    params: dict[str, Any] | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"losses": self.losses, "seconds_per_step": self.seconds_per_step,
-                "start_step": self.start_step}
 
 
 def _device() -> torch.device:
@@ -66,12 +59,26 @@ def init_distributed(rank: int | None = None, world: int | None = None,
 def _optimizer(cfg: TrainConfig, params: Sequence[nn.Parameter]) -> torch.optim.Optimizer:
     if cfg.optimizer == "sgd":
         return torch.optim.SGD(params, lr=cfg.lr)
+    if cfg.optimizer in ("sgd-momentum", "momentum"):
+        return torch.optim.SGD(params, lr=cfg.lr, momentum=0.9)
+    if cfg.optimizer == "adamw":
+        return torch.optim.AdamW(params, lr=cfg.lr)
     return torch.optim.Adam(params, lr=cfg.lr)
 
 
+def _build(cfg: TrainConfig, batch: int) -> tuple[nn.Module, tuple[Any, ...], str]:
+    return build(cfg.model, batch_size=batch, seq_len=cfg.seq_len, image_size=cfg.image_size,
+                 input_shapes=cfg.input_shapes)
+
+
 def _output_classes(model: nn.Module, inputs: tuple[Any, ...]) -> int:
-    with torch.no_grad():
-        return int(model(*inputs).shape[-1])
+    """The output's last dimension, from one forward in eval mode (no buffer updates)."""
+    model.eval()
+    try:
+        with torch.no_grad():
+            return int(model(*inputs).shape[-1])
+    finally:
+        model.train()
 
 
 def _maybe_fault(cfg: TrainConfig, rank: int, step: int) -> None:
@@ -85,38 +92,134 @@ def _time() -> float:
     return time.perf_counter()
 
 
+def _seed(cfg: TrainConfig, step: int, chunk: int, stage: int) -> None:
+    torch.manual_seed(mix_seed(cfg.seed, step, chunk, stage))
+
+
+# ------------------------------------------------------------------------ stage programs
+def _stage_programs(cfg: TrainConfig, *, probe_batch: int) -> tuple[nn.Module, list[Any], Any]:
+    """Export the model with a dynamic batch dimension, match the graph against the program
+    and cut it into the plan's stages, in the pipeline order; then probe the stages at
+    ``probe_batch`` samples. Returns ``(model, programs, probes)``."""
+    from shardplan.capture._export import graph_ops
+    from shardplan.capture.models import OutputSelector
+    from shardplan.runtime._split import match_graph, probe, split_program
+
+    batch = max(2, cfg.export_batch)  # torch specialises batch sizes 0 and 1
+    model, inputs, name = _build(cfg, batch)
+    ep = _export(model, inputs, name, probe_batch)
+    prefix = OutputSelector.prefix if isinstance(model, OutputSelector) else ""
+    names = match_graph(cfg.graph_nodes, graph_ops(ep, module_prefix=prefix),
+                        model=repr(cfg.model))
+    stage_nodes = [[names[n] for n in st if n in names] for st in cfg.stages]
+    programs = split_program(model, ep, stage_nodes, cfg.order, batch=probe_batch)
+    example = tuple(resize_batch(t, probe_batch) for t in inputs)
+    return model, programs, probe(programs, example, model)
+
+
+def _export(model: nn.Module, inputs: tuple[Any, ...], name: str, run_batch: int) -> Any:
+    """The program with a dynamic batch dimension; where torch had to specialise it (a model
+    branching on its batch size), a static program exported at ``run_batch`` instead."""
+    from shardplan.capture._export import export_model
+
+    ep = None
+    with contextlib.suppress(ShardplanError):
+        ep = export_model(model, inputs, name=name, dynamic_batch=True)
+    if ep is not None:
+        user = set(ep.graph_signature.user_inputs)
+        batch_dims = [n.meta["val"].shape[0] for n in ep.graph_module.graph.nodes
+                      if n.op == "placeholder" and n.name in user
+                      and isinstance(n.meta.get("val"), torch.Tensor) and n.meta["val"].dim()]
+        if all(not isinstance(d, int) for d in batch_dims) or \
+                all(int(d) == run_batch for d in batch_dims):
+            return ep
+    return export_model(model, tuple(resize_batch(t, run_batch) for t in inputs), name=name)
+
+
+class _StageModule(nn.Module):
+    """A stage program that sets the random state before each forward: the ``i``-th call of
+    a step runs chunk ``chunk_of_call[i]`` of stage ``position``; optionally recomputes its
+    forward during the backward (activation checkpointing, the random state preserved)."""
+
+    def __init__(self, inner: nn.Module, position: int, seed: int,
+                 chunk_of_call: Sequence[int], recompute: bool) -> None:
+        super().__init__()
+        self.inner = inner
+        self.position = position
+        self.seed = seed
+        self.chunk_of_call = list(chunk_of_call)
+        self.recompute = recompute
+        self.step = 0
+        self.calls = 0
+
+    def start(self, step: int) -> None:
+        self.step = step
+        self.calls = 0
+
+    def forward(self, *args: Any) -> Any:
+        chunk = self.chunk_of_call[self.calls % len(self.chunk_of_call)]
+        self.calls += 1
+        torch.manual_seed(mix_seed(self.seed, self.step, chunk, self.position))
+        if self.recompute and torch.is_grad_enabled():
+            from torch.utils.checkpoint import checkpoint
+
+            return checkpoint(self.inner, *args, use_reentrant=False)
+        return self.inner(*args)
+
+
 # ------------------------------------------------------------------------------- single
 def run_single(cfg: TrainConfig) -> RunResult:
     """Train in this process, no process group: the reference every run is compared with.
 
-    The global batch is cut into ``microbatches`` chunks; each chunk's mean loss, divided by
-    the chunk count, is back-propagated in order (gradient accumulation), then one optimizer
-    step. This is what a pipeline with ``R`` replicas and ``M`` micro-batches computes when
-    ``microbatches = R x M``.
+    Per step, the ``microbatches x replicas`` chunks run one after another; each chunk's mean
+    loss, divided by the chunk count, is back-propagated (gradient accumulation), then one
+    optimizer step: what the pipeline computes with ``replicas`` replicas per stage. With the
+    plan's ``stages``, the chunks run through the same stage modules the pipeline runs (the
+    random state set per step, chunk and stage as there); without, through the model itself.
     """
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
-    model, inputs, _ = build(cfg.model, batch_size=cfg.microbatch_size, seq_len=cfg.seq_len)
+    n_chunks = cfg.microbatches * cfg.parts
+    if cfg.stages:
+        model, programs, probes = _stage_programs(cfg, probe_batch=cfg.chunk_size)
+        classes = int(probes[-1][1][0].shape[-1])
+        mods = [p.module for p in programs]
+
+        def forward(xs: tuple[torch.Tensor, ...], step: int, c: int) -> torch.Tensor:
+            values = xs
+            for k, mod in enumerate(mods):
+                _seed(cfg, step, c, k)
+                out = mod(*values)
+                values = out if isinstance(out, tuple) else (out,)
+            return values[0]
+
+        inputs = tuple(p for p in probes[0][0])
+    else:
+        model, inputs, _ = _build(cfg, cfg.chunk_size)
+        classes = _output_classes(model, inputs)
+
+        def forward(xs: tuple[torch.Tensor, ...], step: int, c: int) -> torch.Tensor:
+            _seed(cfg, step, c, 0)
+            return model(*xs)
+
     model.to(device)
-    classes = _output_classes(model, inputs)
     loss_fn = loss_fn_for(cfg.model)
     opt = _optimizer(cfg, list(model.parameters()))
     result = RunResult()
     start = _checkpoint.load_local(cfg, model, opt) if cfg.resume else 0
     result.start_step = start
-    m = cfg.microbatches
     for step in range(start, cfg.steps):
-        x, y = batch_for_step(inputs, classes, batch_size=cfg.batch_size, seed=cfg.seed,
+        x, y = batch_for_step(inputs, classes, batch_size=cfg.global_batch, seed=cfg.seed,
                               step=step)
         t0 = _time()
         total = 0.0
-        for xs, ys in microbatches(x, y, m):
-            loss = loss_fn(model(*(t.to(device) for t in xs)), ys.to(device))
-            (loss / m).backward()
+        for c, (xs, ys) in enumerate(chunks(x, y, cfg.microbatches, cfg.parts)):
+            loss = loss_fn(forward(tuple(t.to(device) for t in xs), step, c), ys.to(device))
+            (loss / n_chunks).backward()
             total += float(loss.detach())
         opt.step()
         opt.zero_grad(set_to_none=True)
         result.seconds_per_step.append(_time() - t0)
-        result.losses.append(total / m)
+        result.losses.append(total / n_chunks)
         if _checkpoint.due(cfg, step + 1):
             _checkpoint.save_local(cfg, model, opt, step + 1)
     if cfg.return_params:
@@ -127,12 +230,13 @@ def run_single(cfg: TrainConfig) -> RunResult:
 
 # ----------------------------------------------------------------------- data parallel
 def _run_baseline(cfg: TrainConfig, rank: int, world: int) -> RunResult:
-    """DDP or FSDP2 (``fully_shard``) over ``world`` processes, each on its share."""
+    """DDP or FSDP2 (``fully_shard``) over ``world`` processes: process ``p`` runs part ``p``
+    of every micro-batch, accumulating gradients over the micro-batches."""
     from torch.distributed.fsdp import fully_shard
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     device = _device()
-    model, inputs, _ = build(cfg.model, batch_size=cfg.microbatch_size, seq_len=cfg.seq_len)
+    model, inputs, _ = _build(cfg, cfg.chunk_size)
     classes = _output_classes(model, inputs)
     model.to(device)
     if cfg.kind == "ddp":
@@ -150,14 +254,15 @@ def _run_baseline(cfg: TrainConfig, rank: int, world: int) -> RunResult:
     m = cfg.microbatches
     for step in range(start, cfg.steps):
         _maybe_fault(cfg, rank, step)
-        x, y = batch_for_step(inputs, classes, batch_size=cfg.batch_size, seed=cfg.seed,
+        x, y = batch_for_step(inputs, classes, batch_size=cfg.global_batch, seed=cfg.seed,
                               step=step)
-        x = tuple(t.tensor_split(world)[rank] for t in x)
-        y = y.tensor_split(world)[rank]
+        parts = chunks(x, y, m, world)
         t0 = _time()
         total = 0.0
-        for i, (xs, ys) in enumerate(microbatches(x, y, m)):
-            last = i == m - 1
+        for j in range(m):
+            xs, ys = parts[j * world + rank]
+            last = j == m - 1
+            _seed(cfg, step, j * world + rank, 0)
             if cfg.kind == "ddp" and not last:
                 with wrapped.no_sync():
                     loss = loss_fn(wrapped(*(t.to(device) for t in xs)), ys.to(device))
@@ -209,164 +314,150 @@ def _report(result: RunResult, loss_part: float, elapsed: float) -> None:
 
 
 # ------------------------------------------------------------------------------ pipeline
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class _Layout:
-    """Who runs what: per rank its replica and pipeline stages, and the process groups."""
+    """Who runs what. Pipeline rank ``p``, replica ``r`` runs on device
+    ``rank_devices[p][r]``; global rank ``g`` is the ``g``-th of the devices used, in
+    increasing order (a measured topology numbers its devices like ranks)."""
 
-    num_stages: int
+    num_ranks: int
     replicas: int
-    ranks_per_pipe: int
-    role: dict[int, tuple[int, tuple[int, ...]]]  # rank -> (replica, stage indices)
-    rank_of: dict[tuple[int, int], int]  # (stage, replica) -> rank
+    grank: dict[tuple[int, int], int]  # (pipeline rank, replica) -> global rank
 
+    @classmethod
+    def of(cls, cfg: TrainConfig) -> _Layout:
+        devices = sorted(d for devs in cfg.rank_devices for d in devs)
+        index = {d: i for i, d in enumerate(devices)}
+        grank = {(p, r): index[d] for p, devs in enumerate(cfg.rank_devices)
+                 for r, d in enumerate(devs)}
+        return cls(len(cfg.rank_devices), cfg.replicas, grank)
 
-def _layout(cfg: TrainConfig, order: Sequence[int]) -> _Layout:
-    """Rank of each (pipeline stage, replica).
-
-    Rank ``g`` runs on device ``g`` of the topology when the plan uses devices
-    ``0..W-1`` (a measured topology numbers its devices like ranks); otherwise the plan's
-    devices are numbered in increasing order. Interleaved 1F1B runs pipeline stages ``p``
-    and ``p + S/2`` on the rank of stage ``p``.
-    """
-    num = len(order)
-    reps = len(cfg.devices[0])
-    devices = sorted(d for devs in cfg.devices for d in devs)
-    index = {d: i for i, d in enumerate(devices)}
-    per_pipe = num // 2 if cfg.schedule == "interleaved-1f1b" else num
-    rank_of: dict[tuple[int, int], int] = {}
-    for k in range(num):
-        for r in range(reps):
-            owner = k % per_pipe
-            rank_of[(k, r)] = index[cfg.devices[order[owner]][r]]
-    if cfg.schedule == "interleaved-1f1b":  # compress to the ranks actually used
-        used = sorted(set(rank_of.values()))
-        comp = {g: i for i, g in enumerate(used)}
-        rank_of = {key: comp[g] for key, g in rank_of.items()}
-    role: dict[int, tuple[int, tuple[int, ...]]] = {}
-    for (k, r), g in sorted(rank_of.items()):
-        prev = role.get(g, (r, ()))
-        role[g] = (r, (*prev[1], k))
-    return _Layout(num, reps, per_pipe, role, rank_of)
+    def role(self, rank: int) -> tuple[int, int]:
+        return next(key for key, g in self.grank.items() if g == rank)
 
 
 def _run_pipeline(cfg: TrainConfig, rank: int, world: int) -> RunResult:
-    """Train the plan's pipeline on this rank.
+    """Train the plan's pipeline on this rank, running the simulator's action lists.
 
-    Every rank exports the whole model at the micro-batch size and splits it (cheap, and it
-    keeps ranks independent of each other's files), then keeps its own stages. Per step: the
-    schedule runs ``M`` micro-batches of this replica's share (losses are per-micro-batch
-    means; torch scales gradients by ``1/M``), gradients are averaged over the ``R`` replicas
-    of each stage and tied weights' gradients summed over the stages holding them, then
-    Adam/SGD steps. What this equals: single-process training with ``R x M`` micro-batches
-    of gradient accumulation (:func:`run_single`), up to float32 summation order.
+    Every rank exports the whole model and splits it (cheap, and it keeps ranks independent
+    of each other's files), then keeps its own stages and runs its action list with
+    torch.distributed.pipelining's action-list runtime (``_PipelineScheduleRuntime``, which
+    adds the sends and receives). Per step: replica ``r`` runs part ``r`` of each of the
+    ``M`` micro-batches; gradients are summed over the replicas of each stage and over the
+    stages holding a tied weight, scaled by ``1 / (M R)`` (every loss is a chunk's mean), and
+    Adam/SGD steps. What this equals: :func:`run_single` with ``R x M`` chunks, up to float32
+    summation order.
     """
-    from torch.distributed.pipelining import (
-        PipelineStage,
-        Schedule1F1B,
-        ScheduleGPipe,
-        ScheduleInterleaved1F1B,
+    from torch.distributed.pipelining import PipelineStage
+    from torch.distributed.pipelining.schedules import (
+        FORWARD,
+        _Action,
+        _PipelineScheduleRuntime,
     )
 
-    from shardplan.capture._export import export_model
-    from shardplan.runtime._split import (
-        example_tensor,
-        probe_requires_grad,
-        split_program,
-        tied_groups,
-    )
+    from shardplan.runtime._split import example_tensor, tied_groups
 
+    lay = _Layout.of(cfg)
+    if world != len(lay.grank):
+        raise ShardplanError(f"the plan needs {len(lay.grank)} processes, the run has {world}")
     device = _device()
-    model, inputs, name = build(cfg.model, batch_size=cfg.microbatch_size, seq_len=cfg.seq_len)
-    classes = _output_classes(model, inputs)
-    ep = export_model(model, inputs, name=name)
-    programs = split_program(model, ep, cfg.stages)
-    order = [p.plan_stage for p in programs]
-    needs_grad = probe_requires_grad(programs, inputs)
-    lay = _layout(cfg, order)
-    if world != len(lay.role):
-        raise ShardplanError(f"the plan needs {len(lay.role)} processes, the run has {world}")
+    model, programs, probes = _stage_programs(cfg, probe_batch=cfg.chunk_size)
+    classes = int(probes[-1][1][0].shape[-1])
+    num = len(programs)
 
     # Every rank creates every group, in the same order (new_group is collective).
-    pipe_groups = [dist.new_group(sorted({lay.rank_of[(k, r)] for k in range(lay.num_stages)}))
+    pipe_groups = [dist.new_group(sorted(lay.grank[(p, r)] for p in range(lay.num_ranks)))
                    for r in range(lay.replicas)]
-    stage_groups = [dist.new_group(sorted({lay.rank_of[(k, r)] for r in range(lay.replicas)}))
-                    for k in range(lay.num_stages)]
-    ties = tied_groups(programs, model)
-    tie_groups = []
-    for names in ties:
-        holders = sorted({lay.rank_of[(p.index, r)] for p in programs for r in range(lay.replicas)
-                          if set(names) & set(p.param_names)})
-        tie_groups.append((names, dist.new_group(holders), holders))
+    replica_groups = [dist.new_group(sorted(lay.grank[(p, r)] for r in range(lay.replicas)))
+                      for p in range(lay.num_ranks)]
+    ties = []
+    for names in tied_groups(programs, model):
+        holders = sorted({lay.grank[(cfg.stage_rank[p.index], r)] for p in programs
+                          for r in range(lay.replicas) if set(names) & set(p.param_names)})
+        ties.append((names, dist.new_group(holders)))
 
-    replica, mine = lay.role[rank]
-    pipe_ranks = sorted({lay.rank_of[(k, replica)] for k in range(lay.num_stages)})
-    to_group_rank = {k: pipe_ranks.index(lay.rank_of[(k, replica)])
-                     for k in range(lay.num_stages)}
-    stages = []
+    me, replica = lay.role(rank)
+    mine = [k for k in range(num) if cfg.stage_rank[k] == me]
+    pipe_ranks = sorted(lay.grank[(p, replica)] for p in range(lay.num_ranks))
+    group_rank = {p: pipe_ranks.index(lay.grank[(p, replica)]) for p in range(lay.num_ranks)}
+    # torch adds each stage's REDUCE_GRAD after its last backward itself, where ours is.
+    actions = {group_rank[p]: [a for a in map(_Action.from_str, acts) if a.is_compute_op]
+               for p, acts in enumerate(cfg.actions)}
+    stages, wrappers = [], []
     for k in mine:
         prog = programs[k]
         prog.module.to(device)
-        out_grad = needs_grad[k + 1] if k + 1 < lay.num_stages else (True,)
+        calls = [a.microbatch_index * lay.replicas + replica for a in actions[group_rank[me]]
+                 if a.stage_index == k and a.computation_type == FORWARD]
+        mod = _StageModule(prog.module, k, cfg.seed, calls, cfg.recompute)
+        ins, outs = probes[k]
         stage = PipelineStage(
-            prog.module, k, lay.num_stages, device,
-            input_args=tuple(example_tensor(v, device, g)
-                             for v, g in zip(prog.input_meta, needs_grad[k], strict=True)),
-            output_args=tuple(example_tensor(v, device, g)
-                              for v, g in zip(prog.output_meta, out_grad, strict=True)),
+            mod, k, num, device,
+            input_args=tuple(example_tensor(v, device) for v in ins),
+            output_args=tuple(example_tensor(v, device) for v in outs),
             group=pipe_groups[replica])
-        stage.stage_index_to_group_rank = dict(to_group_rank)
         stages.append(stage)
+        wrappers.append(mod)
     loss_fn = loss_fn_for(cfg.model)
     m = cfg.microbatches
-    if cfg.schedule == "interleaved-1f1b":
-        sched: Any = ScheduleInterleaved1F1B(stages, n_microbatches=m, loss_fn=loss_fn)
-    else:
-        cls = ScheduleGPipe if cfg.schedule == "gpipe" else Schedule1F1B
-        sched = cls(stages[0], n_microbatches=m, loss_fn=loss_fn)
-    for st in stages:
-        st.stage_index_to_group_rank = dict(to_group_rank)
+    sched = _PipelineScheduleRuntime(stages, n_microbatches=m, loss_fn=loss_fn,
+                                     scale_grads=False)
+    sched._prepare_schedule_with_comms(actions)
 
-    modules = nn.ModuleDict({f"s{p.index}": programs[p.index].module
-                             for p in (programs[k] for k in mine)})
     holder = _rank_root(programs, mine)
     if not any(True for _ in holder.parameters()):  # a stage without weights (a softmax)
         holder.register_parameter("_shardplan_empty", nn.Parameter(torch.zeros(0)))
     opt = _optimizer(cfg, list(holder.parameters()))
     start = _checkpoint.load(cfg, holder, opt) if cfg.resume else 0
     result = RunResult(start_step=start)
-    first, last = 0 in mine, lay.num_stages - 1 in mine
-    share = cfg.batch_size // lay.replicas
-    tied_names = {n for names, _, _ in tie_groups for n in names}
-    own = [(n, p) for k in mine for n, p in programs[k].module.named_parameters()
-           if n not in tied_names]
-    my_stage_groups = [stage_groups[k] for k in mine]
+    first, last = 0 in mine, num - 1 in mine
+    tied_names = {n for names, _ in ties for n in names}
+    params = _unique_params(programs, mine)
+    own = [p for n, p in params if n not in tied_names]
+    tied = [(p, group) for names, group in ties for n, p in params if n in names]
+    scale = 1.0 / (m * lay.replicas)
     for step in range(start, cfg.steps):
         _maybe_fault(cfg, rank, step)
-        x, y = batch_for_step(inputs, classes, batch_size=cfg.batch_size, seed=cfg.seed,
-                              step=step)
-        x = tuple(t[replica * share:(replica + 1) * share].to(device) for t in x)
-        y = y[replica * share:(replica + 1) * share].to(device)
+        for w in wrappers:
+            w.start(step)
+        kw: dict[str, Any] = {}
+        if first or last:
+            x, y = batch_for_step(probes[0][0], classes, batch_size=cfg.global_batch,
+                                  seed=cfg.seed, step=step)
+            parts = chunks(x, y, m, lay.replicas)
+            mine_chunks = [parts[j * lay.replicas + replica] for j in range(m)]
+            if first:
+                kw["arg_mbs"] = [tuple(t.to(device) for t in xs) for xs, _ in mine_chunks]
+            if last:
+                kw["target_mbs"] = [ys.to(device) for _, ys in mine_chunks]
         t0 = _time()
         losses: list[torch.Tensor] = []
-        if first and last:
-            sched.step(*x, target=y, losses=losses)
-        elif first:
-            sched.step(*x)
-        elif last:
-            sched.step(target=y, losses=losses)
-        else:
-            sched.step()
-        _sync_grads(own, my_stage_groups, lay.replicas, tie_groups, modules)
+        sched.step(losses=losses, return_outputs=False, **kw)
+        _sync_grads(own, tied, replica_groups[me], lay.replicas, scale)
         opt.step()
         opt.zero_grad(set_to_none=True)
         elapsed = _time() - t0
-        part = sum(float(v.detach()) for v in losses) / (m * lay.replicas)
+        part = sum(float(v.detach()) for v in losses) * scale
         _report(result, part, elapsed)
         if _checkpoint.due(cfg, step + 1):
             _checkpoint.save(cfg, holder, opt, step + 1)
     if cfg.return_params:
-        result.params = _gather_params(programs, mine, replica, rank, model)
+        result.params = _gather_params(programs, mine, rank, model)
     return result
+
+
+def _unique_params(programs: Sequence[Any], mine: Sequence[int]
+                   ) -> list[tuple[str, nn.Parameter]]:
+    """This rank's parameters, each object once (stages on one rank share tied weights),
+    under its first name."""
+    seen: set[int] = set()
+    out = []
+    for k in mine:
+        for n, p in programs[k].module.named_parameters():
+            if id(p) not in seen:
+                seen.add(id(p))
+                out.append((n, p))
+    return out
 
 
 def _rank_root(programs: Sequence[Any], mine: Sequence[int]) -> nn.Module:
@@ -396,42 +487,35 @@ def _has(root: nn.Module, fqn: str) -> bool:
     return True
 
 
-def _sync_grads(own: Sequence[tuple[str, nn.Parameter]], stage_groups: Sequence[Any],
-                replicas: int, tie_groups: Sequence[tuple[tuple[str, ...], Any, list[int]]],
-                modules: nn.Module) -> None:
-    """Average gradients over replicas (one flat all-reduce per stage group) and sum tied
-    weights' gradients over the stages holding them (then average over replicas)."""
-    if replicas > 1 and own:
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for _, p in own]
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        group = stage_groups[0]  # interleaved: a rank's stages share one replica group
-        dist.all_reduce(flat, group=group)
-        flat /= replicas
-        offset = 0
-        for (_, p), g in zip(own, grads, strict=True):
-            n = g.numel()
-            p.grad = flat[offset:offset + n].view_as(p).clone()
-            offset += n
-    named = dict(modules.named_parameters(remove_duplicate=False))
-    by_name = {n.split(".", 1)[1]: p for n, p in named.items()}
-    for names, group, _ in tie_groups:
-        local = [by_name[n] for n in names if n in by_name]
-        if not local:
-            continue
-        p = local[0]
-        g = p.grad if p.grad is not None else torch.zeros_like(p)
-        for q in local[1:]:
-            if q is not p and q.grad is not None:
-                g = g + q.grad
-        g = g.clone()
+def _sync_grads(own: Sequence[nn.Parameter], tied: Sequence[tuple[nn.Parameter, Any]],
+                replica_group: Any, replicas: int, scale: float) -> None:
+    """Sum gradients over the replicas of this rank's stages (one flat all-reduce) and tied
+    weights' gradients over every rank holding them (all replicas of all holding stages),
+    then scale all of them by ``scale``. Each parameter object is handled once, so stages of
+    one rank sharing a tied weight (interleaved schedules) are not counted twice."""
+    if own:
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in own]
+        if replicas > 1:
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            dist.all_reduce(flat, group=replica_group)
+            offset = 0
+            for p, g in zip(own, grads, strict=True):
+                n = g.numel()
+                p.grad = flat[offset:offset + n].view_as(p).clone()
+                offset += n
+        else:
+            for p, g in zip(own, grads, strict=True):
+                p.grad = g
+        for p in own:
+            p.grad.mul_(scale)
+    for p, group in tied:
+        g = (p.grad if p.grad is not None else torch.zeros_like(p)).clone()
         dist.all_reduce(g, group=group)
-        g /= replicas
-        for q in local:
-            q.grad = g.clone()
+        p.grad = g.mul_(scale)
 
 
-def _gather_params(programs: Sequence[Any], mine: Sequence[int], replica: int,
-                   rank: int, model: nn.Module) -> dict[str, Any] | None:
+def _gather_params(programs: Sequence[Any], mine: Sequence[int], rank: int,
+                   model: nn.Module) -> dict[str, Any] | None:
     """Every replica's parameters on rank 0, under every name the unsplit model has for them
     (tied weights: each name), as ``{name: [tensor per holder]}``; callers check that the
     copies agree."""

@@ -292,11 +292,12 @@ def test_bisection_equals_the_dp(n, stages, seed, cut_scale) -> None:
 
 @pytest.mark.parametrize("seed", range(3))
 def test_sequence_forms_agree_on_graphs(seed) -> None:
-    from shardplan.cost._max_stage import PipelineSettings
+    from shardplan.cost import CostModel
+    from shardplan.ir import ExecutionSettings
 
     topo = build("dgx1", boxes=1)
     for g in (layered(num_nodes=61, width=6, seed=seed), random_dag(num_nodes=40, seed=seed)):
-        model = PipelineSettings().model(g, topo)
+        model = CostModel.from_settings(g, topo, ExecutionSettings())
         seq = PipeDreamSequence.build(g, topo, model, 8)
         for s, r in ((4, 2), (8, 1), (2, 4), (1, 8)):
             fast, slow = seq.solve(s, r), seq.solve(s, r, method="dp")

@@ -1,0 +1,307 @@
+"""The arguments of a training run and the :class:`TrainConfig` they describe.
+
+Shared by ``shardplan train`` (:mod:`shardplan.cli.train`) and ``torchrun ... -m
+shardplan.runtime`` (:mod:`shardplan.runtime.__main__`); no torch and no ``shardplan.cli``
+here, so the launcher stays light and the runtime does not depend on the command line.
+
+Everything a run needs is read from the plan and the graph: the plan's execution settings
+(:attr:`shardplan.ir.Plan.settings`: micro-batch size, micro-batches, schedule, virtual
+stages, optimizer, recompute), the pipeline the simulator simulates
+(:class:`shardplan.simulate.PipelineView`: stage order, per-rank action lists, devices per
+rank) and the input shapes the graph was captured at. A flag that overrides one of them
+returns a one-line note saying so. Bad input is found here, before any process starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from shardplan.errors import ShardplanError
+from shardplan.runtime._config import OPTIMIZERS, SCHEDULES, TrainConfig
+
+__all__ = ["BASELINES", "Prepared", "add_arguments", "config_for_plan", "config_from_args",
+           "input_sizes", "pipeline_fields", "resolve_settings"]
+
+BASELINES = ("fsdp", "ddp", "single")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return v
+
+
+def _nonnegative_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return v
+
+
+def _positive_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not 0 < v < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return v
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The arguments shared by ``shardplan train`` and ``python -m shardplan.runtime``."""
+    p.add_argument("plan", metavar="PLAN", help="plan file (shardplan.plan/1)")
+    p.add_argument("graph", metavar="GRAPH", help="graph file (shardplan.graph/1)")
+    p.add_argument("topology", metavar="TOPO", help="topology file (shardplan.topology/1)")
+    p.add_argument("--model", default=None,
+                   help="the model spec the graph was captured from (default: the graph's)")
+    p.add_argument("--steps", type=_positive_int, required=True, help="training iterations")
+    p.add_argument("--schedule", choices=SCHEDULES, default=None,
+                   help="override the plan's pipeline schedule")
+    p.add_argument("--microbatches", type=_positive_int, default=None,
+                   help="override the plan's micro-batches per step")
+    p.add_argument("--microbatch-size", type=_positive_int, default=None,
+                   help="override the plan's samples per micro-batch (shared by the replicas)")
+    p.add_argument("--global-batch", "--batch-size", dest="global_batch", type=_positive_int,
+                   default=None,
+                   help="override the samples per step (micro-batch size x micro-batches)")
+    p.add_argument("--seq-len", type=_positive_int, default=None,
+                   help="override the tokens per sample the graph was captured at")
+    p.add_argument("--image-size", type=_positive_int, default=None,
+                   help="override the image height and width the graph was captured at")
+    p.add_argument("--lr", type=_positive_float, default=1e-3)
+    p.add_argument("--optimizer", choices=OPTIMIZERS, default=None,
+                   help="override the plan's optimizer")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seeds the synthetic data and the random state of every forward")
+    p.add_argument("--checkpoint-dir", default=None, metavar="D")
+    p.add_argument("--checkpoint-every", type=_nonnegative_int, default=0, metavar="K",
+                   help="save every K steps (and after the last one)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue from the newest checkpoint in --checkpoint-dir")
+    p.add_argument("--baseline", choices=BASELINES, default=None,
+                   help="train the same model on the same data with FSDP2, DDP or one process")
+    p.add_argument("--nproc", type=_positive_int, default=None,
+                   help="processes of an fsdp/ddp baseline (default: the pipeline's)")
+    p.add_argument("--timeout", type=_positive_float, default=300.0,
+                   help="seconds a collective may wait before the run fails")
+    p.add_argument("-o", "--output", metavar="FILE", help="write the result here (atomically)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A run ready to start: its config, the settings it runs with and the notes to print."""
+
+    config: TrainConfig
+    settings: Any
+    notes: tuple[str, ...]
+
+    def summary(self) -> dict[str, Any]:
+        """What the result JSON records about the run besides losses and times."""
+        cfg = self.config
+        return {"kind": cfg.kind, "schedule": cfg.schedule, "processes": cfg.world_size,
+                "microbatches": cfg.microbatches, "microbatch_size": cfg.microbatch_size,
+                "global_batch": cfg.global_batch, "settings": self.settings.to_dict()}
+
+
+# --------------------------------------------------------------------------- settings
+def resolve_settings(plan: Any, graph: Any, **flags: Any) -> tuple[Any, list[str]]:
+    """The plan's execution settings with ``microbatch_size`` resolved from the graph, then
+    overridden by ``flags`` (``microbatches``, ``schedule``, ``optimizer``, ``global_batch``,
+    ``microbatch_size``; None = not given); returns the settings and one note per override."""
+    settings = plan.settings.resolve(graph)
+    flags = {k: v for k, v in flags.items() if v is not None}
+    mbs, glob = flags.get("microbatch_size"), flags.get("global_batch")
+    if mbs is not None and glob is not None:
+        m = int(flags.get("microbatches", settings.microbatches))
+        if mbs * m != glob:
+            raise ShardplanError(f"--global-batch {glob} is not --microbatch-size {mbs} x "
+                                 f"{m} micro-batches")
+        flags.pop("global_batch")
+    return settings.override(**flags)
+
+
+def input_sizes(graph: Any, seq_len: int | None, image_size: int | None
+                ) -> tuple[int | None, int | None, tuple[tuple[int, ...], ...] | None, list[str]]:
+    """``(seq_len, image_size, shapes to check, notes)`` from the graph's recorded input
+    shapes (``meta["input_shapes"]``, written by ``shardplan capture``), overridden by the
+    flags given (each override one note)."""
+    shapes = graph.meta.get("input_shapes")
+    dtypes = graph.meta.get("input_dtypes") or []
+    notes: list[str] = []
+    if not isinstance(shapes, list) or not all(isinstance(s, list) and s for s in shapes):
+        if seq_len is None and image_size is None:
+            notes.append("the graph does not record its input shapes (captured by an older "
+                         "shardplan): training at the model's default input size "
+                         "(--seq-len/--image-size choose one)")
+        return seq_len, image_size, None, notes
+    g_seq = g_img = None
+    for i, shape in enumerate(shapes):
+        dtype = str(dtypes[i]) if i < len(dtypes) else ""
+        if len(shape) == 2 and "int" in dtype and g_seq is None:
+            g_seq = int(shape[1])
+        if len(shape) == 4 and shape[2] == shape[3] and g_img is None:
+            g_img = int(shape[3])
+    check: tuple[tuple[int, ...], ...] | None = tuple(tuple(int(d) for d in s[1:])
+                                                     for s in shapes)
+    for name, flag, have in (("seq-len", seq_len, g_seq), ("image-size", image_size, g_img)):
+        if flag is None or flag == have:
+            continue
+        check = None
+        notes.append(f"{name} {flag} overrides the graph's {have}" if have is not None
+                     else f"{name} {flag} is used (the graph's inputs have no such size)")
+    return (seq_len if seq_len is not None else g_seq,
+            image_size if image_size is not None else g_img, check, notes)
+
+
+# ----------------------------------------------------------------------------- plans
+def pipeline_fields(plan: Any, graph: Any, settings: Any) -> dict[str, Any]:
+    """The pipeline fields of a :class:`TrainConfig`: the plan's stages as graph node names,
+    the graph's nodes (to match against the runtime's export), and the pipeline the
+    simulator simulates (stage order, per-rank action lists, devices per rank).
+
+    Raises
+    ------
+    ShardplanError
+        A plan that does not fit the graph, stages that form a cycle, a schedule the plan's
+        stages cannot run, a module-level or eval-mode graph.
+    """
+    from shardplan.simulate import PipelineView
+
+    plan.validate(graph)
+    if graph.meta.get("granularity", "op") != "op":
+        raise ShardplanError("train needs an operator-level graph (capture --granularity op): "
+                             "the runtime cuts the exported program at operator boundaries")
+    if graph.meta.get("mode", "train") != "train":
+        raise ShardplanError("train needs a graph captured in train mode")
+    view = PipelineView.build(plan, graph, settings)
+    sch = view.schedule
+    reps = {len(d) for d in view.rank_devices}
+    if len(reps) != 1:
+        raise ShardplanError(f"every stage needs the same number of replicas to run (the plan "
+                             f"has {sorted(reps)})")
+    names = graph.names
+    return dict(
+        stages=tuple(tuple(names[i] for i in sorted(st.nodes)) for st in plan.stages),
+        graph_nodes=tuple(zip(names, graph.ops, graph.modules, strict=True)),
+        order=tuple(int(s) for s in view.order),
+        actions=tuple(tuple(str(a) for a in acts) for acts in sch.ranks),
+        stage_rank=tuple(int(r) for r in sch.stage_rank),
+        rank_devices=tuple(tuple(int(d) for d in devs) for devs in view.rank_devices),
+        replicas=reps.pop(), schedule=settings.schedule, export_batch=int(graph.batch_size),
+        microbatches=int(settings.microbatches), microbatch_size=int(settings.microbatch_size),
+        recompute=bool(settings.recompute),
+    )
+
+
+def config_for_plan(plan: Any, graph: Any, settings: Any = None, **options: Any) -> TrainConfig:
+    """A pipeline :class:`TrainConfig` for ``plan`` on ``graph``.
+
+    ``settings`` (default: the plan's) are overridden by the execution settings among
+    ``options`` (``schedule``, ``microbatches``, ``microbatch_size``, ``optimizer``,
+    ``virtual_stages``, ``recompute``, and ``global_batch`` or its alias ``batch_size``); the
+    other options
+    are :class:`TrainConfig` fields (``model``, ``steps``, ``lr``, ``seq_len``, ...). The
+    model defaults to the graph's ``meta["model"]``.
+    """
+    base = (plan.settings if settings is None else settings).resolve(graph)
+    glob = options.pop("global_batch", None) or options.pop("batch_size", None)
+    changes = {k: options.pop(k) for k in ("schedule", "microbatches", "microbatch_size",
+                                            "optimizer", "virtual_stages", "recompute")
+               if k in options}
+    settings, _ = base.override(global_batch=glob, **changes)
+    if "model" not in options and graph.meta.get("model"):
+        options["model"] = graph.meta["model"]
+    if "model" not in options:
+        raise ShardplanError("say which model the graph was captured from: --model SPEC")
+    if "seq_len" not in options and "image_size" not in options:
+        seq, img, check, _ = input_sizes(graph, None, None)
+        options.update(seq_len=seq, image_size=img, input_shapes=check)
+    options.setdefault("optimizer", settings.optimizer)
+    return TrainConfig(kind="pipeline", **pipeline_fields(plan, graph, settings), **options)
+
+
+# ------------------------------------------------------------------------------- CLI
+def _check_checkpoint_dir(directory: str | None, resume: bool) -> None:
+    if directory is None:
+        if resume:
+            raise ShardplanError("--resume needs --checkpoint-dir")
+        return
+    if os.path.exists(directory) and not os.path.isdir(directory):
+        raise ShardplanError(f"--checkpoint-dir {directory!r} is a file, not a folder")
+    if resume:
+        if not os.path.isdir(directory):
+            raise ShardplanError(f"--resume: checkpoint folder {directory!r} does not exist")
+        if not os.path.isfile(os.path.join(directory, "latest")):
+            raise ShardplanError(f"--resume: {directory!r} holds no complete checkpoint (no "
+                                 f"'latest' file)")
+    else:
+        parent = os.path.dirname(os.path.abspath(directory))
+        if not os.path.isdir(parent):
+            raise ShardplanError(f"--checkpoint-dir {directory!r}: folder {parent!r} does "
+                                 f"not exist")
+
+
+def _same_model(a: str, b: str) -> bool:
+    def norm(s: str) -> str:
+        return ",".join(part.strip() for part in s.strip().split(","))
+
+    return norm(a) == norm(b)
+
+
+def config_from_args(args: argparse.Namespace) -> Prepared:
+    """The run the arguments describe, checked before any process starts."""
+    from shardplan.ir import load_graph, load_plan, load_topology
+
+    plan = load_plan(args.plan)
+    graph = load_graph(args.graph)
+    topology = load_topology(args.topology)
+    plan.validate(graph, topology)
+    captured_from = graph.meta.get("model")
+    model = args.model or captured_from
+    if not model:
+        raise ShardplanError("the graph does not name its model: pass --model SPEC")
+    if args.model and captured_from and not _same_model(args.model, str(captured_from)):
+        raise ShardplanError(f"the graph was captured from {captured_from!r}, not {args.model!r}: "
+                             f"the plan's operators are that model's (capture --model's graph "
+                             f"and plan it, or drop --model)")
+    _check_checkpoint_dir(args.checkpoint_dir, args.resume)
+    settings, notes = resolve_settings(
+        plan, graph, microbatches=args.microbatches, schedule=args.schedule,
+        optimizer=args.optimizer, global_batch=args.global_batch,
+        microbatch_size=args.microbatch_size)
+    seq, img, check, size_notes = input_sizes(graph, args.seq_len, args.image_size)
+    notes += size_notes
+    fields = pipeline_fields(plan, graph, settings)  # also checks the plan as a pipeline
+    common = dict(
+        model=model, steps=args.steps, seq_len=seq, image_size=img, input_shapes=check,
+        lr=args.lr, optimizer=settings.optimizer, seed=args.seed,
+        checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
+        resume=args.resume, timeout=args.timeout, export_batch=fields["export_batch"],
+        schedule=settings.schedule, microbatches=fields["microbatches"],
+        microbatch_size=fields["microbatch_size"])
+    if args.baseline == "single":
+        cfg = TrainConfig(kind="single", replicas=fields["replicas"],
+                          stages=fields["stages"], graph_nodes=fields["graph_nodes"],
+                          order=fields["order"], **common)
+    elif args.baseline:
+        devices = len(fields["rank_devices"]) * fields["replicas"]
+        cfg = TrainConfig(kind=args.baseline, nproc=args.nproc or devices, **common)
+    else:
+        if args.nproc is not None:
+            raise ShardplanError("--nproc is for --baseline ddp|fsdp: a pipeline runs one "
+                                 "process per device of its plan")
+        common.update({k: v for k, v in fields.items() if k not in common})
+        cfg = TrainConfig(kind="pipeline", **common)
+    return Prepared(cfg, settings, tuple(notes))
