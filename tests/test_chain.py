@@ -101,3 +101,31 @@ def test_an_older_plan_without_settings_runs_with_the_defaults(files, capsys):
     assert sim["num_microbatches"] == 3 and sim["schedule"] == "1f1b"
     assert run_cli(["cost", str(part), g, t, "--objective", "max-stage", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["objective"] == "max_stage_seconds"
+
+
+@pytest.mark.torch
+@pytest.mark.multiprocess
+def test_settings_reach_training(tmp_path, capsys):
+    """partition -> map -> simulate -> train: the run trains what was planned (the plan's
+    micro-batch size, micro-batches, schedule and optimizer), and says what it ran with."""
+    pytest.importorskip("torch")
+    g, t = str(tmp_path / "g.json"), str(tmp_path / "t.json")
+    part, mapped = str(tmp_path / "part.json"), str(tmp_path / "mapped.json")
+    assert run_cli(["capture", "mlp", "--batch-size", "8", "-o", g]) == 0
+    assert run_cli(["topology", "flat", "--devices", "2", "-o", t]) == 0
+    assert run_cli(["partition", g, t, "--algorithm", "parmesan", "--stages", "2",
+                    "--replicas", "1", "--microbatches", "4", "--global-batch", "16",
+                    "--optimizer", "sgd", "--schedule", "1f1b", "-o", part]) == 0
+    assert run_cli(["map", part, g, t, "--algorithm", "consecutive", "-o", mapped]) == 0
+    planned = load_plan(mapped).settings
+    capsys.readouterr()
+    assert run_cli(["simulate", mapped, g, t, "--json"]) == 0
+    sim = json.loads(capsys.readouterr().out)
+    assert sim["samples_per_iteration"] == 16 and sim["num_microbatches"] == 4
+    assert run_cli(["train", mapped, g, t, "--steps", "2", "--json"]) == 0
+    out = capsys.readouterr()
+    run = json.loads(out.out)
+    assert "overrides" not in out.err
+    assert run["settings"] == planned.to_dict()
+    assert (run["microbatch_size"], run["global_batch"], run["microbatches"]) == (4, 16, 4)
+    assert run["schedule"] == "1f1b" and len(run["losses"]) == 2
