@@ -26,6 +26,7 @@ Everything is NumPy: a whole partition is a few ``np.bincount`` over its assignm
 from shardplan.cost._compute import (
     node_seconds,
     partition_compute_seconds,
+    roofline_seconds,
     split_work,
     stage_compute_seconds,
 )
@@ -84,7 +85,8 @@ __all__ = [
     "transfer_seconds_matrix", "transfer_seconds_pairs",
 ]
 __all__ += ["OBJECTIVE_NAMES", "OPTIMIZER_FLOPS", "VIEWS", "StageTimes", "message_seconds",
-            "optimizer_seconds", "pipeline_factor", "ring_allreduce_seconds", "stage_times",
+            "optimizer_seconds", "pipeline_factor", "ring_allreduce_seconds", "roofline_seconds",
+    "stage_times",
             "view_of_objective", "view_seconds", "work_seconds"]
 __all__ += ["SHARDING_OBJECTIVE", "component_weights", "cross_edge_cost", "plan_components",
             "sharding_cost", "sharding_terms", "weight_imbalance"]

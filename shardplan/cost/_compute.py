@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -11,7 +12,61 @@ from shardplan.cost._checks import check_assignment, check_nodes, check_positive
 from shardplan.cost._formulas import work_seconds
 from shardplan.ir import Graph
 
-__all__ = ["node_seconds", "partition_compute_seconds", "split_work", "stage_compute_seconds"]
+__all__ = ["MATMUL_OPS", "is_matmul", "node_seconds", "partition_compute_seconds",
+           "roofline_seconds", "split_work", "stage_compute_seconds"]
+
+#: Operators whose FLOPs are matrix products (tensor-core work): convolutions, linear layers,
+#: matrix multiplies, einsums, attention. Matched on a node's ``op`` (aten or module name).
+MATMUL_OPS = re.compile(r"(^|[._])(conv|convolution|linear|mm|bmm|addmm|baddbmm|matmul|"
+                        r"einsum|scaled_dot_product|flash_attention|efficient_attention|"
+                        r"lstm|gru|rnn|embedding)")
+
+
+def is_matmul(op: str) -> bool:
+    """Whether an operator's FLOPs are matrix products (see :data:`MATMUL_OPS`)."""
+    return MATMUL_OPS.search(op.lower()) is not None
+
+
+def roofline_seconds(graph: Graph, flops: float, fp32_flops: float, bandwidth: float, *,
+                     mixed_precision: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Forward and backward seconds of every node on one device by a roofline.
+
+    ``t = max(FLOPs / peak, bytes / bandwidth)``: an operator runs at its compute roof or
+    at the rate device memory feeds it, whichever is lower (Williams et al., "Roofline",
+    CACM 2009); ``FLOPs / bytes`` is its arithmetic intensity. The roof depends on the
+    operator's class: matrix products (:func:`is_matmul`) reach the tensor-core peak
+    ``flops`` under mixed precision and ``fp32_flops`` otherwise; every other operator
+    (elementwise, normalisation, pooling, reshapes) computes on the fp32 units. Bytes
+    moved: forward, the node's inputs (its in-edges' bytes), output and parameters;
+    backward, the output gradient read, the inputs and parameters read again, and input
+    and parameter gradients written (``output + 2 inputs + 2 params``). Measured seconds
+    are not used here (:func:`split_work` keeps them apart).
+
+    Notes
+    -----
+    Ours (the papers take compute times as given): the vendors' peaks and bandwidths are
+    upper bounds, so the model is optimistic for small operators, whose launch overheads it
+    leaves out; ``capture --profile`` replaces it by measurements, and an execution
+    setting's ``efficiency`` by the plain ``FLOPs / (peak x efficiency)``. O(n + m).
+
+    Examples
+    --------
+    >>> g = Graph.from_arrays(name="g", fwd_flops=[8e9, 1e6], src=[0], dst=[1],
+    ...                       output_bytes=[4e6, 4e6], ops=["linear", "relu"])
+    >>> f, b = roofline_seconds(g, 1e12, 1e11, 1e10)
+    >>> f.round(6).tolist()  # 8e9 / 1e11 compute-bound; (4e6 + 4e6) / 1e10 memory-bound
+    [0.08, 0.0008]
+    """
+    mm = np.fromiter((is_matmul(o) for o in graph.ops), dtype=bool, count=graph.num_nodes)
+    peak = np.where(mm & bool(mixed_precision), float(flops), float(fp32_flops))
+    n = graph.num_nodes
+    inputs = np.bincount(graph.dst, weights=graph.edge_bytes.astype(np.float64), minlength=n)
+    out = graph.output_bytes.astype(np.float64)
+    params = graph.param_bytes.astype(np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        fwd = np.maximum(graph.fwd_flops / peak, (inputs + out + params) / bandwidth)
+        bwd = np.maximum(graph.bwd_flops / peak, (out + 2 * inputs + 2 * params) / bandwidth)
+    return np.nan_to_num(fwd), np.nan_to_num(bwd)
 
 
 def split_work(graph: Graph) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

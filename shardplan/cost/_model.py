@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from shardplan.cost._checks import check_assignment, check_nodes, check_positive
-from shardplan.cost._compute import split_work
+from shardplan.cost._compute import roofline_seconds, split_work
 from shardplan.cost._formulas import work_seconds
 from shardplan.cost._memory import (
     optimizer_state_factor,
@@ -113,6 +113,10 @@ class CostModel:
     param_dtype_bytes : int, default 2
     efficiency : float, default 1.0
         Fraction of a device's peak FLOP/s that FLOP-derived times achieve.
+    roofline : bool, default False
+        Price unmeasured nodes by the roofline of :func:`~shardplan.cost.roofline_seconds`
+        (what execution settings without an ``efficiency`` ask for) on devices that declare
+        an fp32 rate or a memory bandwidth, instead of ``FLOPs / (peak x efficiency)``.
     recompute : bool, default False
         Activation recomputation: backward re-runs forward; only stage inputs are stashed.
     profile_flops : float, optional
@@ -144,6 +148,7 @@ class CostModel:
     recompute: bool = False
     profile_flops: float | None = None
     execution: ExecutionSettings | None = None
+    roofline: bool = False
 
     @classmethod
     def from_settings(cls, graph: Graph, topology: Topology | None,
@@ -156,7 +161,8 @@ class CostModel:
                    mixed_precision=resolved.mixed_precision,
                    param_dtype_bytes=resolved.param_dtype_bytes,
                    efficiency=resolved.efficiency_or_peak, recompute=resolved.recompute,
-                   profile_flops=resolved.profile_flops, execution=resolved)
+                   profile_flops=resolved.profile_flops, execution=resolved,
+                   roofline=resolved.efficiency is None)
 
     @property
     def settings(self) -> ExecutionSettings:
@@ -187,7 +193,25 @@ class CostModel:
     # ------------------------------------------------------------------ precomputed
     @cached_property
     def _work(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        return split_work(self.graph)
+        """``(fwd measured s, fwd FLOPs, bwd measured s, bwd FLOPs)`` per node. Under the
+        roofline the FLOP parts are the roofline seconds on the topology's fastest device
+        times its peak (FLOPs that run at that peak for as long as the roofline says), so
+        every formula below stays ``measured / speed + FLOPs / rate``; on a device with a
+        different peak the roofline time scales with the peak ratio."""
+        fm, ff, bm, bf = split_work(self.graph)
+        topo = self.topology
+        if not self.roofline or topo is None or topo.num_devices == 0:
+            return fm, ff, bm, bf
+        bw = topo.device_memory_bandwidth
+        fp32 = topo.device_fp32_flops
+        peak = topo.device_flops
+        if not (np.isfinite(bw).any() or np.any(fp32 != peak)):
+            return fm, ff, bm, bf  # devices that declare nothing but a FLOP rate
+        ref = int(np.argmax(peak))
+        tf, tb = roofline_seconds(self.graph, peak[ref], fp32[ref], bw[ref],
+                                  mixed_precision=self.mixed_precision)
+        return fm, np.where(ff > 0, tf * peak[ref], 0.0), bm, \
+            np.where(bf > 0, tb * peak[ref], 0.0)
 
     def _topo(self) -> Topology:
         if self.topology is None:

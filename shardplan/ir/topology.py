@@ -176,6 +176,20 @@ class Topology:
     def device_memory(self) -> np.ndarray:
         return np.array([d.memory_bytes for d in self.devices], dtype=np.float64)
 
+    @property
+    def device_fp32_flops(self) -> np.ndarray:
+        """Every device's fp32 rate without tensor cores (optional field ``fp32_flops``),
+        its ``flops`` where absent, FLOP/s."""
+        return np.array([float(d.extra.get("fp32_flops") or d.flops) for d in self.devices],
+                        dtype=np.float64)
+
+    @property
+    def device_memory_bandwidth(self) -> np.ndarray:
+        """Every device's memory bandwidth (optional field ``memory_bandwidth``), ``inf``
+        where absent (no memory roof), bytes/s."""
+        return np.array([float(d.extra.get("memory_bandwidth") or np.inf)
+                         for d in self.devices], dtype=np.float64)
+
     def transfer_seconds(self, i: int, j: int, nbytes: float) -> float:
         """Seconds to send ``nbytes`` from device i to device j: latency + bytes / bandwidth.
 

@@ -121,14 +121,17 @@ class Units:
 
     @classmethod
     def from_assignment(cls, graph: Graph, unit_of: np.ndarray,
-                        num_units: int | None = None, *, recompute: bool = False) -> Units:
+                        num_units: int | None = None, *, recompute: bool = False,
+                        model: CostModel | None = None) -> Units:
         """Units from an operator -> unit map (units must be convex, quotient acyclic);
-        ``recompute`` adds each forward to its backward work. O(n + m)."""
+        ``recompute`` adds each forward to its backward work, ``model`` prices the nodes
+        (its measured and FLOP parts, roofline included; default: the graph's own columns).
+        O(n + m)."""
         from shardplan.cost import split_work
 
         u = np.asarray(unit_of, dtype=np.int64)
         k = int(u.max()) + 1 if num_units is None else int(num_units)
-        fm, ff, bm, bf = split_work(graph)
+        fm, ff, bm, bf = split_work(graph) if model is None else model._work
         if recompute:  # the backward re-runs the forward
             bm, bf = bm + fm, bf + ff
         work = np.stack([np.bincount(u, weights=fm + bm, minlength=k),

@@ -33,12 +33,19 @@ class DevicePreset:
         Peak dense tensor-core rate at the training precision (fp16 or bf16), FLOP/s.
     source : str
         Where the numbers come from.
+    fp32_flops : float
+        Peak fp32 rate without tensor cores (CUDA cores), FLOP/s: what matrix products reach
+        in full precision, and every other operator's compute roof.
+    memory_bandwidth : float
+        Peak device-memory bandwidth, bytes/s: the roof of memory-bound operators.
     """
 
     name: str
     memory_bytes: int
     flops: float
     source: str
+    fp32_flops: float = 0.0
+    memory_bandwidth: float = 0.0
 
 
 #: Published peak numbers of the accelerators the papers use. Each ``flops`` is the *dense*
@@ -49,17 +56,21 @@ DEVICE_PRESETS: dict[str, DevicePreset] = {
         "v100", 32 * GIB, 125e12,
         "NVIDIA Tesla V100 SXM2 32 GB (the DGX-1V GPU): 125 TFLOP/s fp16 tensor core "
         "(NVIDIA V100 datasheet; 'up to 125 Tensor TFLOPS', NVIDIA developer blog on CUDA 9 "
-        "tensor cores)",
+        "tensor cores), 15.7 TFLOP/s fp32, 900 GB/s HBM2 (V100 datasheet, SXM2)",
+        fp32_flops=15.7e12, memory_bandwidth=900e9,
     ),
     "a100": DevicePreset(
         "a100", 80 * GIB, 312e12,
         "NVIDIA A100 SXM4 80 GB: 312 TFLOP/s dense bf16/fp16 tensor core (A100 datasheet; "
-        "624 with sparsity)",
+        "624 with sparsity), 19.5 TFLOP/s fp32, 2,039 GB/s HBM2e (A100 80GB SXM datasheet)",
+        fp32_flops=19.5e12, memory_bandwidth=2039e9,
     ),
     "h100": DevicePreset(
         "h100", 80 * GIB, 989e12,
         "NVIDIA H100 SXM5 80 GB: 989 TFLOP/s dense bf16 tensor core (H100 datasheet lists "
-        "1,979 with sparsity; the Hopper whitepaper gives 989.4 dense)",
+        "1,979 with sparsity; the Hopper whitepaper gives 989.4 dense), 67 TFLOP/s fp32, "
+        "3.35 TB/s HBM3 (H100 SXM datasheet)",
+        fp32_flops=67e12, memory_bandwidth=3.35e12,
     ),
 }
 
@@ -216,6 +227,14 @@ def resolve_device(device: str | DevicePreset, memory_bytes: float | None,
 def make_devices(names: Sequence[str], device: str | DevicePreset = "v100",
                  memory_bytes: float | None = None, flops: float | None = None
                  ) -> tuple[Device, ...]:
-    """Identical devices named ``names``, from a preset with optional overrides."""
+    """Identical devices named ``names``, from a preset with optional overrides. The preset's
+    fp32 rate and memory bandwidth (the roofline of :mod:`shardplan.cost._compute`) go with
+    it unless ``flops`` overrides its peak: a device given only a FLOP rate is priced at
+    that rate."""
     kind, mem, fl = resolve_device(device, memory_bytes, flops)
-    return tuple(Device(name=n, memory_bytes=mem, flops=fl, extra={"type": kind}) for n in names)
+    extra: dict[str, Any] = {"type": kind}
+    preset = device if isinstance(device, DevicePreset) else DEVICE_PRESETS[kind]
+    if flops is None and preset.memory_bandwidth > 0:
+        extra["fp32_flops"] = preset.fp32_flops
+        extra["memory_bandwidth"] = preset.memory_bandwidth
+    return tuple(Device(name=n, memory_bytes=mem, flops=fl, extra=dict(extra)) for n in names)

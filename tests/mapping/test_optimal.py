@@ -294,7 +294,7 @@ def test_grid_automorphism_groups():
 def test_optimal_is_exact_on_symmetric_grids(kind, shape, model):
     from shardplan.topology import build
 
-    topo = build(kind, shape=shape, link_bandwidth=1e9, hop_latency=2e-4)
+    topo = build(kind, shape=shape, link_bandwidth=1e9, hop_latency=2e-4, flops=1e12)
     for seed, (s, r) in enumerate([(3, 2), (2, 3), (4, 2)]):
         graph, _, plan = make_instance(seed, s, r, topo.num_devices)
         expect = brute_force(graph, topo, plan, model)
