@@ -190,6 +190,31 @@ class Topology:
         return np.array([float(d.extra.get("memory_bandwidth") or np.inf)
                          for d in self.devices], dtype=np.float64)
 
+    def collective_curve(self, kind: str, group_size: int
+                         ) -> tuple[np.ndarray, np.ndarray] | None:
+        """A measured collective's ``(bytes, seconds)`` for a group of ``group_size``
+        devices, from the optional ``collectives`` field (``{"allreduce": {"2": [[bytes,
+        seconds], ...], ...}, "allgather": ...}``, written by ``topology measure``), sorted by
+        bytes; None when not measured. ``bytes`` is the whole tensor (an all-gather's
+        output, a reduce-scatter's input)."""
+        table = self.meta.get("collectives")
+        if not isinstance(table, Mapping):
+            return None
+        rows = (table.get(kind) or {}).get(str(int(group_size))) if isinstance(
+            table.get(kind), Mapping) else None
+        if not rows:
+            return None
+        try:
+            arr = np.asarray(rows, dtype=np.float64).reshape(-1, 2)
+        except (TypeError, ValueError):
+            raise InvalidFileError(f"topology collectives {kind!r} for {group_size} devices "
+                                   "must be [bytes, seconds] pairs") from None
+        if not np.all(np.isfinite(arr)) or np.any(arr <= 0):
+            raise InvalidFileError(f"topology collectives {kind!r} for {group_size} devices "
+                                   "must be positive finite [bytes, seconds] pairs")
+        arr = arr[np.argsort(arr[:, 0])]
+        return arr[:, 0], arr[:, 1]
+
     def transfer_seconds(self, i: int, j: int, nbytes: float) -> float:
         """Seconds to send ``nbytes`` from device i to device j: latency + bytes / bandwidth.
 
