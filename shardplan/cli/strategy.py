@@ -21,6 +21,7 @@ from shardplan.cli._common import (
     positive_float,
     positive_int,
     progress_reporter,
+    time_left,
 )
 from shardplan.errors import ShardplanError
 
@@ -143,14 +144,14 @@ def _run(args: argparse.Namespace) -> int:
                 raise ShardplanError(f"tables are for {tables.devices} devices, the topology "
                                      f"has {topology.num_devices}")
             result = solve_tables(tables, ordering=args.ordering or "generate-seq",
-                                  time_limit=args.time_limit, progress=progress,
+                                  time_limit=time_left(args.time_limit), progress=progress,
                                   graph_name=graph.name, topology_name=topology.name,
                                   seed=args.seed,
                                   options={"import_tables": str(args.import_tables)})
             dims = tables.dims
         else:
             result = registry.run("strategy", args.algorithm, graph, topology,
-                                  seed=args.seed, time_limit=args.time_limit,
+                                  seed=args.seed, time_limit=time_left(args.time_limit),
                                   progress=progress, **options)
             from shardplan.strategy.tables import graph_spaces
 
