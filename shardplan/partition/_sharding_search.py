@@ -30,17 +30,16 @@ lowers the objective (or at ``max_iterations`` passes, or at the deadline).
 
 from __future__ import annotations
 
-import multiprocessing
 import os
-import sys
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, wait
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from shardplan._rng import make_rng
+from shardplan._workers import process_pool
 from shardplan.errors import ShardplanError
 
 __all__ = ["STARTS", "SWAP_MAX_NODES", "Problem", "RestartResult", "RestartsSummary",
@@ -567,12 +566,6 @@ def _pooled_restart(problem: Problem, start: str, seed: int, restart: int,
                        swaps)
 
 
-def _mp_context() -> multiprocessing.context.BaseContext:
-    if sys.platform.startswith("linux") and "fork" in multiprocessing.get_all_start_methods():
-        return multiprocessing.get_context("fork")
-    return multiprocessing.get_context("spawn")
-
-
 @dataclass(frozen=True)
 class RestartsSummary:
     best: RestartResult
@@ -603,7 +596,7 @@ def run_restarts(problem: Problem, *, start: str, seed: int, restarts: int, work
             if progress is not None:
                 progress("restarts", len(results), restarts)
     else:
-        with ProcessPoolExecutor(max_workers=workers, mp_context=_mp_context()) as pool:
+        with process_pool(workers) as pool:
             pending = {pool.submit(_pooled_restart, problem, start, seed, r, deadline,
                                    max_iterations, zero, swaps) for r in range(restarts)}
             while pending:
