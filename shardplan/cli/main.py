@@ -18,11 +18,12 @@ import os
 import signal
 import sys
 import time
+import warnings
 from collections.abc import Sequence
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from shardplan.errors import ShardplanError
+from shardplan.errors import ShardplanError, ShardplanWarning
 
 if TYPE_CHECKING:  # pragma: no cover
     from shardplan.cli._common import OneLineParser
@@ -74,6 +75,18 @@ def _process_age() -> float:
     return min(max(uptime - started, 0.0), 60.0)
 
 
+_SHOW_WARNING = warnings.showwarning
+
+
+def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                  file: Any = None, line: str | None = None) -> None:
+    """A :class:`ShardplanWarning` is one line ``shardplan: note: ...``; others as usual."""
+    if issubclass(category, ShardplanWarning):
+        sys.stderr.write(f"shardplan: note: {message}\n")
+    else:
+        _SHOW_WARNING(message, category, filename, lineno, file, line)
+
+
 class _Terminated(BaseException):
     """SIGTERM, raised in the main thread so that ``finally`` blocks run (worker processes
     stopped, temporary files removed)."""
@@ -100,7 +113,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError:  # not the main thread: leave signals alone
         previous = None
     try:
-        rc = args.handler(args)
+        with warnings.catch_warnings():
+            warnings.simplefilter("always", ShardplanWarning)
+            warnings.showwarning = _show_warning
+            rc = args.handler(args)
     except ShardplanError as exc:
         sys.stderr.write(f"shardplan: error: {exc}\n")
         return 2

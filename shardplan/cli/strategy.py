@@ -162,7 +162,8 @@ def _run(args: argparse.Namespace) -> int:
     if not args.json:
         if not args.quiet:
             sys.stdout.write(format_table(graph, plan.strategy, dims) + "\n")
-        sys.stdout.write(f"{plan.algorithm}: {devices} devices, {plan.objective.name} = "
+        sys.stdout.write(f"{plan.algorithm}: {len(plan.stages[0].devices)} devices, "
+                         f"{plan.objective.name} = "
                          f"{plan.objective.value:.6g} ({plan.status}, "
                          f"{plan.search_seconds:.2f} s)\n")
     return 0
