@@ -48,9 +48,7 @@ _FROM_IR = frozenset({"Device", "Graph", "Level", "Objective", "Plan", "Stage", 
                       "load", "load_graph", "load_plan", "load_topology", "save"})
 _SUBPACKAGES = frozenset({"cli", "cost", "generate", "importers", "ir", "mapping", "objectives",
                           "registry", "report", "runtime", "simulate", "strategy", "topology"})
-# Functions sharing their name with a subpackage: importing ``shardplan.partition`` must not
-# replace the function ``shardplan.partition`` by the subpackage (which stays importable).
-_FUNCTIONS = frozenset({"capture", "partition"})
+
 
 
 def __getattr__(name: str) -> Any:
@@ -95,10 +93,22 @@ def partition(graph: Graph, topology: Topology, *, algorithm: str, seed: int = 0
                **options).plan
 
 
+class _CallablePackage(types.ModuleType):
+    """The subpackage ``shardplan.partition`` (``shardplan.capture``) once imported: still
+    the package for every import form, and callable as the API function of the same name,
+    which importing it would otherwise have replaced on ``shardplan``."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return _API[self.__name__.rpartition(".")[2]](*args, **kwargs)
+
+
+_API = {"capture": capture, "partition": partition}
+
+
 class _Package(types.ModuleType):
     def __setattr__(self, name: str, value: Any) -> None:
-        if name in _FUNCTIONS and isinstance(value, types.ModuleType):
-            return  # the import system binding a subpackage over the function of that name
+        if name in _API and isinstance(value, types.ModuleType):
+            value.__class__ = _CallablePackage  # the import system binding the subpackage
         super().__setattr__(name, value)
 
 
