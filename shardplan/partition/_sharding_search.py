@@ -372,6 +372,8 @@ class _SlotCosts:
 
 #: Rounds after which the kept slot costs are recomputed from scratch (no float drift).
 _REFRESH_ROUNDS = 256
+#: Up to this k^2 D, a round's deltas are recomputed densely (:func:`slot_swap_deltas`).
+_DENSE_WORK = 1 << 25
 
 
 def improve_placement(problem: Problem, assignment: np.ndarray, placement: np.ndarray,
@@ -381,7 +383,8 @@ def improve_placement(problem: Problem, assignment: np.ndarray, placement: np.nd
     slots of equal target, scale and minimum size, until none lowers the cost, at most
     ``max_rounds`` (default 4k) rounds or until ``deadline`` (``time.monotonic``, checked
     every round). Each round O(k^2 + k D) with the slot costs kept up to date
-    (:class:`_SlotCosts`), not recomputed."""
+    (:class:`_SlotCosts`), not recomputed; below ``k^2 D`` = 2^25 the dense O(k^2 D)
+    recomputation, which is as cheap there."""
     k = problem.k
     if k < 2:
         return placement, False
@@ -394,14 +397,20 @@ def improve_placement(problem: Problem, assignment: np.ndarray, placement: np.nd
     uniform = bool((label == label[0]).all())
     d = problem.cost.shape[0]
     placement = placement.copy()
-    costs = _SlotCosts(a, problem.cost, placement)
+    # Small instances recompute the deltas densely each round (cheap there, and the same
+    # float sums, so the same choices on exact ties, as before the incremental form).
+    dense = problem.comm_matrix(assignment) if k * k * d <= _DENSE_WORK else None
+    costs = None if dense is not None else _SlotCosts(a, problem.cost, placement)
     improved = False
     for rounds in range(max_rounds or 4 * k):
         if deadline is not None and time.monotonic() >= deadline:
             break
-        if rounds and rounds % _REFRESH_ROUNDS == 0:
-            costs.reset(placement)
-        swap, move = costs.deltas(placement)
+        if costs is None:
+            swap, move = slot_swap_deltas(dense, problem.cost, placement)
+        else:
+            if rounds and rounds % _REFRESH_ROUNDS == 0:
+                costs.reset(placement)
+            swap, move = costs.deltas(placement)
         lp = label[placement]
         if not uniform:
             swap[lp[:, None] != lp[None, :]] = np.inf
@@ -420,11 +429,13 @@ def improve_placement(problem: Problem, assignment: np.ndarray, placement: np.nd
             break
         if best_swap <= best_move:
             pi, pj = int(placement[i]), int(placement[j])
-            costs.move(int(i), pi, pj)
-            costs.move(int(j), pj, pi)
+            if costs is not None:
+                costs.move(int(i), pi, pj)
+                costs.move(int(j), pj, pi)
             placement[i], placement[j] = pj, pi
         else:
-            costs.move(int(mi), int(placement[mi]), int(mf))
+            if costs is not None:
+                costs.move(int(mi), int(placement[mi]), int(mf))
             placement[mi] = mf
         improved = True
     return placement, improved

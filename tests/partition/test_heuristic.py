@@ -274,3 +274,24 @@ def test_incremental_placement_equals_the_full_recomputation(seed: int) -> None:
         swap, move = kept.deltas(p)
         ref_swap, ref_move = slot_swap_deltas(comm, cost, p)
         assert np.allclose(swap, ref_swap, atol=1e-9) and np.allclose(move, ref_move, atol=1e-9)
+
+
+def test_incremental_improve_placement_agrees_with_the_dense_one(monkeypatch) -> None:
+    """Above 2^25 k^2 D the deltas are kept up to date instead of recomputed; on costs
+    without ties both walk the same swaps (forced here on a small instance)."""
+    import shardplan.partition._sharding_search as search
+
+    rng = np.random.default_rng(3)
+    d = 9
+    cost = rng.random((d, d))
+    np.fill_diagonal(cost, 0.0)
+    g = layered(90, width=9, seed=3)
+    problem = flat_problem(g, build("flat", num_devices=d).replace(cost=cost), 6)
+    a = initial_assignment(problem, "random", restart_rng(0, 0), 0, np.arange(6))
+    p0 = np.array([8, 0, 4, 2, 6, 1])
+    dense, moved = improve_placement(problem, a, p0, 1e-12)
+    monkeypatch.setattr(search, "_DENSE_WORK", 0)
+    kept, moved_too = improve_placement(problem, a, p0, 1e-12)
+    assert moved and moved_too
+    assert np.array_equal(dense, kept)
+    assert problem.objective(a, kept) < problem.objective(a, p0)
