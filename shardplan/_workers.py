@@ -75,9 +75,11 @@ def _init_worker(parent: int, initializer: Callable[..., Any] | None,
 
 
 def _terminate(pool: ProcessPoolExecutor) -> None:
-    """Stop the pool's workers now, without waiting for their tasks."""
+    """Stop the pool's workers now, without waiting for their tasks: SIGTERM, then SIGKILL
+    after a second; then shut the pool down without waiting. The interrupt may have landed
+    inside ``submit`` while it held the pool's lock: ``shutdown`` is skipped rather than
+    waited for when the lock stays taken (the dead workers end the pool's thread anyway)."""
     procs = list((getattr(pool, "_processes", None) or {}).values())
-    pool.shutdown(wait=False, cancel_futures=True)
     for p in procs:
         with contextlib.suppress(Exception):
             p.terminate()
@@ -87,6 +89,12 @@ def _terminate(pool: ProcessPoolExecutor) -> None:
             p.join(max(0.0, end - time.monotonic()))
             if p.is_alive():
                 p.kill()
+    lock = getattr(pool, "_shutdown_lock", None)
+    if lock is None or lock.acquire(timeout=1.0):
+        if lock is not None:
+            lock.release()
+        with contextlib.suppress(Exception):
+            pool.shutdown(wait=False, cancel_futures=True)
 
 
 @contextlib.contextmanager
