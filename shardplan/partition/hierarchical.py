@@ -173,7 +173,11 @@ def hierarchical(graph: Graph, topology: Topology, *, options: Mapping[str, Any]
     nodes so that no device ends empty. With k = O(1) children per level, the local search
     costs O(N n^2) overall against O(N (Kn)^2) flat (the paper's analysis); our passes are
     O(m k) each. The final refinement is our addition: one flat local search over all K
-    devices, started from the hierarchical partition, which only lowers the cost.
+    devices, started from the hierarchical partition, which only lowers the cost. Its
+    placement rounds keep every component's cost on every device up to date as components
+    swap devices (O(K^2 + K D) a round, not O(K^2 D): 4096 devices took 12.9 s a round) and
+    check the deadline every round, as the node passes do every 128 nodes: every phase stops
+    at the time limit.
     """
     opts = take_options("hierarchical", options, DEFAULTS)
     k = num_components(graph, topology, opts["stages"])
