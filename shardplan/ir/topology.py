@@ -227,6 +227,28 @@ class Topology:
             return float("inf")
         return float(self.latency[i, j] + nbytes / bw)
 
+    def connected_parts(self) -> list[np.ndarray]:
+        """The devices grouped into parts that can exchange data: connected components of
+        the graph that joins i and j when ``bandwidth`` is positive both ways (pipelines send
+        activations one way and gradients back). The matrices are routed, so in a topology
+        written by the builders every two devices of one part reach each other directly.
+
+        Returns the parts, largest first (ties: the part with the lowest device id first),
+        each an ascending array of device ids; one part when every device reaches every
+        other. O(D^2).
+        """
+        n = self.num_devices
+        ok = (self.bandwidth > 0) & (self.bandwidth.T > 0)
+        np.fill_diagonal(ok, True)
+        if ok.all():
+            return [np.arange(n, dtype=np.int64)]
+        import scipy.sparse as sp
+        from scipy.sparse.csgraph import connected_components
+
+        _, labels = connected_components(sp.csr_matrix(ok), directed=False)
+        parts = [np.flatnonzero(labels == c) for c in np.unique(labels)]
+        return sorted(parts, key=lambda p: (-p.size, int(p[0])))
+
     def bandwidth_classes(self, *, rel_tol: float = 1e-6) -> list[tuple[float, int]]:
         """Distinct off-diagonal bandwidths (ordered pairs counted), fastest first."""
         n = self.num_devices
