@@ -142,3 +142,20 @@ def test_cli_cluster_from_a_builder(tmp_path, capsys):
                     "--families", "data-parallel,uniform", "--workers", "1", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["winner"]["topology"].startswith("hier")
+
+
+@pytest.mark.parametrize("families", ["data-parallel", "parmesan"])
+def test_cli_plan_runs_the_winner(capsys, families):
+    """``--run`` trains the winner on real processes (DDP/FSDP for one replicated stage, the
+    pipeline runtime otherwise) and reports the simulator's prediction next to the steps."""
+    assert run_cli(["plan", "mlp", "--batch-size", "16", "--cluster", "flat,num_devices=2",
+                    "--families", families, "--workers", "1", "--run", "--steps", "3",
+                    "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    run, win = data["run"], data["ranked"][0]
+    assert win["family"] == families
+    assert run["steps"] == 3 and len(run["losses"]) == 3
+    assert all(math.isfinite(x) for x in run["losses"])
+    assert run["predicted_seconds"] == pytest.approx(win["iteration_seconds"], rel=1e-12)
+    assert run["measured_seconds"] > 0
+    assert run["ratio"] == pytest.approx(run["predicted_seconds"] / run["measured_seconds"])
