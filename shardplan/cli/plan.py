@@ -108,6 +108,7 @@ def _cluster(text: str) -> Any:
         if not sep:
             raise ShardplanError(f"cluster option {o!r} is not KEY=VALUE")
         key = key.strip().replace("-", "_")
+        key = {"devices": "num_devices"}.get(key, key)  # the name `topology --devices` uses
         v: Any = value.strip()
         if "x" in v and all(part.isdigit() for part in v.split("x")):
             v = tuple(int(part) for part in v.split("x"))
