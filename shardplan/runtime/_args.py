@@ -23,7 +23,7 @@ from shardplan.errors import ShardplanError
 from shardplan.runtime._config import OPTIMIZERS, SCHEDULES, TrainConfig
 
 __all__ = ["BASELINES", "Prepared", "add_arguments", "config_for_plan", "config_from_args",
-           "input_sizes", "pipeline_fields", "plan_fields", "resolve_settings",
+           "input_sizes", "operator_view", "pipeline_fields", "plan_fields", "resolve_settings",
            "strategy_fields"]
 
 BASELINES = ("fsdp", "ddp", "single")
@@ -173,11 +173,37 @@ def input_sizes(graph: Any, seq_len: int | None, image_size: int | None
 # ----------------------------------------------------------------------------- plans
 def _check_graph(plan: Any, graph: Any) -> None:
     plan.validate(graph)
-    if graph.meta.get("granularity", "op") != "op":
-        raise ShardplanError("train needs an operator-level graph (capture --granularity op): "
-                             "the runtime cuts the exported program at operator boundaries")
+    module = graph.meta.get("granularity", "op") == "module"
+    if module and plan.strategy is not None:
+        raise ShardplanError("a strategy configures operators: train it on an operator-level "
+                             "graph (capture --granularity op)")
+    if module and (graph.node_extra is None
+                   or not all(isinstance(e.get("ops"), list) for e in graph.node_extra)):
+        raise ShardplanError("this module-level graph does not list its operators (captured "
+                             "by an older shardplan): capture it again to train it")
+    if graph.meta.get("granularity", "op") not in ("op", "module"):
+        raise ShardplanError("train needs a graph captured from the model (capture "
+                             "--granularity op or module)")
     if graph.meta.get("mode", "train") != "train":
         raise ShardplanError("train needs a graph captured in train mode")
+
+
+def operator_view(graph: Any) -> tuple[tuple[tuple[str, str, str], ...],
+                                       tuple[tuple[str, ...], ...]]:
+    """``(operators, members)``: the model's operators as ``(fx name, operator, module)`` in
+    program order (what the runtime matches against its export), and per graph node the fx
+    names of its operators. An operator-level graph's nodes are operators; a module-level
+    graph's nodes list theirs (``ops``, written by ``capture --granularity module``). O(n)."""
+    if graph.meta.get("granularity", "op") != "module":
+        return (tuple(zip(graph.names, graph.ops, graph.modules, strict=True)),
+                tuple((n,) for n in graph.names))
+    rows = sorted((int(i), str(name), str(op), str(mod), v)
+                  for v, extra in enumerate(graph.node_extra) for i, name, op, mod in extra["ops"])
+    members: list[list[str]] = [[] for _ in range(graph.num_nodes)]
+    for _, name, _, _, v in rows:
+        members[v].append(name)
+    return (tuple((name, op, mod) for _, name, op, mod, _ in rows),
+            tuple(tuple(m) for m in members))
 
 
 def pipeline_fields(plan: Any, graph: Any, settings: Any) -> dict[str, Any]:
@@ -189,7 +215,9 @@ def pipeline_fields(plan: Any, graph: Any, settings: Any) -> dict[str, Any]:
     ------
     ShardplanError
         A plan that does not fit the graph, stages that form a cycle, a schedule the plan's
-        stages cannot run, a module-level or eval-mode graph.
+        stages cannot run, an eval-mode graph, a module-level graph without its operators.
+        A module-level graph's stages are the operators of their modules
+        (:func:`operator_view`).
     """
     from shardplan.simulate import PipelineView
 
@@ -201,10 +229,11 @@ def pipeline_fields(plan: Any, graph: Any, settings: Any) -> dict[str, Any]:
         raise ShardplanError(f"every stage needs the same number of "
                              f"{'devices' if plan.strategy is not None else 'replicas'} to "
                              f"run (the plan has {sorted(reps)})")
-    names = graph.names
+    operators, members = operator_view(graph)
     return dict(
-        stages=tuple(tuple(names[i] for i in sorted(st.nodes)) for st in plan.stages),
-        graph_nodes=tuple(zip(names, graph.ops, graph.modules, strict=True)),
+        stages=tuple(tuple(n for i in sorted(st.nodes) for n in members[i])
+                     for st in plan.stages),
+        graph_nodes=operators,
         order=tuple(int(s) for s in view.order),
         actions=tuple(tuple(str(a) for a in acts) for acts in sch.ranks),
         stage_rank=tuple(int(r) for r in sch.stage_rank),

@@ -140,6 +140,9 @@ class ShardedProgram(nn.Module):
     reshards : int
         Those of them that communicate (anything but slicing a replicated tensor): the
         strategy's re-shards between layers, as its edge costs price them.
+    reductions : int
+        Graph operators' partial outputs reduced in the last forward (split reduced
+        dimensions: part of a layer's own cost).
     """
 
     def __init__(self, program: fx.GraphModule, shardings: Mapping[str, NodeSharding],
@@ -151,6 +154,7 @@ class ShardedProgram(nn.Module):
         self.replicated: set[str] = set()
         self.redistributions = 0
         self.reshards = 0
+        self.reductions = 0
         self._distribute_params({} if params is None else params)
 
     # ------------------------------------------------------------------ setup
@@ -236,6 +240,7 @@ class ShardedProgram(nn.Module):
         """Run on whole (replicated) inputs; returns whole outputs (every rank the same)."""
         self.redistributions = 0
         self.reshards = 0
+        self.reductions = 0
         env: dict[fx.Node, Any] = {}
         it = iter(inputs)
         result: Any = None
@@ -287,7 +292,25 @@ class ShardedProgram(nn.Module):
             if "sharding strategy" not in str(exc):
                 raise
             return self._local(node, target, args, kwargs)
-        return _map(out, self._wrap)
+        out = _map(out, self._wrap)
+        sh = self.shardings.get(node.name)
+        if sh is not None:
+            out = _map(out, lambda t: self._reduce(t, sh))
+        return out
+
+    def _reduce(self, t: Any, sh: NodeSharding) -> Any:
+        """A graph operator's partial sums (a split reduced dimension; a vocabulary-split
+        embedding's masked lookups) reduced where they are made, into the layout the
+        configuration gives its output on those axes: the all-reduce (or reduce-scatter) a
+        layer's cost charges, once, however many operators read the result."""
+        if not isinstance(t, DTensor) or not any(isinstance(p, Partial) for p in t.placements):
+            return t
+        planned = placements(sh, sh.output, self.mesh.ndim) \
+            if len(sh.output) == t.ndim else (-1,) * self.mesh.ndim
+        want = tuple(to_placements((j,))[0] if isinstance(p, Partial) else p
+                     for p, j in zip(t.placements, planned, strict=True))
+        self.reductions += 1
+        return redistribute(t, self.mesh, want)
 
     def _local(self, node: fx.Node, target: Any, args: Any, kwargs: Any) -> Any:
         """Run on whole tensors on every device (the same random state everywhere)."""

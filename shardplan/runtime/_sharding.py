@@ -14,8 +14,11 @@ compute the same shard.
 Axis assignment, per node in topological order: each split dimension takes first the axes its
 producer used for the tensor dimension it reads (so an activation split alike on both sides of
 an edge is not moved), then free axes whose sizes make up its factor. A factor whose prime
-factors the mesh lacks (a split of 3 on 4 devices) cannot be laid out; :func:`node_shardings`
-refuses such a plan in one line.
+factors the mesh lacks (a split of 3 on 4 devices, which PaSE allows: it leaves a device
+idle) runs as its largest divisor the mesh can make up (1 for 3 on 4 devices), and so does an
+embedding table's vocabulary split over more than one axis (DTensor's vocabulary-parallel
+embedding supports one); :func:`strategy_notes` says so before the run starts, and DTensor
+keeps the result exact.
 
 Placements are plain data here: per mesh axis, the tensor dimension sharded over it or ``-1``
 for replicated (:func:`placements`); :mod:`shardplan.runtime._dtensor` turns them into DTensor
@@ -74,7 +77,7 @@ class NodeSharding:
     dims : tuple of str
         The space's dimensions, in the order the configuration lists their factors.
     factors : tuple of int
-        The configuration.
+        The configuration as laid out (the plan's, unless ``planned`` says otherwise).
     axes : tuple of tuple of int
         Per dimension, the mesh axes it is split over (their sizes multiply to its factor).
     output : tuple of tuple of str
@@ -82,6 +85,9 @@ class NodeSharding:
     inputs : tuple of (str, groups)
         Per producer (graph node name), the space dimensions of each dimension of the tensor
         read from it.
+    planned : tuple of int or None
+        The plan's configuration when the mesh cannot lay it out (a split of 3 on a 2 x 2
+        mesh): each such factor runs as its largest divisor the free axes make up.
     """
 
     name: str
@@ -92,6 +98,7 @@ class NodeSharding:
     axes: tuple[tuple[int, ...], ...]
     output: Groups = ()
     inputs: tuple[tuple[str, Groups], ...] = ()
+    planned: tuple[int, ...] | None = None
 
     @property
     def described(self) -> bool:
@@ -113,8 +120,11 @@ class NodeSharding:
         return None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "op": self.op, "kind": self.kind, "dims": list(self.dims),
-                "factors": list(self.factors), "axes": [list(a) for a in self.axes]}
+        out = {"name": self.name, "op": self.op, "kind": self.kind, "dims": list(self.dims),
+               "factors": list(self.factors), "axes": [list(a) for a in self.axes]}
+        if self.planned is not None:
+            out["planned"] = list(self.planned)
+        return out
 
 
 def placements(sharding: NodeSharding, groups: Groups, num_axes: int) -> tuple[int, ...]:
@@ -130,17 +140,23 @@ def placements(sharding: NodeSharding, groups: Groups, num_axes: int) -> tuple[i
 
 
 # ----------------------------------------------------------------------- axis assignment
+#: Dimensions DTensor splits over at most that many mesh axes: a vocabulary-parallel
+#: embedding's table (its ``MaskPartial`` output keeps one mask; torch 2.14 fails with
+#: "MaskBuffer has been materialized with conflicting data" over two axes).
+_MAX_AXES: dict[str, dict[str, int]] = {"embedding": {"v": 1}}
+
+
 def _assign(factors: Sequence[int], shape: Sequence[int], preferred: Sequence[Sequence[int]]
-            ) -> tuple[tuple[int, ...], ...] | None:
+            ) -> tuple[tuple[int, ...], ...]:
     """Mesh axes per dimension whose sizes multiply to its factor, each axis used once;
-    ``preferred[i]``: axes dimension ``i`` should take if they fit. None if impossible."""
+    ``preferred[i]``: axes dimension ``i`` should take if they fit. A factor the free axes
+    cannot make up gets the axes of its largest divisor they can (the caller compares)."""
     free = set(range(len(shape)))
-    out: list[tuple[int, ...] | None] = [None] * len(factors)
+    out: list[tuple[int, ...]] = [()] * len(factors)
     order = sorted(range(len(factors)), key=lambda i: (not preferred[i], i))
     for i in order:
         f = int(factors[i])
         if f == 1:
-            out[i] = ()
             continue
         pref = [a for a in preferred[i] if a in free]
         prod = 1
@@ -153,12 +169,11 @@ def _assign(factors: Sequence[int], shape: Sequence[int], preferred: Sequence[Se
         chosen: list[int] = []
         for p in prime_factors(f):
             a = next((a for a in sorted(free) if shape[a] == p and a not in chosen), None)
-            if a is None:
-                return None
-            chosen.append(a)
+            if a is not None:
+                chosen.append(a)
         out[i] = tuple(sorted(chosen))
         free -= set(chosen)
-    return tuple(o if o is not None else () for o in out)
+    return tuple(out)
 
 
 def node_shardings(graph: Any, strategy: Mapping[str, Sequence[int]],
@@ -183,8 +198,8 @@ def node_shardings(graph: Any, strategy: Mapping[str, Sequence[int]],
     Raises
     ------
     ShardplanError
-        A node without a configuration, a configuration of the wrong length, one using more
-        devices than its stage has, or one whose factors the stage's mesh cannot express.
+        A node without a configuration, a configuration of the wrong length or one using
+        more devices than its stage has.
 
     Notes
     -----
@@ -237,31 +252,47 @@ def node_shardings(graph: Any, strategy: Mapping[str, Sequence[int]],
                     if not preferred[sp.dims.index(d)]:
                         preferred[sp.dims.index(d)] = used
         axes = _assign(factors, shape, preferred)
-        if axes is None:
-            raise ShardplanError(
-                f"node {v} ({names[v]!r}): the configuration {list(factors)} cannot be laid "
-                f"out on the {'x'.join(map(str, shape))} device mesh of its {devices} devices "
-                f"(the runtime needs split factors made of the mesh's axes; plan with a "
-                f"device count whose factors the configurations use)")
+        for dim, most in _MAX_AXES.get(graph.ops[v], {}).items():
+            if dim in sp.dims and len(axes[sp.dims.index(dim)]) > most:
+                i = sp.dims.index(dim)
+                axes = (*axes[:i], axes[i][:most], *axes[i + 1:])
+        laid = tuple(_size(shape, a) for a in axes)
         kind = sp.kind if raw is not None and raw[v] is not None else ""
         out[v] = NodeSharding(name=names[v], op=graph.ops[v], kind=kind, dims=sp.dims,
-                              factors=factors, axes=axes, output=sp.output, inputs=inputs)
+                              factors=laid, axes=axes, output=sp.output, inputs=inputs,
+                              planned=factors if laid != factors else None)
     return tuple(o for o in out if o is not None)
 
 
+def _size(shape: Sequence[int], axes: Sequence[int]) -> int:
+    out = 1
+    for a in axes:
+        out *= int(shape[a])
+    return out
+
+
 def strategy_notes(shardings: Sequence[NodeSharding]) -> list[str]:
-    """What the runtime does with operators the graph gave no iteration space (said before
-    it starts): their configuration can only split the batch, which they run with where
-    DTensor knows the operator, and whole on every device of their stage where it does not
-    (the run's result names those)."""
+    """What the runtime does differently from the plan, said before it starts: configurations
+    the mesh cannot lay out run with smaller splits; operators the graph gave no iteration
+    space split their batch only where DTensor knows the operator, and run whole on every
+    device of their stage where it does not (the run's result names those)."""
+    notes = []
+    cut = [s for s in shardings if s.planned is not None]
+    if cut:
+        shown = ", ".join(f"{s.name} {list(s.planned)} -> {list(s.factors)}" for s in cut[:3])
+        more = f" and {len(cut) - 3} more" if len(cut) > 3 else ""
+        notes.append(f"{len(cut)} configuration{'s' if len(cut) > 1 else ''} split by a "
+                     f"factor the device mesh has no axes for run{'' if len(cut) > 1 else 's'} "
+                     f"with the largest split it has ({shown}{more})")
     loose = [s.name for s in shardings if not s.described]
-    if not loose:
-        return []
-    shown = ", ".join(loose[:4]) + (f" and {len(loose) - 4} more" if len(loose) > 4 else "")
-    return [f"{len(loose)} operator{'s' if len(loose) > 1 else ''} without an iteration space "
-            f"({shown}): split over the batch only, where their configuration says so and "
-            f"DTensor has a rule for the operator; otherwise run whole on every device of "
-            f"the stage"]
+    if loose:
+        shown = ", ".join(loose[:4]) + (f" and {len(loose) - 4} more" if len(loose) > 4
+                                        else "")
+        notes.append(f"{len(loose)} operator{'s' if len(loose) > 1 else ''} without an "
+                     f"iteration space ({shown}): split over the batch only, where their "
+                     f"configuration says so and DTensor has a rule for the operator; "
+                     f"otherwise run whole on every device of the stage")
+    return notes
 
 
 # ------------------------------------------------------------------- operator argument rules
