@@ -8,13 +8,13 @@ Two panels:
 1. the paper's setting: a 1001-node layered graph (``shardplan generate layered --nodes 1001``)
    on 8 GPUs (2 boxes x 4, M = latency in microseconds: 5 across boxes, 2 inside), brute force
    (``incumbent=none``: the paper's enumeration, with our bounds) against the heuristic from
-   each start (``random`` is the paper's; ``topo`` and ``metis`` are ours), all in one process
-   for the same time;
+   each start (``random`` without the coarse pass is the paper's search; the coarse pass,
+   ``topo`` and ``metis`` are ours), all in one process for the same time;
 2. a graph small enough for brute force to finish (layered, 14 nodes, 4 GPUs): both must reach
    the same cost.
 
 It also times the flat heuristic to its local optimum on the 1001-node graph (one restart per
-start, and the default 8 restarts on the default workers).
+start, with and without the coarse pass, and the default 8 restarts on the default workers).
 """
 
 from __future__ import annotations
@@ -44,6 +44,12 @@ def topology(boxes: int, gpus: int) -> Topology:
     return t.replace(cost=t.latency * 1e6)
 
 
+def _label(start: str, coarsen: bool) -> str:
+    if start == "metis":
+        return "metis"
+    return f"{start}{'' if coarsen else ' without the coarse pass'}"
+
+
 def run(name: str, graph, topo, seconds: float | None, **opts):
     t0 = time.perf_counter()
     res = registry.run("partition", name, graph, topo, seed=0, time_limit=seconds, **opts)
@@ -69,11 +75,13 @@ def main() -> None:
     curves["big/brute-force"] = res.stats["trace"]
     rows.append(("1001 nodes, 8 GPUs", "brute-force", res.plan.objective.value,
                  res.plan.status, secs, f"{res.stats['nodes']} search nodes"))
-    for start in ("random", "topo", "metis"):
+    for start, coarsen in (("random", False), ("random", True), ("topo", True),
+                           ("metis", True)):
         res, secs = run("heuristic", big, topo8, seconds, workers=1, restarts=10_000,
-                        start=start)
-        curves[f"big/heuristic ({start})"] = res.stats["trace"]
-        rows.append(("1001 nodes, 8 GPUs", f"heuristic, start {start}",
+                        start=start, coarsen=coarsen)
+        label = _label(start, coarsen)
+        curves[f"big/heuristic ({label})"] = res.stats["trace"]
+        rows.append(("1001 nodes, 8 GPUs", f"heuristic, start {label}",
                      res.plan.objective.value, res.plan.status, secs,
                      f"{res.stats['restarts_run']} restarts"))
     # Panel 2: brute force finishes.
@@ -91,10 +99,17 @@ def main() -> None:
 
     # Time to the local optimum on the 1001-node graph.
     conv = []
-    for start in ("random", "topo", "metis"):
-        res, secs = run("heuristic", big, topo8, None, workers=1, restarts=1, start=start)
-        conv.append((f"1 restart, start {start}, 1 worker", res.plan.objective.value, secs,
-                     res.stats["restarts"][0]["passes"]))
+    for start, coarsen in (("random", False), ("random", True), ("topo", False),
+                           ("topo", True), ("metis", True)):
+        res, secs = run("heuristic", big, topo8, None, workers=1, restarts=1, start=start,
+                        coarsen=coarsen)
+        conv.append((f"1 restart, start {_label(start, coarsen)}, 1 worker",
+                     res.plan.objective.value, secs, res.stats["restarts"][0]["passes"]))
+    for start in ("random", "topo"):
+        res, secs = run("heuristic", big, topo8, None, start=start)
+        conv.append((f"default: 8 restarts, start {start}, {res.stats['workers']} workers",
+                     res.plan.objective.value, secs,
+                     max(r["passes"] for r in res.stats["restarts"])))
     res, secs = run("heuristic", big, topo8, None)
     conv.append((f"default: 8 restarts, start metis, {res.stats['workers']} workers",
                  res.plan.objective.value, secs, max(r["passes"] for r in res.stats["restarts"])))

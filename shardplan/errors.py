@@ -8,7 +8,7 @@ any ``ValueError``. Internal invariants use ``assert``.
 
 from __future__ import annotations
 
-__all__ = ["InfeasibleError", "InvalidFileError", "ShardplanError"]
+__all__ = ["InfeasibleError", "InvalidFileError", "ShardplanError", "ShardplanWarning"]
 
 
 class ShardplanError(ValueError):
@@ -22,3 +22,9 @@ class InvalidFileError(ShardplanError):
 class InfeasibleError(ShardplanError):
     """The problem as posed has no solution (for example, a stage cannot fit in memory)."""
 
+
+
+class ShardplanWarning(UserWarning):
+    """Something a user should know that is not an error (a planner working on part of the
+    topology, a fallback taken). The command line prints it as one line
+    ``shardplan: note: ...``."""

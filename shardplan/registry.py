@@ -14,15 +14,19 @@ test all find algorithms here, so a new one is one module and one decorator.
 
 from __future__ import annotations
 
+import dataclasses
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from shardplan.errors import ShardplanError
-from shardplan.ir import ExecutionSettings, Graph, Plan, Topology
+import numpy as np
 
-__all__ = ["FAMILIES", "Algorithm", "Progress", "Result", "available", "get", "register", "run",
-           "take_options"]
+from shardplan.errors import InfeasibleError, ShardplanError, ShardplanWarning
+from shardplan.ir import ExecutionSettings, Graph, Level, Link, Plan, Stage, Topology
+
+__all__ = ["FAMILIES", "Algorithm", "Progress", "Result", "available", "check_reachable", "get",
+           "register", "run", "take_options"]
 
 Progress = Callable[[str, float, float], None]
 
@@ -104,18 +108,157 @@ def get(family: str, name: str) -> Algorithm:
 def run(family: str, name: str, graph: Graph, topology: Topology, *,
         seed: int = 0, time_limit: float | None = None, progress: Progress | None = None,
         **options: Any) -> Result:
-    """Look up and run an algorithm; validates the plan it returns against the inputs. Every
-    plan carries execution settings: one made by an algorithm that sets none gets the
-    defaults (:class:`~shardplan.ir.ExecutionSettings`) at the graph's batch size."""
+    """Look up and run an algorithm; validates the plan it returns against the inputs.
+
+    Unreachable devices are handled here, for every algorithm alike:
+
+    - when the topology falls into parts that cannot reach each other
+      (:meth:`Topology.connected_parts`: zero bandwidth and no route between them), the
+      algorithm plans on the largest part only (ties: the one with the lowest device id); a
+      :class:`~shardplan.errors.ShardplanWarning` says so (the command line prints it as a
+      note), the result's stats name the devices used, and an error raised on the smaller
+      topology (too few devices, say) names the part it was given;
+    - the plan returned must not send data between two devices that cannot reach each other
+      (adjacent stages, a stage's replica ring, a strategy's devices); one that does is
+      refused with an :class:`~shardplan.errors.InfeasibleError` naming the pair (a topology
+      whose zero-bandwidth pairs lie inside one part, written by hand without ``links``).
+
+    Every plan carries execution settings: one made by an algorithm that sets none gets
+    the defaults (:class:`~shardplan.ir.ExecutionSettings`) at the graph's batch size.
+    """
     if time_limit is not None and not time_limit > 0:
         raise ShardplanError(f"time limit must be positive, got {time_limit!r}")
-    result = get(family, name)(graph, topology, options=options, seed=seed,
-                               time_limit=time_limit, progress=progress)
+    algorithm = get(family, name)
+    parts = topology.connected_parts()
+    if len(parts) == 1:
+        result = algorithm(graph, topology, options=options, seed=seed,
+                           time_limit=time_limit, progress=progress)
+    else:
+        keep = parts[0]
+        where = (f"the topology's {topology.num_devices} devices fall into {len(parts)} parts "
+                 f"that cannot reach each other (bandwidth 0, no route); planning on the "
+                 f"largest, devices {_ranges(keep)}")
+        part = _restrict(topology, keep)
+        local = {k: _plan_onto(v, keep) if isinstance(v, Plan) else v
+                 for k, v in options.items()}
+        try:
+            result = algorithm(graph, part, options=local, seed=seed, time_limit=time_limit,
+                               progress=progress)
+        except ShardplanError as exc:
+            raise _with_context(exc, where) from None
+        stats = {**result.stats, "planned_on_devices": keep.tolist(),
+                 "unreachable_devices": np.setdiff1d(np.arange(topology.num_devices),
+                                                     keep).tolist()}
+        result = Result(_plan_back(result.plan, keep), stats)
+        warnings.warn(where, ShardplanWarning, stacklevel=2)
     result.plan.validate(graph, topology)
+    check_reachable(result.plan, graph, topology)
     if result.plan.execution is None:
         result = Result(result.plan.with_settings(ExecutionSettings().resolve(graph)),
                         result.stats)
     return result
+
+
+def check_reachable(plan: Plan, graph: Graph, topology: Topology) -> None:
+    """Raise an :class:`InfeasibleError` when ``plan`` sends data between two devices that
+    cannot reach each other (``bandwidth`` 0 that way): replica r of a stage to replica r of
+    each adjacent stage and back (every pair of the two stages' devices when their replica
+    counts differ), each replica to the next in the stage's list (its all-reduce ring), and
+    every pair of a stage's devices when the plan carries a ``strategy`` (PaSE's layers
+    exchange data among all of them). O(m + S^2 + S R) on top of the stage adjacency."""
+    bw = topology.bandwidth
+    if topology.num_devices < 2 or (bw + np.eye(topology.num_devices) > 0).all():
+        return
+    pairs: list[tuple[np.ndarray, np.ndarray]] = []
+    for st in plan.stages:
+        d = np.asarray(st.devices, dtype=np.int64)
+        if d.size < 2:
+            continue
+        if plan.strategy is not None:
+            i, j = np.meshgrid(d, d, indexing="ij")
+            off = i != j
+            pairs.append((i[off], j[off]))
+        else:
+            pairs.append((d, np.roll(d, -1)))
+    if plan.num_stages > 1:
+        adj = graph.stage_adjacency(plan.assignment(graph.num_nodes), plan.num_stages)
+        for a, b in zip(*np.nonzero(adj | adj.T), strict=True):
+            da = np.asarray(plan.stages[a].devices, dtype=np.int64)
+            db = np.asarray(plan.stages[b].devices, dtype=np.int64)
+            if da.size != db.size:
+                da, db = np.repeat(da, db.size), np.tile(db, da.size)
+            pairs.append((da, db))
+    if not pairs:
+        return
+    src = np.concatenate([p[0] for p in pairs])
+    dst = np.concatenate([p[1] for p in pairs])
+    bad = np.flatnonzero((src != dst) & ~(bw[src, dst] > 0))
+    if bad.size:
+        i, j = int(src[bad[0]]), int(dst[bad[0]])
+        names = topology.devices
+        raise InfeasibleError(f"the plan sends data from device {i} ({names[i].name}) to "
+                              f"device {j} ({names[j].name}), which it cannot reach "
+                              f"(bandwidth 0, no route): give the topology the physical "
+                              f"links to route over, or leave one of the two devices out")
+
+
+def _ranges(ids: np.ndarray) -> str:
+    """``[0, 1, 2, 5, 7, 8]`` -> ``"0-2, 5, 7-8"``; long lists shortened."""
+    runs: list[str] = []
+    start = prev = int(ids[0])
+    for x in [*ids[1:].tolist(), None]:
+        if x is not None and x == prev + 1:
+            prev = x
+            continue
+        runs.append(str(start) if start == prev else f"{start}-{prev}")
+        if x is not None:
+            start = prev = x
+    text = ", ".join(runs[:8]) + (f", ... ({len(runs) - 8} more runs)" if len(runs) > 8 else "")
+    return f"{text} ({ids.size} of them)"
+
+
+def _restrict(topology: Topology, keep: np.ndarray) -> Topology:
+    """The topology of the devices ``keep`` only, renumbered ``0..len(keep)-1``: matrices,
+    levels (empty groups dropped) and links restricted. Builder metadata (a grid's shape)
+    no longer describes it and is dropped."""
+    pos = {int(d): i for i, d in enumerate(keep.tolist())}
+    ix = np.ix_(keep, keep)
+    levels = []
+    for lv in topology.levels:
+        groups = tuple(g for g in (tuple(pos[d] for d in grp if d in pos) for grp in lv.groups)
+                       if g)
+        levels.append(Level(lv.name, groups))
+    links = tuple(Link(pos[lk.src], pos[lk.dst], lk.bandwidth, lk.latency, lk.kind)
+                  for lk in topology.links if lk.src in pos and lk.dst in pos)
+    return topology.replace(devices=tuple(topology.devices[d] for d in keep.tolist()),
+                            bandwidth=topology.bandwidth[ix], latency=topology.latency[ix],
+                            cost=None if topology.cost is None else topology.cost[ix],
+                            levels=tuple(levels), links=links, meta={})
+
+
+def _plan_onto(plan: Plan, keep: np.ndarray) -> Plan:
+    """An input plan (``map``'s) in the ids of the restricted topology; devices outside it
+    are left as they are (the mappers only read the replica counts)."""
+    pos = {int(d): i for i, d in enumerate(keep.tolist())}
+    if not all(d in pos for st in plan.stages for d in st.devices):
+        return plan
+    return dataclasses.replace(plan, stages=tuple(
+        Stage(st.nodes, tuple(pos[d] for d in st.devices)) for st in plan.stages))
+
+
+def _plan_back(plan: Plan, keep: np.ndarray) -> Plan:
+    """A plan made on the restricted topology, in the full topology's device ids."""
+    ids = keep.tolist()
+    return dataclasses.replace(plan, stages=tuple(
+        Stage(st.nodes, tuple(ids[d] for d in st.devices)) for st in plan.stages))
+
+
+def _with_context(exc: ShardplanError, where: str) -> ShardplanError:
+    message = f"{exc} ({where})"
+    try:
+        return type(exc)(message)
+    except TypeError:  # a subclass with another constructor
+        return ShardplanError(message)
 
 
 # Packages whose ``__init__`` imports (and so registers) their algorithms, on first lookup.

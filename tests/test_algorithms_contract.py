@@ -108,3 +108,84 @@ def test_strategy_contract(name: str, cost_model: str) -> None:
 def test_every_family_has_algorithms() -> None:
     for family in registry.FAMILIES:
         assert registry.available(family), family
+
+
+def _family_inputs(family: str) -> tuple[Graph, dict]:
+    """A graph and the options every algorithm of ``family`` needs, on ``_topology()``."""
+    if family == "strategy":
+        from shardplan.generate import generate
+
+        return generate("alexnet", batch_size=32), {}
+    graph = _graph()
+    if family == "map":
+        base = registry.run("partition", "uniform", graph, _topology(), stages=2,
+                            replicas=1).plan
+        return graph, {"plan": base}
+    return graph, {}
+
+
+def _with_bandwidth(topology: Topology, zero: list[tuple[int, int]]) -> Topology:
+    bw = topology.bandwidth.copy()
+    for i, j in zero:
+        bw[i, j] = bw[j, i] = 0.0
+    return topology.replace(bandwidth=bw)
+
+
+_ALL = [(f, n) for f in registry.FAMILIES for n in registry.available(f)]
+
+
+@pytest.mark.parametrize("family,name", _ALL)
+def test_disconnected_topology_is_planned_on_its_largest_part(family: str, name: str) -> None:
+    import warnings
+
+    from shardplan.errors import ShardplanError, ShardplanWarning
+
+    graph, options = _family_inputs(family)
+    # The two boxes {0, 1} and {2, 3} cannot reach each other: two parts of two devices, the
+    # one with the lowest ids is used.
+    topology = _with_bandwidth(_topology(), [(0, 2), (0, 3), (1, 2), (1, 3)])
+    assert [p.tolist() for p in topology.connected_parts()] == [[0, 1], [2, 3]]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            res = registry.run(family, name, graph, topology, seed=1, time_limit=20,
+                               **options)
+        except ShardplanError as exc:  # refused: says which part it planned on
+            assert "cannot reach each other" in str(exc) and "devices 0-1" in str(exc)
+            return
+    assert any(issubclass(w.category, ShardplanWarning) and "devices 0-1" in str(w.message)
+               for w in caught)
+    assert {d for st in res.plan.stages for d in st.devices} <= {0, 1}
+    assert res.stats["planned_on_devices"] == [0, 1]
+    assert res.stats["unreachable_devices"] == [2, 3]
+    _check_plan(res.plan, graph, topology)
+
+
+@pytest.mark.parametrize("family,name", _ALL)
+@pytest.mark.filterwarnings("ignore::shardplan.errors.ShardplanWarning")
+def test_no_plan_sends_data_between_unreachable_devices(family: str, name: str) -> None:
+    from shardplan.errors import ShardplanError
+
+    graph, options = _family_inputs(family)
+    # Devices 0 and 1 cannot reach each other (one part: both reach 2 and 3), then no two
+    # devices can (four parts of one device).
+    for zero in ([(0, 1)], [(0, 1), (0, 2), (0, 3), (1, 2), (1, 3), (2, 3)]):
+        topology = _with_bandwidth(_topology(), zero)
+        try:
+            res = registry.run(family, name, graph, topology, seed=1, time_limit=20,
+                               **options)
+        except ShardplanError as exc:  # refused, saying why
+            assert "cannot reach" in str(exc), exc
+            continue
+        bw = topology.bandwidth
+        stages = res.plan.stages
+        a = res.plan.assignment(graph.num_nodes)
+        for u, v in zip(a[graph.src].tolist(), a[graph.dst].tolist(), strict=True):
+            for x, y in zip(stages[u].devices, stages[v].devices, strict=False):
+                assert x == y or (bw[x, y] > 0 and bw[y, x] > 0), (u, v, x, y)
+        for st in stages:
+            ring = list(st.devices)
+            for x, y in zip(ring, ring[1:] + ring[:1], strict=True):
+                assert x == y or bw[x, y] > 0
+        if len(zero) > 1:
+            assert len({d for st in stages for d in st.devices}) == 1

@@ -13,8 +13,12 @@ Placeholders (parameters, buffers, user inputs) and the output are not nodes.
 
 from __future__ import annotations
 
+import contextlib
 import operator
-from collections.abc import Callable, Mapping, Sequence
+import os
+import sys
+import tempfile
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +43,33 @@ def tensor_bytes(val: Any) -> int:
                if isinstance(t, torch.Tensor))
 
 
+@contextlib.contextmanager
+def _output_held() -> Iterator[list[bytes]]:
+    """Hold what is written to file descriptors 1 and 2 (Python, C++ and torch's loggers
+    alike) in temporary files; the list receives ``[stdout bytes, stderr bytes]`` when the
+    block ends. The descriptors are restored however it ends."""
+    held: list[bytes] = []
+    sys.stdout.flush()
+    sys.stderr.flush()
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        saved = [os.dup(1), os.dup(2)]
+        try:
+            os.dup2(out.fileno(), 1)
+            os.dup2(err.fileno(), 2)
+            yield held
+        finally:
+            with contextlib.suppress(Exception):
+                sys.stdout.flush()
+                sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            for fd in saved:
+                os.close(fd)
+            for f in (out, err):
+                f.seek(0)
+                held.append(f.read())
+
+
 def export_model(model: torch.nn.Module, example_inputs: tuple[Any, ...], *,
                  name: str, dynamic_batch: bool = False) -> torch.export.ExportedProgram:
     """``torch.export.export(model, example_inputs, strict=False)``, errors made one line.
@@ -47,18 +78,35 @@ def export_model(model: torch.nn.Module, example_inputs: tuple[Any, ...], *,
     symbolic size (``torch.export.Dim.DYNAMIC``), so that the program runs at any batch size
     (the runtime's micro-batches); the example inputs should have at least 2 samples (torch
     specialises sizes 0 and 1).
-    """
+
+    What ``torch.export`` prints while tracing (a failing trace logs the partial program,
+    dozens of lines) is held back: after a success it is passed on unchanged, after a
+    failure dropped, so the failure is the one line of the :class:`ShardplanError` (a model
+    that calls ``sys.exit`` while traced fails the same way)."""
     dynamic = None
     if dynamic_batch:
         dynamic = tuple({0: torch.export.Dim.DYNAMIC}
                         if isinstance(t, torch.Tensor) and t.dim() > 0 else None
                         for t in example_inputs)
-    try:
-        return torch.export.export(model, example_inputs, dynamic_shapes=dynamic, strict=False)
-    except Exception as exc:  # noqa: BLE001 - any export failure is the user's model's
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    failure: BaseException | None = None
+    with _output_held() as held:
+        try:
+            program = torch.export.export(model, example_inputs, dynamic_shapes=dynamic,
+                                          strict=False)
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 - any failure is the model's
+            failure = exc
+    if failure is not None:
+        if isinstance(failure, SystemExit):
+            raise ShardplanError(f"torch.export could not trace {name!r}: the model called "
+                                 f"sys.exit({failure.code!r})") from None
+        first = (str(failure).strip().splitlines() or [type(failure).__name__])[0]
         raise ShardplanError(f"torch.export could not trace {name!r}: "
-                             f"{type(exc).__name__}: {first[:300]}") from None
+                             f"{type(failure).__name__}: {first[:300]}") from None
+    for stream, data in zip((sys.stdout, sys.stderr), held, strict=True):
+        if data:
+            stream.write(data.decode("utf-8", "replace"))
+            stream.flush()
+    return program
 
 
 @dataclass(frozen=True, slots=True)

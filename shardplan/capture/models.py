@@ -406,6 +406,15 @@ def _build_torchvision(name: str, batch_size: int, image_size: int | None
 
 
 # -------------------------------------------------------------------------------- user file
+def _failure(exc: BaseException) -> str:
+    """One line saying how the user's code failed: its exception's first line, or the
+    ``sys.exit`` it called (whose status must not become the command's)."""
+    if isinstance(exc, SystemExit):
+        return f"it called sys.exit({exc.code!r})"
+    first = (str(exc).strip().splitlines() or [""])[0]
+    return f"{type(exc).__name__}: {first[:200]}"
+
+
 def _load_user_function(spec: str) -> tuple[nn.Module, tuple[Any, ...], str]:
     path, func_name = spec.rsplit(":", 1)
     if not os.path.isfile(path):
@@ -418,20 +427,16 @@ def _load_user_function(spec: str) -> tuple[nn.Module, tuple[Any, ...], str]:
     sys.modules[mod_name] = module
     try:
         loader.loader.exec_module(module)
-    except Exception as exc:  # noqa: BLE001 - the user's file may fail any way
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - the user's file may fail any way
         sys.modules.pop(mod_name, None)
-        first = (str(exc).strip().splitlines() or [""])[0]
-        raise ShardplanError(f"importing {path!r} failed: {type(exc).__name__}: "
-                             f"{first[:200]}") from None
+        raise ShardplanError(f"importing {path!r} failed: {_failure(exc)}") from None
     fn = getattr(module, func_name, None)
     if fn is None or not callable(fn):
         raise ShardplanError(f"{path!r} has no function {func_name!r}")
     try:
         result = fn()
-    except Exception as exc:  # noqa: BLE001
-        first = (str(exc).strip().splitlines() or [""])[0]
-        raise ShardplanError(f"{func_name}() in {path!r} failed: {type(exc).__name__}: "
-                             f"{first[:200]}") from None
+    except (Exception, SystemExit) as exc:  # noqa: BLE001
+        raise ShardplanError(f"{func_name}() in {path!r} failed: {_failure(exc)}") from None
     if not (isinstance(result, (tuple, list)) and len(result) == 2
             and isinstance(result[0], nn.Module)):
         raise ShardplanError(f"{func_name}() in {path!r} must return (model, example_inputs) "

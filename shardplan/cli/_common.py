@@ -6,6 +6,7 @@ import argparse
 import json
 import math
 import sys
+import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, NoReturn
@@ -16,7 +17,34 @@ from shardplan.ir.io import dumps, write_json
 __all__ = ["SETTING_FLAGS", "OneLineParser", "add_output", "add_settings_arguments", "emit",
            "nonnegative_float", "nonnegative_int", "note", "plan_settings", "settings_changes",
            "parse_float_list", "parse_int_list", "parse_nonnegative_float_list",
-           "positive_float", "positive_int", "print_json", "split_names"]
+           "positive_float", "positive_int", "print_json", "set_command_start", "split_names",
+           "time_left"]
+
+#: ``time.monotonic()`` when the running command started (set by :func:`shardplan.cli.main`),
+#: so that ``--time-limit`` covers the whole command: start-up, loading the files, the search
+#: and writing the result.
+_COMMAND_START: float | None = None
+
+#: Share of a time limit kept for what follows the search (checking and writing the plan).
+_WRITE_SHARE = 0.03
+
+
+def set_command_start(when: float | None) -> None:
+    """Record when the running command started (``time.monotonic``); None: not known."""
+    global _COMMAND_START
+    _COMMAND_START = when
+
+
+def time_left(time_limit: float | None) -> float | None:
+    """What remains of the command's ``--time-limit`` for a search: the limit less the time
+    since the command started (interpreter start-up and file loading included) and a small
+    share kept for writing the result. Never below 1 ms: a search out of time still returns
+    its first plan, with status ``timed_out``. None stays None."""
+    if time_limit is None:
+        return None
+    spent = 0.0 if _COMMAND_START is None else time.monotonic() - _COMMAND_START
+    return max(time_limit * (1.0 - _WRITE_SHARE) - spent, 1e-3)
+
 
 class OneLineParser(argparse.ArgumentParser):
     """An ``ArgumentParser`` whose errors are one line on stderr and exit status 2."""

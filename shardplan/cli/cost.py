@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 from shardplan.cli._common import add_plan_inputs, load_plan_inputs, print_json
 from shardplan.cli.partition import parse_option
+from shardplan.errors import ShardplanError
 
 __all__ = ["register"]
 
@@ -31,11 +33,31 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=_run)
 
 
+def _check_options(plan: Any, objective: str, options: dict[str, Any], *,
+                   forced_model: bool) -> None:
+    """A ``--option`` the objective would not read is an error, not silently ignored: the
+    max-stage time of a partition reads its settings from the plan's options, which hold
+    other keys too, so it cannot tell a typo from them itself. (A mapping's formulas and
+    the other objectives check their own options.)"""
+    if objective != "max-stage" or not options:
+        return
+    if forced_model or "model" in options or plan.objective.name.startswith("max_stage_seconds_"):
+        return
+    from shardplan.cost._max_stage import PipelineSettings
+
+    takes = sorted(PipelineSettings.KEYS)
+    unknown = sorted(set(options) - set(takes))
+    if unknown:
+        raise ShardplanError(f"max-stage of a partition does not take option {unknown[0]!r} "
+                             f"(it takes: {', '.join(takes)})")
+
+
 def _run(args: argparse.Namespace) -> int:
     from shardplan.objectives import evaluate
 
     plan, graph, topology = load_plan_inputs(args)
     options = dict(args.option)
+    _check_options(plan, args.objective, options, forced_model=args.model is not None)
     if args.model is not None:
         options["model"] = args.model
     name, value, details = evaluate(plan, graph, topology, args.objective, **options)

@@ -52,6 +52,8 @@ def summarize(obj: Graph | Topology | Plan, *, devices: int | None = None,
 
             out["inter_stage_bytes"] = float(stage_traffic(graph, a, obj.num_stages)[0].sum())
             out["stage_graph_acyclic"] = graph.is_acyclic_partition(a)
+            if obj.strategy is not None:
+                out.update(_check_strategy(obj, graph, topology))
         elif topology is not None:
             raise ShardplanError("checking a plan against a topology needs --graph too")
     return out
@@ -75,6 +77,36 @@ def _bounds(work: np.ndarray, devices: int) -> dict[str, float]:
     largest = float(work.max()) if work.size else 0.0
     return {"average": total / devices, "largest_node": largest,
             "bound": max(total / devices, largest)}
+
+
+def _check_strategy(plan: Plan, graph: Graph, topology: Topology | None) -> dict[str, Any]:
+    """Check a plan's per-layer ``strategy`` against the graph: node ids it names, one split
+    factor (a positive integer) per dimension of each node's space; with the topology too,
+    every configuration must be one the strategy search allows there (its cost is then
+    reported). One-line :class:`ShardplanError` otherwise."""
+    from shardplan.strategy.tables import graph_spaces
+
+    spaces = graph_spaces(graph)
+    n = graph.num_nodes
+    for key, factors in plan.strategy.items():
+        if not key.isdigit() or int(key) >= n:
+            raise ShardplanError(f"the plan's strategy names node {key!r}, which the graph "
+                                 f"({n} nodes) does not have")
+        v = int(key)
+        dims = spaces[v].dims
+        if len(factors) != len(dims):
+            raise ShardplanError(f"the plan's strategy gives node {v} ({graph.names[v]!r}) "
+                                 f"{len(factors)} split factors, its space has {len(dims)} "
+                                 f"dimensions ({', '.join(dims)})")
+        if any(f < 1 for f in factors):
+            raise ShardplanError(f"the plan's strategy gives node {v} ({graph.names[v]!r}) a "
+                                 f"split factor below 1: {tuple(factors)}")
+    if topology is None:
+        return {}
+    from shardplan.objectives import evaluate
+
+    name, value, _ = evaluate(plan, graph, topology, "strategy")
+    return {"strategy_objective": name, "strategy_value": value}
 
 
 def _fmt(v: float) -> str:

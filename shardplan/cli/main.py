@@ -3,17 +3,30 @@
 Each command lives in its own module of this package with a ``register(subparsers)`` function
 that adds its parser and sets ``handler``. Errors a user can cause are
 :class:`~shardplan.errors.ShardplanError` and end as one line on stderr with exit status 2.
+
+This module imports only the standard library at load time: :func:`main` limits the thread
+pools (``OMP_NUM_THREADS=1`` unless set) *before* the command modules load NumPy, whose BLAS
+reads the variable once, when it starts its threads (set later, it changes nothing, and on a
+machine with few cores the idle-spinning BLAS threads made the command line several times
+slower than the library). ``import shardplan`` loads nothing heavy either (PEP 562), so the
+console script reaches :func:`main` with NumPy not yet imported.
 """
 
 from __future__ import annotations
 
-import importlib
 import os
+import signal
 import sys
+import time
+import warnings
 from collections.abc import Sequence
+from types import FrameType
+from typing import TYPE_CHECKING, Any
 
-from shardplan.cli._common import OneLineParser
-from shardplan.errors import ShardplanError
+from shardplan.errors import ShardplanError, ShardplanWarning
+
+if TYPE_CHECKING:  # pragma: no cover
+    from shardplan.cli._common import OneLineParser
 
 __all__ = ["build_parser", "main"]
 
@@ -23,15 +36,23 @@ _COMMAND_MODULES = (
     "cost", "simulate", "report", "train", "demo",
 )
 
+#: Environment the command line sets (unless the user did) before anything loads NumPy or
+#: torch: one thread per process (with 2 cores, oversubscription makes torch 15-70x slower
+#: and NumPy's BLAS several times slower), and no model hub access.
+_ENVIRONMENT = {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+
 
 def build_parser() -> OneLineParser:
+    import importlib
+
+    from shardplan import __version__
+    from shardplan.cli._common import OneLineParser
+
     parser = OneLineParser(
         prog="shardplan",
         description="Plan how to train a PyTorch model on many devices: capture its graph, "
                     "partition, map onto a topology, simulate, run.",
     )
-    from shardplan import __version__
-
     parser.add_argument("--version", action="version", version=f"shardplan {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
     sub.required = True
@@ -40,15 +61,62 @@ def build_parser() -> OneLineParser:
     return parser
 
 
+def _process_age() -> float:
+    """Seconds since this process started (interpreter start-up included), from
+    ``/proc/self/stat``; 0 where that is not available. Clock-tick resolution."""
+    try:
+        with open("/proc/self/stat", "rb") as fh:
+            fields = fh.read().rsplit(b")", 1)[1].split()
+        with open("/proc/uptime", "rb") as fh:
+            uptime = float(fh.read().split()[0])
+        started = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22: starttime
+    except (OSError, ValueError, IndexError):
+        return 0.0
+    return min(max(uptime - started, 0.0), 60.0)
+
+
+_SHOW_WARNING = warnings.showwarning
+
+
+def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                  file: Any = None, line: str | None = None) -> None:
+    """A :class:`ShardplanWarning` is one line ``shardplan: note: ...``; others as usual."""
+    if issubclass(category, ShardplanWarning):
+        sys.stderr.write(f"shardplan: note: {message}\n")
+    else:
+        _SHOW_WARNING(message, category, filename, lineno, file, line)
+
+
+class _Terminated(BaseException):
+    """SIGTERM, raised in the main thread so that ``finally`` blocks run (worker processes
+    stopped, temporary files removed)."""
+
+
+def _on_sigterm(signum: int, frame: FrameType | None) -> Any:
+    raise _Terminated
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the exit status (0 ok, 2 user error)."""
-    # One thread per process: with 2 cores, oversubscription makes torch 15-70x slower.
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    """Run the command line; returns the exit status (0 ok, 2 user error, 130 interrupted,
+    143 terminated)."""
+    started = time.monotonic() - (_process_age() if argv is None else 0.0)
+    for key, value in _ENVIRONMENT.items():
+        os.environ.setdefault(key, value)
+    from shardplan.cli import _common
+
+    _common.set_command_start(started)
     parser = build_parser()
     args = parser.parse_args(argv)
+    previous = None
     try:
-        rc = args.handler(args)
+        previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    except ValueError:  # not the main thread: leave signals alone
+        previous = None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("always", ShardplanWarning)
+            warnings.showwarning = _show_warning
+            rc = args.handler(args)
     except ShardplanError as exc:
         sys.stderr.write(f"shardplan: error: {exc}\n")
         return 2
@@ -61,6 +129,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         sys.stderr.write("shardplan: error: interrupted\n")
         return 130
+    except _Terminated:
+        sys.stderr.write("shardplan: error: terminated\n")
+        return 143
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+        _common.set_command_start(None)
     return int(rc or 0)
 
 

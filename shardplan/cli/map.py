@@ -15,6 +15,7 @@ from shardplan.cli._common import (
     positive_float,
     positive_int,
     progress_reporter,
+    time_left,
 )
 from shardplan.cli.partition import add_search_arguments, algorithm_options
 from shardplan.errors import ShardplanError
@@ -65,7 +66,8 @@ def _run(args: argparse.Namespace) -> int:
         note(line)
     with progress_reporter({"map": "binary search"}) as progress:
         result = registry.run("map", args.algorithm, graph, topology, seed=args.seed,
-                              time_limit=args.time_limit, progress=progress, plan=plan,
+                              time_limit=time_left(args.time_limit), progress=progress,
+                              plan=plan,
                               **options)
     emit(args, result.plan, what="plan")
     if not args.json:

@@ -22,6 +22,7 @@ from shardplan.cli._common import (
     positive_float,
     positive_int,
     progress_reporter,
+    time_left,
 )
 from shardplan.errors import ShardplanError
 
@@ -108,7 +109,9 @@ def add_search_arguments(p: argparse.ArgumentParser, algorithm_help: str,
     and the output flags: what every command that runs a registered search takes."""
     p.add_argument("--algorithm", required=True, help=algorithm_help)
     p.add_argument("--time-limit", type=positive_float, default=None, metavar="SEC",
-                   help="stop the search after SEC seconds with the best plan so far")
+                   help="the whole command (loading the files included) ends within SEC "
+                        "seconds, with the best plan found so far (status timed_out; such "
+                        "a plan may differ from run to run)")
     p.add_argument("--seed", type=nonnegative_int, default=0, help="random seed (default 0)")
     add_flags(p, flags)
     add_output(p)
@@ -126,7 +129,8 @@ def _run(args: argparse.Namespace) -> int:
     options = algorithm_options(args, FLAGS)
     with progress_reporter() as progress:
         result = registry.run("partition", args.algorithm, graph, topology, seed=args.seed,
-                              time_limit=args.time_limit, progress=progress, **options)
+                              time_limit=time_left(args.time_limit), progress=progress,
+                              **options)
     emit(args, result.plan, what="plan")
     if not args.json:
         plan = result.plan

@@ -25,6 +25,7 @@ from shardplan.cli._common import (
     positive_float,
     positive_int,
     progress_reporter,
+    time_left,
 )
 from shardplan.errors import ShardplanError
 
@@ -94,10 +95,10 @@ def format_table(names: Any, ops: Any, strategy: Any, dims: Any, limit: int = 60
 
 
 def _remaining(args: argparse.Namespace, t0: float) -> float | None:
-    """The time limit left after what the command already spent (at least 1 ms)."""
-    if args.time_limit is None:
-        return None
-    return max(1e-3, args.time_limit - (time.perf_counter() - t0))
+    """The time limit left after what the command already spent, counted from the
+    command's start (:func:`~shardplan.cli._common.time_left`)."""
+    del t0  # the command's own clock starts earlier, with the process
+    return time_left(args.time_limit)
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -39,7 +39,8 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "random-blk-2": ("devices", "bandwidth", "latency", "seed", "block_size",
                      "super_block_size"),
     "uniform-dist": ("devices", "bandwidth", "latency", "seed"),
-    "measure": ("nproc", "backend", "timeout", "sizes", "repeats"),
+    "measure": ("nproc", "backend", "timeout", "sizes", "repeats", "collectives",
+                "collective_sizes"),
 }
 _DEFAULT_SHAPES = {"mesh2d": (4, 4), "torus2d": (4, 4), "mesh3d": (4, 4, 4),
                    "torus3d": (4, 4, 4), "hierarchical": (2, 4, 3, 4)}
@@ -115,6 +116,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="message sizes (default 4,65536,1048576,4194304,16777216)")
     g.add_argument("--repeats", type=positive_int, metavar="N",
                    help="timed round trips per size and pair (default 10)")
+    g.add_argument("--no-collectives", dest="collectives", action="store_const", const=False,
+                   default=None, help="skip timing all-reduce, all-gather and reduce-scatter "
+                                      "per group size")
+    g.add_argument("--collective-sizes", type=parse_int_list, metavar="BYTES,...",
+                   help="collective tensor sizes (default 65536,1048576,4194304,16777216)")
     add_output(p)
     p.set_defaults(handler=run)
 
@@ -178,7 +184,8 @@ def options_for(args: argparse.Namespace) -> dict[str, Any]:
                 opts[key] = getattr(args, key)
     elif kind == "measure":
         opts["nproc"] = args.nproc
-        for key in ("backend", "timeout", "sizes", "repeats"):
+        for key in ("backend", "timeout", "sizes", "repeats", "collectives",
+                    "collective_sizes"):
             if getattr(args, key) is not None:
                 opts[key] = getattr(args, key)
     return opts

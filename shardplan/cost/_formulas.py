@@ -80,8 +80,8 @@ def optimizer_seconds(param_bytes: Any, optimizer: str, rate: Any) -> Any:
 
 def stage_memory(*, params: Any, outputs: Any, received: Any, inputs: Any, extra: Any,
                  in_flight: Any, replicas: Any, optimizer: str, recompute: bool,
-                 mixed_precision: bool = False, param_dtype_bytes: int = 2
-                 ) -> dict[str, Any]:
+                 mixed_precision: bool = False, param_dtype_bytes: int = 2,
+                 shards: Any = 1, gathered: Any = 0.0) -> dict[str, Any]:
     """Every memory term of a stage, bytes per device, elementwise over stages.
 
     With ``P = params`` (parameter bytes):
@@ -98,12 +98,16 @@ def stage_memory(*, params: Any, outputs: Any, received: Any, inputs: Any, extra
       in flight and re-creates one micro-batch's other outputs during its backward. The
       ``replicas`` of a stage split every micro-batch, so activations are divided by them
       (parameters and optimizer state are replicated in full);
-    - ``extra``: other working memory, once.
+    - ``extra``: other working memory, once;
+    - sharded data parallelism (FSDP, ZeRO-3): parameters, gradients, master weights and
+      optimizer state are split over ``shards`` devices, and ``gathered`` bytes of
+      parameters are held whole at a time (the units all-gathered for the running and the
+      prefetched layer).
 
     ``total`` is their sum. Broadcasts. O(size).
     """
     factor = OPTIMIZER_STATE[optimizer]
-    p = np.asarray(params, dtype=np.float64)
+    p = np.asarray(params, dtype=np.float64) / np.asarray(shards, dtype=np.float64)
     if mixed_precision:
         master = p * (_MASTER_BYTES / param_dtype_bytes)
         opt = factor * master
@@ -117,6 +121,7 @@ def stage_memory(*, params: Any, outputs: Any, received: Any, inputs: Any, extra
         acts = flight * (np.asarray(outputs) + received)
     acts = acts / np.asarray(replicas, dtype=np.float64)
     extra = np.asarray(extra, dtype=np.float64) + 0.0 * p
-    total = p + p + master + opt + acts + extra
+    whole = np.asarray(gathered, dtype=np.float64) + 0.0 * p
+    total = p + p + master + opt + acts + extra + whole
     return {"params": p, "gradients": p.copy(), "master": master, "optimizer": opt,
-            "activations": acts, "extra": extra, "total": total}
+            "activations": acts, "extra": extra, "gathered": whole, "total": total}

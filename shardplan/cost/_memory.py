@@ -82,6 +82,7 @@ def partition_memory_breakdown(
     graph: Graph, assignment: Sequence[int] | np.ndarray, num_stages: int | None = None, *,
     optimizer: str = "adam", in_flight: Any = 1, recompute: bool = False,
     mixed_precision: bool = False, param_dtype_bytes: int = 2, replicas: Any = 1,
+    sharded: bool = False, unit_bytes: float = 0.0,
 ) -> dict[str, np.ndarray]:
     """Every term of every stage's memory, in bytes per device of the stage.
 
@@ -122,11 +123,16 @@ def partition_memory_breakdown(
         Bytes per stored parameter under mixed precision (2 for fp16/bf16).
     replicas : int or array of shape (k,)
         Data-parallel replicas per stage.
+    sharded : bool
+        FSDP: parameters, gradients and optimizer state split over the replicas, with two
+        units of ``unit_bytes`` of parameters (the running and the prefetched one, at most
+        the stage's parameters) held whole.
+    unit_bytes : float
 
     Returns
     -------
     dict of str to ndarray of float64, shape (k,)
-        Keys ``params, gradients, master, optimizer, activations, extra, total``.
+        Keys ``params, gradients, master, optimizer, activations, extra, gathered, total``.
 
     Notes
     -----
@@ -156,7 +162,9 @@ def partition_memory_breakdown(
     return stage_memory(params=params, outputs=outputs, received=received, inputs=inputs,
                         extra=extra, in_flight=flight, replicas=reps, optimizer=optimizer,
                         recompute=recompute, mixed_precision=mixed_precision,
-                        param_dtype_bytes=param_dtype_bytes)
+                        param_dtype_bytes=param_dtype_bytes,
+                        shards=reps if sharded else 1,
+                        gathered=np.minimum(2.0 * unit_bytes, params) if sharded else 0.0)
 
 
 def partition_memory_bytes(

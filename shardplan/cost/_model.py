@@ -335,11 +335,14 @@ class CostModel:
     def memory_breakdown(self, assignment: Sequence[int] | np.ndarray,
                          num_stages: int | None = None, *, in_flight: Any = 1,
                          replicas: Any = 1) -> dict[str, np.ndarray]:
-        """Every memory term of every stage; see :func:`partition_memory_breakdown`."""
+        """Every memory term of every stage; see :func:`partition_memory_breakdown` (with
+        the settings' sharded data parallelism when they ask for it)."""
+        s = self.settings
         return partition_memory_breakdown(
             self.graph, assignment, num_stages, optimizer=self.optimizer, in_flight=in_flight,
             recompute=self.recompute, mixed_precision=self.mixed_precision,
-            param_dtype_bytes=self.param_dtype_bytes, replicas=replicas)
+            param_dtype_bytes=self.param_dtype_bytes, replicas=replicas,
+            sharded=s.gradient_sync == "sharded", unit_bytes=float(s.bucket_bytes))
 
     def partition_memory_bytes(self, assignment: Sequence[int] | np.ndarray,
                                num_stages: int | None = None, *, in_flight: Any = 1,

@@ -49,13 +49,9 @@ from typing import Any
 import numpy as np
 
 from shardplan.cost._checks import check_assignment
-from shardplan.cost._formulas import (
-    message_seconds,
-    optimizer_seconds,
-    ring_allreduce_seconds,
-    work_seconds,
-)
-from shardplan.cost._memory import in_flight_microbatches, partition_memory_breakdown
+from shardplan.cost._collectives import ring_collectives
+from shardplan.cost._formulas import message_seconds, optimizer_seconds, work_seconds
+from shardplan.cost._memory import in_flight_microbatches
 from shardplan.cost._transfer import stage_traffic
 from shardplan.errors import ShardplanError
 
@@ -203,7 +199,11 @@ class StageTimes:
         Seconds of the messages a replica sends (its activations forward, the gradients of
         its inputs backward) and receives, each alone on its links.
     allreduce : ndarray, shape (S,)
-        Ring all-reduce of the stage's gradients over its replicas, once per iteration.
+        The stage's gradient synchronisation over its replicas, once per iteration: the
+        all-reduce of its gradients (``gradient_sync`` ``end`` or ``bucketed``), or their
+        reduce-scatter (``sharded``; the two all-gathers of every micro-batch are then in
+        ``send`` and ``recv``). Measured collective curves of the topology when it has
+        them, else the ring over the slowest link (:mod:`shardplan.cost._collectives`).
     optimizer : ndarray, shape (S, Rmax)
         Optimizer step of the stage's parameters on every replica's device.
     memory, capacity : ndarray, shape (S,)
@@ -357,13 +357,22 @@ def stage_times(model: Any, assignment: Sequence[int] | np.ndarray, stage_device
     np.add.at(recv, src, msgs.backward_seconds)
     # all-reduce over each stage's ring (replicas in plan order)
     params = np.bincount(a, weights=graph.param_bytes.astype(np.float64), minlength=k)
+    # gradient synchronisation over each stage's replicas (the ring in plan order)
+    sharded = settings.gradient_sync == "sharded"
     ar = np.zeros(k)
+    gather = np.zeros(k)
     inv = model.inverse_bandwidth
-    for s in np.flatnonzero((reps > 1) & (params > 0)):
-        ring = dev[s, :reps[s]]
-        nxt = np.roll(ring, -1)
-        ar[s] = ring_allreduce_seconds(reps[s], params[s], topology.latency[ring, nxt],
-                                       inv[ring, nxt]).max()  # the slowest link paces it
+    for r in np.unique(reps[(reps > 1) & (params > 0)]):  # stages with r replicas at once
+        rows = np.flatnonzero((reps == r) & (params > 0))
+        ring = dev[rows, :r]
+        if sharded:  # reduce-scatter once; all-gather before every forward and backward
+            ar[rows] = ring_collectives(topology, "reducescatter", ring, params[rows], inv)
+            gather[rows] = ring_collectives(topology, "allgather", ring, params[rows], inv)
+        else:
+            ar[rows] = ring_collectives(topology, "allreduce", ring, params[rows], inv)
+    if sharded:  # the gathers stream on the replicas' communication, every micro-batch
+        send += np.where(mask, 2.0 * gather[:, None], 0.0).reshape(-1)
+        recv += np.where(mask, 2.0 * gather[:, None], 0.0).reshape(-1)
     # memory, with the micro-batches each pipeline position keeps in flight
     if order is None:
         order = pipeline_positions(graph, a, k)
@@ -376,12 +385,10 @@ def stage_times(model: Any, assignment: Sequence[int] | np.ndarray, stage_device
         flight[list(order)] = pos_flight[:k]
     else:
         flight = np.asarray(in_flight, dtype=np.float64)
-    mem = partition_memory_breakdown(
-        graph, a, k, optimizer=model.optimizer, in_flight=flight, recompute=model.recompute,
-        mixed_precision=model.mixed_precision, param_dtype_bytes=model.param_dtype_bytes,
-        replicas=reps)["total"]
+    mem = model.memory_breakdown(a, k, in_flight=flight, replicas=reps)["total"]
     cap = np.where(mask, topology.device_memory[d0], np.inf).min(axis=1)
-    opt = np.where(mask, optimizer_seconds(params[:, None], model.optimizer, rate), 0.0)
+    shard = reps[:, None] if sharded else 1  # each replica steps its shard
+    opt = np.where(mask, optimizer_seconds(params[:, None] / shard, model.optimizer, rate), 0.0)
     return StageTimes(
         devices=dev, replicas=reps, forward=fwd, backward=bwd,
         send=send.reshape(k, width), recv=recv.reshape(k, width), allreduce=ar,

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from shardplan.cost._checks import check_assignment
-from shardplan.cost._formulas import message_seconds, ring_allreduce_seconds
+from shardplan.cost._formulas import message_seconds
 from shardplan.errors import ShardplanError
 from shardplan.ir import Graph, Topology
 
@@ -239,7 +239,8 @@ def allreduce_seconds(topology: Topology, devices: Sequence[int] | np.ndarray,
 
     This is Parmesan's c_AR (equation 7, ``max over ring pairs of 2 (R - 1) P(s) /
     (R B)``) plus a latency per step; without latency the two are equal. 0 for one device or
-    no bytes, ``inf`` if a ring link has no route. O(r).
+    no bytes, ``inf`` if a ring link has no route. A topology with a measured all-reduce
+    curve for r devices uses it instead (:mod:`shardplan.cost._collectives`). O(r).
     """
     dev = np.asarray(devices, dtype=np.int64).reshape(-1)
     r = dev.size
@@ -247,7 +248,6 @@ def allreduce_seconds(topology: Topology, devices: Sequence[int] | np.ndarray,
         raise ShardplanError(f"all-reduce devices must lie in [0, {topology.num_devices})")
     if r <= 1 or nbytes <= 0:
         return 0.0
-    nxt = np.roll(dev, -1)
-    inv = inverse_bandwidth(topology)
-    return float(ring_allreduce_seconds(r, float(nbytes), topology.latency[dev, nxt],
-                                        inv[dev, nxt]).max())
+    from shardplan.cost._collectives import collective_seconds
+
+    return collective_seconds(topology, "allreduce", dev, float(nbytes))

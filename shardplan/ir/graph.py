@@ -20,9 +20,14 @@ from scipy.sparse.csgraph import connected_components
 
 from shardplan.errors import InvalidFileError, ShardplanError
 
-__all__ = ["GRAPH_FORMAT", "Edge", "Graph", "Node"]
+__all__ = ["GRAPH_FORMAT", "MAX_BYTES", "Edge", "Graph", "Node"]
 
 GRAPH_FORMAT = "shardplan.graph/1"
+
+#: Byte counts (and ids) must stay below 2^53: every such integer is exact as a float64 (the
+#: files are JSON numbers) and far from int64's limit, past which 1e30 bytes wrapped around
+#: to a negative count. No tensor comes near it (2^53 bytes is 8 PiB).
+MAX_BYTES = float(2**53)
 
 _FLOAT_COLUMNS = ("fwd_flops", "bwd_flops", "weight")
 _INT_COLUMNS = ("param_bytes", "output_bytes")
@@ -142,6 +147,11 @@ class Graph:
                 raise InvalidFileError(f"node {i} ({self.names[i]!r}) has a negative or "
                                        f"non-finite {col}: {arr[i]!r}")
             if col in _INT_COLUMNS:
+                big = np.flatnonzero(arr >= MAX_BYTES)
+                if big.size:
+                    i = int(big[0])
+                    raise InvalidFileError(f"node {i} ({self.names[i]!r}) has {col} "
+                                           f"{arr[i]:.6g}: byte counts must be below 2^53")
                 arr = arr.astype(np.int64)
             object.__setattr__(self, col, _readonly(arr))
         for col in _OPTIONAL_FLOAT_COLUMNS:
@@ -150,11 +160,21 @@ class Graph:
                 arr = np.asarray(val, dtype=np.float64)
                 if arr.shape != (n,):
                     raise InvalidFileError(f"graph column {col!r} has shape {arr.shape}")
+                inf = np.flatnonzero(np.isinf(arr))  # NaN marks an absent value
+                if inf.size:
+                    i = int(inf[0])
+                    raise InvalidFileError(f"node {i} ({self.names[i]!r}) has a non-finite "
+                                           f"{col}: {arr[i]!r}")
                 object.__setattr__(self, col, _readonly(arr))
         for col in ("src", "dst", "edge_bytes"):
             arr = np.asarray(getattr(self, col), dtype=np.float64).reshape(-1)
             if not np.all(np.isfinite(arr)):
                 raise InvalidFileError(f"edge column {col!r} holds a non-finite value")
+            big = np.flatnonzero(np.abs(arr) >= MAX_BYTES)
+            if big.size:
+                e = int(big[0])
+                raise InvalidFileError(f"edge {e} has {'bytes' if col == 'edge_bytes' else col}"
+                                       f" {arr[e]:.6g}: integers in a graph must be below 2^53")
             object.__setattr__(self, col, _readonly(arr.astype(np.int64)))
         if not (self.src.shape == self.dst.shape == self.edge_bytes.shape):
             raise InvalidFileError("edge arrays src/dst/bytes differ in length")
@@ -234,8 +254,9 @@ class Graph:
         fwd = np.asarray(fwd_flops, dtype=np.float64)
         n = fwd.shape[0]
         src_a = np.asarray(src, dtype=np.int64)
-        pb = np.zeros(n, np.int64) if param_bytes is None else np.asarray(param_bytes, np.int64)
-        ob = np.zeros(n, np.int64) if output_bytes is None else np.asarray(output_bytes, np.int64)
+        # Floats until validated: a cast to int64 first would wrap huge values around.
+        pb = np.zeros(n) if param_bytes is None else np.asarray(param_bytes, np.float64)
+        ob = np.zeros(n) if output_bytes is None else np.asarray(output_bytes, np.float64)
         if edge_bytes is None:
             edge_bytes = ob[np.clip(src_a, 0, max(n - 1, 0))] if n else np.zeros(0, np.int64)
         return cls(
@@ -265,7 +286,7 @@ class Graph:
                 raise InvalidFileError(f"node at position {i} has id {nd.id}: ids must be "
                                        f"0..n-1 in order")
         edge_list = [(e.src, e.dst, e.bytes) if isinstance(e, Edge) else tuple(e) for e in edges]
-        e_arr = np.array(edge_list, dtype=np.int64).reshape(-1, 3)
+        e_arr = np.array(edge_list, dtype=np.float64).reshape(-1, 3)  # validated, then int64
 
         def opt(attr: str) -> np.ndarray | None:
             vals = [getattr(nd, attr) for nd in nodes]
@@ -281,8 +302,8 @@ class Graph:
             modules=tuple(nd.module for nd in nodes),
             fwd_flops=np.array([nd.fwd_flops for nd in nodes], dtype=np.float64),
             bwd_flops=np.array([nd.bwd_flops for nd in nodes], dtype=np.float64),
-            param_bytes=np.array([nd.param_bytes for nd in nodes], dtype=np.int64),
-            output_bytes=np.array([nd.output_bytes for nd in nodes], dtype=np.int64),
+            param_bytes=np.array([nd.param_bytes for nd in nodes], dtype=np.float64),
+            output_bytes=np.array([nd.output_bytes for nd in nodes], dtype=np.float64),
             weight=np.array([nd.weight for nd in nodes], dtype=np.float64),
             src=e_arr[:, 0], dst=e_arr[:, 1], edge_bytes=e_arr[:, 2],
             fwd_seconds=opt("fwd_seconds"), bwd_seconds=opt("bwd_seconds"),
@@ -726,6 +747,9 @@ class Graph:
                     v = nd.get(c)
                     if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
                         raise TypeError(c)
+                    if v is not None and not math.isfinite(v):  # a literal NaN or Infinity
+                        raise InvalidFileError(f"node {i} has a non-finite {c}: {v!r} (leave it "
+                                               f"out, or null, when it is not known)")
                     cols[c].append(math.nan if v is None else v)
             except TypeError as exc:
                 raise InvalidFileError(f"node {i} has a non-numeric {exc.args[0]!r}") from None
@@ -756,7 +780,7 @@ class Graph:
             param_bytes=np.array(cols["param_bytes"], dtype=np.float64).reshape(n),
             output_bytes=np.array(cols["output_bytes"], dtype=np.float64).reshape(n),
             weight=np.array(cols["weight"], dtype=np.float64).reshape(n),
-            src=np.array(src, dtype=np.int64), dst=np.array(dst, dtype=np.int64),
+            src=np.array(src, dtype=np.float64), dst=np.array(dst, dtype=np.float64),
             edge_bytes=np.array(eb, dtype=np.float64),
             **{c: (np.array(cols[c], dtype=np.float64)
                    if any(not math.isnan(v) for v in cols[c]) else None)

@@ -30,10 +30,12 @@ import numpy as np
 
 from shardplan.errors import InvalidFileError, ShardplanError
 
-__all__ = ["OPTIMIZERS", "SCHEDULES", "ExecutionSettings"]
+__all__ = ["DDP_BUCKET_BYTES", "GRADIENT_SYNCS", "OPTIMIZERS", "SCHEDULES", "ExecutionSettings"]
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
 OPTIMIZERS = ("sgd", "sgd-momentum", "momentum", "adam", "adamw")
+GRADIENT_SYNCS = ("end", "bucketed", "sharded")
+DDP_BUCKET_BYTES = 25 * 2**20  # torch DistributedDataParallel's default bucket_cap_mb
 
 # Keys older plans kept among their algorithm options (before the ``execution`` field).
 _LEGACY_OPTION_KEYS = ("efficiency", "optimizer", "microbatches", "schedule", "recompute",
@@ -79,6 +81,18 @@ class ExecutionSettings:
     profile_flops : float or None
         Peak FLOP/s of the machine a graph's measured seconds come from (they are rescaled to
         each device); None: measured seconds are used as they are.
+    gradient_sync : {"end", "bucketed", "sharded"}
+        How a stage's replicas synchronise gradients: ``end`` -- one ring all-reduce of the
+        stage's gradients after its last backward (default; what the pipeline runtime
+        does); ``bucketed`` -- DDP: gradients in buckets of ``bucket_bytes``, each
+        all-reduced as soon as the last micro-batch's backward has produced it, overlapping
+        the rest of that backward; ``sharded`` -- FSDP (ZeRO-3): parameters, gradients and
+        optimizer state sharded over the replicas, each unit of ``bucket_bytes`` of
+        parameters all-gathered before its forward and again before its backward (the next
+        unit prefetched), its gradients reduce-scattered after the last micro-batch's
+        backward.
+    bucket_bytes : int
+        DDP bucket and FSDP unit size (default 25 MiB, torch DDP's ``bucket_cap_mb``).
     """
 
     microbatch_size: int | None = None
@@ -92,6 +106,8 @@ class ExecutionSettings:
     efficiency: float | None = None
     overlap: bool = True
     profile_flops: float | None = None
+    gradient_sync: str = "end"
+    bucket_bytes: int = DDP_BUCKET_BYTES
 
     def __post_init__(self) -> None:
         if self.microbatch_size is not None:
@@ -99,6 +115,10 @@ class ExecutionSettings:
         _int("microbatches", self.microbatches)
         _int("virtual_stages", self.virtual_stages)
         _int("param_dtype_bytes", self.param_dtype_bytes)
+        _int("bucket_bytes", self.bucket_bytes)
+        if self.gradient_sync not in GRADIENT_SYNCS:
+            raise ShardplanError(f"unknown gradient sync {self.gradient_sync!r} (choose from "
+                                 f"{', '.join(GRADIENT_SYNCS)})")
         if self.schedule not in SCHEDULES:
             raise ShardplanError(f"unknown schedule {self.schedule!r} (choose from "
                                  f"{', '.join(SCHEDULES)})")

@@ -190,6 +190,31 @@ class Topology:
         return np.array([float(d.extra.get("memory_bandwidth") or np.inf)
                          for d in self.devices], dtype=np.float64)
 
+    def collective_curve(self, kind: str, group_size: int
+                         ) -> tuple[np.ndarray, np.ndarray] | None:
+        """A measured collective's ``(bytes, seconds)`` for a group of ``group_size``
+        devices, from the optional ``collectives`` field (``{"allreduce": {"2": [[bytes,
+        seconds], ...], ...}, "allgather": ...}``, written by ``topology measure``), sorted by
+        bytes; None when not measured. ``bytes`` is the whole tensor (an all-gather's
+        output, a reduce-scatter's input)."""
+        table = self.meta.get("collectives")
+        if not isinstance(table, Mapping):
+            return None
+        rows = (table.get(kind) or {}).get(str(int(group_size))) if isinstance(
+            table.get(kind), Mapping) else None
+        if not rows:
+            return None
+        try:
+            arr = np.asarray(rows, dtype=np.float64).reshape(-1, 2)
+        except (TypeError, ValueError):
+            raise InvalidFileError(f"topology collectives {kind!r} for {group_size} devices "
+                                   "must be [bytes, seconds] pairs") from None
+        if not np.all(np.isfinite(arr)) or np.any(arr <= 0):
+            raise InvalidFileError(f"topology collectives {kind!r} for {group_size} devices "
+                                   "must be positive finite [bytes, seconds] pairs")
+        arr = arr[np.argsort(arr[:, 0])]
+        return arr[:, 0], arr[:, 1]
+
     def transfer_seconds(self, i: int, j: int, nbytes: float) -> float:
         """Seconds to send ``nbytes`` from device i to device j: latency + bytes / bandwidth.
 
@@ -201,6 +226,28 @@ class Topology:
         if bw <= 0:
             return float("inf")
         return float(self.latency[i, j] + nbytes / bw)
+
+    def connected_parts(self) -> list[np.ndarray]:
+        """The devices grouped into parts that can exchange data: connected components of
+        the graph that joins i and j when ``bandwidth`` is positive both ways (pipelines send
+        activations one way and gradients back). The matrices are routed, so in a topology
+        written by the builders every two devices of one part reach each other directly.
+
+        Returns the parts, largest first (ties: the part with the lowest device id first),
+        each an ascending array of device ids; one part when every device reaches every
+        other. O(D^2).
+        """
+        n = self.num_devices
+        ok = (self.bandwidth > 0) & (self.bandwidth.T > 0)
+        np.fill_diagonal(ok, True)
+        if ok.all():
+            return [np.arange(n, dtype=np.int64)]
+        import scipy.sparse as sp
+        from scipy.sparse.csgraph import connected_components
+
+        _, labels = connected_components(sp.csr_matrix(ok), directed=False)
+        parts = [np.flatnonzero(labels == c) for c in np.unique(labels)]
+        return sorted(parts, key=lambda p: (-p.size, int(p[0])))
 
     def bandwidth_classes(self, *, rel_tol: float = 1e-6) -> list[tuple[float, int]]:
         """Distinct off-diagonal bandwidths (ordered pairs counted), fastest first."""

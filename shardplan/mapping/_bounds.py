@@ -29,6 +29,7 @@ their least sum). A device without the memory a stage needs is never allowed (``
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 
@@ -38,18 +39,24 @@ __all__ = ["allreduce_min", "allreduce_node_bounds", "lower_bound", "min_pair_co
            "p2p_node_bounds", "ring_bottleneck"]
 
 
-def min_pair_costs(problem: MappingProblem) -> dict[tuple[int, int], np.ndarray]:
+def min_pair_costs(problem: MappingProblem, *, check: Callable[[], None] | None = None
+                   ) -> dict[tuple[int, int], np.ndarray]:
     """For every ordered adjacent pair (s, t): ``min over x != d`` of ``pair_cost(s, t)[d, x]``,
-    shape (D,) -- the least stage s's replica on d can pay to talk to t. O(S^2 D^2)."""
+    shape (D,) -- the least stage s's replica on d can pay to talk to t. O(S^2 D^2).
+    ``check`` is called before each pair (a deadline check that may raise)."""
     out = {}
     for s, t in zip(*np.nonzero(problem.adjacent), strict=True):
+        if check is not None:
+            check()
         out[(int(s), int(t))] = problem.pair_cost(int(s), int(t)).min(axis=1)
     return out
 
 
-def p2p_node_bounds(problem: MappingProblem) -> np.ndarray:
+def p2p_node_bounds(problem: MappingProblem, *, check: Callable[[], None] | None = None
+                    ) -> np.ndarray:
     """Equation 8's inner term for every stage and device, shape (S, D). O(S D A) with A the
-    cost of one assignment problem of deg(s) rows and D - 1 columns."""
+    cost of one assignment problem of deg(s) rows and D - 1 columns. ``check`` is called
+    between pieces of work (a deadline check that may raise)."""
     from scipy.optimize import linear_sum_assignment  # lazily: 0.15 s to import
 
     s_count, d_count = problem.compute.shape
@@ -58,6 +65,8 @@ def p2p_node_bounds(problem: MappingProblem) -> np.ndarray:
         nbrs = np.flatnonzero(problem.adjacent[s])
         if nbrs.size == 0:
             continue
+        if check is not None:
+            check()
         costs = np.stack([problem.pair_cost(s, int(t)) for t in nbrs])  # (k, D, D)
         if nbrs.size == 1:
             comm[s] += costs[0].min(axis=1)
@@ -66,6 +75,8 @@ def p2p_node_bounds(problem: MappingProblem) -> np.ndarray:
             comm[s] = np.inf
             continue
         for d in range(d_count):
+            if check is not None and d % 16 == 0:
+                check()
             block = np.delete(costs[:, d, :], d, axis=1)  # (k, D - 1)
             if not np.all(np.isfinite(block.min(axis=1))):
                 comm[s, d] = np.inf

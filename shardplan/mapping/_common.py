@@ -58,9 +58,10 @@ def mapped_plan(name: str, plan: Plan, graph: Graph, topology: Topology, devices
 
     The recorded options leave out ``plan`` and record the resolved ``model``."""
     if not np.isfinite(value):
-        raise InfeasibleError(f"{name}: every mapping of the plan's {plan.num_stages} stages x "
-                              f"{plan.num_replicas} replicas needs a pair of devices the "
-                              "topology cannot connect")
+        what = "every mapping" if name == "optimal" else "the mapping"
+        raise InfeasibleError(f"{name}: {what} of the plan's {plan.num_stages} stages x "
+                              f"{plan.num_replicas} replicas sends data between devices that "
+                              "cannot reach each other")
     recorded = {k: v for k, v in options.items() if k != "plan" and v is not None}
     recorded["model"] = model
     stages = tuple(Stage(st.nodes, tuple(int(d) for d in devices[s]))

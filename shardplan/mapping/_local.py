@@ -33,16 +33,26 @@ def _score(times: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def improve(problem: MappingProblem, model: str, devices: np.ndarray, *,
-            deadline: float | None = None, max_steps: int = 500) -> tuple[np.ndarray, int]:
-    """Hill-climb from ``devices`` (S, R); returns the improved mapping and steps taken."""
+            deadline: float | None = None, max_steps: int = 500,
+            chunk_elements: int = 1 << 22) -> tuple[np.ndarray, int]:
+    """Hill-climb from ``devices`` (S, R); returns the improved mapping and steps taken.
+
+    Candidates are evaluated in batches of at most ``chunk_elements`` device ids (so memory
+    stays bounded on thousands of devices), and ``deadline`` (``time.monotonic``) is checked
+    between batches: a step cut short keeps the mapping it started from."""
     S, R, D = problem.num_stages, problem.num_replicas, problem.num_devices
     dev = np.array(devices, dtype=np.int64)
     owner = np.full(D, -1, dtype=np.int64)  # flat vertex index s * R + r, or -1 if free
     owner[dev.reshape(-1)] = np.arange(S * R)
     cur_max, cur_sum = (x[0] for x in _score(stage_times(problem, dev[None], model)))
+    per_chunk = max(1, chunk_elements // max(S * R, 1))
     steps = 0
+
+    def late() -> bool:
+        return deadline is not None and time.monotonic() > deadline
+
     while steps < max_steps:
-        if deadline is not None and time.monotonic() > deadline:
+        if late():
             break
         times = stage_times(problem, dev, model)
         s, r = np.unravel_index(int(np.argmax(times)), times.shape)
@@ -50,29 +60,36 @@ def improve(problem: MappingProblem, model: str, devices: np.ndarray, *,
             (problem.ar_weight and R > 1) else [(s, r)]
         if model != "allreduce":
             movers += [(int(t), r) for t in np.flatnonzero(problem.adjacent[s])]
-        batch, moves = [], []
+        # The best candidate by (max stage time, sum of stage times), first one on ties,
+        # in the order (mover, target device).
+        best: tuple[float, float, int, int, int] | None = None
+        cut_short = False
         for a, b in movers:
-            d0 = dev[a, b]
-            for x in range(D):
-                if x == d0:
-                    continue
-                cand = dev.copy()
-                cand[a, b] = x
-                o = owner[x]
-                if o >= 0:
-                    cand[o // R, o % R] = d0
-                batch.append(cand)
-                moves.append((a, b, x))
-        if not batch:
+            d0 = int(dev[a, b])
+            targets = np.flatnonzero(np.arange(D) != d0)
+            for lo in range(0, targets.size, per_chunk):
+                if best is not None and late():
+                    cut_short = True
+                    break
+                xs = targets[lo:lo + per_chunk]
+                cand = np.broadcast_to(dev, (xs.size, S, R)).copy()
+                rows = np.arange(xs.size)
+                cand[rows, a, b] = xs
+                o = owner[xs]
+                swap = o >= 0
+                cand[rows[swap], o[swap] // R, o[swap] % R] = d0  # the vertex there swaps
+                mx, sm = _score(stage_times(problem, cand, model))
+                i = int(np.lexsort((sm, mx))[0])
+                if best is None or (mx[i], sm[i]) < (best[0], best[1]):
+                    best = (float(mx[i]), float(sm[i]), a, b, int(xs[i]))
+            if cut_short:
+                break
+        if best is None or cut_short:
             break
-        mx, sm = _score(stage_times(problem, np.stack(batch), model))
-        order = np.lexsort((sm, mx))
-        i = int(order[0])
-        better = mx[i] < cur_max * (1 - _REL) or (
-            mx[i] <= cur_max and sm[i] < cur_sum * (1 - _REL))
+        bmx, bsm, a, b, x = best
+        better = bmx < cur_max * (1 - _REL) or (bmx <= cur_max and bsm < cur_sum * (1 - _REL))
         if not better:
             break
-        a, b, x = moves[i]
         d0 = dev[a, b]
         o = owner[x]
         dev[a, b] = x
@@ -80,6 +97,6 @@ def improve(problem: MappingProblem, model: str, devices: np.ndarray, *,
         owner[d0] = o
         if o >= 0:
             dev[o // R, o % R] = d0
-        cur_max, cur_sum = mx[i], sm[i]
+        cur_max, cur_sum = bmx, bsm
         steps += 1
     return dev, steps

@@ -62,7 +62,9 @@ status ``timed_out``.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -71,6 +73,7 @@ from typing import Any
 import numpy as np
 
 from shardplan._rng import make_rng
+from shardplan._workers import process_pool
 from shardplan.mapping._bounds import (
     allreduce_node_bounds,
     lower_bound,
@@ -84,7 +87,6 @@ from shardplan.mapping._stage_time import MappingProblem, permute_devices, stage
 __all__ = ["AllreduceSearch", "P2PSearch", "SearchOutcome", "consecutive_devices",
            "make_search", "solve", "twin_classes"]
 
-_CHECK_EVERY = 512
 _STRICT = 1e-9
 _FINITE = 1e300
 
@@ -93,26 +95,74 @@ class _Timeout(Exception):
     pass
 
 
+def _value_hash(m: np.ndarray) -> np.ndarray:
+    """A 64-bit mix of every entry's float bits (``-0.0`` read as ``0.0``); equal values hash
+    equal. Wrapping uint64 arithmetic."""
+    h = (np.asarray(m, dtype=np.float64) + 0.0).view(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+    h ^= h >> np.uint64(31)
+    h *= np.uint64(0xBF58476D1CE4E5B9)
+    h ^= h >> np.uint64(29)
+    return h
+
+
+def _twin_candidates(problem: MappingProblem, block: int = 256) -> list[np.ndarray]:
+    """Per device d, the devices e > d that may be its twin: a necessary condition tested on
+    hashes for all pairs at once in O(D^2) (exact checks follow in :func:`twin_classes`).
+
+    With ``f`` a hash of values and random weights ``r``, ``c`` per device, twins d and e have
+    ``T[d, e] == T[e, d]`` where ``T[d, e] = sum over x not in {d, e} of f(m[d, x]) r_x +
+    f(m[x, d]) c_x`` (summed over both matrices): row d equals row e outside {d, e}, and so do
+    the columns. ``T[d, e]`` is a row sum less the one term of column e, so all of T costs
+    O(D^2), computed in blocks of ``block`` rows."""
+    d_count = problem.device_flops.size
+    rng = np.random.default_rng(0x7417)
+    parts = []
+    for m in (problem.latency, problem.inv_bandwidth):
+        f = _value_hash(m)
+        np.fill_diagonal(f, np.uint64(0))
+        r = rng.integers(1, 2**63, size=d_count, dtype=np.uint64) | np.uint64(1)
+        c = rng.integers(1, 2**63, size=d_count, dtype=np.uint64) | np.uint64(1)
+        k = (f * r[None, :]).sum(axis=1, dtype=np.uint64) + \
+            (f * c[:, None]).sum(axis=0, dtype=np.uint64)
+        parts.append((f, r, c, k))
+    fl = problem.device_flops
+    out: list[np.ndarray] = []
+    idx = np.arange(d_count)
+    for lo in range(0, d_count, block):
+        rows = idx[lo:lo + block]
+        t = np.zeros((rows.size, d_count), dtype=np.uint64)
+        tt = np.zeros((rows.size, d_count), dtype=np.uint64)
+        for f, r, c, k in parts:
+            t += k[rows, None] - f[rows, :] * r[None, :] - f[:, rows].T * c[None, :]
+            tt += k[None, :] - f[:, rows].T * r[rows, None] - f[rows, :] * c[rows, None]
+        cand = (t == tt) & (fl[rows, None] == fl[None, :]) & (idx[None, :] > rows[:, None])
+        out.extend(np.flatnonzero(row) for row in cand)
+    return out
+
+
 def twin_classes(problem: MappingProblem) -> np.ndarray:
     """Class id of every device (its lowest twin's id): swapping two devices of one class is
-    an automorphism of the topology. Exact float equality. O(D^3 / 64) vectorised."""
+    an automorphism of the topology. Exact float equality.
+
+    Candidate pairs come from a hash test over all pairs (:func:`_twin_candidates`, O(D^2));
+    each candidate is then checked exactly against its class's lowest device, O(D) a pair.
+    O(D^2 + D x candidates): O(D^2) when there are no twins (a random or measured topology)
+    and when every device is a twin of device 0 (a flat one)."""
     lat, ib, fl = problem.latency, problem.inv_bandwidth, problem.device_flops
     d_count = fl.size
     cls = np.arange(d_count)
-    idx = np.arange(d_count)
+    candidates = _twin_candidates(problem)
     for d in range(d_count):
         if cls[d] != d:
             continue
-        rest = idx[(idx > d) & (cls == idx)]
-        if rest.size == 0:
-            break
-        rest = rest[fl[rest] == fl[d]]
+        rest = candidates[d]
+        rest = rest[cls[rest] == rest]
         if rest.size == 0:
             continue
         others = np.ones((rest.size, d_count), dtype=bool)
         others[:, d] = False
         others[np.arange(rest.size), rest] = False
-        ok = np.ones(rest.size, dtype=bool)
+        ok = fl[rest] == fl[d]
         for m in (lat, ib):
             row = np.where(others, m[rest] == m[d][None, :], True).all(axis=1)
             col = np.where(others, m[:, d][None, :] == m[:, rest].T, True).all(axis=1)
@@ -175,10 +225,15 @@ class _Base:
         if (self.allowed.sum(axis=1) < self.remaining).any():
             return SearchOutcome("infeasible", None, math.inf, 0)
         self._reset()
+        # One Python frame (two for p2p) per placed vertex: S x R can pass the default limit.
+        limit = sys.getrecursionlimit()
+        sys.setrecursionlimit(max(limit, 3 * self.S * self.R + 1000))
         try:
             ok = self._dfs(0)
         except _Timeout:
             return SearchOutcome("timeout", None, math.inf, self.nodes)
+        finally:
+            sys.setrecursionlimit(limit)
         if not ok:
             return SearchOutcome("infeasible", None, math.inf, self.nodes)
         value = float(stage_times(self.p, self.dev, self.model).max())
@@ -209,9 +264,10 @@ class _Base:
         return bool((have >= self.remaining).all())
 
     def _tick(self) -> None:
+        # Every node: a node is O(D) NumPy work, far more than reading the clock, and on
+        # thousands of devices a few hundred nodes already take a noticeable time.
         self.nodes += 1
-        if self.deadline is not None and self.nodes % _CHECK_EVERY == 0 and \
-                time.monotonic() > self.deadline:
+        if self.deadline is not None and time.monotonic() > self.deadline:
             raise _Timeout
 
     def _reset(self) -> None:
@@ -252,12 +308,12 @@ class P2PSearch(_Base):
     model = "p2p"
 
     def __init__(self, problem: MappingProblem, node_bounds: np.ndarray | None = None,
-                 use_symmetry: bool = True) -> None:
+                 use_symmetry: bool = True, check: Callable[[], None] | None = None) -> None:
         if node_bounds is None:
-            node_bounds = p2p_node_bounds(problem)
+            node_bounds = p2p_node_bounds(problem, check=check)
         super().__init__(problem, node_bounds, use_symmetry)
         self.model = problem.view
-        minc = min_pair_costs(problem)
+        minc = min_pair_costs(problem, check=check)
         self.base = np.zeros_like(problem.compute)  # cheapest communication per (s, d)
         for (s, _t), v in minc.items():
             self.base[s] += v
@@ -266,20 +322,19 @@ class P2PSearch(_Base):
         adj = problem.adjacent
         self.stage_order = order
         pos = {s: i for i, s in enumerate(order)}
-        # Pair costs of every ordered adjacent pair, (D, D): pc[(s, t)][d, x] is what s on d
-        # pays to talk to t on x (inf on the diagonal).
-        self.pc = {(a, b): problem.pair_cost(a, b) for (a, b) in minc}
+        # Pair costs are ``tensors * L + bytes * I`` with the view's pair matrices (inf on the
+        # diagonal and where no route, 0 without bytes): rows are computed when needed from
+        # the (D, D) matrices and their transposes rather than stored per adjacent pair,
+        # which took S^2 D^2 memory (gigabytes on a thousand devices).
+        self.lat, self.ib = problem.pair_latency, problem.pair_inv_bandwidth
+        self.lat_t, self.ib_t = self.lat.T.copy(), self.ib.T.copy()
         self.minc0 = minc
         self.base0 = self.base.copy()
-        # For each position in a replica: (earlier neighbour stage t, own[x, d] = what s on
-        # d pays to t on x, nbr[x, d] = what t on x pays to s on d).
-        self.links: list[list[tuple[int, np.ndarray, np.ndarray]]] = []
+        # For each position in a replica: (earlier neighbour stage t, tensors, bytes).
+        self.links: list[list[tuple[int, float, float]]] = []
         for s in order:
-            lst = []
-            for t in order[:pos[s]]:
-                if adj[s, t]:
-                    lst.append((t, self.pc[(s, t)].T.copy(), self.pc[(t, s)]))
-            self.links.append(lst)
+            self.links.append([(t, float(problem.tensors[s, t]), float(problem.stage_bytes[s, t]))
+                               for t in order[:pos[s]] if adj[s, t]])
         # the all-reduce term (overlap with replicas): rings break the symmetry of replicas
         self.ar_on = bool(problem.ar_weight) and self.R > 1 and \
             bool((problem.param_bytes > 0).any())
@@ -291,6 +346,19 @@ class P2PSearch(_Base):
             else ((s, r, k) for r in range(self.R) for k, s in enumerate(order)))]
         self.reflect = bool(np.array_equal(problem.inv_bandwidth, problem.inv_bandwidth.T)
                             and np.array_equal(problem.latency, problem.latency.T))
+
+    def _cost_line(self, lat: np.ndarray, ib: np.ndarray, tensors: float, nbytes: float,
+                   x: int) -> np.ndarray:
+        """Row x of the pair cost ``tensors * lat + nbytes * ib`` (0 without bytes, inf where
+        no route), entry x set to inf. O(D)."""
+        if nbytes <= 0:
+            c = np.zeros(self.D)
+        else:
+            with np.errstate(invalid="ignore"):
+                c = tensors * lat[x] + nbytes * ib[x]
+            c[np.isnan(c)] = np.inf
+        c[x] = np.inf
+        return c
 
     def _reset(self) -> None:
         self.bound = np.zeros((self.S, self.R))  # communication part of placed replicas
@@ -304,11 +372,28 @@ class P2PSearch(_Base):
     def _refresh(self) -> None:
         """At the start of a replica: the cheapest partner of every device among the *free*
         devices only (earlier replicas hold the others for good in this subtree), which
-        raises every bound of this replica and of the ones after it."""
+        raises every bound of this replica and of the ones after it. Pairs with the same
+        tensors and bytes (both directions of a pair, at least) share one O(D F) minimum."""
         free = np.flatnonzero(self.free)
         self.base = np.zeros_like(self.p.compute)
-        for key, pc in self.pc.items():
-            m = pc[:, free].min(axis=1) if free.size else np.full(self.D, np.inf)
+        done: dict[tuple[float, float], np.ndarray] = {}
+        for key in self.minc0:
+            tens, nbytes = float(self.p.tensors[key]), float(self.p.stage_bytes[key])
+            m = done.get((tens, nbytes))
+            if m is None:
+                if self.deadline is not None and time.monotonic() > self.deadline:
+                    raise _Timeout  # O(D F) per pair: thousands of devices take seconds
+                if not free.size:
+                    m = np.full(self.D, np.inf)
+                elif nbytes <= 0:
+                    m = np.zeros(self.D)
+                else:
+                    with np.errstate(invalid="ignore"):
+                        sub = tens * self.lat[:, free] + nbytes * self.ib[:, free]
+                    sub[np.isnan(sub)] = np.inf
+                    sub[free, np.arange(free.size)] = np.inf
+                    m = sub.min(axis=1)
+                done[(tens, nbytes)] = m
             self.minc[key] = m
             self.base[key[0]] += m
         with np.errstate(invalid="ignore"):
@@ -358,10 +443,13 @@ class P2PSearch(_Base):
         worst = None
         nbr_new = []
         with np.errstate(invalid="ignore"):  # inf - inf: an unroutable pair, never <= t
-            for u, own, nbr in self.links[k]:
+            for u, tens, nbytes in self.links[k]:
                 x = self.dev[u, r]
-                val += own[x] - self.minc[(s, u)]
-                nb = self.bound[u, r] + nbr[x] - self.minc[(u, s)][x]
+                # What s on each d pays to u on x; what u on x pays to s on each d.
+                own = self._cost_line(self.lat_t, self.ib_t, tens, nbytes, x)
+                nbr = self._cost_line(self.lat, self.ib, tens, nbytes, x)
+                val += own - self.minc[(s, u)]
+                nb = self.bound[u, r] + nbr - self.minc[(u, s)][x]
                 nbr_new.append((u, nb))
                 nt = self._time(u, x, nb) + w * self.ar[u]
                 worst = nt if worst is None else np.maximum(worst, nt)
@@ -509,24 +597,40 @@ class AllreduceSearch(_Base):
         return False
 
 
-def make_search(problem: MappingProblem, model: str, use_symmetry: bool = True) -> _Base:
+def make_search(problem: MappingProblem, model: str, use_symmetry: bool = True, *,
+                deadline: float | None = None) -> _Base:
     """The inner search for ``model``. With symmetry, devices are first relabelled best
     first (by the eq. 8 / 9 bound of the first stage placed, p2p, or the mean over stages,
     all-reduce): the symmetry rules all prefer low ids, and so does the cheapest-first value
     order once the ids follow quality, so the two stop pulling apart. Outcomes are reported
-    in the original ids."""
+    in the original ids.
+
+    The set-up (the p2p bounds of equation 8 solve S x D assignment problems) checks
+    ``deadline`` (``time.monotonic``) as it goes and raises ``_Timeout`` past it."""
+
+    def check() -> None:
+        if deadline is not None and time.monotonic() > deadline:
+            raise _Timeout
+
     if model != "allreduce":
-        nb = p2p_node_bounds(problem)
+        nb = p2p_node_bounds(problem, check=check)
         key = nb[_p2p_stage_order(problem)[0]]
-        cls: type[_Base] = P2PSearch
+        if not use_symmetry:
+            return P2PSearch(problem, nb, use_symmetry=False, check=check)
+        perm = np.lexsort((np.arange(problem.num_devices), key))
+        check()
+        search: _Base = P2PSearch(permute_devices(problem, perm), nb[:, perm],
+                                  use_symmetry=True, check=check)
     else:
         nb = allreduce_node_bounds(problem)
         key = np.where(np.isfinite(nb), nb, 1e300).mean(axis=0)
-        cls = AllreduceSearch
-    if not use_symmetry:
-        return cls(problem, nb, use_symmetry=False)
-    perm = np.lexsort((np.arange(problem.num_devices), key))
-    search = cls(permute_devices(problem, perm), nb[:, perm], use_symmetry=True)
+        if not use_symmetry:
+            return AllreduceSearch(problem, nb, use_symmetry=False)
+        perm = np.lexsort((np.arange(problem.num_devices), key))
+        check()
+        search = AllreduceSearch(permute_devices(problem, perm), nb[:, perm],
+                                 use_symmetry=True)
+    check()
     search.perm = perm
     return search
 
@@ -553,11 +657,12 @@ def _worker_search(target: float, deadline: float | None) -> SearchOutcome:
 @dataclass(frozen=True)
 class Solution:
     """What :func:`solve` returns: the mapping (S, R), its value, the best proven lower
-    bound, ``optimal`` or ``timed_out``, and search statistics."""
+    bound (None when the time limit ended the set-up before any bound was known),
+    ``optimal`` or ``timed_out``, and search statistics."""
 
     devices: np.ndarray
     value: float
-    lower_bound: float
+    lower_bound: float | None
     status: str
     stats: dict[str, Any]
 
@@ -574,9 +679,6 @@ def solve(problem: MappingProblem, model: str, *, seed: int = 0, time_limit: flo
     """
     t0 = time.monotonic()
     deadline = None if time_limit is None else t0 + float(time_limit)
-    search = make_search(problem, model, use_symmetry)
-    lo = lower_bound(problem, model, search.node_bounds)
-    proven = lo
     rng = make_rng(seed)
     n_used = problem.num_stages * problem.num_replicas
     starts = {
@@ -585,14 +687,23 @@ def solve(problem: MappingProblem, model: str, *, seed: int = 0, time_limit: flo
             problem.num_stages, problem.num_replicas),
     }
     best_dev, best = None, math.inf
-    for dev in starts.values():
+    initial = {}
+    for name, dev in starts.items():
         v = float(stage_times(problem, dev, model).max())
+        initial[name] = v
         if best_dev is None or v < best:
             best_dev, best = dev, v
+    try:
+        search = make_search(problem, model, use_symmetry, deadline=deadline)
+    except _Timeout:  # the set-up alone outlasted the time limit: the best start, no bound
+        return Solution(np.asarray(best_dev, dtype=np.int64), best, None, "timed_out",
+                        {"model": model, "initial": initial, "setup_timed_out": True,
+                         "rounds": 0, "nodes": 0, "targets": 0, "workers": workers,
+                         "search_seconds": time.monotonic() - t0})
+    lo = lower_bound(problem, model, search.node_bounds)
+    proven = lo
     greedy = search.search(math.inf, deadline, symmetry=False)
-    stats: dict[str, Any] = {"model": model, "initial_lower_bound": lo,
-                             "initial": {k: float(stage_times(problem, v, model).max())
-                                         for k, v in starts.items()},
+    stats: dict[str, Any] = {"model": model, "initial_lower_bound": lo, "initial": initial,
                              "rounds": 0, "nodes": greedy.nodes, "targets": 0,
                              "twin_classes": int(np.unique(search.cls).size)
                              if search.cls is not None else problem.num_devices}
@@ -619,63 +730,62 @@ def solve(problem: MappingProblem, model: str, *, seed: int = 0, time_limit: flo
             best_dev, best = out.devices, out.value
     heuristic_timeouts = 0  # targets stopped by target_time_limit, counted "not found"
     hi = best
-    pool = None
+    use_pool = False
     if workers > 1 and not timed_out:
         import multiprocessing as mp
-        from concurrent.futures import ProcessPoolExecutor
 
         if "fork" in mp.get_all_start_methods():
             _WORKER["search"] = search  # inherited by the forked workers
-            pool = ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("fork"))
+            use_pool = True
         else:  # pragma: no cover - no fork: plain bisection
             workers = 1
     try:
-        while not timed_out and math.isfinite(hi) and hi > lo:
-            if deadline is not None and time.monotonic() >= deadline:
-                timed_out = True
-                break
-            if hi - lo <= epsilon * hi:
-                t = hi * (1.0 - _STRICT)
-                if t <= lo:
+        # Workers die with this process and are terminated, not waited for, on Ctrl-C.
+        with process_pool(workers) if use_pool else contextlib.nullcontext() as pool:
+            while not timed_out and math.isfinite(hi) and hi > lo:
+                if deadline is not None and time.monotonic() >= deadline:
+                    timed_out = True
                     break
-                targets = [t]
-            else:
-                k = workers if pool is not None else 1
-                targets = [lo + (hi - lo) * (j + 1) / (k + 1) for j in range(k)]
-            stats["rounds"] += 1
-            stats["targets"] += len(targets)
-            tdl = deadline
-            if target_time_limit is not None:
-                cap = time.monotonic() + float(target_time_limit)
-                tdl = cap if tdl is None else min(tdl, cap)
-            if pool is not None and len(targets) > 1:
-                outs = list(pool.map(_worker_search, targets, [tdl] * len(targets)))
-            else:
-                outs = [search.search(t, tdl) for t in targets]
-            new_lo = lo
-            for t, out in zip(targets, outs, strict=True):
-                stats["nodes"] += out.nodes
-                if out.status == "found":
-                    if out.value < best:
-                        best_dev, best = out.devices, out.value
-                    hi = min(hi, out.value)
+                if hi - lo <= epsilon * hi:
+                    t = hi * (1.0 - _STRICT)
+                    if t <= lo:
+                        break
+                    targets = [t]
                 else:
-                    new_lo = max(new_lo, t)
-                    if out.status == "infeasible":
-                        proven = max(proven, t)
+                    k = workers if pool is not None else 1
+                    targets = [lo + (hi - lo) * (j + 1) / (k + 1) for j in range(k)]
+                stats["rounds"] += 1
+                stats["targets"] += len(targets)
+                tdl = deadline
+                if target_time_limit is not None:
+                    cap = time.monotonic() + float(target_time_limit)
+                    tdl = cap if tdl is None else min(tdl, cap)
+                if pool is not None and len(targets) > 1:
+                    outs = list(pool.map(_worker_search, targets, [tdl] * len(targets)))
+                else:
+                    outs = [search.search(t, tdl) for t in targets]
+                new_lo = lo
+                for t, out in zip(targets, outs, strict=True):
+                    stats["nodes"] += out.nodes
+                    if out.status == "found":
+                        if out.value < best:
+                            best_dev, best = out.devices, out.value
+                        hi = min(hi, out.value)
                     else:
-                        heuristic_timeouts += 1
-            lo = min(new_lo, hi)
-            if deadline is not None and time.monotonic() >= deadline:
-                timed_out = True
-            if progress is not None:
-                gap = max(hi - lo, 0.0) / max(hi, 1e-300)
-                progress("map", stats["rounds"],
-                         stats["rounds"] + math.log2(max(gap / epsilon, 1.0)) + 1)
+                        new_lo = max(new_lo, t)
+                        if out.status == "infeasible":
+                            proven = max(proven, t)
+                        else:
+                            heuristic_timeouts += 1
+                lo = min(new_lo, hi)
+                if deadline is not None and time.monotonic() >= deadline:
+                    timed_out = True
+                if progress is not None:
+                    gap = max(hi - lo, 0.0) / max(hi, 1e-300)
+                    progress("map", stats["rounds"],
+                             stats["rounds"] + math.log2(max(gap / epsilon, 1.0)) + 1)
     finally:
-        if pool is not None:
-            pool.shutdown(cancel_futures=True)
-            _WORKER.clear()
+        _WORKER.clear()
     status = "timed_out" if timed_out or heuristic_timeouts else "optimal"
     if status == "optimal":
         proven = best

@@ -50,6 +50,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from shardplan.cost import CostModel, pipeline_factor, ring_allreduce_seconds, view_seconds
+from shardplan.cost._collectives import measured_seconds, ring_steps
 from shardplan.cost._formulas import stage_memory, work_seconds
 from shardplan.cost._memory import in_flight_microbatches
 from shardplan.ir import ExecutionSettings, Graph, Topology
@@ -174,6 +175,20 @@ class StageContext:
     view: str
     latency: float
     inv_bandwidth: float
+    topology: Topology | None = None
+
+    def collective(self, kind: str, nbytes: np.ndarray) -> np.ndarray:
+        """Seconds of a collective over a stage's R replicas for ``nbytes``: the topology's
+        measured curve for R devices when it has one, else the ring on the nominal link."""
+        r = self.num_replicas
+        if r <= 1:
+            return np.zeros_like(np.asarray(nbytes, dtype=np.float64))
+        if self.topology is not None:
+            measured = measured_seconds(self.topology, kind, r, nbytes)
+            if measured is not None:
+                return np.asarray(measured, dtype=np.float64)
+        full = ring_allreduce_seconds(r, nbytes, self.latency, self.inv_bandwidth)
+        return full * ring_steps(kind, r) / (2 * (r - 1))
 
     @property
     def state_factor(self) -> float:
@@ -201,7 +216,7 @@ class StageContext:
                                         virtual_stages=settings.virtual_stages)
         return cls(num_stages, num_replicas, model.device_speed[dev], model.device_rate[dev],
                    topology.device_memory[dev].min(axis=1).astype(np.float64),
-                   flight.astype(np.float64), settings, view, lat, inv)
+                   flight.astype(np.float64), settings, view, lat, inv, topology)
 
     def stage_times(self, work: np.ndarray, params: np.ndarray, outputs: np.ndarray,
                     extra: np.ndarray, inputs: np.ndarray, recv_bytes: np.ndarray,
@@ -217,7 +232,10 @@ class StageContext:
         xfer = tensors * self.latency + tensor_bytes / r * self.inv_bandwidth
         comp = work_seconds(work[None, None, :, 0], work[None, None, :, 1],
                             self.speed[:, :, None], self.rate[:, :, None]).max(axis=1) / r
-        ar = ring_allreduce_seconds(r, params, self.latency, self.inv_bandwidth)[None, :]
+        sharded = s.gradient_sync == "sharded"
+        ar = self.collective("reducescatter" if sharded else "allreduce", params)[None, :]
+        if sharded:  # two all-gathers of the stage's parameters every micro-batch
+            xfer = xfer + 2.0 * self.collective("allgather", params)[None, :]
         steps = pipeline_factor(s.microbatches, -(-self.num_stages // s.stages_per_rank))
         times = view_seconds(self.view, comp, xfer, xfer, ar, steps)
         mem = stage_memory(params=params[None, :], outputs=outputs[None, :],
@@ -225,7 +243,10 @@ class StageContext:
                            extra=extra[None, :], in_flight=self.in_flight[:, None],
                            replicas=r, optimizer=s.optimizer, recompute=s.recompute,
                            mixed_precision=s.mixed_precision,
-                           param_dtype_bytes=s.param_dtype_bytes)["total"]
+                           param_dtype_bytes=s.param_dtype_bytes,
+                           shards=r if sharded else 1,
+                           gathered=np.minimum(2.0 * s.bucket_bytes, params[None, :])
+                           if sharded else 0.0)["total"]
         return np.where(mem <= self.memory[:, None], times, np.inf)
 
 

@@ -27,7 +27,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from shardplan.cost import CostModel, pipeline_factor, ring_allreduce_seconds, view_seconds
+from shardplan.cost import CostModel, pipeline_factor, view_seconds
+from shardplan.cost._collectives import ring_collectives
 from shardplan.cost._formulas import stage_memory, work_seconds
 from shardplan.cost._memory import in_flight_microbatches
 from shardplan.cost._pipeline import uniform_comm
@@ -82,10 +83,6 @@ class StageState:
             p = devices[:, i]
             self.lat.append(lat[np.ix_(p, p)] * (p[:, None] != p[None, :]))
             self.ib.append(self.inv[np.ix_(p, p)])
-        # the slowest link of every stage's ring (replicas in order)
-        ring, nxt = devices, np.roll(devices, -1, axis=1)
-        self.ring_lat = lat[ring, nxt]
-        self.ring_ib = self.inv[ring, nxt]
         # cons[u][stage] = list of positive edge bytes from u into that stage.
         self.cons: list[dict[int, list[float]]] = [{} for _ in range(graph.num_nodes)]
         self.inputs: list[list[tuple[int, float]]] = [[] for _ in range(graph.num_nodes)]
@@ -113,15 +110,24 @@ class StageState:
         comp = work_seconds(self.s_meas[:, None], self.s_flops[:, None], self.speed,
                             self.rate) / r  # (k, r)
         send, recv = uniform_comm(self.B, self.T, self.lat, self.ib, r)  # (r, k)
-        ar = ring_allreduce_seconds(r, self.s_params[:, None], self.ring_lat,
-                                    self.ring_ib).max(axis=1)
-        t = view_seconds(self.view, comp.T, send, recv, ar[None, :], self.steps).max(axis=0)
         s = self.settings
+        topo = self.model.topology
+        sharded = s.gradient_sync == "sharded"
+        ar = ring_collectives(topo, "reducescatter" if sharded else "allreduce", self.devices,
+                              self.s_params, self.inv)
+        if sharded:  # two all-gathers of the stage's parameters every micro-batch
+            gather = 2.0 * ring_collectives(topo, "allgather", self.devices, self.s_params,
+                                            self.inv)
+            send, recv = send + gather[None, :], recv + gather[None, :]
+        t = view_seconds(self.view, comp.T, send, recv, ar[None, :], self.steps).max(axis=0)
         mem = stage_memory(params=self.s_params, outputs=self.s_out, received=self.B.sum(axis=0),
                            inputs=self.s_in, extra=self.s_extra, in_flight=self.flight,
                            replicas=r, optimizer=s.optimizer, recompute=s.recompute,
                            mixed_precision=s.mixed_precision,
-                           param_dtype_bytes=s.param_dtype_bytes)["total"]
+                           param_dtype_bytes=s.param_dtype_bytes,
+                           shards=r if sharded else 1,
+                           gathered=np.minimum(2.0 * s.bucket_bytes, self.s_params)
+                           if sharded else 0.0)["total"]
         return np.where(mem <= self.mem_cap, t, np.inf)
 
     def key(self) -> tuple[float, float]:

@@ -30,23 +30,25 @@ lowers the objective (or at ``max_iterations`` passes, or at the deadline).
 
 from __future__ import annotations
 
-import multiprocessing
 import os
-import sys
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, wait
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
+import scipy.sparse as sp
 
 from shardplan._rng import make_rng
+from shardplan._workers import process_pool
 from shardplan.errors import ShardplanError
 
-__all__ = ["STARTS", "SWAP_MAX_NODES", "Problem", "RestartResult", "RestartsSummary",
-           "SearchOutcome", "default_workers", "greedy_placement", "improve_placement",
-           "initial_assignment", "local_search", "merge_traces", "restart_rng", "run_restart",
-           "run_restarts", "search_deadline", "slot_swap_deltas", "swap_deltas"]
+__all__ = ["COARSE_NODES_PER_COMPONENT", "STARTS", "SWAP_MAX_NODES", "Problem", "RestartResult",
+           "RestartsSummary", "SearchOutcome", "coarse_levels", "default_workers",
+           "greedy_placement", "improve_placement", "initial_assignment", "local_search",
+           "merge_traces", "restart_rng", "run_restart", "run_restarts", "search_deadline",
+           "slot_swap_deltas", "swap_deltas"]
 
 STARTS = ("random", "topo", "metis")
 
@@ -137,6 +139,14 @@ class Problem:
         cu, cv = assignment[self.src], assignment[self.dst]
         cut = cu != cv
         return imb + float(np.sum(self.cost[placement[cu[cut]], placement[cv[cut]]]))
+
+    def comm_sparse(self, assignment: np.ndarray) -> sp.csr_matrix:
+        """:meth:`comm_matrix` as a sparse ``(k, k)`` matrix: O(m), no k^2 memory (a
+        partition onto thousands of devices has few pairs of components that talk)."""
+        k = self.k
+        cu, cv = assignment[self.src], assignment[self.dst]
+        cut = cu != cv
+        return sp.csr_matrix((np.ones(int(cut.sum())), (cu[cut], cv[cut])), shape=(k, k))
 
     def comm_matrix(self, assignment: np.ndarray) -> np.ndarray:
         """``A[i, j]`` = edges from component i to component j (i != j; diagonal 0). O(m)."""
@@ -234,39 +244,66 @@ def _metis(problem: Problem, rng: np.random.Generator,
 
 
 # ---------------------------------------------------------------------- placement
-def greedy_placement(problem: Problem, comm: np.ndarray) -> np.ndarray:
+def greedy_placement(problem: Problem, comm: np.ndarray | sp.spmatrix) -> np.ndarray:
     """Greedy component -> slot assignment (the paper's "greedy assignment", made precise).
 
     The component with the most traffic goes to the slot with the cheapest k-1 links; then,
     repeatedly, the unplaced component with the most edges to placed ones goes to the free
     slot that adds the least cross-edge cost, ties to the cheaper-connected slot. Used only
-    when all slots are alike (the flat partitioners). O(k^2 D).
+    when all slots are alike (the flat partitioners). ``comm`` is the (k, k) edge count
+    matrix, dense or sparse.
+
+    Kept incrementally: the traffic of every component to the placed ones and every slot's
+    summed link cost to the placed slots are updated after each placement, and the cost a
+    slot adds is summed over the chosen component's placed neighbours only. O(D^2 + k D +
+    nnz(comm) D) instead of O(k^2 D): on 4096 devices, seconds instead of hours.
     """
     m = problem.cost
     k, d = problem.k, m.shape[0]
-    traffic = comm + comm.T
+    a = sp.csr_matrix(comm)
+    a_t = a.T.tocsr()
+    traffic = (a + a_t).tocsr()
     sym = m + m.T
     free = np.ones(d, dtype=bool)
     placement = np.full(k, -1, dtype=np.int64)
     placed = np.zeros(k, dtype=bool)
-    first = int(np.argmax(traffic.sum(axis=1)))
-    near = np.sort(sym + np.where(np.eye(d, dtype=bool), np.inf, 0.0), axis=1)[:, :k - 1]
-    placement[first] = int(np.argmin(near.sum(axis=1))) if k > 1 else 0
+    first = int(np.argmax(np.asarray(traffic.sum(axis=1)).ravel()))
+    if k > 1:
+        masked = sym + np.where(np.eye(d, dtype=bool), np.inf, 0.0)
+        # The k-1 cheapest links of every slot, summed in ascending order.
+        near = np.sort(np.partition(masked, k - 2, axis=1)[:, :k - 1], axis=1)
+        placement[first] = int(np.argmin(near.sum(axis=1)))
+    else:
+        placement[first] = 0
     free[placement[first]] = False
     placed[first] = True
+    score = np.zeros(k)  # edges of each component to the placed ones
+    tie = np.zeros(d)  # summed link cost of each slot to the placed slots
+
+    def placed_now(c: int) -> None:
+        lo, hi = traffic.indptr[c], traffic.indptr[c + 1]
+        score[traffic.indices[lo:hi]] += traffic.data[lo:hi]
+        tie[:] += sym[:, placement[c]]
+
+    placed_now(first)
     for _ in range(k - 1):
-        cand = np.flatnonzero(~placed)
-        score = traffic[np.ix_(cand, np.flatnonzero(placed))].sum(axis=1)
-        c = int(cand[np.argmax(score)])
-        pc = placement[placed]
-        # Added cost of c on each free slot f: A[c,j] M[f,p_j] + A[j,c] M[p_j,f].
-        add = m[:, pc] @ comm[c, placed] + m[pc, :].T @ comm[placed, c]
-        tie = sym[:, pc].sum(axis=1)
+        c = int(np.argmax(np.where(placed, -np.inf, score)))
+        # Added cost of c on each free slot f: A[c,j] M[f,p_j] + A[j,c] M[p_j,f] over the
+        # placed neighbours j of c.
+        add = np.zeros(d)
+        for mat, along in ((a, "out"), (a_t, "in")):
+            lo, hi = mat.indptr[c], mat.indptr[c + 1]
+            js, ws = mat.indices[lo:hi], mat.data[lo:hi]
+            keep = placed[js]
+            if keep.any():
+                pj = placement[js[keep]]
+                add += (m[:, pj] @ ws[keep]) if along == "out" else (m[pj, :].T @ ws[keep])
         fr = np.flatnonzero(free)
         best = fr[np.lexsort((fr, tie[fr], add[fr]))[0]]
         placement[c] = best
         free[best] = False
         placed[c] = True
+        placed_now(c)
     return placement
 
 
@@ -289,38 +326,116 @@ def slot_swap_deltas(comm: np.ndarray, cost: np.ndarray,
     return swap, move
 
 
+class _SlotCosts:
+    """The cost of every component's cut edges on every slot, kept up to date as components
+    change slots: ``G[i, x] = sum_y A[i, y] M[x, p_y] + A[y, i] M[p_y, x]`` (component i on
+    slot x, the others where they are), shape (k, D).
+
+    Built in O(nnz(A) D) from the sparse edge counts A; a component c moving from slot a
+    to slot b changes only the rows of its neighbours, by ``A[i, c] (M[:, b] - M[:, a]) +
+    A[c, i] (M[b, :] - M[a, :])``: O(deg(c) D). The swap and move deltas of
+    :func:`slot_swap_deltas` then cost O(k^2 + k D) a round instead of O(k^2 D)."""
+
+    def __init__(self, a: sp.csr_matrix, cost: np.ndarray, placement: np.ndarray) -> None:
+        self.a, self.a_t = a, a.T.tocsr()
+        self.s = (a + self.a_t).tocoo()
+        self.cost = cost
+        self.reset(placement)
+
+    def reset(self, placement: np.ndarray) -> None:
+        m, p = self.cost, placement
+        self.g = np.asarray(self.a @ m[:, p].T + self.a_t @ m[p, :])
+
+    def move(self, c: int, old: int, new: int) -> None:
+        m, g = self.cost, self.g
+        lo, hi = self.a_t.indptr[c], self.a_t.indptr[c + 1]  # i with A[i, c] > 0
+        if hi > lo:
+            g[self.a_t.indices[lo:hi]] += self.a_t.data[lo:hi, None] * (m[:, new] - m[:, old])
+        lo, hi = self.a.indptr[c], self.a.indptr[c + 1]  # i with A[c, i] > 0
+        if hi > lo:
+            g[self.a.indices[lo:hi]] += self.a.data[lo:hi, None] * (m[new, :] - m[old, :])
+
+    def deltas(self, placement: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(swap (k, k), move (k, D))`` as :func:`slot_swap_deltas` returns them."""
+        p = placement
+        f = self.g[:, p]
+        diag = np.diag(f).copy()
+        swap = f + f.T
+        swap -= diag[:, None]
+        swap -= diag[None, :]
+        r, c, w = self.s.row, self.s.col, self.s.data
+        if w.size:  # the i-j edges stay cut: put back what f counted as if the partner stayed
+            np.add.at(swap, (r, c), w * (self.cost[p[r], p[c]] + self.cost[p[c], p[r]]))
+        move = self.g - diag[:, None]
+        return swap, move
+
+
+#: Rounds after which the kept slot costs are recomputed from scratch (no float drift).
+_REFRESH_ROUNDS = 256
+#: Up to this k^2 D, a round's deltas are recomputed densely (:func:`slot_swap_deltas`).
+_DENSE_WORK = 1 << 25
+
+
 def improve_placement(problem: Problem, assignment: np.ndarray, placement: np.ndarray,
-                      eps: float, max_rounds: int | None = None) -> tuple[np.ndarray, bool]:
+                      eps: float, max_rounds: int | None = None,
+                      deadline: float | None = None) -> tuple[np.ndarray, bool]:
     """Best-improvement swaps of two components' slots and moves to free slots, between
-    slots of equal target, scale and minimum size, until none lowers the cost. Each round
-    O(k^2 D); at most ``max_rounds`` (default 4k) rounds."""
+    slots of equal target, scale and minimum size, until none lowers the cost, at most
+    ``max_rounds`` (default 4k) rounds or until ``deadline`` (``time.monotonic``, checked
+    every round). Each round O(k^2 + k D) with the slot costs kept up to date
+    (:class:`_SlotCosts`), not recomputed; below ``k^2 D`` = 2^25 the dense O(k^2 D)
+    recomputation, which is as cheap there."""
     k = problem.k
     if k < 2:
         return placement, False
-    comm = problem.comm_matrix(assignment)
-    if not comm.any():
+    a = problem.comm_sparse(assignment)
+    if a.nnz == 0:
         return placement, False
     key = np.stack((problem.target, problem.scale, problem.min_size.astype(np.float64)), 1)
-    same = (key[:, None, :] == key[None, :, :]).all(axis=2)  # slot x slot
+    _, label = np.unique(key, axis=0, return_inverse=True)
+    label = label.reshape(-1)
+    uniform = bool((label == label[0]).all())
     d = problem.cost.shape[0]
     placement = placement.copy()
+    # Small instances recompute the deltas densely each round (cheap there, and the same
+    # float sums, so the same choices on exact ties, as before the incremental form).
+    dense = problem.comm_matrix(assignment) if k * k * d <= _DENSE_WORK else None
+    costs = None if dense is not None else _SlotCosts(a, problem.cost, placement)
     improved = False
-    for _ in range(max_rounds or 4 * k):
-        swap, move = slot_swap_deltas(comm, problem.cost, placement)
-        swap = np.where(same[np.ix_(placement, placement)], swap, np.inf)
+    for rounds in range(max_rounds or 4 * k):
+        if deadline is not None and time.monotonic() >= deadline:
+            break
+        if costs is None:
+            swap, move = slot_swap_deltas(dense, problem.cost, placement)
+        else:
+            if rounds and rounds % _REFRESH_ROUNDS == 0:
+                costs.reset(placement)
+            swap, move = costs.deltas(placement)
+        lp = label[placement]
+        if not uniform:
+            swap[lp[:, None] != lp[None, :]] = np.inf
         np.fill_diagonal(swap, np.inf)
-        used = np.zeros(d, dtype=bool)
-        used[placement] = True
-        move = np.where(same[placement] & ~used[None, :], move, np.inf)
         i, j = np.unravel_index(int(np.argmin(swap)), swap.shape)
-        mi, mf = np.unravel_index(int(np.argmin(move)), move.shape) if d > k else (0, 0)
         best_swap = swap[i, j]
-        best_move = move[mi, mf] if d > k else np.inf
+        best_move = np.inf
+        if d > k:
+            used = np.zeros(d, dtype=bool)
+            used[placement] = True
+            ok = ~used[None, :] if uniform else (lp[:, None] == label[None, :]) & ~used[None, :]
+            move = np.where(ok, move, np.inf)
+            mi, mf = np.unravel_index(int(np.argmin(move)), move.shape)
+            best_move = move[mi, mf]
         if min(best_swap, best_move) >= -eps:
             break
         if best_swap <= best_move:
-            placement[i], placement[j] = placement[j], placement[i]
+            pi, pj = int(placement[i]), int(placement[j])
+            if costs is not None:
+                costs.move(int(i), pi, pj)
+                costs.move(int(j), pj, pi)
+            placement[i], placement[j] = pj, pi
         else:
+            if costs is not None:
+                costs.move(int(mi), int(placement[mi]), int(mf))
             placement[mi] = mf
         improved = True
     return placement, improved
@@ -497,7 +612,8 @@ def local_search(problem: Problem, assignment: np.ndarray, placement: np.ndarray
         passes += 1
         placed = False
         if optimize_placement and not timed_out:
-            st.placement, placed = improve_placement(problem, st.assignment, st.placement, eps)
+            st.placement, placed = improve_placement(problem, st.assignment, st.placement, eps,
+                                                     deadline=deadline)
         # Recompute from scratch each pass: no drift in the incremental weights.
         st.weight = np.bincount(st.assignment, weights=problem.weight,
                                 minlength=k).astype(np.float64)
@@ -531,7 +647,7 @@ def local_search(problem: Problem, assignment: np.ndarray, placement: np.ndarray
 def _placement_start(problem: Problem, assignment: np.ndarray) -> np.ndarray:
     if problem.initial_placement is not None:
         return np.asarray(problem.initial_placement, dtype=np.int64).copy()
-    return greedy_placement(problem, problem.comm_matrix(assignment))
+    return greedy_placement(problem, problem.comm_sparse(assignment))
 
 
 @dataclass(frozen=True)
@@ -541,14 +657,138 @@ class RestartResult:
     start_cost: float
 
 
+# ---------------------------------------------------------------------- coarse pass
+#: Coarsening stops once a level has at most this many nodes per component.
+COARSE_NODES_PER_COMPONENT = 3
+#: ... or when a level would keep more than this share of its nodes, or after this many.
+_COARSE_MIN_SHRINK, _COARSE_MAX_LEVELS = 0.9, 40
+
+
+def _match(problem: Problem, rng: np.random.Generator, max_weight: float,
+           rounds: int = 3) -> tuple[np.ndarray, int]:
+    """Heavy-edge matching, vectorised: every node proposes to the neighbour it shares the
+    most edges with (ties at random, pairs heavier than ``max_weight`` excluded), mutual
+    proposals are matched, ``rounds`` times over the nodes left. Returns the coarse id of
+    every node (a matched pair shares one) and the number of coarse nodes. O(m log m)."""
+    n, w = problem.n, problem.weight
+    u = np.concatenate((problem.src, problem.dst))
+    v = np.concatenate((problem.dst, problem.src))
+    keep = u != v
+    key, count = np.unique(u[keep] * n + v[keep], return_counts=True)
+    a, b = key // n, key % n
+    score = count + 0.5 * rng.random(count.size)  # counts are integers: noise breaks ties
+    allowed = w[a] + w[b] <= max_weight
+    mate = np.full(n, -1, dtype=np.int64)
+    for _ in range(rounds):
+        ok = allowed & (mate[a] < 0) & (mate[b] < 0)
+        if not ok.any():
+            break
+        aa, bb, ss = a[ok], b[ok], score[ok]
+        order = np.lexsort((-ss, aa))
+        aa, bb = aa[order], bb[order]
+        first = np.ones(aa.size, dtype=bool)
+        first[1:] = aa[1:] != aa[:-1]
+        best = np.full(n, -1, dtype=np.int64)
+        best[aa[first]] = bb[first]
+        cand = np.flatnonzero(best >= 0)
+        mutual = cand[best[best[cand]] == cand]
+        mate[mutual] = best[mutual]
+    ids = np.arange(n)
+    lead = np.flatnonzero((mate < 0) | (ids < mate))
+    cmap = np.full(n, -1, dtype=np.int64)
+    cmap[lead] = np.arange(lead.size)
+    follow = np.flatnonzero(mate > ids)
+    cmap[mate[follow]] = cmap[follow]
+    return cmap, int(lead.size)
+
+
+def _coarse_problem(problem: Problem, cmap: np.ndarray, nc: int) -> Problem:
+    """The problem on coarse nodes: summed weights, the edges between different coarse nodes
+    kept one by one (so the objective of a coarse partition equals that of its projection:
+    edges inside a coarse node are never cut), earliest rank and depth of the members,
+    minimum size 1."""
+    big = np.iinfo(np.int64).max
+    rank, level = np.full(nc, big), np.full(nc, big)
+    np.minimum.at(rank, cmap, problem.rank)
+    np.minimum.at(level, cmap, problem.level)
+    cs, cd = cmap[problem.src], cmap[problem.dst]
+    cut = cs != cd
+    return Problem.build(np.bincount(cmap, weights=problem.weight, minlength=nc), cs[cut],
+                         cd[cut], rank, level, problem.cost, problem.k, target=problem.target,
+                         scale=problem.scale, min_size=np.ones_like(problem.min_size),
+                         initial_placement=problem.initial_placement)
+
+
+def coarse_levels(problem: Problem, rng: np.random.Generator, deadline: float | None = None
+                  ) -> list[tuple[Problem, np.ndarray]]:
+    """Successively coarser problems by heavy-edge matching, each with the map from the
+    previous level's nodes to its own, until a level has at most
+    :data:`COARSE_NODES_PER_COMPONENT` nodes per component (or stops shrinking, or the
+    deadline passes). A coarse node weighs at most half the lightest target weight, so the
+    coarsest level can still balance. O(m log m) a level."""
+    out: list[tuple[Problem, np.ndarray]] = []
+    cur = problem
+    slots = problem.initial_placement if problem.initial_placement is not None else None
+    target = problem.target if slots is None else problem.target[slots]
+    max_weight = 0.5 * float(np.min(target[:problem.k])) if problem.k else 0.0
+    while cur.n > COARSE_NODES_PER_COMPONENT * cur.k and len(out) < _COARSE_MAX_LEVELS:
+        if deadline is not None and time.monotonic() >= deadline:
+            break
+        cmap, nc = _match(cur, rng, max_weight)
+        if nc > _COARSE_MIN_SHRINK * cur.n:
+            break
+        cur = _coarse_problem(cur, cmap, nc)
+        out.append((cur, cmap))
+    return out
+
+
+def _multilevel(problem: Problem, start: str, rng: np.random.Generator, restart: int,
+                slots: np.ndarray, deadline: float | None, max_iterations: int,
+                clock_zero: float | None, swaps: bool) -> tuple[SearchOutcome, float]:
+    """A start on the coarsest level, then the local search on every level from the
+    coarsest to the problem itself, each level starting from the partition of the one above
+    (minimum sizes repaired where a coarse node held several nodes). Returns the outcome and
+    the start's cost."""
+    levels = coarse_levels(problem, rng, deadline)
+    probs = [problem, *(lv[0] for lv in levels)]
+    maps = [lv[1] for lv in levels]
+    top = probs[-1]
+    a = initial_assignment(top, start, rng, restart, slots)
+    p = _placement_start(top, a)
+    start_cost = top.objective(a, p)
+    trace: list[tuple[float, float]] = []
+    passes, timed_out = 0, False
+    for i in range(len(probs) - 1, -1, -1):
+        if i < len(probs) - 1:
+            a = _repair(probs[i], a[maps[i]], p, rng)
+        out = local_search(probs[i], a, p, rng, deadline=deadline,
+                           max_iterations=max_iterations, clock_zero=clock_zero, swaps=swaps)
+        a, p = out.assignment, out.placement
+        trace.extend(out.trace)
+        passes += out.passes
+        timed_out |= out.timed_out
+    return SearchOutcome(a, p, out.cost, passes, timed_out, tuple(trace)), start_cost
+
+
 def run_restart(problem: Problem, start: str, seed: int, restart: int,
                 deadline: float | None, max_iterations: int,
-                clock_zero: float | None = None, swaps: bool = True) -> RestartResult:
-    """One restart: its own generator (seed, restart), a start partition, then local search."""
+                clock_zero: float | None = None, swaps: bool = True,
+                coarsen: bool = False) -> RestartResult:
+    """One restart: its own generator (seed, restart), a start partition, then local search.
+
+    With ``coarsen`` and a ``random`` or ``topo`` start, the start is made on a coarse
+    version of the problem and refined level by level (:func:`_multilevel`): from a random
+    partition of the fine graph the local search crawls (every edge is as likely cut as
+    not, and single moves unbalance), while on the coarse levels whole clusters move at
+    once. The ``metis`` start is a multilevel partition already and skips it."""
     rng = restart_rng(seed, restart)
-    slots = (problem.initial_placement if problem.initial_placement is not None
-             else np.arange(problem.k))
-    a0 = initial_assignment(problem, start, rng, restart, np.asarray(slots))
+    slots = np.asarray(problem.initial_placement if problem.initial_placement is not None
+                       else np.arange(problem.k))
+    if coarsen and start != "metis":
+        out, start_cost = _multilevel(problem, start, rng, restart, slots, deadline,
+                                      max_iterations, clock_zero, swaps)
+        return RestartResult(restart, out, start_cost)
+    a0 = initial_assignment(problem, start, rng, restart, slots)
     p0 = _placement_start(problem, a0)
     start_cost = problem.objective(a0, p0)
     out = local_search(problem, a0, p0, rng, deadline=deadline, max_iterations=max_iterations,
@@ -558,19 +798,13 @@ def run_restart(problem: Problem, start: str, seed: int, restart: int,
 
 def _pooled_restart(problem: Problem, start: str, seed: int, restart: int,
                     deadline: float | None, max_iterations: int, clock_zero: float | None,
-                    swaps: bool) -> RestartResult | None:
+                    swaps: bool, coarsen: bool) -> RestartResult | None:
     """A restart in a worker process; None when it begins after the deadline (workers take
     queued restarts that can no longer be cancelled)."""
     if deadline is not None and time.monotonic() >= deadline:
         return None
     return run_restart(problem, start, seed, restart, deadline, max_iterations, clock_zero,
-                       swaps)
-
-
-def _mp_context() -> multiprocessing.context.BaseContext:
-    if sys.platform.startswith("linux") and "fork" in multiprocessing.get_all_start_methods():
-        return multiprocessing.get_context("fork")
-    return multiprocessing.get_context("spawn")
+                       swaps, coarsen)
 
 
 @dataclass(frozen=True)
@@ -584,7 +818,8 @@ class RestartsSummary:
 def run_restarts(problem: Problem, *, start: str, seed: int, restarts: int, workers: int,
                  deadline: float | None, max_iterations: int,
                  progress: Callable[[str, float, float], None] | None = None,
-                 clock_zero: float | None = None, swaps: bool = True) -> RestartsSummary:
+                 clock_zero: float | None = None, swaps: bool = True,
+                 coarsen: bool = False) -> RestartsSummary:
     """Run ``restarts`` restarts on ``workers`` processes (in this process when 1) and keep
     the best by (cost, restart index): the same for any worker count or scheduling when no
     deadline cuts the search short. Restarts not begun by the deadline are dropped; running
@@ -599,14 +834,23 @@ def run_restarts(problem: Problem, *, start: str, seed: int, restarts: int, work
                 skipped = restarts - r
                 break
             results.append(run_restart(problem, start, seed, r, deadline, max_iterations, zero,
-                                       swaps))
+                                       swaps, coarsen))
             if progress is not None:
                 progress("restarts", len(results), restarts)
     else:
-        with ProcessPoolExecutor(max_workers=workers, mp_context=_mp_context()) as pool:
-            pending = {pool.submit(_pooled_restart, problem, start, seed, r, deadline,
-                                   max_iterations, zero, swaps) for r in range(restarts)}
-            while pending:
+        # At most two restarts per worker are queued at a time: ``--restarts 1000000`` must
+        # not create a million futures (and ``wait`` on them costs O(pending) a call).
+        with process_pool(workers) as pool:
+            pending: set[Any] = set()
+            begun = 0
+            while True:
+                late = deadline is not None and time.monotonic() >= deadline
+                while not late and begun < restarts and len(pending) < 2 * workers:
+                    pending.add(pool.submit(_pooled_restart, problem, start, seed, begun,
+                                            deadline, max_iterations, zero, swaps, coarsen))
+                    begun += 1
+                if not pending:
+                    break
                 timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
                 done, pending = wait(pending, timeout=timeout, return_when=FIRST_COMPLETED)
                 for fut in done:
@@ -628,6 +872,7 @@ def run_restarts(problem: Problem, *, start: str, seed: int, restarts: int, work
                         else:
                             results.append(got)
                     pending = set()
+            skipped += restarts - begun  # never begun: the deadline came first
     if not results:  # the deadline passed before the first restart could begin
         results.append(run_restart(problem, start, seed, 0, time.monotonic(), 0, zero))
     results.sort(key=lambda r: r.restart)

@@ -33,7 +33,7 @@ __all__ = ["DEFAULTS", "heuristic"]
 #: Options and their defaults (``workers=None``: the cores this process may use).
 DEFAULTS: Mapping[str, Any] = {"stages": None, "workers": None, "restarts": 8,
                                "start": "metis", "max_iterations": 1000,
-                               "swaps": True}
+                               "swaps": True, "coarsen": True}
 
 
 @register("partition", "heuristic")
@@ -52,7 +52,10 @@ def heuristic(graph: Graph, topology: Topology, *, options: Mapping[str, Any], s
         ``topo``: the depth order cut into k runs of equal weight; see
         ``benchmarks/paper000_figure1.py`` for how they compare), ``max_iterations`` (passes
         per restart, default 1000), ``swaps`` (default true: when no single move improves,
-        exchange two nodes of different components; graphs up to 1500 nodes).
+        exchange two nodes of different components; graphs up to 1500 nodes), ``coarsen``
+        (default true: the ``random`` and ``topo`` starts are made on a coarsened graph and
+        refined level by level, see Notes; false runs the paper's search from a random
+        partition of the graph itself).
     seed : int
         Restart r draws from a generator of ``(seed, r)`` only: the same seed gives the same
         plan whatever the worker count.
@@ -82,6 +85,17 @@ def heuristic(graph: Graph, topology: Topology, *, options: Mapping[str, Any], s
     which the paper cites as its inspiration), all n^2 pairs evaluated in one vectorised
     O(n^2 + mk) step: in a balanced partition every single move unbalances, so the paper's
     search stops there.
+
+    Also beyond the paper, a coarse pass for the ``random`` and ``topo`` starts: the graph
+    is coarsened by heavy-edge matching (vectorised, O(m log m) a level) down to about 3
+    nodes per component, the start is drawn on the coarsest graph, and the local search runs
+    on every level from there down, each from the partition of the level above (a coarse
+    partition costs exactly what its projection costs: edges inside a coarse node are never
+    cut). From a random partition of the graph itself every edge is as likely cut as not and
+    single moves unbalance, so the search crawled to poor local optima (1001 nodes on 96
+    devices: 2-4 s and about twice the cost of the METIS start per restart); on the coarse
+    levels whole clusters move at once. ``benchmarks/paper000_figure1.py`` and
+    ``paper000_hierarchical.py`` compare both.
     """
     opts = take_options("heuristic", options, DEFAULTS)
     k = num_components(graph, topology, opts["stages"])
@@ -90,13 +104,14 @@ def heuristic(graph: Graph, topology: Topology, *, options: Mapping[str, Any], s
     start = check_start(opts["start"])
     max_iter = check_int_option("max_iterations", opts["max_iterations"])
     swaps = check_bool_option("swaps", opts["swaps"])
+    coarsen = check_bool_option("coarsen", opts["coarsen"])
     t0 = time.monotonic()
     deadline = search_deadline(t0, time_limit)
     problem = flat_problem(graph, topology, k)
     summary = run_restarts(problem, start=start, seed=seed, restarts=restarts,
                            workers=workers or default_workers(), deadline=deadline,
                            max_iterations=max_iter, progress=progress, clock_zero=t0,
-                           swaps=swaps)
+                           swaps=swaps, coarsen=coarsen)
     best = summary.best.outcome
     plan = make_plan(graph, topology, "heuristic", best.assignment, best.placement,
                      status="timed_out" if summary.timed_out else "feasible", seed=seed,

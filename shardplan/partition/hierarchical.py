@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+import scipy.sparse as sp
 
 from shardplan.errors import ShardplanError
 from shardplan.ir import Graph, Topology
@@ -30,7 +31,8 @@ from shardplan.registry import Progress, Result, register, take_options
 __all__ = ["DEFAULTS", "hierarchical", "hierarchy_groups"]
 
 DEFAULTS: Mapping[str, Any] = {"stages": None, "restarts": 4, "start": "metis",
-                               "max_iterations": 1000, "refine": True, "swaps": True}
+                               "max_iterations": 1000, "refine": True, "swaps": True,
+                               "coarsen": True}
 
 
 def hierarchy_groups(topology: Topology) -> list[list[tuple[int, ...]]]:
@@ -49,16 +51,32 @@ def hierarchy_groups(topology: Topology) -> list[list[tuple[int, ...]]]:
     return out
 
 
+def _group_means(m: np.ndarray, groups: list[tuple[int, ...]]) -> np.ndarray:
+    """``out[a, b]`` = mean of ``m`` over the device pairs of groups a and b (0 on the
+    diagonal), shape (k, k). With S the (k, D) group indicator, the block sums are
+    ``S M S^T``: O(D^2 + k D) instead of a Python loop over k^2 blocks (16 million of them
+    on a flat topology of 4096 devices)."""
+    k, d = len(groups), m.shape[0]
+    sizes = np.array([len(g) for g in groups], dtype=np.float64)
+    members = np.fromiter((x for g in groups for x in g), dtype=np.int64)
+    owner = np.repeat(np.arange(k), [len(g) for g in groups])
+    ind = sp.csr_matrix((np.ones(members.size), (owner, members)), shape=(k, d))
+    sums = np.asarray((ind @ np.asarray(ind @ m).T).T)
+    out = sums / (sizes[:, None] * sizes[None, :])
+    np.fill_diagonal(out, 0.0)
+    return out
+
+
 class _Recursion:
     def __init__(self, graph: Graph, topology: Topology, levels: list[list[tuple[int, ...]]],
                  *, restarts: int, start: str, max_iter: int, seed: int,
                  deadline: float | None, clock_zero: float, progress: Progress | None,
-                 swaps: bool) -> None:
+                 swaps: bool, coarsen: bool) -> None:
         self.g, self.levels = graph, levels
         self.m = topology.cost_matrix
         self.restarts, self.start, self.max_iter = restarts, start, max_iter
         self.seed, self.deadline, self.zero, self.progress = seed, deadline, clock_zero, progress
-        self.swaps = swaps
+        self.swaps, self.coarsen = swaps, coarsen
         self.rank, self.depth = graph.topological_rank, graph.levels
         self.device_of = np.full(graph.num_nodes, -1, dtype=np.int64)
         self.timed_out = False
@@ -94,8 +112,7 @@ class _Recursion:
         local = np.full(g.num_nodes, -1, dtype=np.int64)
         local[nodes] = np.arange(nodes.size)
         keep = (local[g.src] >= 0) & (local[g.dst] >= 0)
-        mg = np.array([[0.0 if a == b else float(self.m[np.ix_(children[a], children[b])].mean())
-                        for b in range(k)] for a in range(k)])
+        mg = _group_means(self.m, children)
         w = g.weight[nodes]
         problem = Problem.build(
             w, local[g.src[keep]], local[g.dst[keep]], self.rank[nodes], self.depth[nodes], mg,
@@ -105,7 +122,7 @@ class _Recursion:
         summary = run_restarts(problem, start=self.start, seed=self.seed * 1_000_003 + self.calls,
                                restarts=self.restarts, workers=1, deadline=self.deadline,
                                max_iterations=self.max_iter, clock_zero=self.zero,
-                               swaps=self.swaps)
+                               swaps=self.swaps, coarsen=self.coarsen)
         self.timed_out |= summary.timed_out
         out = summary.best.outcome
         # Component i sits on slot placement[i]: report the slot of every node.
@@ -128,7 +145,8 @@ def hierarchical(graph: Graph, topology: Topology, *, options: Mapping[str, Any]
         (default), ``random`` or ``topo``), ``max_iterations`` (passes per restart),
         ``refine`` (default true: finish with the flat local search over all devices from
         the hierarchical partition), ``swaps`` (node exchanges, see :mod:`.heuristic`;
-        default true).
+        default true), ``coarsen`` (the coarse pass of the ``random`` and ``topo`` starts in
+        each subproblem, see :mod:`.heuristic`; default true).
     seed : int
         Same seed, same plan.
     time_limit : float or None
@@ -155,7 +173,11 @@ def hierarchical(graph: Graph, topology: Topology, *, options: Mapping[str, Any]
     nodes so that no device ends empty. With k = O(1) children per level, the local search
     costs O(N n^2) overall against O(N (Kn)^2) flat (the paper's analysis); our passes are
     O(m k) each. The final refinement is our addition: one flat local search over all K
-    devices, started from the hierarchical partition, which only lowers the cost.
+    devices, started from the hierarchical partition, which only lowers the cost. Its
+    placement rounds keep every component's cost on every device up to date as components
+    swap devices (O(K^2 + K D) a round, not O(K^2 D): 4096 devices took 12.9 s a round) and
+    check the deadline every round, as the node passes do every 128 nodes: every phase stops
+    at the time limit.
     """
     opts = take_options("hierarchical", options, DEFAULTS)
     k = num_components(graph, topology, opts["stages"])
@@ -167,12 +189,13 @@ def hierarchical(graph: Graph, topology: Topology, *, options: Mapping[str, Any]
     max_iter = check_int_option("max_iterations", opts["max_iterations"])
     refine = check_bool_option("refine", opts["refine"])
     swaps = check_bool_option("swaps", opts["swaps"])
+    coarsen = check_bool_option("coarsen", opts["coarsen"])
     t0 = time.monotonic()
     deadline = search_deadline(t0, time_limit)
     levels = hierarchy_groups(topology)
     rec = _Recursion(graph, topology, levels, restarts=restarts, start=start,
                      max_iter=max_iter, seed=seed, deadline=deadline, clock_zero=t0,
-                     progress=progress, swaps=swaps)
+                     progress=progress, swaps=swaps, coarsen=coarsen)
     rec.solve(np.arange(graph.num_nodes), tuple(range(topology.num_devices)), 0)
     assignment = rec.device_of.copy()
     placement = np.arange(topology.num_devices)

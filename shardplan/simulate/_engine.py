@@ -58,6 +58,7 @@ from typing import Any
 import numpy as np
 
 from shardplan.cost import CostModel, stage_times
+from shardplan.cost._collectives import measured_seconds, ring_steps
 from shardplan.cost._pipeline import replica_pairs
 from shardplan.errors import ShardplanError
 from shardplan.ir import ExecutionSettings, Graph, Plan, Topology
@@ -217,7 +218,8 @@ class _Network:
 
 class _Sim:
     def __init__(self, view: PipelineView, st: Any, static_mem: np.ndarray,
-                 per_mb: np.ndarray, topology: Topology, overlap: bool) -> None:
+                 per_mb: np.ndarray, topology: Topology, overlap: bool, sync: str = "end",
+                 buckets: Any = None, units: Any = None) -> None:
         self.t = 0.0
         self.heap: list[tuple[float, int, Callable[[], None]]] = []
         self.seq = 0
@@ -283,9 +285,21 @@ class _Sim:
         self.ar_ready = [0] * k
         self.ar_start = [math.nan] * k
         self.ar_done = [math.nan] * k
-        self.ar_step_left = [0] * k
         self.last_backward = 0.0
         self.finish: dict[int, float] = {}
+        # gradient synchronisation: DDP buckets or FSDP units per stage, collectives
+        self.sync = sync
+        self.buckets = buckets or [[] for _ in range(k)]
+        self.units_fwd, self.units_bwd = units or ([[] for _ in range(k)],
+                                                   [[] for _ in range(k)])
+        self.grad_left = [len(self.buckets[s]) if sync == "bucketed" else
+                          len(self.units_bwd[s]) if sync == "sharded" else 0
+                          for s in range(k)]
+        self.coll_queue: list[deque[Any]] = [deque() for _ in range(k)]
+        self.coll_running = [False] * k
+        self.coll_issued: dict[tuple[Any, ...], int] = {}
+        self.coll_done: set[tuple[Any, ...]] = set()
+        self.waiters: dict[tuple[Any, ...], list[Callable[[], None]]] = {}
 
     # ------------------------------------------------------------------ events
     def at(self, time: float, fn: Callable[[], None]) -> None:
@@ -344,28 +358,76 @@ class _Sim:
             w.pos += 1
             s, i = act.stage, w.replica
             dur = float(self.fwd[s, i] if act.op == FORWARD else self.bwd[s, i])
-            start = self.t
             w.busy = True
-            self.computing[w.device] = True
             if act.op == FORWARD:
                 self.memory(w.device, float(self.per_mb[s]))
+            self.run_action(w, act, dur)
 
-            def finish(w: _Worker = w, act: Any = act, start: float = start) -> None:
-                w.busy = False
-                self.computing[w.device] = False
-                self.intervals.append(Interval(w.device, start, self.t, act.op, act.stage,
-                                               act.microbatch))
-                if act.op == FORWARD:
-                    self.sent_forward(act.stage, w.replica, act.microbatch)
-                else:
-                    self.memory(w.device, -float(self.per_mb[act.stage]))
-                    self.last_backward = max(self.last_backward, self.t)
-                    self.sent_backward(act.stage, w.replica, act.microbatch)
-                if not self.overlap:
-                    self.retry_sends()
-                self.advance(w)
+    def run_action(self, w: _Worker, act: Any, dur: float) -> None:
+        """Compute ``act`` for ``dur`` seconds: in one piece, or in the segments of the
+        stage's gradient synchronisation (DDP buckets launched during the last backward;
+        FSDP units, each waiting for its parameters' all-gather)."""
+        s, m = act.stage, act.microbatch
+        last = m == self.schedule.num_microbatches - 1
+        # (end fraction of the action, collective to wait for, collective to launch after)
+        segments: list[tuple[float, Any, Any]] = [(1.0, None, None)]
+        if self.sync == "bucketed" and act.op == BACKWARD and last and self.reps[s] > 1:
+            segments = [(f, None, ("allreduce", s, "grad", k, b))
+                        for k, (b, f) in enumerate(self.buckets[s])] + [(1.0, None, None)]
+        elif self.sync == "sharded" and self.reps[s] > 1 and self.units_fwd[s]:
+            units = self.units_fwd[s] if act.op == FORWARD else self.units_bwd[s]
+            phase = "fwd" if act.op == FORWARD else "bwd"
+            segments = []
+            for u, (b, f_end) in enumerate(units):
+                key = ("allgather", s, (phase, m), u, b)
+                after = ("reducescatter", s, "grad", u, b) if act.op == BACKWARD and last \
+                    else None
+                segments.append((f_end, key, after))
+        start = self.t
+        issued: set[int] = set()
 
-            self.at(self.t + dur, finish)
+        def gather(j: int) -> None:  # this replica asks for unit j's parameters, once
+            if j < len(segments) and segments[j][1] is not None and j not in issued:
+                issued.add(j)
+                self.issue(segments[j][1])
+
+        def segment(j: int, prev: float) -> None:
+            if j == len(segments):
+                return done()
+            f_end, wait, after = segments[j]
+            if wait is not None:
+                gather(j)
+                gather(j + 1)  # prefetch the next unit while this one computes
+                if not self.collective_done(wait):
+                    self.waiters.setdefault(wait[:4], []).append(lambda: segment(j, prev))
+                    w.waiting = f"the parameters of unit {wait[3]} (all-gather)"
+                    self.computing[w.device] = False
+                    return
+            self.computing[w.device] = True
+
+            def end() -> None:
+                if after is not None:
+                    self.issue(after)
+                segment(j + 1, f_end)
+
+            self.at(self.t + dur * max(f_end - prev, 0.0), end)
+
+        def done() -> None:
+            w.busy = False
+            self.computing[w.device] = False
+            self.intervals.append(Interval(w.device, start, self.t, act.op, act.stage,
+                                           act.microbatch))
+            if act.op == FORWARD:
+                self.sent_forward(act.stage, w.replica, act.microbatch)
+            else:
+                self.memory(w.device, -float(self.per_mb[act.stage]))
+                self.last_backward = max(self.last_backward, self.t)
+                self.sent_backward(act.stage, w.replica, act.microbatch)
+            if not self.overlap:
+                self.retry_sends()
+            self.advance(w)
+
+        segment(0, 0.0)
 
     def optimizer(self, w: _Worker) -> None:
         w.busy = True
@@ -401,11 +463,15 @@ class _Sim:
                       lambda a=a, i=i: self.wake(BACKWARD, a, i, m))
 
     def send(self, src: int, dst: int, nbytes: float, tensors: float, kind: str, stage: int,
-             mb: int | None, on_arrival: Callable[[], None]) -> None:
+             mb: int | None, on_arrival: Callable[[], None],
+             seconds: float | None = None) -> None:
+        """Queue a message on ``src``'s send queue; ``seconds``: a measured collective's
+        share, which holds the queue that long instead of streaming bytes."""
         if src == dst:
             on_arrival()
             return
-        lat = float(self.topology.latency[src, dst]) * float(tensors)
+        lat = float(self.topology.latency[src, dst]) * float(tensors) if seconds is None \
+            else float(seconds)
         self.send_q[src].append(_Message(src, dst, float(nbytes), lat, kind, stage, mb,
                                          on_arrival))
         self.pending[src] += 1
@@ -465,40 +531,172 @@ class _Sim:
                 for w in self.workers_on.get(d, ()):
                     self.advance(w)
 
-    # ------------------------------------------------------------------ all-reduce
+    # ------------------------------------------------------------------ collectives
     def reduce_ready(self, s: int) -> None:
+        """A replica passed the stage's ``REDUCE_GRAD``: with ``end`` sync, the stage's
+        all-reduce starts once all have; otherwise the buckets' or units' collectives
+        (launched during the last backward) are what the optimizer waits for."""
         self.ar_ready[s] += 1
         r = int(self.reps[s])
         if self.ar_ready[s] < r:
             return
-        self.ar_start[s] = self.t
+        if math.isnan(self.ar_start[s]):
+            self.ar_start[s] = self.t
         if r == 1 or self.grad_bytes[s] <= 0:
             self.reduce_done(s)
-        else:
-            self.reduce_step(s, 2 * (r - 1))
-
-    def reduce_step(self, s: int, steps_left: int) -> None:
-        if steps_left == 0:
+        elif self.sync == "end":
+            self.grad_left[s] = 1
+            for _ in range(r):
+                self.issue(("allreduce", s, "grad", 0, float(self.grad_bytes[s])))
+        elif self.grad_left[s] == 0:
             self.reduce_done(s)
+
+    def issue(self, key: Any) -> None:
+        """One replica issues collective ``key = (kind, stage, tag, index, bytes)``; it runs
+        when every replica of the stage has issued it and the stage's previous collectives
+        are over (one stream per group, as NCCL and gloo run them, in issue order)."""
+        kind, s, tag, idx, nbytes = key
+        ident = key[:4]
+        if ident in self.coll_done:
             return
+        count = self.coll_issued.get(ident, 0) + 1
+        self.coll_issued[ident] = count
+        if count == 1:
+            self.coll_queue[s].append(key)
+            if kind != "allgather" and math.isnan(self.ar_start[s]):
+                self.ar_start[s] = self.t
+        self.start_collective(s)
+
+    def collective_done(self, key: Any) -> bool:
+        return key[:4] in self.coll_done
+
+    def measured_collective(self, kind: str, s: int, nbytes: float) -> float | None:
+        """The topology's measured time of this collective over stage s's replicas, if it
+        has a curve for that group size."""
+        return measured_seconds(self.topology, kind, int(self.reps[s]), nbytes)
+
+    def start_collective(self, s: int) -> None:
+        queue = self.coll_queue[s]
+        if self.coll_running[s] or not queue:
+            return
+        kind, _, _, _, nbytes = key = queue[0]
         r = int(self.reps[s])
-        self.ar_step_left[s] = r
-        chunk = self.grad_bytes[s] / r
+        if self.coll_issued.get(key[:4], 0) < r:
+            return
+        queue.popleft()
+        self.coll_running[s] = True
+        measured = self.measured_collective(kind, s, nbytes)
+        left = [r]
 
         def arrived() -> None:
-            self.ar_step_left[s] -= 1
-            if self.ar_step_left[s] == 0:
-                self.reduce_step(s, steps_left - 1)
+            left[0] -= 1
+            if left[0] == 0:
+                self.collective_finished(key)
+
+        if measured is not None:  # a measured collective: each replica busy for its time
+            for i in range(r):
+                self.send(int(self.dev[s, i]), int(self.dev[s, (i + 1) % r]), 0.0, 0.0,
+                          kind, s, None, arrived, seconds=measured)
+            return
+        self.ring_step(s, key, ring_steps(kind, r))
+
+    def ring_step(self, s: int, key: Any, steps_left: int) -> None:
+        if steps_left == 0:
+            self.collective_finished(key)
+            return
+        r = int(self.reps[s])
+        left = [r]
+        chunk = key[4] / r
+
+        def arrived() -> None:
+            left[0] -= 1
+            if left[0] == 0:
+                self.ring_step(s, key, steps_left - 1)
 
         for i in range(r):
             self.send(int(self.dev[s, i]), int(self.dev[s, (i + 1) % r]), chunk, 1.0,
-                      "allreduce", s, None, arrived)
+                      key[0], s, None, arrived)
+
+    def collective_finished(self, key: Any) -> None:
+        s, tag = key[1], key[2]
+        self.coll_running[s] = False
+        self.coll_done.add(key[:4])
+        if tag == "grad":
+            self.grad_left[s] -= 1
+            if self.grad_left[s] == 0 and self.ar_ready[s] >= int(self.reps[s]):
+                self.reduce_done(s)
+        for fn in self.waiters.pop(key[:4], []):
+            fn()
+        self.start_collective(s)
 
     def reduce_done(self, s: int) -> None:
         self.ar_done[s] = self.t
         p = self.schedule.stage_rank[s]
         for i in range(int(self.reps[s])):
             self.advance(self.worker_of[(p, i)])
+
+
+def _sync_chunks(cm: CostModel, assignment: np.ndarray, k: int, settings: ExecutionSettings
+                 ) -> tuple[list[list[tuple[float, float]]], tuple[list, list]]:
+    """Per stage, DDP's gradient buckets and FSDP's units, as ``(bytes, end fraction)`` lists.
+
+    Buckets: the stage's nodes in reverse topological order (the order a backward produces
+    gradients), parameters gathered until a bucket holds ``bucket_bytes``; a bucket is ready
+    when the backward has done the share of its compute up to the bucket's last node.
+    Units: the nodes in topological order, cut every ``bucket_bytes`` of parameters (FSDP
+    wraps blocks of about that size); a unit's forward ends at its share of the forward's
+    compute, and the backward runs the units in reverse. O(n)."""
+    g = cm.graph
+    order = g.topological_order
+    fwd, bwd = cm.node_seconds(0)
+    params = g.param_bytes.astype(np.float64)
+    cap = float(settings.bucket_bytes)
+
+    def chunks(nodes: np.ndarray, work: np.ndarray) -> list[tuple[float, float]]:
+        total = float(work[nodes].sum())
+        out: list[tuple[float, float]] = []
+        acc_b = acc_w = 0.0
+        for v in nodes.tolist():
+            acc_w += float(work[v])
+            if params[v] <= 0:
+                continue
+            acc_b += float(params[v])
+            if acc_b >= cap:
+                out.append((acc_b, acc_w / total if total > 0 else 1.0))
+                acc_b = 0.0
+        if acc_b > 0:
+            out.append((acc_b, 1.0))
+        if out:  # the last chunk ends with the action
+            out[-1] = (out[-1][0], 1.0)
+        return out
+
+    buckets: list[list[tuple[float, float]]] = []
+    ufwd: list[list[tuple[float, float]]] = []
+    ubwd: list[list[tuple[float, float]]] = []
+    for s in range(k):
+        nodes = order[assignment[order] == s]
+        buckets.append(chunks(nodes[::-1], bwd) if settings.gradient_sync == "bucketed"
+                       else [])
+        if settings.gradient_sync == "sharded":
+            f = chunks(nodes, fwd)
+            sizes = [b for b, _ in f][::-1]  # the same units, backward runs them in reverse
+            rev = nodes[::-1]
+            total = float(bwd[rev].sum())
+            ends, acc, i, acc_b = [], 0.0, 0, 0.0
+            for v in rev.tolist():
+                acc += float(bwd[v])
+                acc_b += float(params[v])
+                if i < len(sizes) and acc_b >= sizes[i] - 1e-6:
+                    ends.append(acc / total if total > 0 else 1.0)
+                    acc_b, i = 0.0, i + 1
+            ends = (ends + [1.0] * len(sizes))[:len(sizes)]
+            ends[-1] = 1.0
+            ufwd.append(f)
+            ubwd.append(list(zip(sizes, ends, strict=True)))
+        else:
+            ufwd.append([])
+            ubwd.append([])
+    return buckets, (ufwd, ubwd)
 
 
 _LEGACY = {"num_microbatches": "microbatches"}
@@ -575,7 +773,9 @@ def simulate(plan: Plan, graph: Graph, topology: Topology,
     reps = st.replicas
     static = cm.memory_breakdown(a_pos, k, in_flight=0, replicas=reps)["total"]
     per_mb = cm.memory_breakdown(a_pos, k, in_flight=1, replicas=reps)["total"] - static
-    sim = _Sim(view, st, static, per_mb, topology, settings.overlap)
+    buckets, units = _sync_chunks(cm, a_pos, k, settings)
+    sim = _Sim(view, st, static, per_mb, topology, settings.overlap, settings.gradient_sync,
+               buckets, units)
     sim.run()
     m = sch.num_microbatches
     devs = sim.devices

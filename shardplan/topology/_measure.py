@@ -28,6 +28,8 @@ __all__ = ["BACKENDS", "DEFAULT_SIZES", "fit_link", "measure"]
 BACKENDS = ("auto", "gloo", "nccl")
 #: Message sizes (bytes): one tiny message for the latency, then 64 KiB to 16 MiB.
 DEFAULT_SIZES: tuple[int, ...] = (4, 1 << 16, 1 << 20, 1 << 22, 1 << 24)
+#: Collective sizes (bytes of the whole tensor): 64 KiB to 16 MiB.
+DEFAULT_COLLECTIVE_SIZES: tuple[int, ...] = (1 << 16, 1 << 20, 1 << 22, 1 << 24)
 #: Nominal peak of one CPU process (one core): about 3 GHz x two 8-wide fp32 FMA units x 2.
 CPU_FLOPS = 1e11
 _GRACE = 2.0  # seconds to let the other ranks report after one fails
@@ -126,6 +128,8 @@ def measure(nproc: int, *, backend: str = "auto", sizes: Sequence[int] = DEFAULT
             repeats: int = 10, warmup: int = 1, timeout: float = 120.0,
             device: str | None = None, memory_bytes: float | None = None,
             flops: float | None = None, name: str | None = None,
+            collectives: bool = True,
+            collective_sizes: Sequence[int] = DEFAULT_COLLECTIVE_SIZES,
             _fault: Sequence[Any] | None = None) -> Topology:
     """Measure latency and bandwidth between N local processes with torch.distributed.
 
@@ -151,6 +155,12 @@ def measure(nproc: int, *, backend: str = "auto", sizes: Sequence[int] = DEFAULT
         Override the memory and FLOP/s of every device.
     name : str, optional
         Topology name (default ``measured-{backend}-{N}``).
+    collectives : bool, default True
+        Also time all-reduce, all-gather and reduce-scatter over the first g ranks, g = 2..N,
+        at ``collective_sizes`` bytes (default 64 KiB, 1 MiB, 4 MiB, 16 MiB): the topology's
+        ``collectives`` field, which the cost model and the simulator use instead of the
+        ring over the point-to-point links (:mod:`shardplan.cost._collectives`).
+    collective_sizes : sequence of int
 
     Returns
     -------
@@ -199,8 +209,14 @@ def measure(nproc: int, *, backend: str = "auto", sizes: Sequence[int] = DEFAULT
             check_positive("memory_bytes", memory_bytes)
         if flops is not None:
             check_positive("flops", flops)
+    try:
+        coll_sizes = sorted({check_count("collective size", s) for s in collective_sizes})
+    except TypeError:
+        raise ShardplanError(f"collective sizes must be byte counts, got "
+                             f"{collective_sizes!r}") from None
     cfg = {"backend": backend, "sizes": size_list, "repeats": reps, "warmup": warm,
-           "timeout": limit, "fault": list(_fault) if _fault else None}
+           "timeout": limit, "fault": list(_fault) if _fault else None,
+           "collectives": bool(collectives), "collective_sizes": coll_sizes}
 
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="shardplan-measure-") as tmp:
@@ -218,6 +234,7 @@ def measure(nproc: int, *, backend: str = "auto", sizes: Sequence[int] = DEFAULT
             one_way[:, i, j] = [float(np.median(ts)) / 2 for ts in per_size]
             bw[i, j], lat[i, j] = fit_link(size_list, one_way[:, i, j])
     devices = tuple(_device(res, n, device, memory_bytes, flops) for res in results)
+    extra = {"collectives": results[0]["collectives"]} if collectives else {}
     return Topology(
         name=name or f"measured-{used}-{n}", devices=devices, bandwidth=bw, latency=lat,
         meta={**generator_meta("measure", nproc=n, backend=backend, sizes=size_list,
@@ -225,7 +242,7 @@ def measure(nproc: int, *, backend: str = "auto", sizes: Sequence[int] = DEFAULT
               "measurement": {"backend": used, "host": results[0].get("host", ""),
                               "sizes": size_list, "repeats": reps,
                               "wall_seconds": round(wall, 3),
-                              "one_way_seconds": one_way.tolist()}},
+                              "one_way_seconds": one_way.tolist()}, **extra},
     )
 
 

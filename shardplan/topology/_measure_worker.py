@@ -120,8 +120,55 @@ def _measure(rank: int, world: int, cfg: dict[str, Any], tmpdir: str) -> dict[st
             if rank == i:
                 rtt[str(j)] = per_size
     dist.barrier()
+    collectives = _collectives(rank, world, cfg, dev, sync) if cfg.get("collectives") else {}
     return {"rank": rank, "backend": backend, "device": device, "host": os.uname().nodename,
-            "rtt": rtt}
+            "rtt": rtt, "collectives": collectives}
+
+
+def _collectives(rank: int, world: int, cfg: dict[str, Any], dev: Any,
+                 sync: Any) -> dict[str, dict[str, list[list[float]]]]:
+    """Median seconds of all-reduce, all-gather and reduce-scatter of each size (the whole
+    tensor: the all-gather's output, the reduce-scatter's input) over the first g ranks, for
+    g = 2..world; every rank takes part in creating the groups, ranks outside one wait at
+    the barriers. A barrier before every timed call starts the ranks together; rank 0's
+    time until its call returns is the collective's."""
+    import torch
+    import torch.distributed as dist
+
+    sizes = [int(s) for s in cfg["collective_sizes"]]
+    repeats, warmup = int(cfg["repeats"]), int(cfg["warmup"])
+    out: dict[str, dict[str, list[list[float]]]] = {"allreduce": {}, "allgather": {},
+                                                     "reducescatter": {}}
+    for g in range(2, world + 1):
+        group = dist.new_group(list(range(g)))
+        rows: dict[str, list[list[float]]] = {k: [] for k in out}
+        for nbytes in sizes:
+            n = max(g, nbytes // 4 // g * g)  # float32 elements, a multiple of g
+            full = torch.ones(n, dtype=torch.float32, device=dev)
+            part = torch.ones(n // g, dtype=torch.float32, device=dev)
+            ops = {"allreduce": lambda full=full, grp=group: dist.all_reduce(full, group=grp),
+                   "allgather": lambda full=full, part=part, grp=group:
+                       dist.all_gather_into_tensor(full, part, group=grp),
+                   "reducescatter": lambda full=full, part=part, grp=group:
+                       dist.reduce_scatter_tensor(part, full, group=grp)}
+            for kind, op in ops.items():
+                times = []
+                for it in range(warmup + repeats):
+                    dist.barrier()
+                    if rank >= g:
+                        continue
+                    t0 = time.perf_counter()
+                    op()
+                    sync()
+                    if it >= warmup:
+                        times.append(time.perf_counter() - t0)
+                if rank == 0:
+                    times.sort()
+                    rows[kind].append([float(n * 4), times[len(times) // 2]])
+        for kind in out:
+            out[kind][str(g)] = rows[kind]
+    dist.barrier()
+    return out
 
 
 def run(rank: int, world: int, cfg: dict[str, Any], tmpdir: str) -> None:

@@ -128,7 +128,79 @@ CASES = {
     "generate random-dag of 5e9 edges": lambda t: ["generate", "random-dag", "--nodes",
                                                    "100000", "--edge-probability", "1",
                                                    "-o", str(t / "out.json")],
+    # Numbers a JSON parser accepts but a graph cannot hold (null stays "not measured").
+    "literal NaN fwd_seconds": lambda t: ["inspect", _write(t / "x.json", _graph_dict(
+        nodes=[{"id": 0, "fwd_flops": 1.0, "fwd_seconds": float("nan")},
+               {"id": 1, "fwd_flops": 2.0}]))],
+    "infinite memory_bytes": lambda t: ["inspect", _write(t / "x.json", _graph_dict(
+        nodes=[{"id": 0, "fwd_flops": 1.0, "memory_bytes": float("inf")},
+               {"id": 1, "fwd_flops": 2.0}]))],
+    "1e30 parameter bytes": lambda t: ["inspect", _write(t / "x.json", _graph_dict(
+        nodes=[{"id": 0, "fwd_flops": 1.0, "param_bytes": 1e30}, {"id": 1}]))],
+    "1e30 edge bytes": lambda t: ["inspect", _write(t / "x.json", _graph_dict(
+        edges=[{"src": 0, "dst": 1, "bytes": 10**30}]))],
+    "strategy with a wrong factor count": lambda t: _strategy_case(t, "count"),
+    "strategy with a configuration not allowed": lambda t: _strategy_case(t, "config"),
+    "option typo in partition": lambda t: ["partition", *_pair(t), "--algorithm", "heuristic",
+                                           "--option", "efficency=0.5", "-o",
+                                           str(t / "out.json")],
+    "option typo in map": lambda t: ["map", _pipeline_plan(t), *_pair(t), "--algorithm",
+                                     "optimal", "--option", "efficency=0.5", "-o",
+                                     str(t / "out.json")],
+    "option typo in cost": lambda t: ["cost", _pipeline_plan(t), *_pair(t), "--objective",
+                                      "max-stage", "--option", "efficency=0.5"],
+    # Three nodes that all exchange data, on three devices of which 0 and 1 have no link.
+    "devices that cannot reach each other": lambda t: [
+        "partition", _write(t / "g3.json", _graph_dict(
+            nodes=[{"id": i, "fwd_flops": 1.0} for i in range(3)],
+            edges=[{"src": 0, "dst": 1}, {"src": 0, "dst": 2}, {"src": 1, "dst": 2}])),
+        _write(t / "hole.json", _topo_dict(
+            devices=[{"name": n, "memory_bytes": 1e9, "flops": 1e12} for n in "abc"],
+            bandwidth=[[0, 0, 1e9], [0, 0, 1e9], [1e9, 1e9, 0]],
+            latency=[[0, 1e-5, 1e-5], [1e-5, 0, 1e-5], [1e-5, 1e-5, 0]])),
+        "--algorithm", "heuristic", "-o", str(t / "out.json")],
+    "model file calls sys.exit": lambda t: ["capture", _write(t / "m.py", "import sys\n"
+                                                              "sys.exit(3)\n") + ":build",
+                                            "-o", str(t / "out.json")],
+    "model function calls sys.exit": lambda t: [
+        "capture", _write(t / "m.py", "import sys\ndef build():\n    sys.exit(3)\n") + ":build",
+        "-o", str(t / "out.json")],
 }
+
+
+def _pair(t: Path) -> list[str]:
+    """A 2-node graph and a 2-device topology."""
+    return [_write(t / "g.json", _graph_dict()), _write(t / "t.json", _topo_dict())]
+
+
+def _pipeline_plan(t: Path) -> str:
+    from shardplan import registry
+    from shardplan.ir import load_graph, load_topology
+
+    g, topo = (load_graph(p) if i == 0 else load_topology(p) for i, p in enumerate(_pair(t)))
+    save(registry.run("partition", "uniform", g, topo, stages=2).plan, t / "p.json")
+    return str(t / "p.json")
+
+
+def _strategy_case(t: Path, kind: str) -> list[str]:
+    """``inspect`` of a PaSE plan whose strategy was edited: a node given one factor too
+    many, or a configuration the search would never allow (a split above the devices)."""
+    import dataclasses
+
+    from shardplan import registry
+    from shardplan.generate import generate
+    from shardplan.topology import build
+
+    graph, topo = generate("alexnet", batch_size=8), build("flat", num_devices=4)
+    plan = registry.run("strategy", "pase", graph, topo).plan
+    strategy = dict(plan.strategy)
+    factors = strategy["0"]
+    strategy["0"] = (*factors, 1) if kind == "count" else (64, *factors[1:])
+    save(dataclasses.replace(plan, strategy=strategy), t / "p.json")
+    save(graph, t / "g.json")
+    save(topo, t / "t.json")
+    return ["inspect", str(t / "p.json"), "--graph", str(t / "g.json"), "--topology",
+            str(t / "t.json")]
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -177,3 +249,60 @@ def test_inspect_summarises_each_kind(tmp_path: Path, capsys, diamond: Graph) ->
     assert s["inter_stage_bytes"] == 20 + 30
     assert main(["inspect", plan]) == 0  # the rich table
     assert "plan" in capsys.readouterr().out
+
+
+def test_null_measurements_stay_allowed(tmp_path: Path, capsys) -> None:
+    path = _write(tmp_path / "x.json", _graph_dict(
+        nodes=[{"id": 0, "fwd_flops": 1.0, "fwd_seconds": None, "memory_bytes": 5.0},
+               {"id": 1, "fwd_flops": 2.0, "fwd_seconds": 0.5}]))
+    assert main(["inspect", path, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["measured_seconds"] is True
+
+
+def test_inspect_reports_a_valid_strategy_cost(tmp_path: Path, capsys) -> None:
+    from shardplan import registry
+    from shardplan.generate import generate
+    from shardplan.topology import build
+
+    graph, topo = generate("alexnet", batch_size=8), build("flat", num_devices=4)
+    plan = registry.run("strategy", "pase", graph, topo).plan
+    for obj, name in ((plan, "p"), (graph, "g"), (topo, "t")):
+        save(obj, tmp_path / f"{name}.json")
+    assert main(["inspect", str(tmp_path / "p.json"), "--graph", str(tmp_path / "g.json"),
+                 "--topology", str(tmp_path / "t.json"), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["strategy_value"] == pytest.approx(plan.objective.value)
+
+
+def test_disconnected_topology_is_a_note_and_a_plan(tmp_path: Path, capsys) -> None:
+    topo = _write(tmp_path / "t.json", _topo_dict(
+        devices=[{"name": n, "memory_bytes": 1e9, "flops": 1e12} for n in "abc"],
+        bandwidth=[[0, 1e9, 0], [1e9, 0, 0], [0, 0, 0]],
+        latency=[[0, 1e-5, 0], [1e-5, 0, 0], [0, 0, 0]]))
+    graph = _write(tmp_path / "g.json", _graph_dict())
+    assert main(["partition", graph, topo, "--algorithm", "heuristic", "--workers", "1",
+                 "--json"]) == 0
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("shardplan: note: ") and "0-1" in lines[0]
+    plan = json.loads(captured.out)
+    assert sorted(d for st in plan["stages"] for d in st["devices"]) == [0, 1]
+
+
+@pytest.mark.torch
+def test_failing_trace_prints_one_line(tmp_path: Path) -> None:
+    model = _write(tmp_path / "m.py", "import torch\n"
+                   "class M(torch.nn.Module):\n"
+                   "    def forward(self, x):\n"
+                   "        return x * 2 if x.sum() > 0 else x - 1\n"
+                   "def build():\n"
+                   "    return M(), (torch.randn(4, 3),)\n")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, "-m", "shardplan", "capture", f"{model}:build",
+                           "-o", str(tmp_path / "out.json")], capture_output=True, text=True,
+                          env=env, timeout=300)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("shardplan: error: torch.export"), \
+        proc.stderr
+    assert not (tmp_path / "out.json").exists()

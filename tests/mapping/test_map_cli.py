@@ -117,4 +117,4 @@ def test_map_onto_devices_that_cannot_talk_exits_2(tmp_path, capsys):
     assert run_cli(["map", *(str(tmp_path / f) for f in ("plan.json", "g.json", "t.json")),
                     "--algorithm", "optimal", "--json"]) == 2
     err = capsys.readouterr().err
-    assert "cannot connect" in err and err.count("\n") == 1
+    assert "cannot reach" in err and err.count("\n") == 1

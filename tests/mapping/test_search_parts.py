@@ -102,3 +102,54 @@ def test_ring_bottleneck_by_hand():
     assert ring_bottleneck(ib, 3) == 10.0
     assert ring_bottleneck(ib, 5) == math.inf
     assert ring_bottleneck(ib, 2, np.array([0, 2])) == 10.0
+
+
+def _twin_classes_reference(problem) -> np.ndarray:
+    """Twin classes by the definition, every pair checked: O(D^3)."""
+    lat, ib, fl = problem.latency, problem.inv_bandwidth, problem.device_flops
+    d_count = fl.size
+    cls = np.arange(d_count)
+    for d in range(d_count):
+        if cls[d] != d:
+            continue
+        for e in range(d + 1, d_count):
+            if cls[e] != e or fl[e] != fl[d]:
+                continue
+            others = np.ones(d_count, dtype=bool)
+            others[[d, e]] = False
+            if all(np.array_equal(m[d, others], m[e, others])
+                   and np.array_equal(m[others, d], m[others, e]) and m[d, e] == m[e, d]
+                   for m in (lat, ib)):
+                cls[e] = d
+    return cls
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_twin_classes_equal_the_definition(seed):
+    from shardplan.ir import Device, Topology
+    from shardplan.mapping._search import twin_classes
+    from shardplan.topology import build
+
+    rng = np.random.default_rng(seed)
+    graph, _, plan = make_instance(seed, 2, 2, 4)
+    kinds = [build("hierarchical", shape=(2, 3, 2)), build("mesh2d", shape=(3, 4)),
+             build("torus2d", shape=(3, 4)), build("dgx1", boxes=2),
+             build("random-blk-1", num_devices=12, seed=seed), build("flat", num_devices=12)]
+    topo = kinds[seed % len(kinds)]
+    # Blur some of it: values copied between devices make (or break) twins at random.
+    d = topo.num_devices
+    bw, lat = topo.bandwidth.copy(), topo.latency.copy()
+    if seed >= len(kinds):
+        a, b = rng.choice(d, 2, replace=False)
+        for m in (bw, lat):
+            m[b, :], m[:, b] = m[a, :], m[:, a]
+            m[a, b] = m[b, a] = m[a, (a + 1) % d if (a + 1) % d != b else (a + 2) % d]
+        bw[rng.integers(d), rng.integers(d)] *= 2.0
+        np.fill_diagonal(bw, 0.0)
+        np.fill_diagonal(lat, 0.0)
+    flops = [dv.flops * (2.0 if seed >= len(kinds) and i == 0 else 1.0)
+             for i, dv in enumerate(topo.devices)]
+    topo = Topology(name="t", devices=tuple(Device(f"d{i}", 1e12, flops[i]) for i in range(d)),
+                    bandwidth=bw, latency=lat)
+    prob = build_problem(plan, graph, topo)
+    assert np.array_equal(twin_classes(prob), _twin_classes_reference(prob))

@@ -247,3 +247,56 @@ def test_settings_come_from_the_plan_and_flags_override_them() -> None:
     big = simulate(plan, g, _flat(2), microbatch_size=2 * g.batch_size)
     assert big.iteration_seconds == pytest.approx(2 * res.iteration_seconds)
     assert big.samples_per_iteration == 2 * res.samples_per_iteration == 6 * g.batch_size
+
+
+def _dp_plan(r: int) -> Plan:
+    return _plan([[0, 1, 2, 3]], [list(range(r))])
+
+
+def test_gradient_sync_modes() -> None:
+    """DDP buckets overlap the last backward (never slower than one all-reduce at the end,
+    equal when one bucket holds everything); FSDP with free transfers costs nothing more,
+    and needs less memory for parameters."""
+    from shardplan.ir import ExecutionSettings
+
+    g = _chain(4, 1.0, 2.0, params=40_000_000)
+    slow = _flat(2, bandwidth=1e9, latency=1e-5)
+    free = _flat(2)
+    base = ExecutionSettings(microbatches=3, schedule="gpipe", optimizer="sgd")
+    plan = _dp_plan(2).with_settings(base)
+    end = simulate(plan, g, slow)
+    ar = allreduce_seconds(slow, [0, 1], 4 * 40_000_000)
+    opt = end.optimizer_seconds
+    # each replica: 4 nodes x (1 + 2) s / 2 = 6 s per micro-batch, then the all-reduce
+    assert end.iteration_seconds == pytest.approx(3 * 6 + ar + opt, rel=1e-9)
+    small = simulate(plan, g, slow, gradient_sync="bucketed", bucket_bytes=40_000_000)
+    one = simulate(plan, g, slow, gradient_sync="bucketed", bucket_bytes=10**9)
+    assert one.iteration_seconds == pytest.approx(end.iteration_seconds, rel=1e-9)
+    assert small.iteration_seconds < end.iteration_seconds
+    # four buckets of 40 MB, ready every second of the last 4 s backward: each is reduced
+    # before the next is ready, so only the last one's all-reduce is exposed
+    per = allreduce_seconds(slow, [0, 1], 40_000_000)
+    assert small.iteration_seconds == pytest.approx(3 * 6 + per + opt, rel=1e-9)
+    fsdp = simulate(plan, g, free, gradient_sync="sharded", bucket_bytes=40_000_000)
+    # free transfers: the compute, and each replica steps its half of the parameters
+    assert fsdp.iteration_seconds == pytest.approx(3 * 6 + opt / 2, rel=1e-9)
+    assert max(fsdp.peak_memory_bytes) < max(end.peak_memory_bytes)
+    slow_fsdp = simulate(plan, g, slow, gradient_sync="sharded", bucket_bytes=40_000_000)
+    assert slow_fsdp.iteration_seconds > fsdp.iteration_seconds
+
+
+def test_measured_collective_curve_replaces_the_ring() -> None:
+    """A topology with a measured all-reduce curve for 2 devices: the stage's all-reduce
+    takes the curve's time, interpolated in the bytes."""
+    g = _chain(2, 1.0, 1.0, params=1_000_000)
+    topo = _flat(2, bandwidth=1e12)
+    curve = {"allreduce": {"2": [[1e6, 0.5], [4e6, 2.0]]}}
+    measured = Topology(name="m", devices=topo.devices, bandwidth=topo.bandwidth,
+                        latency=topo.latency, meta={"collectives": curve})
+    plan = _plan([[0, 1]], [[0, 1]])
+    res = simulate(plan, g, measured, schedule="gpipe", num_microbatches=1, optimizer="sgd")
+    # 2 MB of gradients: halfway between 1 MB (0.5 s) and 4 MB (2.0 s) is 1.0 s
+    assert res.allreduce_seconds[0] == pytest.approx(1.0, rel=1e-9)
+    assert res.iteration_seconds == pytest.approx(1.0 + 1.0 + 1.0 + res.optimizer_seconds,
+                                                  rel=1e-9)
+    assert allreduce_seconds(measured, [0, 1], 2e6) == pytest.approx(1.0)

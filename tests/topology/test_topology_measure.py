@@ -12,6 +12,7 @@ from shardplan.ir import load_topology, save
 from shardplan.topology import build, fit_link, measure
 
 SMALL = (4, 1 << 16, 1 << 20, 1 << 22)
+COLL = (1 << 12, 1 << 16, 1 << 20)
 
 
 def test_fit_link_recovers_a_linear_model() -> None:
@@ -51,7 +52,8 @@ def test_measure_rejects_bad_options_without_starting_processes(kwargs, match) -
 @pytest.mark.timeout(60)
 def test_measure_two_processes(tmp_path) -> None:
     t0 = time.monotonic()
-    topo = measure(2, backend="gloo", sizes=SMALL, repeats=3, timeout=40)
+    topo = measure(2, backend="gloo", sizes=SMALL, repeats=3, timeout=40,
+                   collective_sizes=COLL)
     elapsed = time.monotonic() - t0
     assert elapsed < 30
     assert topo.num_devices == 2
@@ -63,7 +65,16 @@ def test_measure_two_processes(tmp_path) -> None:
     assert m["backend"] == "gloo" and m["sizes"] == list(SMALL)
     assert np.array(m["one_way_seconds"]).shape == (len(SMALL), 2, 2)
     save(topo, tmp_path / "m.json")
-    assert load_topology(tmp_path / "m.json").to_dict() == topo.to_dict()
+    back = load_topology(tmp_path / "m.json")
+    assert back.to_dict() == topo.to_dict()
+    # collectives over the 2 ranks, at every size, and the cost model reads them
+    for kind in ("allreduce", "allgather", "reducescatter"):
+        b, t = back.collective_curve(kind, 2)
+        assert b.tolist() == [float(s) for s in COLL] and np.all(t > 0)
+    from shardplan.cost import allreduce_seconds
+
+    b, t = back.collective_curve("allreduce", 2)
+    assert allreduce_seconds(back, [0, 1], b[-1]) == pytest.approx(t[-1])
 
 
 @pytest.mark.torch
