@@ -171,9 +171,15 @@ def test_two_process_subset(tmp_path) -> None:
     Adam, a recomputing run; a hybrid whose one pipeline rank holds two stages split over
     its two devices (interleaved 1F1B, GPT-2's tied weights on both); resume; and the
     layouts themselves: data parallelism moves no activation, attention without dropout
-    runs split, with dropout it runs whole and says so."""
+    runs split, with dropout it runs whole and says so. The same launch trains paper 000's
+    partitions (test_sharding_plans_run.py): the GNN by brute force, the MLP by the
+    heuristic, as GPipe pipelines."""
+    from test_sharding_plans_run import check as check_sharding
+    from test_sharding_plans_run import sharding_configs
+
     from shardplan.runtime import load_checkpoint_into
 
+    paper = sharding_configs(2)  # paper 000's partitions as GPipe pipelines
     ck = str(tmp_path / "ck")
     resume = dict(checkpoint_dir=ck, checkpoint_every=2)
     cfgs = [
@@ -192,7 +198,9 @@ def test_two_process_subset(tmp_path) -> None:
     assert cfgs[1].shardings and any(s.factors[s.dims.index("n")] > 1 for s in cfgs[1].shardings
                                      if "n" in s.dims)  # a column-parallel layer
     assert cfgs[7].kind == "pipeline" and cfgs[7].world_size == 2 and len(cfgs[7].stages) == 2
-    results = train_many(cfgs)
+    results = train_many(cfgs + paper)
+    check_sharding(paper, results[len(cfgs):])
+    results = results[:len(cfgs)]
     for cfg, got in zip(cfgs[:-2], results[:-2], strict=True):
         check_equal(cfg, got, reference(cfg))
     resumed, straight = results[-2:]
@@ -238,14 +246,25 @@ def test_four_process_matrix() -> None:
 
 
 @pytest.mark.slow
-def test_hybrid_matrix() -> None:
+def test_hybrid_matrix(tmp_path) -> None:
     """Two stages x two devices (4 processes): every search, every schedule, tied weights
-    across stages; four stages x two devices interleaved on two pipeline ranks."""
+    across stages; four stages x two devices interleaved on two pipeline ranks; a hybrid
+    stopped after a checkpoint resumes to the uninterrupted run's losses and parameters."""
+    ck = dict(checkpoint_dir=str(tmp_path / "ck"), checkpoint_every=2)
+    first = hybrid_config("gpt2", "random3", 2, 2, "1f1b", **ck)
+    resume = [first, replace(first, resume=True, steps=STEPS + 2),
+              replace(first, steps=STEPS + 2, checkpoint_dir=str(tmp_path / "ck2"))]
     cfgs = []
     for key in MODELS:
         for algorithm in ("pase", "data-parallel", "expert", "random5"):
             cfgs.append(hybrid_config(key, algorithm, 2, 2, "1f1b"))
     cfgs.append(hybrid_config("gpt2", "random6", 2, 2, "gpipe", optimizer="sgd"))
     cfgs.append(hybrid_config("gpt2", "random8", 4, 2, "interleaved-1f1b", microbatches=4))
-    assert {c.world_size for c in cfgs} == {4}
-    _run(cfgs)
+    assert {c.world_size for c in cfgs + resume} == {4}
+    results = train_many(cfgs + resume)
+    for cfg, got in zip(cfgs, results, strict=True):
+        check_equal(cfg, got, reference(cfg))
+    resumed, straight = results[-2:]
+    assert resumed.start_step == STEPS and resumed.losses == straight.losses[STEPS:]
+    for name, copies in straight.params.items():
+        assert all(a.equal(b) for a, b in zip(resumed.params[name], copies, strict=True))

@@ -103,3 +103,23 @@ def test_strategy_plan_trains_like_one_process(files, capsys) -> None:
     assert run["reshards"] == 0 and run["replicated"] == []
     assert single["kind"] == "single" and run["settings"] == single["settings"]
     assert run["losses"] == pytest.approx(single["losses"], rel=1e-6)
+
+
+@pytest.mark.parametrize("algorithm", ["heuristic", "brute-force", "hierarchical"])
+def test_sharding_partitions_are_accepted_by_train(files, tmp_path, capsys, algorithm) -> None:
+    """Paper 000's partitioners make acyclic plans by default: ``train`` accepts them as
+    GPipe pipelines of one device per stage (checked up to the start of the processes)."""
+    from shardplan.cli.main import build_parser
+    from shardplan.runtime._args import config_from_args
+
+    plan = str(tmp_path / "p.json")
+    argv = ["partition", files["graph"], files["t2"], "--algorithm", algorithm, "-o", plan]
+    if algorithm == "brute-force":
+        argv += ["--time-limit", "20"]
+    assert run_cli(argv) == 0
+    out = capsys.readouterr().out
+    assert "acyclic (a pipeline runs it); without the constraint" in out
+    args = build_parser().parse_args(["train", plan, files["graph"], files["t2"],
+                                      "--steps", "1"])
+    cfg = config_from_args(args).config
+    assert cfg.kind == "pipeline" and cfg.schedule == "gpipe" and cfg.world_size == 2
