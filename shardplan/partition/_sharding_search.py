@@ -226,11 +226,18 @@ def _runs(problem: Problem, order: np.ndarray, placement_slots: np.ndarray) -> n
     tgt = problem.target[placement_slots]
     bounds = np.searchsorted(cum, np.cumsum(tgt)[:-1] * (cum[-1] / max(tgt.sum(), 1e-300)),
                              side="right")
-    # Each run gets at least its minimum size.
+    # Each run gets at least its minimum size: run i is [bounds[i-1], bounds[i]).
     lo = np.cumsum(mins)[:-1]
     hi = n - np.cumsum(mins[::-1])[::-1][1:]
-    bounds = np.minimum(np.maximum(bounds, lo), hi)
-    bounds = np.maximum.accumulate(bounds)
+    bounds = np.minimum(np.maximum(bounds, lo), hi).tolist()
+    k = len(mins)
+    for i in range(k - 1):  # forward: each run at least its minimum after the previous
+        prev = bounds[i - 1] if i else 0
+        bounds[i] = max(bounds[i], prev + int(mins[i]))
+    for i in range(k - 2, -1, -1):  # backward: room for the runs after it
+        nxt = bounds[i + 1] if i + 1 < k - 1 else n
+        bounds[i] = min(bounds[i], nxt - int(mins[i + 1]))
+    bounds = np.asarray(bounds, dtype=np.int64)
     a = np.empty(n, dtype=np.int64)
     a[order] = np.searchsorted(bounds, np.arange(n), side="right")
     return a

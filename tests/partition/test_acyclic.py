@@ -206,3 +206,18 @@ def test_make_monotone() -> None:
     for _ in range(5):
         a = make_monotone(problem, rng.integers(4, size=g.num_nodes))
         assert problem.is_monotone(a)
+
+
+@pytest.mark.parametrize("start", ["random", "topo", "metis"])
+def test_starts_fill_every_component_with_zero_weights(start: str) -> None:
+    """Weights that are mostly zero put several cut points at one place; the runs still get
+    a node each (the topological start used to leave one empty)."""
+    g = Graph.from_arrays(name="h", fwd_flops=np.ones(4), src=[], dst=[],
+                          weight=[0.0, 0.0, 1.0, 0.0])
+    problem = flat_problem(g, build("flat", num_devices=3), 3, acyclic=True)
+    for restart in range(4):
+        a = initial_assignment(problem, start, restart_rng(0, restart), restart, np.arange(3))
+        assert np.bincount(a, minlength=3).min() >= 1 and problem.is_monotone(a)
+    plan = registry.run("partition", "heuristic", g, build("flat", num_devices=3),
+                        workers=1).plan
+    assert all(len(st.nodes) >= 1 for st in plan.stages)
