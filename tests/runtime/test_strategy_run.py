@@ -48,6 +48,14 @@ _COLUMN = {"qkv", "fc", "c_attn", "c_fc", "head", "lm_head", "fc1", "fc3"}
 _ROW = {"proj", "c_proj", "fc2"}
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _worst_differences():
+    """With ``pytest -s``: the largest relative differences from one process seen."""
+    yield
+    print(f"\nworst relative difference from one process: losses {WORST['loss']:.2e}, "
+          f"parameters (model norm) {WORST['param']:.2e}")
+
+
 def graph_of(key: str, _cache: dict = {}) -> Graph:  # noqa: B006 - a per-session cache
     if key not in _cache:
         _cache[key] = capture_spec(MODELS[key], batch_size=BATCH, seq_len=SEQ)
@@ -262,7 +270,7 @@ def test_hybrid_matrix(tmp_path) -> None:
     cfgs.append(hybrid_config("gpt2", "random8", 4, 2, "interleaved-1f1b", microbatches=4))
     assert {c.world_size for c in cfgs + resume} == {4}
     results = train_many(cfgs + resume)
-    for cfg, got in zip(cfgs, results, strict=True):
+    for cfg, got in zip(cfgs, results[:len(cfgs)], strict=True):
         check_equal(cfg, got, reference(cfg))
     resumed, straight = results[-2:]
     assert resumed.start_step == STEPS and resumed.losses == straight.losses[STEPS:]
