@@ -23,6 +23,15 @@ exact once determined:
 - both: a device is allowed for stage s only if its eq. 8 / 9 bound is <= t, and after every
   placement each stage must still have a free allowed device for each unplaced replica.
 
+- link contention (p2p and overlap views on topologies with links): a placement adds its
+  transfers' bytes to the loads of the links on their routes, which can raise the time of
+  any placed replica whose transfers cross those links, not only of its neighbours. The
+  vectorised check over the candidates adds to the bounds above the contention each new
+  transfer already sees (lower bounds: loads only grow); each candidate tried is then
+  placed for real, the contention extra of every placed transfer recomputed from the link
+  loads, and every placed replica checked against t (O(K H) for K placed transfers of H
+  hops), undone on backtrack. A leaf's times are therefore exact.
+
 Order: p2p places replica 0's stages (starting from the heaviest-talking stage, then always
 the stage with most bytes to the placed ones), then replica 1 in the same order, ...;
 all-reduce places all replicas of the tightest stage (largest eq. 9 bound) first, then the
@@ -44,6 +53,9 @@ of equivalent ones, which satisfies all rules at once):
 - grid automorphisms (:mod:`shardplan.mapping._symmetry`: translations of tori, reflections,
   axis swaps): a vertex's device must be the smallest of its orbit under the automorphisms
   that fix every device placed so far (on a torus the first vertex goes to device 0 only).
+  With link contention, twins and automorphisms must also map every route onto the route
+  of the mapped pair (:func:`~shardplan.mapping._stage_time.routes_preserved`); single-path
+  routing breaks ties between equal paths one way, so few grid symmetries survive.
 
 All rules prefer low ids, so before searching the devices are relabelled best first (by
 their eq. 8 / 9 bound, :func:`make_search`); the cheapest-first value order then agrees with

@@ -109,7 +109,8 @@ def optimal(graph: Graph, topology: Topology, *, options: Mapping[str, Any], see
                       sol.lower_bound, sol.status, seed, opts, time.perf_counter() - t0,
                       contention=problem.contention)
     stats = dict(sol.stats)
-    stats["value"] = sol.value  # the model's optimum, before the judge
+    stats["value"] = sol.value  # the model's optimum and its status, before the judge
+    stats["search_status"] = sol.status
     stats["contention"] = problem.contention
     if opts["judge"] and problem.num_stages * problem.num_replicas <= topology.num_devices:
         cs = consecutive_devices(problem.num_stages, problem.num_replicas)
