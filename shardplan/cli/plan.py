@@ -231,7 +231,6 @@ def _print(result: Any, args: argparse.Namespace, measured: dict[str, Any] | Non
 def _train(args: argparse.Namespace, plan: Any, graph: Any, topology: Any) -> dict[str, Any]:
     """Train the winner for ``--steps`` steps; predicted and measured seconds per step."""
     import statistics
-    from dataclasses import replace
 
     from shardplan.runtime import config_for_plan, train
     from shardplan.simulate import simulate
@@ -240,14 +239,7 @@ def _train(args: argparse.Namespace, plan: Any, graph: Any, topology: Any) -> di
     if not model:
         raise ShardplanError("--run needs the model the graph was captured from (capture it "
                              "with shardplan, or plan from a model spec)")
-    if plan.strategy is not None:
-        raise ShardplanError("--run: the winner is a per-layer strategy, which this runtime "
-                             "cannot run yet; plan with --families excluding pase,hybrid")
     cfg = config_for_plan(plan, graph, steps=args.steps, model=model)
-    sync = plan.settings.gradient_sync
-    if plan.num_stages == 1 and sync in ("bucketed", "sharded"):  # what DDP / FSDP run
-        cfg = replace(cfg, kind="ddp" if sync == "bucketed" else "fsdp",
-                      nproc=plan.num_replicas)
     result = train(cfg)
     times = list(result.seconds_per_step)
     measured = statistics.median(times[1:] if len(times) > 1 else times)
