@@ -77,6 +77,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="stop the search after SEC seconds with the best plan so far")
     p.add_argument("--top", type=positive_int, default=10, metavar="K",
                    help="candidates to show (default 10)")
+    p.add_argument("--ray", metavar="ADDRESS",
+                   help="evaluate candidates on a Ray cluster (local | auto | HOST:PORT; "
+                        "needs pip install 'shardplan[ray]')")
     p.add_argument("--workers", type=positive_int, metavar="N",
                    help="processes evaluating candidates (default: the CPUs, at most 4)")
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
@@ -162,7 +165,8 @@ def _run(args: argparse.Namespace) -> int:
     with progress_reporter() as progress:
         result = search(graph, topology, global_batch=args.global_batch, settings=settings,
                         families=families, time_limit=time_left(args.time_limit),
-                        seed=args.seed, workers=args.workers, fixed=fixed, progress=progress)
+                        seed=args.seed, workers=args.workers, fixed=fixed, ray=args.ray,
+                        progress=progress)
     for err in result.errors:
         note(f"no candidate from {err}")
     if result.timed_out:

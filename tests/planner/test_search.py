@@ -173,7 +173,8 @@ def test_cli_cluster_from_a_builder(tmp_path, capsys):
     pytest.param("hybrid", marks=pytest.mark.slow)])
 def test_cli_plan_runs_the_winner(capsys, families):
     """``--run`` trains the winner on real processes (DDP/FSDP for one replicated stage,
-    DTensor for a strategy, the pipeline runtime otherwise) and reports the simulator's prediction next to the steps."""
+    DTensor for a strategy, the pipeline runtime otherwise) and reports the simulator's
+    prediction next to the steps."""
     devices = 4 if families == "hybrid" else 2
     assert run_cli(["plan", "mlp", "--batch-size", "16", "--cluster",
                     f"flat,num_devices={devices}",
