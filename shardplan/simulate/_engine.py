@@ -42,7 +42,8 @@ objective, ``shardplan cost`` and the simulator price the same compute and the s
   stages are over, for the model's optimizer seconds.
 - **Memory.** A device holds its stages' parameters, gradients, optimizer state and extra
   memory throughout, plus one micro-batch's activations per (stage, micro-batch) from the
-  start of its forward to the end of its backward: the terms of
+  start of its forward to the end of its backward, and during its optimizer step the step's
+  temporaries (the largest of its stages'): the terms of
   :func:`~shardplan.cost.partition_memory_breakdown`, so the peak is the model's memory with
   the schedule's micro-batches in flight.
 
@@ -234,7 +235,8 @@ class _Sim:
     def __init__(self, view: PipelineView, st: Any, static_mem: np.ndarray,
                  per_mb: np.ndarray, topology: Topology, overlap: bool, sync: str = "end",
                  buckets: Any = None, units: Any = None,
-                 weight_share: np.ndarray | None = None) -> None:
+                 weight_share: np.ndarray | None = None,
+                 step_memory: np.ndarray | None = None) -> None:
         self.t = 0.0
         self.heap: list[tuple[float, int, Callable[[], None]]] = []
         self.seq = 0
@@ -270,6 +272,12 @@ class _Sim:
                 d = int(self.dev[s, i])
                 self.mem_now[d] += float(static_mem[s])
                 self.opt_seconds[d] += float(st.optimizer[s, i])
+        self.step_mem = {d: 0.0 for d in self.devices}  # the optimizer step's temporaries
+        if step_memory is not None:
+            for s in range(k):
+                for i in range(int(self.reps[s])):
+                    d = int(self.dev[s, i])
+                    self.step_mem[d] = max(self.step_mem[d], float(step_memory[s]))
         self.mem_peak = dict(self.mem_now)
         self.mem_line = {d: [(0.0, self.mem_now[d])] for d in self.devices}
         self.grad_bytes = st.param_bytes
@@ -458,8 +466,10 @@ class _Sim:
     def optimizer(self, w: _Worker) -> None:
         w.busy = True
         start = self.t
+        self.memory(w.device, self.step_mem[w.device])
 
         def finish() -> None:
+            self.memory(w.device, -self.step_mem[w.device])
             w.busy = False
             w.done = True
             self.intervals.append(Interval(w.device, start, self.t, "OPT", min(w.stages)))
@@ -895,8 +905,14 @@ def simulate(plan: Plan, graph: Graph, topology: Topology,
         fwd, bwd = per_stage[0][list(order)], per_stage[1][list(order)]
         st = dataclasses.replace(st, forward=fwd[:, None], backward=bwd[:, None])
         mem_reps = np.array([len(groups[order[p]]) for p in range(k)], dtype=np.int64)
-    static = cm.memory_breakdown(a_pos, k, in_flight=0, replicas=mem_reps)["total"]
-    per_mb = cm.memory_breakdown(a_pos, k, in_flight=1, replicas=mem_reps)["total"] - static
+    # total = base + max(activations, step temporaries): the device holds base + the
+    # activations (any recomputation buffer, ``acts0``, plus each micro-batch's) and, during
+    # its optimizer step, what the temporaries exceed that buffer by
+    empty = cm.memory_breakdown(a_pos, k, in_flight=0, replicas=mem_reps)
+    acts0, temp = empty["activations"], empty["step_temporary"]
+    static = empty["total"] - np.maximum(acts0, temp) + acts0
+    per_mb = cm.memory_breakdown(a_pos, k, in_flight=1, replicas=mem_reps)["activations"] - acts0
+    step_extra = np.maximum(temp - acts0, 0.0)
     buckets, units = _sync_chunks(cm, a_pos, k, settings)
     share = None
     if sch.split_backward:
@@ -905,7 +921,7 @@ def simulate(plan: Plan, graph: Graph, topology: Topology,
                                  "sync 'end' or 'bucketed', not 'sharded'")
         share = weight_share(graph, a_pos, k, recompute=settings.recompute)
     sim = _Sim(view, st, static, per_mb, topology, settings.overlap, settings.gradient_sync,
-               buckets, units, share)
+               buckets, units, share, step_memory=step_extra)
     sim.run()
     m = sch.num_microbatches
     devs = sim.devices

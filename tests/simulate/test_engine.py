@@ -365,3 +365,22 @@ def test_simulates_torch_schedules(name: str) -> None:
     busy = dict(zip(res.devices, res.busy_seconds, strict=True))
     assert busy[0] == pytest.approx(2 * 4 * 3.0) and busy[1] == pytest.approx(2 * 4 * 3.0)
     assert res.pipeline_seconds >= 2 * 4 * 3.0
+
+
+def test_optimizer_step_temporaries_are_the_peak_of_weight_heavy_stages() -> None:
+    """Large parameters, small activations: the device peaks during its Adam step (two
+    copies of its largest parameter tensor), at the cost model's memory, and not with SGD."""
+    g = _chain(2, 1.0, 2.0, out_bytes=10, params=1000)
+    plan = _plan([[0], [1]], [[0], [1]])
+    topo = _flat(2)
+    for opt, temp in (("adam", 2000.0), ("sgd", 0.0)):
+        res = simulate(plan, g, topo, schedule="1f1b", num_microbatches=2, optimizer=opt)
+        cm = CostModel(g, topo, optimizer=opt)
+        want = cm.partition_memory_bytes(np.arange(2), 2,
+                                         in_flight=in_flight_microbatches(2, 2, "1f1b"))
+        assert res.peak_memory_bytes == pytest.approx(want.tolist())
+        static = 1000 * 2 + 1000 * (2 if opt == "adam" else 0)  # params, grads, state
+        opt_start = min(iv.start for iv in res.intervals if iv.kind == "OPT" and iv.device == 0)
+        during = [m for t, m in res.memory_timeline[0] if t == opt_start]
+        assert max(during) == pytest.approx(static + temp)
+        assert res.peak_memory_bytes[0] == pytest.approx(static + max(temp, 2 * 10.0))
