@@ -2,7 +2,8 @@
 runtime exports with a dynamic batch dimension and matches the graph (captured at another
 batch size) against that program, so a 2-stage pipeline at micro-batch size 1 trains and
 equals one process running the same stages; a data-parallel strategy plan made at batch 4
-runs its batch split of 2 as 1 and equals one process (every family DTensor runs).
+runs its batch split of 2 as 1 and equals one process (MobileNetV2's
+in-place ReLU6 included).
 Transformer and GPT-2 at micro-batch 1 are in the fast suite (test_correctness.py,
 test_strategy_run.py); this is the whole list, marked slow."""
 
@@ -32,10 +33,6 @@ ZOO = [
     ("torchvision:mobilenet_v2", {"image_size": 64}),
 ]
 
-# DTensor runs MobileNetV2 at no batch size (its in-place ReLU6 on a view of DTensor's
-# contiguous-gradient function is refused, and hardtanh_backward has no sharding rule).
-NO_STRATEGY = {"torchvision:mobilenet_v2"}
-
 
 def _single(cfg: TrainConfig, **stages: object) -> object:
     return run_single(TrainConfig(
@@ -53,8 +50,6 @@ def test_microbatch_of_one_sample_for_every_zoo_family() -> None:
         cfgs.append(config_for_plan(contiguous_plan(graph, 2, 1), graph, schedule="1f1b",
                                     **common))
         kinds.append("pipeline")
-        if spec in NO_STRATEGY:
-            continue
         plan = registry.run("strategy", "data-parallel", graph, flat(2), devices=2,
                             cutoff=1).plan
         cfgs.append(config_for_plan(plan, graph, **common))
