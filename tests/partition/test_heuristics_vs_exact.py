@@ -292,3 +292,14 @@ def test_whole_recursion_without_refinement_on_unequal_groups(acyclic: bool) -> 
     assert runs[3] == (9, 10, 11) and runs[2] == (6, 7, 8)
     exact = registry.run("partition", "brute-force", g, t, acyclic=acyclic).plan
     assert res.plan.objective.value == pytest.approx(exact.objective.value) == 56.0
+
+
+def test_levels_that_split_nothing_are_dropped() -> None:
+    # An outer level of one group, a level repeating the one above, and a last level that
+    # already lists the devices one by one: none adds a split, so none is a level of the
+    # recursion (a level kept twice would run a subproblem with a single child group).
+    m = np.ones((4, 4)) - np.eye(4)
+    t = build("flat", num_devices=4).replace(cost=m, levels=(
+        Level("all", ((0, 1, 2, 3),)), Level("box", ((0, 1), (2, 3))),
+        Level("again", ((0, 1), (2, 3))), Level("gpu", ((0,), (1,), (2,), (3,)))))
+    assert hierarchy_groups(t) == [[(0, 1), (2, 3)], [(0,), (1,), (2,), (3,)]]

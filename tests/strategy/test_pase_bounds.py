@@ -64,3 +64,19 @@ def test_out_of_time_before_the_tables_records_no_bound() -> None:
                        time_limit=1e-9)
     assert res.plan.status == "timed_out" and res.stats == {"tables": "not built"}
     assert res.plan.objective.lower_bound is None
+
+
+def test_a_node_without_a_finite_configuration_is_named() -> None:
+    from shardplan.errors import ShardplanError
+    from shardplan.strategy._dp import check_finite
+
+    t = _tables()
+    bad = Tables(graph=t.graph, devices=t.devices, cost_model=t.cost_model,
+                 objective=t.objective, names=t.names, dims=t.dims, configs=t.configs,
+                 node_cost=(t.node_cost[0], np.array([np.inf, np.inf]), t.node_cost[2]),
+                 edges=t.edges)
+    check_finite(t)  # every node has a finite configuration: no error
+    with pytest.raises(ShardplanError) as err:
+        check_finite(bad)
+    assert str(err.value) == ("every configuration of node 1 ('b') has an infinite cost "
+                              "(ruled out, e.g. by the memory limit): no strategy exists")
