@@ -42,6 +42,13 @@ EQUIVALENT: dict[str, str] = {
         "loop then runs over no loads).",
     "shardplan.partition.brute_force.x_imbalance_lower_bound__mutmut_8":
         "`level = +np.inf` for `-np.inf`: same reason as mutant 7.",
+    "shardplan.partition.brute_force.x_imbalance_lower_bound__mutmut_9":
+        "`while j <= k` for `while j < k`: the loop always leaves by its `j == k` break "
+        "before the condition is tested with j == k.",
+    "shardplan.partition.brute_force.x_imbalance_lower_bound__mutmut_19":
+        "`level < ws[j]` for `level <= ws[j]`: when the level equals the next load, taking "
+        "that load into the pool leaves the level unchanged ((j level + ws[j]) / (j + 1) = "
+        "level), and the loads it sets to the level already are at it.",
 }
 
 #: mutmut's exit codes (``mutmut.stats.status_by_exit_code``) grouped for the report.
@@ -84,7 +91,7 @@ def _diff(name: str) -> str:
     return "\n".join(lines).strip()
 
 
-def report(results: dict[str, dict[str, int | None]], command: str) -> str:
+def report(results: dict[str, dict[str, int | None]], command: str, note: str = "") -> str:
     rows = ["| package | mutants | checked | killed | survived | equivalent | no tests | "
             "score |", "|---|---|---|---|---|---|---|---|"]
     survivors: list[tuple[str, str]] = []
@@ -101,7 +108,9 @@ def report(results: dict[str, dict[str, int | None]], command: str) -> str:
                     f"{equivalent} | {count['no tests']} | {score} |")
         survivors += [(k, pkg) for k, s in sorted(status.items()) if s == "survived"]
     out = ["# Mutation testing of the planning packages", "",
-           f"Written by `benchmarks/mutation_report.py` after `{command}`.", "",
+           "Written by `benchmarks/mutation_report.py` from mutmut's results in `mutants/` "
+           f"(they accumulate over runs; the last one: `{command}`).", "",
+           *([note, ""] if note else []),
            "Score: killed / (killed + survived that are not equivalent); a mutant that "
            "times out counts as killed. `checked` counts the mutants this run tested; the "
            "others (outside the patterns run) are not in the score.", "", *rows, ""]
@@ -120,6 +129,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--run", action="store_true", help="run mutmut first")
     ap.add_argument("--max-children", type=int, default=2)
+    ap.add_argument("--note", default="", help="a line for the report (what was sampled)")
     ap.add_argument("patterns", nargs="*", help="mutant name globs (default: all)")
     args = ap.parse_args()
     command = "mutmut run --max-children {} {}".format(args.max_children,
@@ -137,7 +147,7 @@ def main() -> int:
         print("no mutmut results in mutants/: run with --run first", file=sys.stderr)
         return 2
     path = ROOT / "benchmarks" / "results" / "mutation.md"
-    write_atomic(path, report(results, command))
+    write_atomic(path, report(results, command, args.note))
     print(path.read_text())
     return 0
 

@@ -78,3 +78,11 @@ def test_brute_force_records_its_optimum_as_bound() -> None:
                         build("flat", num_devices=2, latency=1.0)).plan
     assert plan.status == "optimal"
     assert plan.objective.value == plan.objective.lower_bound == 1.0
+
+
+def test_water_filling_for_a_level_that_is_not_the_mean() -> None:
+    # The bound holds for any reference level, not only the loads' final mean: the filled
+    # loads do not depend on it (the sum is fixed), only the squares do.
+    assert imbalance_lower_bound([5.0, 1.0], 0.0, 1.0) == 16.0
+    # Loads (0, 2) with 2 left fill to (2, 2); against level 0: 4 + 4.
+    assert imbalance_lower_bound([2.0, 0.0], 2.0, 0.0) == 8.0
