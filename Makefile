@@ -10,7 +10,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export PYTHONHASHSEED := 0
 
-.PHONY: demo test test-slow lint format benchmarks clean venv
+.PHONY: demo test test-slow lint format benchmarks clean venv mutation
 
 venv: $(STAMP)
 
@@ -29,6 +29,10 @@ test: $(STAMP)
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow
 
+# Mutation testing (slow, not in CI): MUTANTS="glob ..." restricts it to matching mutants.
+mutation: $(STAMP)
+	$(PY) benchmarks/mutation_report.py --run $(MUTANTS)
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check shardplan tests benchmarks
 
@@ -36,4 +40,4 @@ format: $(STAMP)
 	$(VENV)/bin/ruff format shardplan tests benchmarks
 
 clean:
-	rm -rf $(VENV) demo-out .pytest_cache .ruff_cache
+	rm -rf $(VENV) demo-out .pytest_cache .ruff_cache mutants

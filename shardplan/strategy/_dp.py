@@ -56,6 +56,10 @@ __all__ = ["DPResult", "TableTooLargeError", "bfs_sequence", "check_finite", "ge
            "greedy_choice", "lower_bound", "plan_tables", "prune_dominated", "solve"]
 
 
+#: Tables of at least this many entries take :func:`solve`'s large-table branch.
+LARGE_TABLE = 2048
+
+
 class TableTooLargeError(ShardplanError):
     """The DP tables of this ordering would exceed the memory budget (Table I's OOM)."""
 
@@ -315,7 +319,8 @@ def solve(tables: Tables, *, ordering: str = "generate-seq", time_limit: float |
           progress: Callable[[str, float, float], None] | None = None,
           max_table_bytes: float = 4e9, chunk_elements: int = 1 << 22,
           prune: bool = True, deadline: float | None = None,
-          incumbent: np.ndarray | None = None) -> DPResult:
+          incumbent: np.ndarray | None = None,
+          large_table: int = LARGE_TABLE) -> DPResult:
     """Minimise equation (1) over the tables exactly (recurrence 4).
 
     Parameters
@@ -334,9 +339,15 @@ def solve(tables: Tables, *, ordering: str = "generate-seq", time_limit: float |
     max_table_bytes : float
         Refuse (:class:`TableTooLargeError`) an ordering whose tables would need more.
     chunk_elements : int
-        Working-array budget per broadcast step.
+        Working-array budget per broadcast step of the small-table branch (1: one
+        candidate configuration at a time).
     prune : bool
         Drop dominated configurations first (:func:`prune_dominated`; exact).
+    large_table : int
+        Tables of at least this many entries are minimised one candidate at a time in place;
+        smaller ones by broadcasting over chunks of candidates. Both give the same table;
+        the threshold only picks the faster branch (0 forces the large-table branch
+        everywhere, a huge value the small-table one; the tests force each).
 
     Returns
     -------
@@ -440,7 +451,7 @@ def solve(tables: Tables, *, ordering: str = "generate-seq", time_limit: float |
                 ident = all(np.array_equal(r, np.arange(tab.shape[j + 1]))
                             for j, r in enumerate(rest))
                 child_terms.append((tab, kcls[0], None if ident else np.ix_(*rest), sh))
-            if width >= 2048:
+            if width >= large_table:
                 # Large tables: one candidate at a time, running minimum in place (contiguous
                 # passes; an argmin across a candidate axis is several times slower).
                 buf = np.empty(shape)

@@ -1,0 +1,156 @@
+"""Mutation testing of the planning packages: run mutmut and write its score per package.
+
+Run from the repository root (``make mutation`` does)::
+
+    .venv/bin/python benchmarks/mutation_report.py --run [PATTERN ...]
+
+``--run`` calls ``mutmut run`` (configured in ``pyproject.toml``'s ``[tool.mutmut]``: the
+packages ``partition``, ``mapping``, ``strategy``, ``cost`` and ``simulate`` are mutated, and
+their fast tests run against every mutant) on the mutants whose names match the PATTERNs
+(mutmut's globs over names such as ``shardplan.cost._formulas.x_message_seconds__mutmut_3``;
+none: every mutant, many hours on 2 cores). Without ``--run`` the results already in
+``mutants/`` are reported. Writes ``benchmarks/results/mutation.md``: per package the mutants
+checked, killed (a test failed, or the mutant timed out), survived, explained as equivalent
+(``EQUIVALENT`` below, each with its reason) and the score ``killed / (checked -
+equivalent)``; then every survivor with its diff. Mutants not checked (outside the patterns
+run) are counted apart, so a partial run says how partial it is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+from shardplan.ir import write_atomic  # noqa: E402
+
+PACKAGES = ("partition", "mapping", "strategy", "cost", "simulate")
+
+#: Survivors that no test can kill: the mutant computes the same function. Mutant name ->
+#: why. Every entry was checked by reading the mutant's diff (``mutmut show NAME``).
+EQUIVALENT: dict[str, str] = {
+    "shardplan.partition.brute_force.x_imbalance_lower_bound__mutmut_7":
+        "`level = None` for `-np.inf`: the initial level is overwritten by the loop's first "
+        "pass whenever there is a component, and never read when there is none (the final "
+        "loop then runs over no loads).",
+    "shardplan.partition.brute_force.x_imbalance_lower_bound__mutmut_8":
+        "`level = +np.inf` for `-np.inf`: same reason as mutant 7.",
+    "shardplan.partition.brute_force.x_imbalance_lower_bound__mutmut_9":
+        "`while j <= k` for `while j < k`: the loop always leaves by its `j == k` break "
+        "before the condition is tested with j == k.",
+    "shardplan.partition.brute_force.x_imbalance_lower_bound__mutmut_19":
+        "`level < ws[j]` for `level <= ws[j]`: when the level equals the next load, taking "
+        "that load into the pool leaves the level unchanged ((j level + ws[j]) / (j + 1) = "
+        "level), and the loads it sets to the level already are at it.",
+}
+
+#: mutmut's exit codes (``mutmut.stats.status_by_exit_code``) grouped for the report.
+KILLED = {1, 3, 36, -24, 24, 152, 255, -11, -9}  # failed, internal error, timeout, crash
+SURVIVED = {0}
+NO_TESTS = {5, 33}
+
+
+def _status(code: int | None) -> str:
+    if code is None:
+        return "not checked"
+    if code in KILLED:
+        return "killed"
+    if code in SURVIVED:
+        return "survived"
+    if code in NO_TESTS:
+        return "no tests"
+    if code == 34:
+        return "skipped"
+    return "suspicious"
+
+
+def collect(root: Path) -> dict[str, dict[str, int | None]]:
+    """Mutant name -> exit code, from mutmut's ``mutants/**/*.py.meta`` files, for the
+    planning packages."""
+    import json
+
+    out: dict[str, dict[str, int | None]] = {p: {} for p in PACKAGES}
+    for pkg in PACKAGES:
+        for meta in sorted((root / "mutants" / "shardplan" / pkg).glob("*.py.meta")):
+            data = json.loads(meta.read_text())
+            out[pkg].update(data["exit_code_by_key"])
+    return out
+
+
+def _diff(name: str) -> str:
+    proc = subprocess.run([str(ROOT / ".venv" / "bin" / "mutmut"), "show", name], cwd=ROOT,
+                          capture_output=True, text=True, check=False)
+    lines = [ln for ln in proc.stdout.splitlines() if not ln.startswith("#")]
+    return "\n".join(lines).strip()
+
+
+def report(results: dict[str, dict[str, int | None]], command: str, note: str = "") -> str:
+    rows = ["| package | mutants | checked | killed | survived | equivalent | no tests | "
+            "score |", "|---|---|---|---|---|---|---|---|"]
+    survivors: list[tuple[str, str]] = []
+    for pkg in PACKAGES:
+        status = {k: _status(v) for k, v in results[pkg].items()}
+        count = Counter(status.values())
+        checked = sum(n for s, n in count.items() if s != "not checked")
+        equivalent = sum(1 for k, s in status.items() if s == "survived" and k in EQUIVALENT)
+        killed = count["killed"]
+        survived = count["survived"] - equivalent
+        denom = killed + survived
+        score = f"{100.0 * killed / denom:.1f}%" if denom else "-"
+        rows.append(f"| {pkg} | {len(status)} | {checked} | {killed} | {survived} | "
+                    f"{equivalent} | {count['no tests']} | {score} |")
+        survivors += [(k, pkg) for k, s in sorted(status.items()) if s == "survived"]
+    out = ["# Mutation testing of the planning packages", "",
+           "Written by `benchmarks/mutation_report.py` from mutmut's results in `mutants/` "
+           f"(they accumulate over runs; the last one: `{command}`).", "",
+           *([note, ""] if note else []),
+           "Score: killed / (killed + survived that are not equivalent); a mutant that "
+           "times out counts as killed. `checked` counts the mutants this run tested; the "
+           "others (outside the patterns run) are not in the score.", "", *rows, ""]
+    if survivors:
+        out += ["## Survivors", ""]
+        for name, _ in survivors:
+            why = EQUIVALENT.get(name)
+            out.append(f"### `{name}`" + (" (equivalent)" if why else ""))
+            if why:
+                out.append(f"\n{why}\n")
+            out += ["", "```diff", _diff(name), "```", ""]
+    return "\n".join(out) + "\n"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--run", action="store_true", help="run mutmut first")
+    ap.add_argument("--max-children", type=int, default=2)
+    ap.add_argument("--note", default="", help="a line for the report (what was sampled)")
+    ap.add_argument("patterns", nargs="*", help="mutant name globs (default: all)")
+    args = ap.parse_args()
+    command = "mutmut run --max-children {} {}".format(args.max_children,
+                                                        " ".join(args.patterns)).strip()
+    if args.run:
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        proc = subprocess.run([str(ROOT / ".venv" / "bin" / "mutmut"), "run",
+                               "--max-children", str(args.max_children), *args.patterns],
+                              cwd=ROOT, env=env, check=False)
+        if proc.returncode not in (0, 1):
+            print(f"mutmut run failed with exit status {proc.returncode}", file=sys.stderr)
+            return 2
+    results = collect(ROOT)
+    if not any(results.values()):
+        print("no mutmut results in mutants/: run with --run first", file=sys.stderr)
+        return 2
+    path = ROOT / "benchmarks" / "results" / "mutation.md"
+    write_atomic(path, report(results, command, args.note))
+    print(path.read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
