@@ -45,4 +45,4 @@ format: $(STAMP)
 	$(VENV)/bin/ruff format shardplan tests benchmarks
 
 clean:
-	rm -rf $(VENV) demo-out .pytest_cache .ruff_cache
+	rm -rf $(VENV) demo-out .pytest_cache .ruff_cache .mypy_cache
