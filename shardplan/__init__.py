@@ -16,6 +16,7 @@ import importlib
 import logging
 import sys
 import types
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from shardplan.errors import InfeasibleError, InvalidFileError, ShardplanError
@@ -108,7 +109,7 @@ class _CallablePackage(types.ModuleType):
         return _API[self.__name__.rpartition(".")[2]](*args, **kwargs)
 
 
-_API = {"capture": capture, "partition": partition}
+_API: dict[str, Callable[..., Any]] = {"capture": capture, "partition": partition}
 
 
 class _Package(types.ModuleType):

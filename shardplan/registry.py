@@ -185,9 +185,9 @@ def check_reachable(plan: Plan, graph: Graph, topology: Topology) -> None:
         if d.size < 2:
             continue
         if plan.strategy is not None:
-            i, j = np.meshgrid(d, d, indexing="ij")
-            off = i != j
-            pairs.append((i[off], j[off]))
+            ii, jj = np.meshgrid(d, d, indexing="ij")
+            off = ii != jj
+            pairs.append((ii[off], jj[off]))
         else:
             pairs.append((d, np.roll(d, -1)))
     if plan.num_stages > 1:

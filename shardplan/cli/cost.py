@@ -43,9 +43,12 @@ def _check_options(plan: Any, objective: str, options: dict[str, Any], *,
         return
     if forced_model or "model" in options or plan.objective.name.startswith("max_stage_seconds_"):
         return
-    from shardplan.cost._max_stage import PipelineSettings
+    from dataclasses import fields
 
-    takes = sorted(PipelineSettings.KEYS)
+    from shardplan.ir import ExecutionSettings
+
+    # What max_stage reads besides ``model``: contention and the execution settings.
+    takes = sorted({f.name for f in fields(ExecutionSettings)} | {"global_batch", "contention"})
     unknown = sorted(set(options) - set(takes))
     if unknown:
         raise ShardplanError(f"max-stage of a partition does not take option {unknown[0]!r} "

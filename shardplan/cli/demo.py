@@ -20,7 +20,8 @@ from typing import Any
 
 from shardplan.cli._common import positive_float, positive_int, print_json
 from shardplan.cli.inspect import summarize
-from shardplan.ir import save, write_json
+from shardplan.errors import ShardplanError
+from shardplan.ir import Plan, save, write_json
 
 DEFAULT_MODEL = "torchvision:resnet50"
 LOCAL_MODEL = "mlp"
@@ -70,7 +71,7 @@ def run_demo(out_dir: str | Path, *, model: str = DEFAULT_MODEL, batch_size: int
 
     t0 = time.perf_counter()
     found = search(graph, topo, time_limit=time_limit)
-    plan = found.winner
+    plan = _winner(found)
     save(plan, out / "plan.json")
     best = found.ranked[0]
     comp = found.comparisons
@@ -131,7 +132,7 @@ def _local_run(out: Path, steps: int, say: Any) -> dict[str, Any]:
     save(graph, out / "local-graph.json")
     found = search(graph, topo, global_batch=256, families=["data-parallel", "parmesan",
                                                             "uniform"], time_limit=20)
-    plan = found.winner
+    plan = _winner(found)
     save(plan, out / "local-plan.json")
     cfg = config_for_plan(plan, graph, steps=steps)
     res = train(cfg)
@@ -173,3 +174,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                                                                  "(default 5)")
     p.add_argument("--json", action="store_true", help="print what was produced as JSON")
     p.set_defaults(handler=_handler)
+
+
+def _winner(found: Any) -> Plan:
+    """The search's winner; None only when the time limit ran out before any candidate."""
+    if found.winner is None:
+        raise ShardplanError("the time limit ran out before any candidate was evaluated")
+    return found.winner

@@ -86,6 +86,7 @@ def _check_strategy(plan: Plan, graph: Graph, topology: Topology | None) -> dict
     reported). One-line :class:`ShardplanError` otherwise."""
     from shardplan.strategy.tables import graph_spaces
 
+    assert plan.strategy is not None  # called for plans that carry one
     spaces = graph_spaces(graph)
     n = graph.num_nodes
     for key, factors in plan.strategy.items():

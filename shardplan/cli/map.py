@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 from shardplan.cli._common import (
     SETTING_FLAGS,
@@ -22,7 +23,7 @@ from shardplan.errors import ShardplanError
 
 __all__ = ["register"]
 
-FLAGS = {
+FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "model": ("--model", {"choices": ("overlap", "p2p", "allreduce", "auto"),
                           "help": "stage-time model: overlap (the simulator's), p2p (eq. 6), "
                                   "allreduce (eq. 7) or auto (overlap, or p2p when the plan's "

@@ -161,7 +161,8 @@ def _run(args: argparse.Namespace) -> int:
     topology = _limit_memory(_cluster(args.cluster), args.memory_limit)
     graph = _graph(args)
     changes = settings_changes(args)
-    fixed = {k: changes.pop(k) for k in ("microbatches", "schedule") if k in changes}
+    fixed: dict[str, Any] = {k: changes.pop(k) for k in ("microbatches", "schedule")
+                             if k in changes}
     settings, _ = ExecutionSettings().override(**changes)
     with progress_reporter() as progress:
         result = search(graph, topology, global_batch=args.global_batch, settings=settings,

@@ -269,9 +269,9 @@ def parse_pipedream(text: str, *, name: str = "pipedream", batch_size: int = 1,
 
     out_bytes = np.rint(col("activation_size")).astype(np.int64)
     param_bytes = np.rint(col("parameter_size")).astype(np.int64)
-    extra = None
+    node_extra: tuple[dict[str, Any], ...] | None = None
     if any(s is not None for s in stages):
-        extra = tuple({} if stages[i] is None else {"pipedream_stage_id": stages[i]}
+        node_extra = tuple({} if stages[i] is None else {"pipedream_stage_id": stages[i]}
                       for i in order)
     zeros = np.zeros(n, dtype=np.float64)
     return Graph.from_arrays(
@@ -281,7 +281,7 @@ def parse_pipedream(text: str, *, name: str = "pipedream", batch_size: int = 1,
         ops=[_op_of(descs[i]) for i in order], modules=[descs[i] for i in order],
         fwd_seconds=col("forward_compute_time") / 1e3,
         bwd_seconds=col("backward_compute_time") / 1e3,
-        node_extra=extra, meta=meta,
+        node_extra=node_extra, meta=meta,
     )
 
 

@@ -12,7 +12,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import scipy.sparse as sp
@@ -266,13 +266,14 @@ class Graph:
             ops=tuple(ops) if ops is not None else ("op",) * n,
             modules=tuple(modules) if modules is not None else ("",) * n,
             fwd_flops=fwd,
-            bwd_flops=2.0 * fwd if bwd_flops is None else bwd_flops,
+            # Columns given as sequences are converted by __post_init__.
+            bwd_flops=2.0 * fwd if bwd_flops is None else cast(np.ndarray, bwd_flops),
             param_bytes=pb,
             output_bytes=ob,
-            weight=pb / 4.0 if weight is None else weight,
+            weight=pb / 4.0 if weight is None else cast(np.ndarray, weight),
             src=src_a,
-            dst=dst,
-            edge_bytes=edge_bytes,
+            dst=cast(np.ndarray, dst),
+            edge_bytes=cast(np.ndarray, edge_bytes),
             **optional,
         )
 
@@ -369,12 +370,15 @@ class Graph:
         def col(arr: np.ndarray | None) -> np.ndarray | None:
             return None if arr is None else np.asarray(arr)[idx]
 
+        def req(arr: np.ndarray) -> np.ndarray:
+            return np.asarray(arr)[idx]
+
         return Graph(
             name=self.name, batch_size=self.batch_size,
             names=tuple(self.names[v] for v in pick), ops=tuple(self.ops[v] for v in pick),
-            modules=tuple(self.modules[v] for v in pick), fwd_flops=col(self.fwd_flops),
-            bwd_flops=col(self.bwd_flops), param_bytes=col(self.param_bytes),
-            output_bytes=col(self.output_bytes), weight=col(self.weight),
+            modules=tuple(self.modules[v] for v in pick), fwd_flops=req(self.fwd_flops),
+            bwd_flops=req(self.bwd_flops), param_bytes=req(self.param_bytes),
+            output_bytes=req(self.output_bytes), weight=req(self.weight),
             src=new[self.src[keep]], dst=new[self.dst[keep]],
             edge_bytes=self.edge_bytes[keep], fwd_seconds=col(self.fwd_seconds),
             bwd_seconds=col(self.bwd_seconds), memory_bytes=col(self.memory_bytes),

@@ -21,7 +21,8 @@ from shardplan.ir.topology import TOPOLOGY_FORMAT, Topology
 __all__ = ["dumps", "inputs_read", "load", "load_graph", "load_plan", "load_topology",
            "read_json", "read_text", "reset_inputs", "save", "write_atomic", "write_json"]
 
-_KINDS = {GRAPH_FORMAT: Graph, TOPOLOGY_FORMAT: Topology, PLAN_FORMAT: Plan}
+_KINDS: dict[str, type[Graph] | type[Topology] | type[Plan]] = {
+    GRAPH_FORMAT: Graph, TOPOLOGY_FORMAT: Topology, PLAN_FORMAT: Plan}
 
 
 def _default(o: Any) -> Any:

@@ -94,7 +94,7 @@ def improve(problem: MappingProblem, model: str, devices: np.ndarray, *,
         if late():
             break
         times = stage_times(problem, dev, model)
-        s, r = np.unravel_index(int(np.argmax(times)), times.shape)
+        s, r = (int(v) for v in np.unravel_index(int(np.argmax(times)), times.shape))
         movers = [(s, q) for q in range(R)] if model == "allreduce" or \
             (problem.ar_weight and R > 1) else [(s, r)]
         if model != "allreduce":

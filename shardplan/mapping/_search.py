@@ -268,6 +268,7 @@ class _Base:
         placed device (None: no such symmetry left)."""
         if not self.symmetry or self.stab is None:
             return None
+        assert self.group is not None  # stab is set only with a group
         sub = self.group[self.stab]
         if sub.shape[0] <= 1:
             return None
@@ -277,6 +278,7 @@ class _Base:
         """Restrict the stabiliser to the automorphisms fixing ``d``; returns the old one."""
         old = self.stab
         if old is not None:
+            assert self.group is not None  # stab is set only with a group
             self.stab = old & (self.group[:, d] == d)
         return old
 
@@ -371,6 +373,7 @@ class P2PSearch(_Base):
                             and np.array_equal(problem.latency, problem.latency.T))
         self.contended = bool(problem.contention) and problem.links is not None
         if self.contended:
+            assert problem.links is not None  # contended says so
             ts, _ = problem.transfer_stages
             cap = int(ts.size) * self.R
             hops = problem.links.max_hops
@@ -404,6 +407,7 @@ class P2PSearch(_Base):
         self.base = self.base0.copy()
         self.extra = np.zeros((self.S, self.R))  # contention's extra seconds so far
         if self.contended:
+            assert self.p.links is not None  # contended says so
             num_links = self.p.links.num_links
             self.load = np.zeros(num_links + 1)  # bytes per link; [-1] padding stays 0
             self.own = np.zeros((self.D, num_links + 1))  # per sending device
@@ -466,7 +470,7 @@ class P2PSearch(_Base):
             with np.errstate(invalid="ignore"):  # inf - inf: no route, already inf
                 ext = np.where(np.isfinite(base), np.maximum(val - base, 0.0), 0.0)
             sr = self.S * self.R
-            extra = np.bincount(self.tr_sv[:n], weights=ext, minlength=sr)
+            extra: np.ndarray = np.bincount(self.tr_sv[:n], weights=ext, minlength=sr)
             if self.p2p_view:
                 extra += np.bincount(self.tr_rv[:n], weights=ext, minlength=sr)
             self.extra = extra.reshape(self.S, self.R)
@@ -483,7 +487,7 @@ class P2PSearch(_Base):
         if senders is not None:
             self.own[senders] = rows
 
-    def _time(self, s: int, d: Any, comm: Any) -> Any:
+    def _time(self, s: Any, d: Any, comm: Any) -> Any:
         return self.p.combine(self.p.compute[s, d], comm)
 
     def _refresh(self) -> None:
@@ -557,7 +561,7 @@ class P2PSearch(_Base):
             return False
         w = p.ar_weight if self.ar_on else 0.0
         val = self.base[s].copy()
-        own_more = 0.0  # contention each new transfer sees already, for the own bound
+        own_more: Any = 0.0  # contention each new transfer sees already, for the own bound
         worst = None
         nbr_new = []
         with np.errstate(invalid="ignore"):  # inf - inf: an unroutable pair, never <= t
@@ -598,7 +602,7 @@ class P2PSearch(_Base):
         saved_ar = self.ar[s]
         partners = [(u, nbytes) for u, _tens, nbytes in self.links[k] if nbytes > 0] \
             if self.contended else []
-        for d in choices:
+        for d in choices.tolist():
             d = int(d)
             self.dev[s, r] = d
             self.free[d] = False
@@ -708,7 +712,7 @@ class AllreduceSearch(_Base):
             return False
         choices = choices[np.argsort(worst[choices], kind="stable")]
         saved = (self.max_c[s], self.max_ar[s])
-        for d in choices:
+        for d in choices.tolist():
             d = int(d)
             self.dev[s, r] = d
             self.free[d] = False
@@ -842,7 +846,8 @@ def solve(problem: MappingProblem, model: str, *, seed: int = 0, time_limit: flo
             best_dev, best = greedy.devices, greedy.value
     timed_out = greedy.status == "timeout"  # the overall deadline passed
     if local_search and not timed_out and math.isfinite(best):
-        ls_deadline = None if time_limit is None else \
+        assert best_dev is not None  # best is finite
+        ls_deadline = None if time_limit is None or deadline is None else \
             min(deadline, time.monotonic() + 0.25 * float(time_limit))
         dev, steps = improve(problem, model, best_dev, deadline=ls_deadline)
         value = float(stage_times(problem, dev, model).max())

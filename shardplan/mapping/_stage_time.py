@@ -425,6 +425,7 @@ def contention_extra(problem: MappingProblem, devices: Any, *,
     ts, tt = problem.transfer_stages
     if ts.size == 0 or not problem.contention:
         return out.reshape(dev.shape)
+    assert problem.links is not None  # contention is on only with a link table
     nbytes = np.repeat(problem.stage_bytes[ts, tt], r_count)  # (K,) transfer-major
     ks, kt = np.repeat(ts, r_count), np.repeat(tt, r_count)
     kr = np.tile(np.arange(r_count), ts.size)

@@ -122,8 +122,9 @@ def optimal(graph: Graph, topology: Topology, *, options: Mapping[str, Any], see
                                     time.perf_counter() - t0, contention=problem.contention)
                 mine, theirs = _simulated(out, graph, topology), \
                     _simulated(other, graph, topology)
-                judge = {"simulated_seconds": mine, "consecutive_simulated_seconds": theirs,
-                         "value": sol.value, "consecutive_value": cs_value}
+                judge: dict[str, Any] = {
+                    "simulated_seconds": mine, "consecutive_simulated_seconds": theirs,
+                    "value": sol.value, "consecutive_value": cs_value}
                 stats["judge"] = judge
                 if theirs < mine:
                     judge["kept"] = "consecutive"

@@ -165,7 +165,7 @@ def evaluate_stages(work: np.ndarray, params: np.ndarray, cuts: np.ndarray,
     reps = np.asarray(replicas, dtype=np.int64)
     x_in = cuts[:k]
     x_out = np.where(np.arange(k) == k - 1, 0.0, cuts[1:k + 1])
-    kw = {"transfers": config.transfers, "compression": config.compression}
+    kw: dict[str, Any] = {"transfers": config.transfers, "compression": config.compression}
     if len(config.levels) == 1:
         (_, bw), = config.levels
         t = stage_seconds(work, params, x_in, x_out, reps, bw, first=np.arange(k) == 0, **kw)

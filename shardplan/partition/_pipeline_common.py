@@ -259,9 +259,9 @@ def sequence_dp(segment_cost: Any, n: int, num_stages: int,
     seg = np.empty(n, dtype=np.int64)
     j = n
     for s in range(num_stages, 0, -1):
-        i = int(arg[s, j])
-        seg[i:j] = s - 1
-        j = i
+        lo = int(arg[s, j])
+        seg[lo:j] = s - 1
+        j = lo
     return float(table[num_stages, n]), seg
 
 

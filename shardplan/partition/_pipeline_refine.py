@@ -73,11 +73,11 @@ class StageState:
                                              virtual_stages=settings.virtual_stages
                                              ).astype(np.float64)
         self.steps = pipeline_factor(settings.microbatches, -(-k // settings.stages_per_rank))
-        self.mem_cap = model.topology.device_memory[devices].min(axis=1).astype(np.float64)
+        self.mem_cap = model._topo().device_memory[devices].min(axis=1).astype(np.float64)
         self.speed = model.device_speed[devices]
         self.rate = model.device_rate[devices]
         self.inv = model.inverse_bandwidth
-        lat = model.topology.latency
+        lat = model._topo().latency
         self.lat, self.ib = [], []
         for i in range(self.r):
             p = devices[:, i]
@@ -111,7 +111,7 @@ class StageState:
                             self.rate) / r  # (k, r)
         send, recv = uniform_comm(self.B, self.T, self.lat, self.ib, r)  # (r, k)
         s = self.settings
-        topo = self.model.topology
+        topo = self.model._topo()
         sharded = s.gradient_sync == "sharded"
         ar = ring_collectives(topo, "reducescatter" if sharded else "allreduce", self.devices,
                               self.s_params, self.inv)

@@ -513,6 +513,7 @@ def improve_placement(problem: Problem, assignment: np.ndarray, placement: np.nd
         if deadline is not None and time.monotonic() >= deadline:
             break
         if costs is None:
+            assert dense is not None  # costs is None exactly when dense is not
             swap, move = slot_swap_deltas(dense, problem.cost, placement)
         else:
             if rounds and rounds % _REFRESH_ROUNDS == 0:

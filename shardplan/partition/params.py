@@ -47,7 +47,9 @@ def params_partition(graph: Graph, topology: Topology, *, options: Mapping[str, 
     def cost(i: np.ndarray, j: int, _s: int) -> np.ndarray:
         return prefix[j] - prefix[i]
 
-    _, seg = sequence_dp(cost, graph.num_nodes, s)
+    found = sequence_dp(cost, graph.num_nodes, s)
+    assert found is not None  # None only when a ``check`` stops it; none is given
+    _, seg = found
     a = np.empty(graph.num_nodes, dtype=np.int64)
     a[order] = seg
     return build_plan(graph, topology, algorithm="params", assignment=a, num_replicas=r,

@@ -278,16 +278,16 @@ def parmesan_partition(graph: Graph, topology: Topology, *, options: Mapping[str
             sim = _simulated(res.plan, graph, topology)
             sims[name] = sim if np.isfinite(sim) else None
             value = res.plan.objective.value
-            key = (sim, value) if view == "overlap" else (value, sim)
-            if kept is None or key < kept[0]:
-                kept = (key, name, res, sim, value)
+            rank = (sim, value) if view == "overlap" else (value, sim)
+            if kept is None or rank < kept[0]:
+                kept = (rank, name, res, sim, value)
         stats["simulated"] = sims
         if kept is None:
             tried.append({"stages": s, "replicas": r, "fits": False})
             continue
         _, name, res, sim, value = kept
         stats["kept"] = name
-        res.plan.meta["search"].update(simulated=sims, kept=name)  # type: ignore[union-attr]
+        res.plan.meta["search"].update(simulated=sims, kept=name)
         bound = stats.get("dp_value_once")
         if len(shapes) == 1 and stats.get("mode") == "exact" and bound is not None and \
                 _uniform_links(topology, placement(s, r).reshape(-1)) and \
@@ -309,7 +309,7 @@ def parmesan_partition(graph: Graph, topology: Topology, *, options: Mapping[str
                               f"no (stages, replicas) shape fits: {reasons[0]}")
     result = best[3]
     if len(shapes) > 1:
-        result.plan.meta["search"]["shapes"] = tried  # type: ignore[index]
+        result.plan.meta["search"]["shapes"] = tried
     if len(tried) < len(shapes) and result.plan.status != "timed_out":
         result = build_plan(graph, topology, algorithm="parmesan",
                             assignment=result.plan.assignment(n),

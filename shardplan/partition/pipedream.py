@@ -365,6 +365,7 @@ def _check_options(opts: Mapping[str, Any], topology: Topology, n: int) -> tuple
     if s is not None and r is None:
         r = max(1, (dev or total) // s)
     if s is not None:
+        assert r is not None  # set just above
         dev = s * r
     elif r is not None and dev is None:
         dev = (total // r) * r
@@ -426,7 +427,7 @@ def pipedream_partition(graph: Graph, topology: Topology, *, options: Mapping[st
     if len(levels) == 2:
         cap = min(cap, _TWO_LEVEL_STATES)
     states = States.build(scaled, work, cap, (devices // fixed if fixed else 1) + 1)
-    kw = {"transfers": config.transfers, "compression": config.compression}
+    kw: dict[str, Any] = {"transfers": config.transfers, "compression": config.compression}
     last = states.size - 1
     out_bytes = np.where(np.arange(states.size) == last, 0.0, states.cut)
     stats: dict[str, Any] = {"states": states.size, "state_mode": states.mode,
@@ -557,9 +558,9 @@ def _build(graph: Graph, topology: Topology, states: States,
     wsum = np.bincount(stage_of, weights=work, minlength=k)
     psum = np.bincount(stage_of, weights=graph.param_bytes.astype(np.float64), minlength=k)
     cuts = prefix_cut_bytes(scaled, stage_of, k)
-    reps = [len(st.devices) for st in stages]
-    value, details = evaluate_stages(wsum, psum, cuts, reps, config, ranges or None)
-    used = sum(reps)
+    counts = [len(st.devices) for st in stages]
+    value, details = evaluate_stages(wsum, psum, cuts, counts, config, ranges or None)
+    used = sum(counts)
     bound = float(work.sum()) / used if used else 0.0
     recorded = {key: v for key, v in opts.items() if v is not None}
     recorded.update(config.to_options())

@@ -43,7 +43,7 @@ def bandwidth_figure(topology: Topology, plan: Plan | None = None,
     cbar.set_label("bandwidth (GB/s)")
     levels = np.unique(np.round(pos, 6)) if pos.size else np.array([])
     if 1 <= levels.size <= 10:
-        cbar.set_ticks(levels, labels=[f"{v:.4g}" for v in levels])
+        cbar.set_ticks(levels.tolist(), labels=[f"{v:.4g}" for v in levels])
         cbar.minorticks_off()
     names = [dev.name for dev in topology.devices]
     fs = 8 if d <= 24 else 6 if d <= 48 else 4

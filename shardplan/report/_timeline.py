@@ -77,8 +77,8 @@ def timeline_figure(result: SimulationResult, *, topology: Topology | None = Non
             ax.add_patch(plt.Rectangle((x, y0), max(w, end * mult * 1e-4), h,
                                        facecolor=COLORS[kind], edgecolor="white",
                                        linewidth=0.4))
-    for x, y, t in texts:
-        ax.text(x, y, t, ha="center", va="center", fontsize=7, color="white")
+    for tx, ty, t in texts:
+        ax.text(tx, ty, t, ha="center", va="center", fontsize=7, color="white")
     names = []
     for d in devs:
         dev_name = topology.devices[d].name if topology is not None else f"device {d}"

@@ -56,6 +56,7 @@ rounds, F concurrent messages and h hops per path.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import heapq
 import math
 from collections import deque
@@ -316,6 +317,8 @@ class _Sim:
         # gradient synchronisation: DDP buckets or FSDP units per stage, collectives
         self.sync = sync
         self.buckets = buckets or [[] for _ in range(k)]
+        self.units_fwd: list[Any]
+        self.units_bwd: list[Any]
         self.units_fwd, self.units_bwd = units or ([[] for _ in range(k)],
                                                    [[] for _ in range(k)])
         self.grad_left = [len(self.buckets[s]) if sync == "bucketed" else
@@ -491,12 +494,12 @@ class _Sim:
     def sent_forward(self, s: int, i: int, m: int) -> None:
         for b, j, nb, tn in self.out_msgs.get((s, i), ()):
             self.send(int(self.dev[s, i]), int(self.dev[b, j]), nb, tn, "activation", s, m,
-                      lambda b=b, j=j: self.wake(FORWARD, b, j, m))
+                      functools.partial(self.wake, FORWARD, b, j, m))
 
     def sent_backward(self, s: int, j: int, m: int) -> None:
         for a, i, nb, tn in self.in_msgs.get((s, j), ()):
             self.send(int(self.dev[s, j]), int(self.dev[a, i]), nb, tn, "gradient", s, m,
-                      lambda a=a, i=i: self.wake(BACKWARD, a, i, m))
+                      functools.partial(self.wake, BACKWARD, a, i, m))
 
     def send(self, src: int, dst: int, nbytes: float, tensors: float, kind: str, stage: int,
              mb: int | None, on_arrival: Callable[[], None],
@@ -696,6 +699,7 @@ def strategy_stage_seconds(plan: Plan, graph: Graph, topology: Topology,
     from shardplan.strategy._cost_pase import Units, layer_cost
     from shardplan.strategy.tables import graph_spaces
 
+    assert plan.strategy is not None  # the only caller passes plans that carry one
     k = plan.num_stages
     fwd, bwd = np.zeros(k), np.zeros(k)
     scale = settings.batch_scale(graph)

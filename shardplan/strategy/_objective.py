@@ -36,6 +36,7 @@ def strategy_cost(plan: Plan, graph: Graph, topology: Topology, **options: Any) 
     tables = build_tables(graph, int(devices), cost_model=rec["cost_model"] or
                           str(plan.meta.get("cost_model", "pase")), topology=topology,
                           cutoff=rec["cutoff"], memory_limit=rec["memory_limit"])
+    assert tables is not None  # None only when a ``check`` stops the build; none is given
     missing = [v for v in range(graph.num_nodes) if str(v) not in plan.strategy]
     if missing:
         raise ShardplanError(f"the plan's strategy has no configuration for node {missing[0]}")

@@ -45,30 +45,33 @@ def stage_subgraph(graph: Graph, nodes: Sequence[int]) -> tuple[Graph, list[int]
                     dtype=bool)
     src = [index[int(s)] for s in graph.src[keep]]
     dst = [index[int(d)] for d in graph.dst[keep]]
-    spaces = None
+    spaces: tuple[Mapping[str, Any] | None, ...] | None = None
     if graph.spaces is not None:
-        spaces = []
+        kept: list[Mapping[str, Any] | None] = []
         for v in ids:
-            sp = graph.spaces[v]
-            if sp is None:
-                spaces.append(None)
+            space = graph.spaces[v]
+            if space is None:
+                kept.append(None)
                 continue
-            sp = dict(sp)
+            sp = dict(space)
             sp["inputs"] = {str(index[int(p)]): g for p, g in (sp.get("inputs") or {}).items()
                             if int(p) in index}
-            spaces.append(sp)
-        spaces = tuple(spaces)
+            kept.append(sp)
+        spaces = tuple(kept)
 
     def col(a: np.ndarray | None) -> np.ndarray | None:
         return None if a is None else np.asarray(a)[ids]
+
+    def req(a: np.ndarray) -> np.ndarray:
+        return np.asarray(a)[ids]
 
     sub = Graph(
         name=graph.name, batch_size=graph.batch_size,
         names=tuple(graph.names[v] for v in ids), ops=tuple(graph.ops[v] for v in ids),
         modules=tuple(graph.modules[v] for v in ids),
-        fwd_flops=col(graph.fwd_flops), bwd_flops=col(graph.bwd_flops),
-        param_bytes=col(graph.param_bytes), output_bytes=col(graph.output_bytes),
-        weight=col(graph.weight), src=np.asarray(src, dtype=np.int64),
+        fwd_flops=req(graph.fwd_flops), bwd_flops=req(graph.bwd_flops),
+        param_bytes=req(graph.param_bytes), output_bytes=req(graph.output_bytes),
+        weight=req(graph.weight), src=np.asarray(src, dtype=np.int64),
         dst=np.asarray(dst, dtype=np.int64), edge_bytes=graph.edge_bytes[keep],
         fwd_seconds=col(graph.fwd_seconds), bwd_seconds=col(graph.bwd_seconds),
         memory_bytes=col(graph.memory_bytes), spaces=spaces,

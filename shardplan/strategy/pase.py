@@ -42,7 +42,7 @@ def devices_of(topology: Topology, devices: Any) -> int:
         raise ShardplanError(f"devices must be a positive integer, got {devices!r}")
     if n > topology.num_devices:
         raise ShardplanError(f"devices {n} exceeds the topology's {topology.num_devices}")
-    return n
+    return int(n)
 
 
 def plan_from_choice(tables: Tables, choice: Any, *, graph_name: str, topology_name: str,

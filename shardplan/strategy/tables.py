@@ -64,7 +64,7 @@ class Tables:
     def num_nodes(self) -> int:
         return len(self.names)
 
-    def evaluate(self, choice: Sequence[int]) -> float:
+    def evaluate(self, choice: Sequence[int] | np.ndarray) -> float:
         """Total cost of picking configuration ``choice[v]`` for every node. O(n + m)."""
         c = np.asarray(choice, dtype=np.int64)
         total = float(sum(float(self.node_cost[v][c[v]]) for v in range(self.num_nodes)))

@@ -149,6 +149,9 @@ CASES = {
                                      str(t / "out.json")],
     "option typo in cost": lambda t: ["cost", _pipeline_plan(t), *_pair(t), "--objective",
                                       "max-stage", "--option", "efficency=0.5"],
+    "option typo in cost of a sharding plan": lambda t: [
+        "cost", _sharding_plan(t), *_pair(t), "--objective", "max-stage", "--option",
+        "efficency=0.5"],
     # Three nodes that all exchange data, on three devices of which 0 and 1 have no link.
     "devices that cannot reach each other": lambda t: [
         "partition", _write(t / "g3.json", _graph_dict(
@@ -179,6 +182,16 @@ def _pipeline_plan(t: Path) -> str:
 
     g, topo = (load_graph(p) if i == 0 else load_topology(p) for i, p in enumerate(_pair(t)))
     save(registry.run("partition", "uniform", g, topo, stages=2).plan, t / "p.json")
+    return str(t / "p.json")
+
+
+def _sharding_plan(t: Path) -> str:
+    """A plan whose objective is not a max-stage view (paper 000's sharding cost)."""
+    from shardplan import registry
+    from shardplan.ir import load_graph, load_topology
+
+    g, topo = (load_graph(p) if i == 0 else load_topology(p) for i, p in enumerate(_pair(t)))
+    save(registry.run("partition", "heuristic", g, topo).plan, t / "p.json")
     return str(t / "p.json")
 
 
