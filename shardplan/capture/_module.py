@@ -173,7 +173,9 @@ def fold_modules(cap: OpCapture, op_graph: Graph, atomic: Sequence[str]) -> Grap
     Graph
         Node ``i`` is an atomic instance (or several merged, see Notes) with the sums of its
         operators' FLOPs, parameters, seconds and weights; ``output_bytes`` is the bytes of the
-        distinct tensors leaving it (model outputs included). An edge ``a -> b`` carries the
+        distinct tensors leaving it (model outputs included). Its ``ops`` lists the operators
+        it holds, ``[position, fx name, operator, module]`` each in program order: what
+        ``shardplan train`` cuts the exported program by. An edge ``a -> b`` carries the
         bytes of the distinct tensors of ``a`` read by ``b``. ``meta["edge_hops"]`` holds, per
         edge, the fewest operators between the two instances on a path of the operator graph
         that avoids other atomic instances (the paper's edge weight; 0 when the edge exists
@@ -284,7 +286,9 @@ def fold_modules(cap: OpCapture, op_graph: Graph, atomic: Sequence[str]) -> Grap
             ops.append("merged")
             modules.append(_common_prefix(mem))
         extra: dict[str, Any] = {"num_ops": int(op_count[j]),
-                                 "folded_ops": int(op_count[j] - atomic_ops[j])}
+                                 "folded_ops": int(op_count[j] - atomic_ops[j]),
+                                 "ops": [[int(i), cap.names[i], cap.ops[i], cap.modules[i]]
+                                         for i in np.flatnonzero(node_of_op == j).tolist()]}
         if len(mem) > 1:
             extra["members"] = mem
         shared = sorted({p for i in np.flatnonzero(node_of_op == j) for p in

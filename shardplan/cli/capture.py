@@ -19,7 +19,7 @@ from shardplan.cli._common import (
 
 __all__ = ["register"]
 
-_MODEL_HELP = ("mlp | transformer[,key=value...] | torchvision:NAME | "
+_MODEL_HELP = ("mlp | transformer[,key=value...] | gnn[,key=value...] | torchvision:NAME | "
                "transformers:NAME[,key=value...] | FILE.py:FUNCTION")
 
 

@@ -137,4 +137,14 @@ def _run(args: argparse.Namespace) -> int:
         sys.stdout.write(f"{plan.algorithm}: {plan.num_stages} stages x {plan.num_replicas} "
                          f"replicas, {plan.objective.name} = {plan.objective.value:.6g} "
                          f"({plan.status}, {plan.search_seconds:.2f} s)\n")
+        report = plan.meta.get("acyclic")
+        if isinstance(report, dict) and "unconstrained" in report:
+            ratio = report.get("ratio")
+            sys.stdout.write(f"acyclic (a pipeline runs it); without the constraint "
+                             f"{report['unconstrained']:.6g}"
+                             f"{f' ({ratio:.3g}x)' if ratio is not None else ''}"
+                             f"{', optimal' if report.get('exact') else ''}\n")
+        elif isinstance(report, dict) and report.get("acyclic") is False:
+            sys.stdout.write("the stages form a cycle: train cannot run this plan (it was "
+                             "made with acyclic=false)\n")
     return 0

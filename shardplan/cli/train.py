@@ -1,9 +1,11 @@
 """``shardplan train PLAN GRAPH TOPO --steps N``: run a plan for real.
 
-Spawns one process per device of the plan's pipeline (gloo on CPU with one thread each, NCCL
-with CUDA) and trains with the plan's execution settings and the schedule the simulator
-simulates; ``--baseline fsdp|ddp|single`` trains the same model on the same data with FSDP2,
-DDP or one process instead. Under ``torchrun``, ``python -m shardplan.runtime`` takes the
+Spawns one process per device of the plan (gloo on CPU with one thread each, NCCL with CUDA)
+and trains with the plan's execution settings: a pipeline plan with the schedule the
+simulator simulates, a strategy plan (PaSE, data-parallel, expert) with every layer split
+over the devices as configured (DTensor), a hybrid plan as a pipeline whose stages do so;
+``--baseline fsdp|ddp|single`` trains the same model on the same data with FSDP2, DDP or one
+process instead. Under ``torchrun``, ``python -m shardplan.runtime`` takes the
 same arguments (:mod:`shardplan.runtime._args`) and uses torchrun's processes.
 """
 
@@ -46,6 +48,12 @@ def _run(args: argparse.Namespace) -> int:
                          f"process{'es were' if cfg.world_size > 1 else ' was'} stopped and "
                          f"the temporary folder removed\n")
         return 128 + exc.signum
+    if result.replicated:
+        shown = ", ".join(result.replicated[:4])
+        more = f" and {len(result.replicated) - 4} more" if len(result.replicated) > 4 else ""
+        note(f"{len(result.replicated)} operator{'s' if len(result.replicated) > 1 else ''} "
+             f"ran whole on every device of {'their' if len(result.replicated) > 1 else 'its'} "
+             f"stage ({shown}{more}): no DTensor rule for it, or random")
     out = {**result.to_dict(), **prepared.summary()}
     if args.output or args.json:
         emit(args, out, what="training result")

@@ -349,6 +349,40 @@ class Graph:
             edge_bytes=scaled(self.edge_bytes, True), fwd_seconds=scaled(self.fwd_seconds),
             bwd_seconds=scaled(self.bwd_seconds), memory_bytes=scaled(self.memory_bytes))
 
+    def subgraph(self, nodes: Sequence[int] | np.ndarray) -> Graph:
+        """The graph induced by ``nodes`` (in the order given): their columns and the edges
+        between them, renumbered ``0..k-1``. O(n + m).
+
+        Examples
+        --------
+        >>> g = Graph.from_arrays(name="g", fwd_flops=[1, 2, 3], src=[0, 1], dst=[1, 2])
+        >>> h = g.subgraph([1, 2])
+        >>> h.fwd_flops.tolist(), h.src.tolist(), h.dst.tolist()
+        ([2.0, 3.0], [0], [1])
+        """
+        idx = np.asarray(nodes, dtype=np.int64).reshape(-1)
+        new = np.full(self.num_nodes, -1, dtype=np.int64)
+        new[idx] = np.arange(idx.size)
+        keep = (new[self.src] >= 0) & (new[self.dst] >= 0)
+        pick = idx.tolist()
+
+        def col(arr: np.ndarray | None) -> np.ndarray | None:
+            return None if arr is None else np.asarray(arr)[idx]
+
+        return Graph(
+            name=self.name, batch_size=self.batch_size,
+            names=tuple(self.names[v] for v in pick), ops=tuple(self.ops[v] for v in pick),
+            modules=tuple(self.modules[v] for v in pick), fwd_flops=col(self.fwd_flops),
+            bwd_flops=col(self.bwd_flops), param_bytes=col(self.param_bytes),
+            output_bytes=col(self.output_bytes), weight=col(self.weight),
+            src=new[self.src[keep]], dst=new[self.dst[keep]],
+            edge_bytes=self.edge_bytes[keep], fwd_seconds=col(self.fwd_seconds),
+            bwd_seconds=col(self.bwd_seconds), memory_bytes=col(self.memory_bytes),
+            spaces=None if self.spaces is None else tuple(self.spaces[v] for v in pick),
+            node_extra=None if self.node_extra is None else tuple(self.node_extra[v]
+                                                                  for v in pick),
+            meta=dict(self.meta))
+
     def replace(self, **changes: Any) -> Graph:
         """A copy with some fields changed (validated again)."""
         fields = {f: getattr(self, f) for f in self.__dataclass_fields__}

@@ -9,11 +9,46 @@ import numpy as np
 
 from shardplan.cost._sharding import SHARDING_OBJECTIVE, sharding_cost
 from shardplan.errors import ShardplanError
-from shardplan.ir import Graph, Objective, Plan, Stage, Topology
+from shardplan.ir import ExecutionSettings, Graph, Objective, Plan, Stage, Topology
 from shardplan.partition._sharding_search import STARTS, Problem
 
-__all__ = ["check_bool_option", "check_int_option", "check_start", "flat_problem", "make_plan",
-           "num_components"]
+__all__ = ["ACYCLIC_DOC", "SETTING_DEFAULTS", "acyclic_report", "check_bool_option",
+           "check_int_option", "check_start", "flat_problem", "make_plan", "num_components",
+           "sharding_settings", "split_deadline"]
+
+#: The execution settings a sharding partitioner takes (they do not change the sharding cost;
+#: the plan carries them to ``train``): see :class:`~shardplan.ir.ExecutionSettings`.
+SETTING_DEFAULTS: dict[str, Any] = {**{k: None for k in ExecutionSettings.__dataclass_fields__},
+                                    "global_batch": None}
+
+
+def sharding_settings(graph: Graph, options: Mapping[str, Any]) -> ExecutionSettings:
+    """The plan's execution settings from the options, resolved against ``graph``; the
+    schedule defaults to GPipe, the one paper 000 trains its partitions with."""
+    given = {k: options.get(k) for k in SETTING_DEFAULTS}
+    if given.get("schedule") is None:
+        given["schedule"] = "gpipe"
+    settings, _ = ExecutionSettings().override(**given)
+    return settings.resolve(graph)
+
+#: What the ``acyclic`` option does, for the partitioners' docstrings and the README.
+ACYCLIC_DOC = (
+    "``acyclic`` (default true): only partitions whose components form a DAG (every edge "
+    "runs from a component to itself or a later one), which a pipeline can run; the plan's "
+    "``acyclic`` entry reports the cost of the same search without the constraint. "
+    "``acyclic=false`` is paper 000's unconstrained problem.")
+
+
+def split_deadline(t0: float, time_limit: float | None, compare: bool) -> tuple[
+        float | None, float | None]:
+    """Deadlines of the constrained search and of the unconstrained comparison after it:
+    with a time limit and a comparison, each gets half of the time the searches aim at."""
+    from shardplan.partition._sharding_search import search_deadline
+
+    end = search_deadline(t0, time_limit)
+    if end is None or not compare:
+        return end, end
+    return t0 + 0.5 * (end - t0), end
 
 
 def check_int_option(name: str, value: Any, *, low: int = 1, allow_none: bool = False) -> Any:
@@ -48,18 +83,44 @@ def num_components(graph: Graph, topology: Topology, stages: Any) -> int:
     return k
 
 
-def flat_problem(graph: Graph, topology: Topology, k: int) -> Problem:
-    """The sharding cost of section 2.1 as a search problem over the topology's devices."""
+def flat_problem(graph: Graph, topology: Topology, k: int, *, acyclic: bool = False) -> Problem:
+    """The sharding cost of section 2.1 as a search problem over the topology's devices
+    (``acyclic``: over monotone partitions only, see :class:`Problem`)."""
     return Problem.build(graph.weight, graph.src, graph.dst, graph.topological_rank,
-                         graph.levels, topology.cost_matrix, k)
+                         graph.levels, topology.cost_matrix, k, acyclic=acyclic)
+
+
+def acyclic_report(graph: Graph, topology: Topology, assignment: np.ndarray,
+                   placement: np.ndarray, unconstrained: Any, *, exact: bool) -> dict[str, Any]:
+    """The plan's ``acyclic`` entry: its stages form a DAG, and what the constraint costs
+    against the best partition without it (``unconstrained``: ``(assignment, placement,
+    status)`` of the same search run without the constraint, or None when not run);
+    ``exact``: both searches were exhaustive (brute force), so ``unconstrained`` is the
+    unconstrained optimum."""
+    a = np.asarray(assignment, dtype=np.int64)
+    out: dict[str, Any] = {"acyclic": bool(graph.is_acyclic_partition(a))}
+    if unconstrained is not None:
+        ua, up, status = unconstrained
+        value = sharding_cost(np.asarray(ua, dtype=np.int64), np.asarray(up, dtype=np.int64),
+                              graph, topology)
+        mine = sharding_cost(a, np.asarray(placement, dtype=np.int64), graph, topology)
+        out.update(unconstrained=value, unconstrained_status=status,
+                   unconstrained_acyclic=bool(graph.is_acyclic_partition(
+                       np.asarray(ua, dtype=np.int64))),
+                   ratio=(mine / value) if value > 0 else (1.0 if mine == 0 else None),
+                   exact=bool(exact))
+    return out
 
 
 def make_plan(graph: Graph, topology: Topology, algorithm: str, assignment: np.ndarray,
               placement: np.ndarray, *, status: str, seed: int, options: Mapping[str, Any],
-              seconds: float, exact: bool = False) -> Plan:
+              seconds: float, exact: bool = False,
+              meta: Mapping[str, Any] | None = None) -> Plan:
     """k stages of one device each, ordered by device; the objective recomputed from scratch
     with :func:`shardplan.cost.sharding_cost` (what ``shardplan cost`` evaluates); ``exact``:
-    the value is the optimum, recorded as its own lower bound."""
+    the value is the optimum, recorded as its own lower bound; ``meta``: extra top-level
+    plan fields. The execution settings among ``options`` become the plan's ``execution``
+    (:func:`sharding_settings`); the others are recorded as its ``options``."""
     order = np.argsort(placement, kind="stable")
     remap = np.empty_like(order)
     remap[order] = np.arange(order.size)
@@ -72,5 +133,7 @@ def make_plan(graph: Graph, topology: Topology, algorithm: str, assignment: np.n
     value = sharding_cost(a, p, graph, topology)
     return Plan(graph=graph.name, topology=topology.name, algorithm=algorithm, stages=stages,
                 objective=Objective(SHARDING_OBJECTIVE, value, value if exact else None),
-                status=status,
-                seed=seed, options=dict(options), search_seconds=seconds)
+                status=status, seed=seed,
+                options={k: v for k, v in options.items() if k not in SETTING_DEFAULTS},
+                search_seconds=seconds, meta=dict(meta or {}),
+                execution=sharding_settings(graph, options))

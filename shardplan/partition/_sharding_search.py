@@ -45,10 +45,10 @@ from shardplan._workers import process_pool
 from shardplan.errors import ShardplanError
 
 __all__ = ["COARSE_NODES_PER_COMPONENT", "STARTS", "SWAP_MAX_NODES", "Problem", "RestartResult",
-           "RestartsSummary", "SearchOutcome", "coarse_levels", "default_workers",
-           "greedy_placement", "improve_placement", "initial_assignment", "local_search",
-           "merge_traces", "restart_rng", "run_restart", "run_restarts", "search_deadline",
-           "slot_swap_deltas", "swap_deltas"]
+           "RestartsSummary", "SearchOutcome", "allowed_range", "coarse_levels",
+           "default_workers", "greedy_placement", "improve_placement", "initial_assignment",
+           "local_search", "make_monotone", "merge_traces", "restart_rng", "run_restart",
+           "run_restarts", "search_deadline", "slot_swap_deltas", "swap_deltas"]
 
 STARTS = ("random", "topo", "metis")
 
@@ -78,6 +78,11 @@ class Problem:
         Per slot: the fewest nodes a component placed there must hold.
     initial_placement : ndarray (k,) or None
         Fixed start placement (hierarchical levels: identity); None: greedy.
+    acyclic : bool
+        Keep the partition *monotone*: every edge runs from a component to itself or to a
+        later one (component ids in order), so the components form a DAG that a pipeline
+        runs forward (acyclic DAG partitioning). Every start, move and exchange keeps it;
+        see :func:`allowed_range`.
     """
 
     weight: np.ndarray
@@ -95,6 +100,7 @@ class Problem:
     scale: np.ndarray
     min_size: np.ndarray
     initial_placement: np.ndarray | None = None
+    acyclic: bool = False
 
     @property
     def n(self) -> int:
@@ -104,7 +110,7 @@ class Problem:
     def build(cls, weight: np.ndarray, src: np.ndarray, dst: np.ndarray, rank: np.ndarray,
               level: np.ndarray, cost: np.ndarray, k: int, *, target: np.ndarray | None = None,
               scale: np.ndarray | None = None, min_size: np.ndarray | None = None,
-              initial_placement: np.ndarray | None = None) -> Problem:
+              initial_placement: np.ndarray | None = None, acyclic: bool = False) -> Problem:
         """Build CSR lists; default targets ``total / k``, scale 1, min size 1. O(m log m)."""
         n = int(weight.shape[0])
         d = int(cost.shape[0])
@@ -129,7 +135,7 @@ class Problem:
             scale=np.ones(d) if scale is None else np.asarray(scale, np.float64),
             min_size=np.ones(d, np.int64) if min_size is None else np.asarray(min_size,
                                                                                np.int64),
-            initial_placement=initial_placement,
+            initial_placement=initial_placement, acyclic=bool(acyclic),
         )
 
     def objective(self, assignment: np.ndarray, placement: np.ndarray) -> float:
@@ -139,6 +145,10 @@ class Problem:
         cu, cv = assignment[self.src], assignment[self.dst]
         cut = cu != cv
         return imb + float(np.sum(self.cost[placement[cu[cut]], placement[cv[cut]]]))
+
+    def is_monotone(self, assignment: np.ndarray) -> bool:
+        """Whether every edge runs from a component to itself or a later one. O(m)."""
+        return bool(np.all(assignment[self.src] <= assignment[self.dst]))
 
     def comm_sparse(self, assignment: np.ndarray) -> sp.csr_matrix:
         """:meth:`comm_matrix` as a sparse ``(k, k)`` matrix: O(m), no k^2 memory (a
@@ -193,28 +203,125 @@ def initial_assignment(problem: Problem, start: str, rng: np.random.Generator, r
     O(n log n) (random, topo); METIS time for ``metis``.
     """
     n, k = problem.n, problem.k
-    mins = problem.min_size[placement_slots]
+    if start not in STARTS:
+        raise ShardplanError(f"start must be one of {', '.join(STARTS)}, got {start!r}")
+    if problem.acyclic:
+        return _monotone_start(problem, start, rng, restart, placement_slots)
     if start == "random":
         a = rng.integers(k, size=n)
     elif start == "topo":
         key = problem.rank if restart == 0 else rng.random(n)
-        order = np.lexsort((key, problem.level))
-        cum = np.cumsum(problem.weight[order])
-        tgt = problem.target[placement_slots]
-        bounds = np.searchsorted(cum, np.cumsum(tgt)[:-1] * (cum[-1] / max(tgt.sum(), 1e-300)),
-                                 side="right")
-        # Each run gets at least its minimum size.
-        lo = np.cumsum(mins)[:-1]
-        hi = n - np.cumsum(mins[::-1])[::-1][1:]
-        bounds = np.minimum(np.maximum(bounds, lo), hi)
-        bounds = np.maximum.accumulate(bounds)
-        a = np.empty(n, dtype=np.int64)
-        a[order] = np.searchsorted(bounds, np.arange(n), side="right")
-    elif start == "metis":
-        a = _metis(problem, rng, placement_slots)
+        a = _runs(problem, np.lexsort((key, problem.level)), placement_slots)
     else:
-        raise ShardplanError(f"start must be one of {', '.join(STARTS)}, got {start!r}")
+        a = _metis(problem, rng, placement_slots)
     return _repair(problem, np.asarray(a, dtype=np.int64), placement_slots, rng)
+
+
+def _runs(problem: Problem, order: np.ndarray, placement_slots: np.ndarray) -> np.ndarray:
+    """``order`` cut into k consecutive runs of about the target weights, each at least its
+    minimum size; run i is component i. O(n log n)."""
+    n = problem.n
+    mins = problem.min_size[placement_slots]
+    cum = np.cumsum(problem.weight[order])
+    tgt = problem.target[placement_slots]
+    bounds = np.searchsorted(cum, np.cumsum(tgt)[:-1] * (cum[-1] / max(tgt.sum(), 1e-300)),
+                             side="right")
+    # Each run gets at least its minimum size: run i is [bounds[i-1], bounds[i]).
+    lo = np.cumsum(mins)[:-1]
+    hi = n - np.cumsum(mins[::-1])[::-1][1:]
+    bounds = np.minimum(np.maximum(bounds, lo), hi).tolist()
+    k = len(mins)
+    for i in range(k - 1):  # forward: each run at least its minimum after the previous
+        prev = bounds[i - 1] if i else 0
+        bounds[i] = max(bounds[i], prev + int(mins[i]))
+    for i in range(k - 2, -1, -1):  # backward: room for the runs after it
+        nxt = bounds[i + 1] if i + 1 < k - 1 else n
+        bounds[i] = min(bounds[i], nxt - int(mins[i + 1]))
+    bounds = np.asarray(bounds, dtype=np.int64)
+    a = np.empty(n, dtype=np.int64)
+    a[order] = np.searchsorted(bounds, np.arange(n), side="right")
+    return a
+
+
+def _random_topological_order(problem: Problem, rng: np.random.Generator) -> np.ndarray:
+    """A topological order drawn at random (Kahn's algorithm, ready nodes taken by random
+    priority). O((n + m) log n)."""
+    import heapq
+
+    n = problem.n
+    indeg = np.diff(problem.pred_ptr).astype(np.int64)
+    prio = rng.random(n)
+    ready = [(float(prio[v]), v) for v in np.flatnonzero(indeg == 0).tolist()]
+    heapq.heapify(ready)
+    out = []
+    sp_, sc = problem.succ_ptr, problem.succ
+    while ready:
+        _, v = heapq.heappop(ready)
+        out.append(v)
+        for u in sc[sp_[v]:sp_[v + 1]].tolist():
+            indeg[u] -= 1
+            if indeg[u] == 0:
+                heapq.heappush(ready, (float(prio[u]), u))
+    return np.asarray(out, dtype=np.int64)
+
+
+def make_monotone(problem: Problem, assignment: np.ndarray) -> np.ndarray:
+    """The nearest monotone partition in one sweep: components renumbered by the mean
+    topological rank of their nodes, then, in topological order, every node moved forward
+    to the latest component of its predecessors when that is later than its own. O(n + m)
+    after sorting."""
+    k = problem.k
+    a = np.asarray(assignment, dtype=np.int64)
+    rank = problem.rank.astype(np.float64)
+    count = np.bincount(a, minlength=k)
+    mean = np.bincount(a, weights=rank, minlength=k) / np.maximum(count, 1)
+    mean[count == 0] = np.inf
+    relabel = np.empty(k, dtype=np.int64)
+    relabel[np.argsort(mean, kind="stable")] = np.arange(k)
+    out = relabel[a]
+    pp, pc = problem.pred_ptr, problem.pred
+    for v in np.argsort(problem.rank, kind="stable").tolist():
+        lo, hi = pp[v], pp[v + 1]
+        if hi > lo:
+            m = int(out[pc[lo:hi]].max())
+            if m > out[v]:
+                out[v] = m
+    return out
+
+
+def _monotone_start(problem: Problem, start: str, rng: np.random.Generator, restart: int,
+                    placement_slots: np.ndarray) -> np.ndarray:
+    """A monotone start honouring the minimum sizes. ``topo``: as without the constraint
+    (runs of the depth order are monotone); ``random``: runs of a random topological order;
+    ``metis``: the METIS partition made monotone (:func:`make_monotone`), unless that leaves
+    a component below its minimum size or costs more than the ``topo`` start, which is
+    taken then. O(n log n + m) besides METIS."""
+    n = problem.n
+    key = problem.rank if restart == 0 else rng.random(n)
+    topo = _runs(problem, np.lexsort((key, problem.level)), placement_slots)
+    if start == "topo":
+        return topo
+    if start == "random":
+        return _runs(problem, _random_topological_order(problem, rng), placement_slots)
+    a = make_monotone(problem, _metis(problem, rng, placement_slots))
+    size = np.bincount(a, minlength=problem.k)
+    if np.any(size < problem.min_size[placement_slots]):
+        return topo
+    pa = _placement_start(problem, a)
+    pt = _placement_start(problem, topo)
+    return a if problem.objective(a, pa) <= problem.objective(topo, pt) else topo
+
+
+def allowed_range(problem: Problem, assignment: np.ndarray, v: int) -> tuple[int, int]:
+    """The components node ``v`` may join and keep the partition monotone: from the latest
+    component of its predecessors to the earliest of its successors (both inclusive; ``0``
+    and ``k - 1`` without them). O(degree)."""
+    pp, pc, sp_, sc = problem.pred_ptr, problem.pred, problem.succ_ptr, problem.succ
+    preds = assignment[pc[pp[v]:pp[v + 1]]]
+    succs = assignment[sc[sp_[v]:sp_[v + 1]]]
+    lo = int(preds.max()) if preds.size else 0
+    hi = int(succs.min()) if succs.size else problem.k - 1
+    return lo, hi
 
 
 def _metis(problem: Problem, rng: np.random.Generator,
@@ -476,6 +583,11 @@ def _node_pass(problem: Problem, st: _State, order: np.ndarray, eps: float,
         delta = scl * w * (w + 2.0 * dev) + cut
         delta += scl[c] * w * (w - 2.0 * dev[c]) - cut[c]
         delta[c] = np.inf
+        if problem.acyclic:
+            lo = int(cp.max()) if cp.size else 0
+            hi = int(cs.min()) if cs.size else problem.k - 1
+            delta[:lo] = np.inf
+            delta[hi + 1:] = np.inf
         b = int(np.argmin(delta))
         if delta[b] < -eps:
             a[v] = b
@@ -527,6 +639,16 @@ def swap_deltas(problem: Problem, assignment: np.ndarray, placement: np.ndarray,
         np.add.at(delta, (s_, d_), corr)
         np.add.at(delta, (d_, s_), corr)
     delta[a[:, None] == a[None, :]] = np.inf
+    if problem.acyclic:  # v may take u's component and u v's; neighbours are not exchanged
+        lo = np.zeros(n, dtype=np.int64)
+        hi = np.full(n, k - 1, dtype=np.int64)
+        np.maximum.at(lo, dst, a[src])
+        np.minimum.at(hi, src, a[dst])
+        ok = (lo[:, None] <= a[None, :]) & (a[None, :] <= hi[:, None])
+        ok &= ok.T
+        ok[src, dst] = False
+        ok[dst, src] = False
+        delta[~ok] = np.inf
     return delta
 
 
@@ -780,11 +902,12 @@ def run_restart(problem: Problem, start: str, seed: int, restart: int,
     version of the problem and refined level by level (:func:`_multilevel`): from a random
     partition of the fine graph the local search crawls (every edge is as likely cut as
     not, and single moves unbalance), while on the coarse levels whole clusters move at
-    once. The ``metis`` start is a multilevel partition already and skips it."""
+    once. The ``metis`` start is a multilevel partition already and skips it, and so does
+    an ``acyclic`` problem (contracting an edge can close a cycle among coarse nodes)."""
     rng = restart_rng(seed, restart)
     slots = np.asarray(problem.initial_placement if problem.initial_placement is not None
                        else np.arange(problem.k))
-    if coarsen and start != "metis":
+    if coarsen and start != "metis" and not problem.acyclic:
         out, start_cost = _multilevel(problem, start, rng, restart, slots, deadline,
                                       max_iterations, clock_zero, swaps)
         return RestartResult(restart, out, start_cost)

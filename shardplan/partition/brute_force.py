@@ -18,12 +18,18 @@ import numpy as np
 from shardplan.errors import ShardplanError
 from shardplan.ir import Graph, Topology
 from shardplan.partition._sharding_common import (
+    SETTING_DEFAULTS,
+    acyclic_report,
+    check_bool_option,
     check_int_option,
     check_start,
+    flat_problem,
     make_plan,
     num_components,
+    sharding_settings,
+    split_deadline,
 )
-from shardplan.partition._sharding_search import search_deadline
+from shardplan.partition._sharding_search import run_restart, run_restarts
 from shardplan.registry import Progress, Result, register, take_options
 
 __all__ = ["DEFAULTS", "brute_force", "device_classes", "imbalance_lower_bound"]
@@ -32,7 +38,8 @@ __all__ = ["DEFAULTS", "brute_force", "device_classes", "imbalance_lower_bound"]
 #: (``incumbent_restarts`` restarts from ``start``), ``"none"`` starts from nothing, as the
 #: paper's enumeration does.
 DEFAULTS: Mapping[str, Any] = {"stages": None, "incumbent": "heuristic",
-                               "incumbent_restarts": 4, "start": "metis"}
+                               "incumbent_restarts": 4, "start": "metis", "acyclic": True,
+                               **SETTING_DEFAULTS}
 
 
 def device_classes(cost: np.ndarray) -> np.ndarray:
@@ -103,9 +110,11 @@ class _Search:
     topological order)."""
 
     def __init__(self, graph: Graph, cost: np.ndarray, k: int, deadline: float | None,
-                 time_limit: float | None, progress: Progress | None) -> None:
+                 time_limit: float | None, progress: Progress | None,
+                 acyclic: bool = False) -> None:
         n = graph.num_nodes
         self.n, self.k, self.deadline, self.progress = n, k, deadline, progress
+        self.acyclic = acyclic
         self.time_limit = time_limit
         self.order = graph.topological_order.tolist()
         pos = np.empty(n, dtype=np.int64)
@@ -138,6 +147,13 @@ class _Search:
         self._ptr = np.searchsorted(uniq // max(n, 1), np.arange(n + 1)).astype(np.int64)
         self._cost_np = cost
         self._later_cache: dict[int, tuple[list[int], list[list[list[float]]]]] = {}
+        # Acyclic: the predecessors of every depth (placed before it), and the edge counts
+        # between the devices of the partial partition (its quotient graph).
+        self.preds: list[list[int]] = [[] for _ in range(n)] if acyclic else []
+        if acyclic:
+            for a, b in zip(sp.tolist(), dp.tolist(), strict=True):
+                self.preds[b].append(a)
+        self.quotient = [[0] * cost.shape[0] for _ in range(cost.shape[0])]
         # pend[u][x]: cost of u's edges to placed nodes were u on device x (rows made on
         # first use).
         self.pend = _ZeroRows(self.num_devices)
@@ -199,6 +215,36 @@ class _Search:
         elif placed[t] > 0:
             frontier.add(t)
 
+    def _closes_cycle(self, t: int, d: int) -> bool:
+        """Whether node t (its predecessors all placed: nodes go in topological order) on
+        device d adds a quotient edge x -> d while d already reaches x. Edges are only ever
+        added, so a partition is acyclic iff no placement on the way to it closed a cycle.
+        O(deg + D^2)."""
+        q, dev = self.quotient, self.dev
+        sources = {dev[u] for u in self.preds[t]}
+        sources.discard(d)
+        sources = {x for x in sources if q[x][d] == 0}
+        if not sources:
+            return False
+        seen = {d}
+        stack = [d]
+        while stack:
+            y = stack.pop()
+            for z, count in enumerate(q[y]):
+                if count and z not in seen:
+                    if z in sources:
+                        return True
+                    seen.add(z)
+                    stack.append(z)
+        return False
+
+    def _link(self, t: int, d: int, sign: int) -> None:
+        """Add (1) or remove (-1) the quotient edges of node t's in-edges, t on device d."""
+        q, dev = self.quotient, self.dev
+        for u in self.preds[t]:
+            if dev[u] != d:
+                q[dev[u]][d] += sign
+
     def _frontier_bounds(self, t: int, cands: list[int], need: int) -> list[float]:
         """Per candidate device d of node t: every unplaced node with placed neighbours
         (after t is placed on d) pays at least its cheapest allowed device's cost to them.
@@ -258,6 +304,8 @@ class _Search:
             for c, members in enumerate(self.class_members):
                 if self.next_free[c] < len(members):
                     cands.append(members[self.next_free[c]])
+        if self.acyclic:
+            cands = [d for d in cands if not self._closes_cycle(t, d)]
         w = self.w[t]
         rest = self.suffix[t + 1]
         row = self.pend[t]
@@ -286,7 +334,11 @@ class _Search:
             dev[t] = d
             load[d] += w
             self._place(t, d, 1.0)
+            if self.acyclic:
+                self._link(t, d, 1)
             self._dfs(t + 1, cut + add)
+            if self.acyclic:
+                self._link(t, d, -1)
             self._place(t, d, -1.0)
             load[d] -= w
             dev[t] = -1
@@ -310,11 +362,15 @@ def brute_force(graph: Graph, topology: Topology, *, options: Mapping[str, Any],
         ``stages`` (k, default every device); ``incumbent``: ``"heuristic"`` (default) first
         runs ``incumbent_restarts`` restarts of the local search (``start``, default
         ``metis``) in this process and uses its cost as the initial bound, ``"none"`` starts
-        from an infinite bound like the paper's loop.
+        from an infinite bound like the paper's loop; ``acyclic`` (default true): the exact
+        minimum over the partitions whose components form a DAG (which a pipeline runs),
+        and, for the plan's ``acyclic`` entry, the exact minimum without the constraint
+        too; false: paper 000's unconstrained problem.
     seed : int
         Seeds the incumbent search only; the optimum does not depend on it.
     time_limit : float or None
-        Without one, the search runs to the end (it is exponential in n).
+        Without one, the search runs to the end (it is exponential in n). With ``acyclic``,
+        the constrained search has the first half, the unconstrained one the second.
 
     Returns
     -------
@@ -341,45 +397,62 @@ def brute_force(graph: Graph, topology: Topology, *, options: Mapping[str, Any],
     20-node graphs in 1 s; the hard cases are those with many exactly balanced partitions,
     where only the cut bound prunes. The 25-node, 4-device graph of the contract test does
     not finish in 20 s; it then returns the best plan at the time limit, ``timed_out``.
+
+    Acyclic (ours): nodes are placed in topological order, so placing a node adds exactly
+    its in-edges to the quotient graph of the devices used; a child that would add an edge
+    x -> d while d already reaches x closes a cycle and is cut. Edges are never removed on
+    the way down, so the leaves reached are exactly the acyclic partitions, and the bound
+    (which ignores the constraint) stays a lower bound: the search is exact over them
+    (``tests/partition/test_acyclic.py`` checks it against an enumeration). Its incumbent
+    is the acyclic local search's.
     """
     opts = take_options("brute-force", options, DEFAULTS)
+    sharding_settings(graph, opts)  # bad settings: one line, before the search
     k = num_components(graph, topology, opts["stages"])
     if opts["incumbent"] not in ("heuristic", "none"):
         raise ShardplanError(f"option incumbent must be heuristic or none, got "
                              f"{opts['incumbent']!r}")
     restarts = check_int_option("incumbent_restarts", opts["incumbent_restarts"])
     start = check_start(opts["start"])
+    acyclic = check_bool_option("acyclic", opts["acyclic"])
     t0 = time.monotonic()
-    deadline = search_deadline(t0, time_limit)
-    search = _Search(graph, topology.cost_matrix, k, deadline, time_limit, progress)
-    if opts["incumbent"] == "heuristic":
-        from shardplan.partition._sharding_common import flat_problem
-        from shardplan.partition._sharding_search import run_restarts
+    deadline, end = split_deadline(t0, time_limit, acyclic)
 
-        inc = run_restarts(flat_problem(graph, topology, k), start=start, seed=seed,
-                           restarts=restarts, workers=1, deadline=deadline,
-                           max_iterations=1000, clock_zero=t0).best.outcome
-        order = np.asarray(search.order)
-        devs = inc.placement[inc.assignment[order]].tolist()
-        value = inc.cost  # recomputed exactly below by make_plan
-        search.best, search.best_dev = value + search.eps, devs
-        search.trace.append((time.monotonic() - t0, value))
-    search.run()
-    if search.best_dev is None:  # timed out before the first leaf: the topological split
-        from shardplan.partition._sharding_common import flat_problem
-        from shardplan.partition._sharding_search import run_restart
+    def exact(constrained: bool, until: float | None, report: Progress | None
+              ) -> tuple[np.ndarray, np.ndarray, str, _Search]:
+        search = _Search(graph, topology.cost_matrix, k, until, time_limit, report,
+                         acyclic=constrained)
+        problem = flat_problem(graph, topology, k, acyclic=constrained)
+        if opts["incumbent"] == "heuristic":
+            inc = run_restarts(problem, start=start, seed=seed, restarts=restarts, workers=1,
+                               deadline=until, max_iterations=1000, clock_zero=t0).best.outcome
+            order = np.asarray(search.order)
+            devs = inc.placement[inc.assignment[order]].tolist()
+            value = inc.cost  # recomputed exactly below by make_plan
+            search.best, search.best_dev = value + search.eps, devs
+            search.trace.append((time.monotonic() - t0, value))
+        search.run()
+        if search.best_dev is None:  # timed out before the first leaf: the topological split
+            out = run_restart(problem, "topo", seed, 0, None, 0).outcome
+            assignment, placement = out.assignment, out.placement
+        else:
+            devs_by_node = np.empty(graph.num_nodes, dtype=np.int64)
+            devs_by_node[np.asarray(search.order)] = search.best_dev
+            placement = np.unique(devs_by_node)
+            assignment = np.searchsorted(placement, devs_by_node)
+        return assignment, placement, "timed_out" if search.timed_out else "optimal", search
 
-        out = run_restart(flat_problem(graph, topology, k), "topo", seed, 0, None, 0).outcome
-        assignment, placement = out.assignment, out.placement
-    else:
-        devs_by_node = np.empty(graph.num_nodes, dtype=np.int64)
-        devs_by_node[np.asarray(search.order)] = search.best_dev
-        placement = np.unique(devs_by_node)
-        assignment = np.searchsorted(placement, devs_by_node)
-    status = "timed_out" if search.timed_out else "optimal"
+    assignment, placement, status, search = exact(acyclic, deadline, progress)
+    free = None
+    if acyclic:
+        fa, fp, f_status, _ = exact(False, end, None)
+        free = (fa, fp, f_status)
+    both = status == "optimal" and (free is None or free[2] == "optimal")
     plan = make_plan(graph, topology, "brute-force", assignment, placement, status=status,
                      seed=seed, options=opts, seconds=time.monotonic() - t0,
-                     exact=status == "optimal")
+                     exact=status == "optimal",
+                     meta={"acyclic": acyclic_report(graph, topology, assignment, placement,
+                                                     free, exact=both)})
     stats = {"k": k, "nodes": search.nodes, "trace": [list(p) for p in search.trace],
              "device_classes": len(search.class_members)}
     return Result(plan, stats)

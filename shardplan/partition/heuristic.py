@@ -14,18 +14,18 @@ from typing import Any
 from shardplan.errors import ShardplanError
 from shardplan.ir import Graph, Topology
 from shardplan.partition._sharding_common import (
+    SETTING_DEFAULTS,
+    acyclic_report,
     check_bool_option,
     check_int_option,
     check_start,
     flat_problem,
     make_plan,
     num_components,
+    sharding_settings,
+    split_deadline,
 )
-from shardplan.partition._sharding_search import (
-    default_workers,
-    run_restarts,
-    search_deadline,
-)
+from shardplan.partition._sharding_search import default_workers, run_restarts
 from shardplan.registry import Progress, Result, register, take_options
 
 __all__ = ["DEFAULTS", "heuristic"]
@@ -33,7 +33,8 @@ __all__ = ["DEFAULTS", "heuristic"]
 #: Options and their defaults (``workers=None``: the cores this process may use).
 DEFAULTS: Mapping[str, Any] = {"stages": None, "workers": None, "restarts": 8,
                                "start": "metis", "max_iterations": 1000,
-                               "swaps": True, "coarsen": True}
+                               "swaps": True, "coarsen": True, "acyclic": True,
+                               **SETTING_DEFAULTS}
 
 
 @register("partition", "heuristic")
@@ -55,18 +56,24 @@ def heuristic(graph: Graph, topology: Topology, *, options: Mapping[str, Any], s
         exchange two nodes of different components; graphs up to 1500 nodes), ``coarsen``
         (default true: the ``random`` and ``topo`` starts are made on a coarsened graph and
         refined level by level, see Notes; false runs the paper's search from a random
-        partition of the graph itself).
+        partition of the graph itself; not with ``acyclic``), ``acyclic`` (default true: only
+        partitions whose components form a DAG, so that the plan trains as a pipeline; the
+        same search then also runs without the constraint, and the plan's ``acyclic`` entry
+        reports both costs; false: paper 000's unconstrained problem).
     seed : int
         Restart r draws from a generator of ``(seed, r)`` only: the same seed gives the same
         plan whatever the worker count.
     time_limit : float or None
         Restarts not begun by then are dropped and running ones stop; status ``timed_out``.
+        With ``acyclic``, the constrained search has the first half, the comparison the
+        second.
 
     Returns
     -------
     Result
         A plan of k single-device stages, objective ``sharding_cost``, status ``feasible``
-        (``timed_out`` when the time limit cut the search short); stats ``restarts``
+        (``timed_out`` when the time limit cut the search short), and an ``acyclic`` entry
+        (:func:`~shardplan.partition._sharding_common.acyclic_report`); stats ``restarts``
         (per-restart start and final cost, passes), ``trace`` (best cost over time).
 
     Notes
@@ -98,6 +105,7 @@ def heuristic(graph: Graph, topology: Topology, *, options: Mapping[str, Any], s
     ``paper000_hierarchical.py`` compare both.
     """
     opts = take_options("heuristic", options, DEFAULTS)
+    sharding_settings(graph, opts)  # bad settings: one line, before the search
     k = num_components(graph, topology, opts["stages"])
     restarts = check_int_option("restarts", opts["restarts"])
     workers = check_int_option("workers", opts["workers"], allow_none=True)
@@ -105,17 +113,25 @@ def heuristic(graph: Graph, topology: Topology, *, options: Mapping[str, Any], s
     max_iter = check_int_option("max_iterations", opts["max_iterations"])
     swaps = check_bool_option("swaps", opts["swaps"])
     coarsen = check_bool_option("coarsen", opts["coarsen"])
+    acyclic = check_bool_option("acyclic", opts["acyclic"])
     t0 = time.monotonic()
-    deadline = search_deadline(t0, time_limit)
-    problem = flat_problem(graph, topology, k)
-    summary = run_restarts(problem, start=start, seed=seed, restarts=restarts,
-                           workers=workers or default_workers(), deadline=deadline,
-                           max_iterations=max_iter, progress=progress, clock_zero=t0,
-                           swaps=swaps, coarsen=coarsen)
+    deadline, end = split_deadline(t0, time_limit, acyclic)
+    common = dict(start=start, seed=seed, restarts=restarts,
+                  workers=workers or default_workers(), max_iterations=max_iter,
+                  clock_zero=t0, swaps=swaps, coarsen=coarsen)
+    summary = run_restarts(flat_problem(graph, topology, k, acyclic=acyclic),
+                           deadline=deadline, progress=progress, **common)
     best = summary.best.outcome
+    free = None
+    if acyclic:
+        other = run_restarts(flat_problem(graph, topology, k), deadline=end, **common)
+        free = (other.best.outcome.assignment, other.best.outcome.placement,
+                "timed_out" if other.timed_out else "feasible")
     plan = make_plan(graph, topology, "heuristic", best.assignment, best.placement,
                      status="timed_out" if summary.timed_out else "feasible", seed=seed,
-                     options=opts, seconds=time.monotonic() - t0)
+                     options=opts, seconds=time.monotonic() - t0,
+                     meta={"acyclic": acyclic_report(graph, topology, best.assignment,
+                                                     best.placement, free, exact=False)})
     if plan.objective.value > best.cost * (1 + 1e-9) + 1e-9:
         raise ShardplanError("internal error: the search's cost disagrees with the objective")
     stats = {

@@ -13,26 +13,26 @@ import scipy.sparse as sp
 from shardplan.errors import ShardplanError
 from shardplan.ir import Graph, Topology
 from shardplan.partition._sharding_common import (
+    SETTING_DEFAULTS,
+    acyclic_report,
     check_bool_option,
     check_int_option,
     check_start,
     flat_problem,
     make_plan,
     num_components,
+    sharding_settings,
+    split_deadline,
 )
-from shardplan.partition._sharding_search import (
-    Problem,
-    local_search,
-    run_restarts,
-    search_deadline,
-)
+from shardplan.partition._sharding_search import Problem, local_search, run_restarts
 from shardplan.registry import Progress, Result, register, take_options
 
 __all__ = ["DEFAULTS", "hierarchical", "hierarchy_groups"]
 
 DEFAULTS: Mapping[str, Any] = {"stages": None, "restarts": 4, "start": "metis",
                                "max_iterations": 1000, "refine": True, "swaps": True,
-                               "coarsen": True}
+                               "coarsen": True, "acyclic": True,
+                               **SETTING_DEFAULTS}
 
 
 def hierarchy_groups(topology: Topology) -> list[list[tuple[int, ...]]]:
@@ -71,14 +71,15 @@ class _Recursion:
     def __init__(self, graph: Graph, topology: Topology, levels: list[list[tuple[int, ...]]],
                  *, restarts: int, start: str, max_iter: int, seed: int,
                  deadline: float | None, clock_zero: float, progress: Progress | None,
-                 swaps: bool, coarsen: bool) -> None:
+                 swaps: bool, coarsen: bool, acyclic: bool = False) -> None:
         self.g, self.levels = graph, levels
         self.m = topology.cost_matrix
         self.restarts, self.start, self.max_iter = restarts, start, max_iter
         self.seed, self.deadline, self.zero, self.progress = seed, deadline, clock_zero, progress
-        self.swaps, self.coarsen = swaps, coarsen
+        self.swaps, self.coarsen, self.acyclic = swaps, coarsen, acyclic
         self.rank, self.depth = graph.topological_rank, graph.levels
         self.device_of = np.full(graph.num_nodes, -1, dtype=np.int64)
+        self.device_order: list[int] = []  # devices in the order the recursion leaves them
         self.timed_out = False
         self.solved = 0
         self.total = 1 + sum(len(lv) for lv in levels[:-1])
@@ -87,6 +88,7 @@ class _Recursion:
     def solve(self, nodes: np.ndarray, devices: tuple[int, ...], depth: int) -> None:
         if len(devices) == 1:
             self.device_of[nodes] = devices[0]
+            self.device_order.append(devices[0])
             return
         dev_set = set(devices)
         children = [g for g in self.levels[depth] if g[0] in dev_set]
@@ -94,18 +96,20 @@ class _Recursion:
         if len(children) == 1:
             self.solve(nodes, devices, depth + 1)
             return
-        part = self._split(nodes, children)
+        part, order = self._split(nodes, children)
         self.solved += 1
         if self.progress is not None:
             self.progress("subproblems", self.solved, self.total)
-        for i, child in enumerate(children):
-            self.solve(nodes[part == i], child, depth + 1)
+        for i in order:  # acyclic: upstream groups first, so devices end in pipeline order
+            self.solve(nodes[part == i], children[i], depth + 1)
 
-    def _split(self, nodes: np.ndarray, children: list[tuple[int, ...]]) -> np.ndarray:
+    def _split(self, nodes: np.ndarray, children: list[tuple[int, ...]]
+               ) -> tuple[np.ndarray, list[int]]:
         """Split ``nodes`` among ``children`` (groups of devices) by the local search, one
         slot per group: M between groups is the mean over their device pairs, target weight
         proportional to the group's devices, imbalance scaled by 1 / |group|, at least
-        |group| nodes per group."""
+        |group| nodes per group. Returns the group of every node and the groups in component
+        order (with ``acyclic``, edges among the nodes run from earlier groups to later)."""
         g = self.g
         k = len(children)
         sizes = np.array([len(c) for c in children], dtype=np.float64)
@@ -117,7 +121,8 @@ class _Recursion:
         problem = Problem.build(
             w, local[g.src[keep]], local[g.dst[keep]], self.rank[nodes], self.depth[nodes], mg,
             k, target=float(w.sum()) * sizes / sizes.sum(), scale=1.0 / sizes,
-            min_size=sizes.astype(np.int64), initial_placement=np.arange(k))
+            min_size=sizes.astype(np.int64), initial_placement=np.arange(k),
+            acyclic=self.acyclic)
         self.calls += 1
         summary = run_restarts(problem, start=self.start, seed=self.seed * 1_000_003 + self.calls,
                                restarts=self.restarts, workers=1, deadline=self.deadline,
@@ -126,7 +131,7 @@ class _Recursion:
         self.timed_out |= summary.timed_out
         out = summary.best.outcome
         # Component i sits on slot placement[i]: report the slot of every node.
-        return out.placement[out.assignment]
+        return out.placement[out.assignment], [int(x) for x in out.placement]
 
 
 @register("partition", "hierarchical")
@@ -146,12 +151,17 @@ def hierarchical(graph: Graph, topology: Topology, *, options: Mapping[str, Any]
         ``refine`` (default true: finish with the flat local search over all devices from
         the hierarchical partition), ``swaps`` (node exchanges, see :mod:`.heuristic`;
         default true), ``coarsen`` (the coarse pass of the ``random`` and ``topo`` starts in
-        each subproblem, see :mod:`.heuristic`; default true).
+        each subproblem, see :mod:`.heuristic`; default true), ``acyclic`` (default true:
+        every split keeps edges running from earlier groups to later ones, so the devices'
+        components form a DAG a pipeline runs; the same recursion then also runs without
+        the constraint, reported in the plan's ``acyclic`` entry; false: paper 000's
+        problem).
     seed : int
         Same seed, same plan.
     time_limit : float or None
         Subproblems stop at it and the plan is completed from their best states, status
-        ``timed_out``.
+        ``timed_out``. With ``acyclic``, the constrained recursion has the first half, the
+        comparison the second.
 
     Returns
     -------
@@ -178,8 +188,15 @@ def hierarchical(graph: Graph, topology: Topology, *, options: Mapping[str, Any]
     swap devices (O(K^2 + K D) a round, not O(K^2 D): 4096 devices took 12.9 s a round) and
     check the deadline every round, as the node passes do every 128 nodes: every phase stops
     at the time limit.
+
+    With ``acyclic``, each split is monotone in its groups' component order (see
+    :mod:`.heuristic`) and the recursion visits the groups in that order, so numbering the
+    devices in the order it reaches them numbers the final components monotonically (an
+    edge between two groups runs forward by the outer split, one inside a group by the
+    inner); the refinement keeps that numbering monotone.
     """
     opts = take_options("hierarchical", options, DEFAULTS)
+    sharding_settings(graph, opts)  # bad settings: one line, before the search
     k = num_components(graph, topology, opts["stages"])
     if k != topology.num_devices:
         raise ShardplanError(f"hierarchical places a component on every device: stages must "
@@ -190,28 +207,48 @@ def hierarchical(graph: Graph, topology: Topology, *, options: Mapping[str, Any]
     refine = check_bool_option("refine", opts["refine"])
     swaps = check_bool_option("swaps", opts["swaps"])
     coarsen = check_bool_option("coarsen", opts["coarsen"])
+    acyclic = check_bool_option("acyclic", opts["acyclic"])
     t0 = time.monotonic()
-    deadline = search_deadline(t0, time_limit)
+    deadline, end = split_deadline(t0, time_limit, acyclic)
     levels = hierarchy_groups(topology)
-    rec = _Recursion(graph, topology, levels, restarts=restarts, start=start,
-                     max_iter=max_iter, seed=seed, deadline=deadline, clock_zero=t0,
-                     progress=progress, swaps=swaps, coarsen=coarsen)
-    rec.solve(np.arange(graph.num_nodes), tuple(range(topology.num_devices)), 0)
-    assignment = rec.device_of.copy()
-    placement = np.arange(topology.num_devices)
-    problem = flat_problem(graph, topology, k)
-    before = problem.objective(assignment, placement)
-    timed_out = rec.timed_out
-    if refine:
-        from shardplan._rng import make_rng
 
-        out = local_search(problem, assignment, placement, make_rng(seed), deadline=deadline,
-                           max_iterations=max_iter, swaps=swaps)
-        assignment, placement = out.assignment, out.placement
-        timed_out |= out.timed_out
+    def run(constrained: bool, until: float | None, report: Progress | None
+            ) -> tuple[np.ndarray, np.ndarray, float, bool, int]:
+        rec = _Recursion(graph, topology, levels, restarts=restarts, start=start,
+                         max_iter=max_iter, seed=seed, deadline=until, clock_zero=t0,
+                         progress=report, swaps=swaps, coarsen=coarsen, acyclic=constrained)
+        rec.solve(np.arange(graph.num_nodes), tuple(range(topology.num_devices)), 0)
+        if constrained:  # components numbered in the order the recursion left the devices
+            placement = np.asarray(rec.device_order, dtype=np.int64)
+            label = np.empty(topology.num_devices, dtype=np.int64)
+            label[placement] = np.arange(placement.size)
+            assignment = label[rec.device_of]
+        else:
+            assignment = rec.device_of.copy()
+            placement = np.arange(topology.num_devices)
+        problem = flat_problem(graph, topology, k, acyclic=constrained)
+        assert not constrained or problem.is_monotone(assignment)
+        before = problem.objective(assignment, placement)
+        timed_out = rec.timed_out
+        if refine:
+            from shardplan._rng import make_rng
+
+            out = local_search(problem, assignment, placement, make_rng(seed), deadline=until,
+                               max_iterations=max_iter, swaps=swaps)
+            assignment, placement = out.assignment, out.placement
+            timed_out |= out.timed_out
+        return assignment, placement, before, timed_out, rec.calls
+
+    assignment, placement, before, timed_out, calls = run(acyclic, deadline, progress)
+    free = None
+    if acyclic:
+        fa, fp, _, f_timed, _ = run(False, end, None)
+        free = (fa, fp, "timed_out" if f_timed else "feasible")
     plan = make_plan(graph, topology, "hierarchical", assignment, placement,
                      status="timed_out" if timed_out else "feasible", seed=seed, options=opts,
-                     seconds=time.monotonic() - t0)
-    stats = {"k": k, "subproblems": rec.calls, "hierarchy": [len(lv) for lv in levels],
+                     seconds=time.monotonic() - t0,
+                     meta={"acyclic": acyclic_report(graph, topology, assignment, placement,
+                                                     free, exact=False)})
+    stats = {"k": k, "subproblems": calls, "hierarchy": [len(lv) for lv in levels],
              "before_refine": before, "flat": not topology.levels}
     return Result(plan, stats)

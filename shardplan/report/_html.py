@@ -6,6 +6,7 @@ import base64
 import html
 import os
 import time
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from shardplan.ir import Graph, Plan, Topology, write_atomic
@@ -53,9 +54,12 @@ def _gib(b: float) -> str:
 
 
 def report_html(plan: Plan, graph: Graph, topology: Topology, result: SimulationResult, *,
-                pictures: dict[str, bytes]) -> str:
-    """The report as one HTML string (PNG pictures embedded as base64)."""
-    from shardplan.cost import CostModel
+                pictures: dict[str, bytes],
+                ranking: Sequence[Mapping[str, Any]] | None = None) -> str:
+    """The report as one HTML string (PNG pictures embedded as base64); ``ranking``: the
+    rows of a ``shardplan plan`` search, shown as a table before the winner's details."""
+    from shardplan.cost._max_stage import plan_stage_times
+    from shardplan.ir import ExecutionSettings
 
     esc = html.escape
     obj = plan.objective
@@ -69,14 +73,26 @@ def report_html(plan: Plan, graph: Graph, topology: Topology, result: Simulation
         ["objective", f"{obj.name} = {obj.value:.6g} (lower bound {lb})"],
         ["search seconds", f"{plan.search_seconds:.3g}"], ["seed", plan.seed],
         ["stages x replicas", f"{plan.num_stages} x {plan.num_replicas}"],
-        ["graph", f"{graph.num_nodes} operators, {graph.num_edges} edges, micro-batch "
-                  f"{graph.batch_size}"],
+        ["graph", f"{graph.num_nodes} operators, {graph.num_edges} edges, captured at "
+                  f"batch {graph.batch_size}"],
         ["topology", f"{topology.num_devices} devices"],
     ]))
+    if ranking:
+        parts.append("<h2>Candidates, ranked by the simulator</h2>")
+        rows = [[i + 1, r["family"], f"{r['stages']} x {r['replicas']}", r["schedule"],
+                 r["microbatches"], r["mapping"], r["gradient_sync"],
+                 _ms(r["iteration_seconds"]) if r["fits"] else
+                 f'<span class="bad">{_ms(r["iteration_seconds"])}</span>',
+                 f"{r['throughput']:.5g}", _gib(r["peak_memory_bytes"]),
+                 f"{r['search_seconds']:.3g}"] for i, r in enumerate(ranking)]
+        parts.append(_table(["rank", "family", "stages x replicas", "schedule",
+                             "micro-batches", "mapping", "gradient sync", "ms / iteration",
+                             "samples/s", "peak GiB", "search s"], rows, left=2))
     fits = "yes" if result.fits_memory else '<span class="bad">NO</span>'
     parts.append("<h2>Simulated iteration</h2>")
     parts.append(_table(["simulation", ""], [
-        ["schedule", f"{result.schedule.name}, {result.num_microbatches} micro-batches"
+        ["schedule", f"{result.schedule.name}, {result.num_microbatches} micro-batches of "
+                     f"{(result.options or {}).get('microbatch_size', '?')} samples"
                      f"{', recompute' if (result.options or {}).get('recompute') else ''}"],
         ["iteration", f"{_ms(result.iteration_seconds)} ms"],
         ["throughput", f"{result.throughput:.5g} samples/s"],
@@ -86,14 +102,14 @@ def report_html(plan: Plan, graph: Graph, topology: Topology, result: Simulation
         ["optimizer step", f"{_ms(result.optimizer_seconds)} ms"],
         ["fits in memory", fits],
     ]))
-    cm = CostModel(graph, topology, recompute=bool((result.options or {}).get("recompute")))
-    a = plan.assignment(graph.num_nodes)
-    comp = cm.compute_matrix(a, plan.num_stages)
+    settings = ExecutionSettings.from_dict(result.options or {})
+    times = plan_stage_times(plan, graph, topology, settings) if plan.strategy is None \
+        else None
     rows = []
     for pos, s in enumerate(result.stage_order):
         st = plan.stages[s]
-        rows.append([pos, s, len(st.nodes), ",".join(map(str, st.devices)),
-                     _ms(comp[s, st.devices[0]] / len(st.devices)),
+        comp = "-" if times is None else _ms(float(times.compute[s].max()))
+        rows.append([pos, s, len(st.nodes), ",".join(map(str, st.devices)), comp,
                      _ms(result.allreduce_seconds[pos])])
     parts.append("<h2>Stages</h2>")
     parts.append(_table(["pipeline stage", "plan stage", "operators", "devices",
@@ -123,6 +139,7 @@ def report_html(plan: Plan, graph: Graph, topology: Topology, result: Simulation
 def write_report(plan: Plan, graph: Graph, topology: Topology,
                  path: str | os.PathLike[str], *, result: SimulationResult | None = None,
                  png_dir: str | os.PathLike[str] | None = None,
+                 ranking: Sequence[Mapping[str, Any]] | None = None,
                  **simulate_options: Any) -> dict[str, Any]:
     """Simulate ``plan`` (unless ``result`` is given), draw the timeline, the partitioned
     graph and the bandwidth heat map, and write one self-contained HTML file to ``path``
@@ -161,7 +178,7 @@ def write_report(plan: Plan, graph: Graph, topology: Topology,
             out = Path(png_dir) / f"{key}.png"
             write_atomic(out, png)
             pngs[key] = str(out)
-    text = report_html(plan, graph, topology, result, pictures=pictures)
+    text = report_html(plan, graph, topology, result, pictures=pictures, ranking=ranking)
     write_atomic(path, text)
     return {"html": str(path), "pngs": pngs, "graph_drawer": drawer,
             **result.to_dict()}

@@ -16,6 +16,14 @@ tied weights (GPT-2's embedding and head) sum theirs over the ranks holding them
 forward sets the random state from (seed, step, chunk, stage). ``--baseline
 fsdp|ddp|single`` trains the same model on the same data with FSDP2, DDP or one process.
 
+Plans with a ``strategy`` (PaSE, data-parallel, expert; paper 004) run with
+``torch.distributed.tensor``: :mod:`shardplan.runtime._sharding` (torch-free) lays every
+layer's configuration out on a device mesh of its stage's devices, and
+:class:`shardplan.runtime._dtensor.ShardedProgram` runs the stage program on DTensors,
+redistributing each operator's inputs as its configuration says. A one-stage strategy plan
+is a ``strategy`` run (:mod:`shardplan.runtime._tensor_parallel`); a pipeline plan with a
+strategy is a hybrid, whose pipeline stages are such sharded programs.
+
 Paper 000, sections 3-4: its pipeline is GPipe over stages placed on GPUs, compared with FSDP
 on an MLP (our ``benchmarks/paper000_table1.py``).
 

@@ -23,7 +23,8 @@ from shardplan.errors import ShardplanError
 from shardplan.runtime._config import OPTIMIZERS, SCHEDULES, TrainConfig
 
 __all__ = ["BASELINES", "Prepared", "add_arguments", "config_for_plan", "config_from_args",
-           "input_sizes", "pipeline_fields", "resolve_settings"]
+           "input_sizes", "operator_view", "pipeline_fields", "plan_fields", "resolve_settings",
+           "strategy_fields"]
 
 BASELINES = ("fsdp", "ddp", "single")
 
@@ -108,11 +109,15 @@ class Prepared:
     notes: tuple[str, ...]
 
     def summary(self) -> dict[str, Any]:
-        """What the result JSON records about the run besides losses and times."""
+        """What the result JSON records about the run besides losses and times (``mesh``: the
+        device mesh of each stage, for strategy and hybrid plans)."""
         cfg = self.config
-        return {"kind": cfg.kind, "schedule": cfg.schedule, "processes": cfg.world_size,
-                "microbatches": cfg.microbatches, "microbatch_size": cfg.microbatch_size,
-                "global_batch": cfg.global_batch, "settings": self.settings.to_dict()}
+        out = {"kind": cfg.kind, "schedule": cfg.schedule, "processes": cfg.world_size,
+               "microbatches": cfg.microbatches, "microbatch_size": cfg.microbatch_size,
+               "global_batch": cfg.global_batch, "settings": self.settings.to_dict()}
+        if cfg.shardings:
+            out["mesh"] = list(cfg.mesh_shape)
+        return out
 
 
 # --------------------------------------------------------------------------- settings
@@ -166,6 +171,41 @@ def input_sizes(graph: Any, seq_len: int | None, image_size: int | None
 
 
 # ----------------------------------------------------------------------------- plans
+def _check_graph(plan: Any, graph: Any) -> None:
+    plan.validate(graph)
+    module = graph.meta.get("granularity", "op") == "module"
+    if module and plan.strategy is not None:
+        raise ShardplanError("a strategy configures operators: train it on an operator-level "
+                             "graph (capture --granularity op)")
+    if module and (graph.node_extra is None
+                   or not all(isinstance(e.get("ops"), list) for e in graph.node_extra)):
+        raise ShardplanError("this module-level graph does not list its operators (captured "
+                             "by an older shardplan): capture it again to train it")
+    if graph.meta.get("granularity", "op") not in ("op", "module"):
+        raise ShardplanError("train needs a graph captured from the model (capture "
+                             "--granularity op or module)")
+    if graph.meta.get("mode", "train") != "train":
+        raise ShardplanError("train needs a graph captured in train mode")
+
+
+def operator_view(graph: Any) -> tuple[tuple[tuple[str, str, str], ...],
+                                       tuple[tuple[str, ...], ...]]:
+    """``(operators, members)``: the model's operators as ``(fx name, operator, module)`` in
+    program order (what the runtime matches against its export), and per graph node the fx
+    names of its operators. An operator-level graph's nodes are operators; a module-level
+    graph's nodes list theirs (``ops``, written by ``capture --granularity module``). O(n)."""
+    if graph.meta.get("granularity", "op") != "module":
+        return (tuple(zip(graph.names, graph.ops, graph.modules, strict=True)),
+                tuple((n,) for n in graph.names))
+    rows = sorted((int(i), str(name), str(op), str(mod), v)
+                  for v, extra in enumerate(graph.node_extra) for i, name, op, mod in extra["ops"])
+    members: list[list[str]] = [[] for _ in range(graph.num_nodes)]
+    for _, name, _, _, v in rows:
+        members[v].append(name)
+    return (tuple((name, op, mod) for _, name, op, mod, _ in rows),
+            tuple(tuple(m) for m in members))
+
+
 def pipeline_fields(plan: Any, graph: Any, settings: Any) -> dict[str, Any]:
     """The pipeline fields of a :class:`TrainConfig`: the plan's stages as graph node names,
     the graph's nodes (to match against the runtime's export), and the pipeline the
@@ -175,26 +215,25 @@ def pipeline_fields(plan: Any, graph: Any, settings: Any) -> dict[str, Any]:
     ------
     ShardplanError
         A plan that does not fit the graph, stages that form a cycle, a schedule the plan's
-        stages cannot run, a module-level or eval-mode graph.
+        stages cannot run, an eval-mode graph, a module-level graph without its operators.
+        A module-level graph's stages are the operators of their modules
+        (:func:`operator_view`).
     """
     from shardplan.simulate import PipelineView
 
-    plan.validate(graph)
-    if graph.meta.get("granularity", "op") != "op":
-        raise ShardplanError("train needs an operator-level graph (capture --granularity op): "
-                             "the runtime cuts the exported program at operator boundaries")
-    if graph.meta.get("mode", "train") != "train":
-        raise ShardplanError("train needs a graph captured in train mode")
+    _check_graph(plan, graph)
     view = PipelineView.build(plan, graph, settings)
     sch = view.schedule
     reps = {len(d) for d in view.rank_devices}
     if len(reps) != 1:
-        raise ShardplanError(f"every stage needs the same number of replicas to run (the plan "
-                             f"has {sorted(reps)})")
-    names = graph.names
+        raise ShardplanError(f"every stage needs the same number of "
+                             f"{'devices' if plan.strategy is not None else 'replicas'} to "
+                             f"run (the plan has {sorted(reps)})")
+    operators, members = operator_view(graph)
     return dict(
-        stages=tuple(tuple(names[i] for i in sorted(st.nodes)) for st in plan.stages),
-        graph_nodes=tuple(zip(names, graph.ops, graph.modules, strict=True)),
+        stages=tuple(tuple(n for i in sorted(st.nodes) for n in members[i])
+                     for st in plan.stages),
+        graph_nodes=operators,
         order=tuple(int(s) for s in view.order),
         actions=tuple(tuple(str(a) for a in acts) for acts in sch.ranks),
         stage_rank=tuple(int(r) for r in sch.stage_rank),
@@ -203,6 +242,53 @@ def pipeline_fields(plan: Any, graph: Any, settings: Any) -> dict[str, Any]:
         microbatches=int(settings.microbatches), microbatch_size=int(settings.microbatch_size),
         recompute=bool(settings.recompute),
     )
+
+
+def strategy_fields(plan: Any, graph: Any, settings: Any) -> dict[str, Any]:
+    """The fields of a :class:`TrainConfig` running a one-stage strategy plan (PaSE,
+    data-parallel, expert): every node's configuration laid out on the mesh of the stage's
+    devices (:func:`shardplan.runtime._sharding.node_shardings`), one process per device.
+
+    Raises
+    ------
+    ShardplanError
+        As :func:`pipeline_fields`, and a configuration the mesh cannot lay out.
+    """
+    from shardplan.runtime._sharding import mesh_shape, node_shardings
+
+    _check_graph(plan, graph)
+    if plan.num_stages != 1:
+        raise ShardplanError("a strategy run has one stage (a pipeline of strategies is a "
+                             "hybrid plan)")
+    stage = plan.stages[0]
+    devices = len(stage.devices)
+    names = graph.names
+    return dict(
+        kind="strategy", nproc=devices,
+        stages=(tuple(names[i] for i in sorted(stage.nodes)),), order=(0,),
+        graph_nodes=tuple(zip(names, graph.ops, graph.modules, strict=True)),
+        shardings=node_shardings(graph, plan.strategy, [(stage.nodes, devices)]),
+        mesh_shape=mesh_shape(devices), schedule=settings.schedule,
+        export_batch=int(graph.batch_size), microbatches=int(settings.microbatches),
+        microbatch_size=int(settings.microbatch_size), recompute=bool(settings.recompute))
+
+
+def plan_fields(plan: Any, graph: Any, settings: Any) -> dict[str, Any]:
+    """``kind`` and the fields of the :class:`TrainConfig` that runs ``plan``: a pipeline
+    (stages replicated over their devices), a strategy (one stage whose devices split its
+    layers) or a hybrid (a pipeline whose stages' devices split their layers, with the
+    pipeline's schedule). Every check happens here, before any process starts."""
+    if plan.strategy is None:
+        return {"kind": "pipeline", **pipeline_fields(plan, graph, settings)}
+    if plan.num_stages == 1:
+        return strategy_fields(plan, graph, settings)
+    from shardplan.runtime._sharding import mesh_shape, node_shardings
+
+    fields = pipeline_fields(plan, graph, settings)
+    groups = [(st.nodes, len(st.devices)) for st in plan.stages]
+    fields.update(kind="pipeline", shardings=node_shardings(graph, plan.strategy, groups),
+                  mesh_shape=mesh_shape(fields["replicas"]))
+    return fields
 
 
 def config_for_plan(plan: Any, graph: Any, settings: Any = None, **options: Any) -> TrainConfig:
@@ -229,7 +315,7 @@ def config_for_plan(plan: Any, graph: Any, settings: Any = None, **options: Any)
         seq, img, check, _ = input_sizes(graph, None, None)
         options.update(seq_len=seq, image_size=img, input_shapes=check)
     options.setdefault("optimizer", settings.optimizer)
-    return TrainConfig(kind="pipeline", **pipeline_fields(plan, graph, settings), **options)
+    return TrainConfig(**plan_fields(plan, graph, settings), **options)
 
 
 # ------------------------------------------------------------------------------- CLI
@@ -283,7 +369,7 @@ def config_from_args(args: argparse.Namespace) -> Prepared:
         microbatch_size=args.microbatch_size)
     seq, img, check, size_notes = input_sizes(graph, args.seq_len, args.image_size)
     notes += size_notes
-    fields = pipeline_fields(plan, graph, settings)  # also checks the plan as a pipeline
+    fields = plan_fields(plan, graph, settings)  # also checks the plan before any process
     common = dict(
         model=model, steps=args.steps, seq_len=seq, image_size=img, input_shapes=check,
         lr=args.lr, optimizer=settings.optimizer, seed=args.seed,
@@ -292,16 +378,25 @@ def config_from_args(args: argparse.Namespace) -> Prepared:
         schedule=settings.schedule, microbatches=fields["microbatches"],
         microbatch_size=fields["microbatch_size"])
     if args.baseline == "single":
-        cfg = TrainConfig(kind="single", replicas=fields["replicas"],
-                          stages=fields["stages"], graph_nodes=fields["graph_nodes"],
-                          order=fields["order"], **common)
+        if fields["kind"] == "strategy":  # one process running each micro-batch whole
+            cfg = TrainConfig(kind="single", **common)
+        else:
+            cfg = TrainConfig(kind="single", stages=fields["stages"],
+                              graph_nodes=fields["graph_nodes"], order=fields["order"],
+                              replicas=1 if fields.get("shardings") else fields["replicas"],
+                              **common)
     elif args.baseline:
-        devices = len(fields["rank_devices"]) * fields["replicas"]
+        devices = fields["nproc"] if fields["kind"] == "strategy" else \
+            len(fields["rank_devices"]) * fields["replicas"]
         cfg = TrainConfig(kind=args.baseline, nproc=args.nproc or devices, **common)
     else:
         if args.nproc is not None:
-            raise ShardplanError("--nproc is for --baseline ddp|fsdp: a pipeline runs one "
-                                 "process per device of its plan")
+            raise ShardplanError("--nproc is for --baseline ddp|fsdp: a plan runs one "
+                                 "process per device it uses")
         common.update({k: v for k, v in fields.items() if k not in common})
-        cfg = TrainConfig(kind="pipeline", **common)
+        cfg = TrainConfig(**common)
+        if cfg.shardings:
+            from shardplan.runtime._sharding import strategy_notes
+
+            notes += strategy_notes(cfg.shardings)
     return Prepared(cfg, settings, tuple(notes))

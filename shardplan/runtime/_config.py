@@ -12,7 +12,7 @@ from shardplan.errors import ShardplanError
 
 __all__ = ["KINDS", "OPTIMIZERS", "SCHEDULES", "RunResult", "TrainConfig", "mix_seed"]
 
-KINDS = ("pipeline", "ddp", "fsdp", "single")
+KINDS = ("pipeline", "strategy", "ddp", "fsdp", "single")
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
 OPTIMIZERS = ("adam", "adamw", "sgd", "sgd-momentum", "momentum")
 
@@ -46,8 +46,10 @@ class TrainConfig:
         A zoo spec (``mlp``, ``transformer,num_layers=2``, ``transformers:gpt2,n_layer=2``).
     steps : int
         Optimizer steps (iterations) to run; with ``resume``, the total to reach.
-    kind : {"pipeline", "ddp", "fsdp", "single"}
-        The planned pipeline, or a baseline.
+    kind : {"pipeline", "strategy", "ddp", "fsdp", "single"}
+        The planned pipeline, a strategy plan (one stage whose devices split every layer as
+        its configuration says, with DTensor), or a baseline. A pipeline with ``shardings``
+        is a hybrid: each stage's devices split its layers instead of replicating them.
     schedule : {"gpipe", "1f1b", "interleaved-1f1b"}
         The schedule's name (the pipeline runs ``actions``; this names them).
     microbatches : int
@@ -55,8 +57,10 @@ class TrainConfig:
     microbatch_size : int
         Samples per micro-batch, shared by the replicas.
     replicas : int
-        Parts each micro-batch is cut into: the plan's replicas per stage (``pipeline``, and
-        ``single`` when it stands in for a replicated pipeline); ddp/fsdp use ``nproc``.
+        Devices per pipeline stage: the plan's replicas per stage, each running its part of
+        every micro-batch (``pipeline``, and ``single`` when it stands in for a replicated
+        pipeline), or, with ``shardings``, the stage's device group, running every
+        micro-batch together; ddp/fsdp use ``nproc``.
     seq_len, image_size : int or None
         Input sizes the model is built with (None: the zoo's default).
     input_shapes : tuple of tuple of int, or None
@@ -89,7 +93,12 @@ class TrainConfig:
     rank_devices : tuple of tuple of int
         Per pipeline rank, its device per replica.
     nproc : int
-        Baselines: processes (``single`` is 1).
+        Baselines and ``strategy``: processes (``single`` is 1).
+    shardings : tuple of NodeSharding
+        Strategy plans: per graph node, its configuration laid out on its stage's mesh
+        (:func:`shardplan.runtime._sharding.node_shardings`).
+    mesh_shape : tuple of int
+        Strategy plans: the mesh each stage's devices form (one axis per prime factor).
     checkpoint_dir : str or None
     checkpoint_every : int
         Save every that many steps (and after the last step); 0 = only after the last step.
@@ -125,6 +134,8 @@ class TrainConfig:
     stage_rank: tuple[int, ...] = ()
     rank_devices: tuple[tuple[int, ...], ...] = ()
     nproc: int = 1
+    shardings: tuple[Any, ...] = ()
+    mesh_shape: tuple[int, ...] = ()
     checkpoint_dir: str | None = None
     checkpoint_every: int = 0
     resume: bool = False
@@ -161,6 +172,8 @@ class TrainConfig:
             raise ShardplanError("--resume needs --checkpoint-dir")
         if self.kind == "pipeline":
             self._check_pipeline()
+        if self.kind == "strategy" or (self.kind == "pipeline" and self.shardings):
+            self._check_strategy()
         if self.microbatch_size % self.parts and self.kind in ("pipeline", "single"):
             raise ShardplanError(f"micro-batch size {self.microbatch_size} is not divisible by "
                                  f"the {self.parts} replicas that share it")
@@ -184,9 +197,28 @@ class TrainConfig:
         if len(set(devices)) != len(devices):
             raise ShardplanError("a device runs two pipeline ranks")
 
+    def _check_strategy(self) -> None:
+        size = 1
+        for a in self.mesh_shape:
+            size *= int(a)
+        group = self.nproc if self.kind == "strategy" else self.replicas
+        if not self.shardings or size != group:
+            raise ShardplanError("a strategy run needs every node's layout and a mesh of its "
+                                 "devices (config_for_plan builds them)")
+        if self.kind == "strategy" and len(self.stages) != 1:
+            raise ShardplanError("a strategy run has one stage")
+
+    @property
+    def tensor_parallel(self) -> bool:
+        """Whether devices split layers (a strategy plan, or a hybrid pipeline's stages)."""
+        return bool(self.shardings)
+
     @property
     def parts(self) -> int:
-        """Equal parts of one micro-batch: one per replica (pipeline, single) or process."""
+        """Equal parts of one micro-batch: one per replica (pipeline, single) or process; 1
+        when the devices split layers rather than data (strategy, hybrid)."""
+        if self.shardings or self.kind == "strategy":
+            return 1
         return self.nproc if self.kind in ("ddp", "fsdp") else self.replicas
 
     @property
@@ -215,19 +247,34 @@ class RunResult:
 
     ``params`` (tests): every parameter by name, as a list of tensors, one per holder (the
     replicas of a stage, the stages sharing a tied weight); only when asked for.
+    ``replicated`` (strategy and hybrid runs): the graph operators that ran on whole tensors
+    on every device of their stage, although their configuration split them (no DTensor
+    sharding rule for the operator, or a random operator other than dropout); ``reshards``:
+    operator inputs redistributed with communication in one forward of each stage (the
+    last), summed over the stages.
     """
 
     losses: list[float] = field(default_factory=list)
     seconds_per_step: list[float] = field(default_factory=list)
     start_step: int = 0
     params: dict[str, Any] | None = None
+    replicated: list[str] | None = None
+    reshards: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"losses": self.losses, "seconds_per_step": self.seconds_per_step,
-                "start_step": self.start_step}
+        out: dict[str, Any] = {"losses": self.losses, "seconds_per_step": self.seconds_per_step,
+                               "start_step": self.start_step}
+        if self.replicated is not None:
+            out["replicated"] = list(self.replicated)
+        if self.reshards is not None:
+            out["reshards"] = int(self.reshards)
+        return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunResult:
+        rep = data.get("replicated")
         return cls(losses=[float(v) for v in data["losses"]],
                    seconds_per_step=[float(v) for v in data["seconds_per_step"]],
-                   start_step=int(data["start_step"]))
+                   start_step=int(data["start_step"]),
+                   replicated=None if rep is None else [str(v) for v in rep],
+                   reshards=None if data.get("reshards") is None else int(data["reshards"]))

@@ -97,10 +97,13 @@ def _seed(cfg: TrainConfig, step: int, chunk: int, stage: int) -> None:
 
 
 # ------------------------------------------------------------------------ stage programs
-def _stage_programs(cfg: TrainConfig, *, probe_batch: int) -> tuple[nn.Module, list[Any], Any]:
+def _stage_programs(cfg: TrainConfig, *, probe_batch: int,
+                    names_out: dict[str, str] | None = None
+                    ) -> tuple[nn.Module, list[Any], Any]:
     """Export the model with a dynamic batch dimension, match the graph against the program
     and cut it into the plan's stages, in the pipeline order; then probe the stages at
-    ``probe_batch`` samples. Returns ``(model, programs, probes)``."""
+    ``probe_batch`` samples. Returns ``(model, programs, probes)``; ``names_out`` receives
+    the match (graph name -> program name)."""
     from shardplan.capture._export import graph_ops
     from shardplan.capture.models import OutputSelector
     from shardplan.runtime._split import match_graph, probe, split_program
@@ -111,6 +114,8 @@ def _stage_programs(cfg: TrainConfig, *, probe_batch: int) -> tuple[nn.Module, l
     prefix = OutputSelector.prefix if isinstance(model, OutputSelector) else ""
     names = match_graph(cfg.graph_nodes, graph_ops(ep, module_prefix=prefix),
                         model=repr(cfg.model))
+    if names_out is not None:
+        names_out.update(names)
     stage_nodes = [[names[n] for n in st if n in names] for st in cfg.stages]
     programs = split_program(model, ep, stage_nodes, cfg.order, batch=probe_batch)
     example = tuple(resize_batch(t, probe_batch) for t in inputs)
@@ -347,6 +352,15 @@ def _run_pipeline(cfg: TrainConfig, rank: int, world: int) -> RunResult:
     stages holding a tied weight, scaled by ``1 / (M R)`` (every loss is a chunk's mean), and
     Adam/SGD steps. What this equals: :func:`run_single` with ``R x M`` chunks, up to float32
     summation order.
+
+    A hybrid plan (``cfg.shardings``: every stage's nodes carry a configuration over the
+    stage's devices) runs each stage as a :class:`~shardplan.runtime._dtensor.ShardedProgram`
+    on the mesh of its stage's devices instead: those devices run every micro-batch together,
+    each splitting the layers as configured; at the stage boundaries whole activations pass
+    from each device to its counterpart in the next stage (the pipeline groups are the same
+    as for replicas). Gradients are reduced to their parameters' layouts, tied weights
+    summed over their holding stages, and the result equals :func:`run_single` with the
+    plan's stages and ``M`` chunks.
     """
     from torch.distributed.pipelining import PipelineStage
     from torch.distributed.pipelining.schedules import (
@@ -361,35 +375,62 @@ def _run_pipeline(cfg: TrainConfig, rank: int, world: int) -> RunResult:
     if world != len(lay.grank):
         raise ShardplanError(f"the plan needs {len(lay.grank)} processes, the run has {world}")
     device = _device()
-    model, programs, probes = _stage_programs(cfg, probe_batch=cfg.chunk_size)
+    graph_to_program: dict[str, str] = {}
+    model, programs, probes = _stage_programs(cfg, probe_batch=cfg.chunk_size,
+                                              names_out=graph_to_program)
     classes = int(probes[-1][1][0].shape[-1])
     num = len(programs)
+    tp = cfg.tensor_parallel
 
     # Every rank creates every group, in the same order (new_group is collective).
     pipe_groups = [dist.new_group(sorted(lay.grank[(p, r)] for p in range(lay.num_ranks)))
                    for r in range(lay.replicas)]
     replica_groups = [dist.new_group(sorted(lay.grank[(p, r)] for r in range(lay.replicas)))
                       for p in range(lay.num_ranks)]
+    me, replica = lay.role(rank)
     ties = []
     for names in tied_groups(programs, model):
-        holders = sorted({lay.grank[(cfg.stage_rank[p.index], r)] for p in programs
-                          for r in range(lay.replicas) if set(names) & set(p.param_names)})
-        ties.append((names, dist.new_group(holders)))
+        stages_holding = [p for p in programs if set(names) & set(p.param_names)]
+        # Replicas: every holder; a hybrid: the holders of one position in their stage group
+        # (each holds the whole gradient after its stage's reduction).
+        per = [[r] for r in range(lay.replicas)] if tp else [list(range(lay.replicas))]
+        for rs in per:
+            holders = sorted({lay.grank[(cfg.stage_rank[p.index], r)] for p in stages_holding
+                              for r in rs})
+            group = dist.new_group(holders)
+            if replica in rs:
+                ties.append((names, group))
+    mesh = None
+    if tp:
+        from shardplan.runtime._dtensor import make_mesh
 
-    me, replica = lay.role(rank)
+        mesh = make_mesh(device.type, [[lay.grank[(p, r)] for r in range(lay.replicas)]
+                                       for p in range(lay.num_ranks)], cfg.mesh_shape)
+    parts = cfg.parts
+    my_part = replica if parts > 1 else 0
+
     mine = [k for k in range(num) if cfg.stage_rank[k] == me]
     pipe_ranks = sorted(lay.grank[(p, replica)] for p in range(lay.num_ranks))
     group_rank = {p: pipe_ranks.index(lay.grank[(p, replica)]) for p in range(lay.num_ranks)}
     # torch adds each stage's REDUCE_GRAD after its last backward itself, where ours is.
     actions = {group_rank[p]: [a for a in map(_Action.from_str, acts) if a.is_compute_op]
                for p, acts in enumerate(cfg.actions)}
-    stages, wrappers = [], []
+    stages, wrappers, sharded = [], [], []
+    memo: dict[int, nn.Parameter] = {}
     for k in mine:
         prog = programs[k]
         prog.module.to(device)
-        calls = [a.microbatch_index * lay.replicas + replica for a in actions[group_rank[me]]
+        calls = [a.microbatch_index * parts + my_part for a in actions[group_rank[me]]
                  if a.stage_index == k and a.computation_type == FORWARD]
-        mod = _StageModule(prog.module, k, cfg.seed, calls, cfg.recompute)
+        inner: nn.Module = prog.module
+        if tp:
+            from shardplan.runtime._dtensor import ShardedProgram
+            from shardplan.runtime._tensor_parallel import program_shardings
+
+            inner = ShardedProgram(prog.module, program_shardings(cfg, graph_to_program), mesh,
+                                   params=memo)
+            sharded.append(inner)
+        mod = _StageModule(inner, k, cfg.seed, calls, cfg.recompute)
         ins, outs = probes[k]
         stage = PipelineStage(
             mod, k, num, device,
@@ -415,7 +456,7 @@ def _run_pipeline(cfg: TrainConfig, rank: int, world: int) -> RunResult:
     params = _unique_params(programs, mine)
     own = [p for n, p in params if n not in tied_names]
     tied = [(p, group) for names, group in ties for n, p in params if n in names]
-    scale = 1.0 / (m * lay.replicas)
+    scale = 1.0 / (m * parts)
     for step in range(start, cfg.steps):
         _maybe_fault(cfg, rank, step)
         for w in wrappers:
@@ -424,8 +465,8 @@ def _run_pipeline(cfg: TrainConfig, rank: int, world: int) -> RunResult:
         if first or last:
             x, y = batch_for_step(probes[0][0], classes, batch_size=cfg.global_batch,
                                   seed=cfg.seed, step=step)
-            parts = chunks(x, y, m, lay.replicas)
-            mine_chunks = [parts[j * lay.replicas + replica] for j in range(m)]
+            pieces = chunks(x, y, m, parts)
+            mine_chunks = [pieces[j * parts + my_part] for j in range(m)]
             if first:
                 kw["arg_mbs"] = [tuple(t.to(device) for t in xs) for xs, _ in mine_chunks]
             if last:
@@ -433,14 +474,29 @@ def _run_pipeline(cfg: TrainConfig, rank: int, world: int) -> RunResult:
         t0 = _time()
         losses: list[torch.Tensor] = []
         sched.step(losses=losses, return_outputs=False, **kw)
-        _sync_grads(own, tied, replica_groups[me], lay.replicas, scale)
+        if tp:
+            from shardplan.runtime._tensor_parallel import sync_stage_grads
+
+            sync_stage_grads([p for _, p in params], tied, scale)
+        else:
+            _sync_grads(own, tied, replica_groups[me], lay.replicas, scale)
         opt.step()
         opt.zero_grad(set_to_none=True)
         elapsed = _time() - t0
-        part = sum(float(v.detach()) for v in losses) * scale
+        # Every device of a hybrid's last stage holds the whole loss: count it once.
+        part = sum(float(v.detach()) for v in losses) * scale / (lay.replicas if tp else 1)
         _report(result, part, elapsed)
         if _checkpoint.due(cfg, step + 1):
             _checkpoint.save(cfg, holder, opt, step + 1)
+    if tp:
+        from shardplan.runtime._tensor_parallel import graph_names
+
+        mine_rep = graph_names(set().union(*(m_.replicated for m_ in sharded)),
+                               graph_to_program) if sharded else []
+        every: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(every, (mine_rep, sum(m_.reshards for m_ in sharded), replica))
+        result.replicated = sorted({n for names, _, _ in every for n in names})
+        result.reshards = sum(count for _, count, r in every if r == 0)
     if cfg.return_params:
         result.params = _gather_params(programs, mine, rank, model)
     return result
@@ -522,11 +578,16 @@ def _gather_params(programs: Sequence[Any], mine: Sequence[int], rank: int,
     aliases: dict[int, list[str]] = {}
     for n, p in model.named_parameters(remove_duplicate=False):
         aliases.setdefault(id(p), []).append(n)
+    from torch.distributed.tensor import DTensor
+
+    originals = {n: p for n, p in model.named_parameters(remove_duplicate=False)}
     local: dict[str, Any] = {}
     for k in mine:
-        for _, p in programs[k].module.named_parameters():
-            for n in aliases[id(p)]:
-                local[n] = p.detach().cpu().clone()
+        for name, p in programs[k].module.named_parameters():
+            t = p.detach()
+            t = t.full_tensor() if isinstance(t, DTensor) else t  # collective in the stage
+            for n in aliases[id(originals[name])]:
+                local[n] = t.cpu().clone()
     gathered: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, local)
     if rank != 0:
@@ -549,4 +610,8 @@ def run_config(cfg: TrainConfig, rank: int, world: int) -> RunResult:
         raise ShardplanError(f"this run needs {cfg.world_size} processes, got {world}")
     if cfg.kind == "pipeline":
         return _run_pipeline(cfg, rank, world)
+    if cfg.kind == "strategy":
+        from shardplan.runtime._tensor_parallel import run_strategy
+
+        return run_strategy(cfg, rank, world)
     return _run_baseline(cfg, rank, world)

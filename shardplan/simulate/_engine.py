@@ -48,6 +48,7 @@ rounds, F concurrent messages and h hops per path.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import math
 from collections import deque
@@ -61,7 +62,7 @@ from shardplan.cost import CostModel, stage_times
 from shardplan.cost._collectives import measured_seconds, ring_steps
 from shardplan.cost._pipeline import replica_pairs
 from shardplan.errors import ShardplanError
-from shardplan.ir import ExecutionSettings, Graph, Plan, Topology
+from shardplan.ir import ExecutionSettings, Graph, Plan, Stage, Topology
 from shardplan.ir.schedule import BACKWARD, FORWARD, REDUCE_GRAD, Schedule
 from shardplan.simulate._pipeline import PipelineView
 from shardplan.simulate.result import Interval, SimulationResult
@@ -636,6 +637,76 @@ class _Sim:
             self.advance(self.worker_of[(p, i)])
 
 
+def _first(groups: Any, d: int) -> int:
+    """The first device of the group holding ``d``."""
+    return next(g[0] for g in groups if d in g)
+
+
+def strategy_stage_seconds(plan: Plan, graph: Graph, topology: Topology,
+                           settings: ExecutionSettings) -> tuple[np.ndarray, np.ndarray]:
+    """Forward and backward seconds of one micro-batch of every stage of a plan carrying a
+    PaSE ``strategy``: the stage's P devices run its nodes under their configurations.
+
+    Compute is the shared cost model's (:class:`~shardplan.cost.CostModel` at the settings'
+    micro-batch size: measured times, the roofline or the settings' efficiency), each node's
+    split over the devices its configuration uses (the product of its split factors); the
+    collectives a configuration needs (activations reduced over a split reduction dimension,
+    weight gradients over batch-like splits) and the re-shards between layers are PaSE's
+    (:mod:`shardplan.strategy._cost_default`: ring all-reduces and transfers over the
+    stage's own slowest link, one latency per step), priced at the graph's batch and scaled
+    to the micro-batch size. Ours: the weight-gradient all-reduce is charged every
+    micro-batch (PaSE has none: one micro-batch per iteration prices it exactly).
+    O(n + m) per stage."""
+    from shardplan.strategy._cost_default import DefaultCostModel
+    from shardplan.strategy._cost_pase import Units, layer_cost
+    from shardplan.strategy.tables import graph_spaces
+
+    k = plan.num_stages
+    fwd, bwd = np.zeros(k), np.zeros(k)
+    scale = settings.batch_scale(graph)
+    cm = CostModel.from_settings(graph, topology, settings)
+    spaces = graph_spaces(graph)
+    for s, st in enumerate(plan.stages):
+        nodes = [int(v) for v in st.nodes]
+        devs = np.asarray(st.devices, dtype=np.int64)
+        part = Topology(name=f"{topology.name}/stage{s}",
+                        devices=tuple(topology.devices[d] for d in devs.tolist()),
+                        bandwidth=topology.bandwidth[np.ix_(devs, devs)],
+                        latency=topology.latency[np.ix_(devs, devs)])
+        pase = DefaultCostModel(part, int(devs.size))
+        comm_units = Units(mac=0.0, word=pase.units.word, allreduce=pase.units.allreduce)
+        nf, nb = cm.node_seconds(int(devs[0]))
+        config: dict[int, np.ndarray] = {}
+        comp_f = comp_b = comm = 0.0
+        for v in nodes:
+            try:
+                c = np.asarray([plan.strategy[str(v)]], dtype=np.int64)
+            except KeyError:
+                raise ShardplanError(f"the plan's strategy has no configuration for node "
+                                     f"{v}") from None
+            config[v] = c
+            share = float(np.prod(c))
+            comp_f += float(nf[v]) / share
+            comp_b += float(nb[v]) / share
+            with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+                comm += float(layer_cost(spaces[v], c, comm_units)[0])
+        inside = set(nodes)
+        for e in range(graph.num_edges):
+            u, v = int(graph.src[e]), int(graph.dst[e])
+            if u in inside and v in inside:
+                with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+                    m = pase.edge_cost(spaces[u], spaces[v], u, config[u], config[v],
+                                       float(graph.edge_bytes[e]))
+                if m is not None:
+                    comm += float(np.asarray(m).reshape(-1)[0])
+        total_f, total_b = comp_f + comp_b, comm * scale
+        share_f = comp_f / (comp_f + comp_b) if comp_f + comp_b > 0 else 1.0 / 3.0
+        fwd[s] = comp_f + total_b * share_f
+        bwd[s] = comp_b + total_b * (1.0 - share_f)
+        del total_f
+    return fwd, bwd
+
+
 def _sync_chunks(cm: CostModel, assignment: np.ndarray, k: int, settings: ExecutionSettings
                  ) -> tuple[list[list[tuple[float, float]]], tuple[list, list]]:
     """Per stage, DDP's gradient buckets and FSDP's units, as ``(bytes, end fraction)`` lists.
@@ -760,6 +831,12 @@ def simulate(plan: Plan, graph: Graph, topology: Topology,
         changes["schedule"] = schedule
     settings, _ = settings.override(**changes)
     settings = settings.resolve(graph)
+    groups: tuple[tuple[int, ...], ...] | None = None
+    if plan.strategy is not None:  # stages are device groups running PaSE configurations
+        groups = tuple(st.devices for st in plan.stages)
+        per_stage = strategy_stage_seconds(plan, graph, topology, settings)
+        plan = dataclasses.replace(plan, strategy=None, stages=tuple(
+            Stage(st.nodes, (st.devices[0],)) for st in plan.stages))
     view = PipelineView.build(plan, graph, settings, schedule=given)
     sch, order = view.schedule, view.order
     k = plan.num_stages
@@ -771,8 +848,13 @@ def simulate(plan: Plan, graph: Graph, topology: Topology,
     st = stage_times(cm, a_pos, devices, num_stages=k, order=range(k),
                      in_flight=sch.in_flight())
     reps = st.replicas
-    static = cm.memory_breakdown(a_pos, k, in_flight=0, replicas=reps)["total"]
-    per_mb = cm.memory_breakdown(a_pos, k, in_flight=1, replicas=reps)["total"] - static
+    mem_reps = reps
+    if groups is not None:  # a group's devices run its stage together, in the group's time
+        fwd, bwd = per_stage[0][list(order)], per_stage[1][list(order)]
+        st = dataclasses.replace(st, forward=fwd[:, None], backward=bwd[:, None])
+        mem_reps = np.array([len(groups[order[p]]) for p in range(k)], dtype=np.int64)
+    static = cm.memory_breakdown(a_pos, k, in_flight=0, replicas=mem_reps)["total"]
+    per_mb = cm.memory_breakdown(a_pos, k, in_flight=1, replicas=mem_reps)["total"] - static
     buckets, units = _sync_chunks(cm, a_pos, k, settings)
     sim = _Sim(view, st, static, per_mb, topology, settings.overlap, settings.gradient_sync,
                buckets, units)
@@ -792,6 +874,12 @@ def simulate(plan: Plan, graph: Graph, topology: Topology,
             per_device[int(st.devices[s, i])] += float(st.forward[s, i] + st.backward[s, i])
     samples = int(settings.global_batch or m * graph.batch_size)
     intervals = tuple(sorted(sim.intervals, key=lambda iv: (iv.start, iv.device, iv.end)))
+    peak = {d: float(sim.mem_peak[d]) for d in devs}
+    if groups is not None:  # every device of a group as busy and as full as the first
+        for grp in groups:
+            for d in grp[1:]:
+                busy[d], peak[d] = busy[grp[0]], peak[grp[0]]
+        devs = tuple(sorted(busy))
     opts = settings.to_dict()
     opts.update(num_microbatches=m, schedule=sch.name,
                 virtual_stages=settings.virtual_stages if sch.name == "interleaved-1f1b"
@@ -802,13 +890,15 @@ def simulate(plan: Plan, graph: Graph, topology: Topology,
         throughput=samples / iteration if iteration > 0 else math.inf,
         bubble_fraction=float(max(0.0, bubble)), devices=devs,
         busy_seconds=tuple(float(busy[d]) for d in devs),
-        peak_memory_bytes=tuple(float(sim.mem_peak[d]) for d in devs),
+        peak_memory_bytes=tuple(peak[d] for d in devs),
         memory_capacity_bytes=tuple(float(topology.devices[d].memory_bytes) for d in devs),
         allreduce_seconds=tuple(float(e - b) for b, e in zip(sim.ar_start, sim.ar_done,
                                                               strict=True)),
         optimizer_seconds=float(max(sim.opt_seconds.values())),
         ideal_seconds=float(m * max(per_device.values())),
         intervals=intervals if timeline else (),
-        memory_timeline=tuple(tuple(sim.mem_line[d]) for d in devs) if timeline else (),
+        memory_timeline=tuple(tuple(sim.mem_line[d] if d in sim.mem_line
+                                    else sim.mem_line[_first(groups, d)])
+                              for d in devs) if timeline else (),
         options=opts,
     )

@@ -128,3 +128,43 @@ def test_user_file(tmp_path) -> None:
     broken.write_text("import no_such_module_anywhere\n")
     with pytest.raises(ShardplanError, match="importing .* failed"):
         build_model(f"{broken}:make")
+
+
+def test_gnn_is_paper_000s_figure_2() -> None:
+    """Two chains of graph convolutions over the input, joined by a third convolution on
+    their concatenated features; the graph convolution is mean aggregation over in-edges,
+    checked against a dense normalised adjacency matrix."""
+    from shardplan.capture.models import GNN, GraphConv, gnn_edges
+
+    model, (x,), name = build_model("gnn,num_nodes=10,hidden=8,chain_length=3", batch_size=2)
+    assert name == "gnn" and isinstance(model, GNN)
+    assert x.shape == (2, 10, 16)
+    assert len(model.chain_a) == len(model.chain_b) == 3
+    assert model.combine.self_lin.in_features == 16  # 2 x hidden: the chains concatenated
+    assert model(x).shape == (2, 4)
+    src, dst = gnn_edges(model.cfg)
+    assert src.numel() == dst.numel() and not bool((src == dst).any())
+    pairs = set(zip(src.tolist(), dst.tolist(), strict=True))
+    assert all((b, a) in pairs for a, b in pairs)  # undirected
+    assert all((i, (i + 1) % 10) in pairs for i in range(10))  # the ring
+    conv = model.chain_a[0]
+    assert isinstance(conv, GraphConv)
+    adj = torch.zeros(10, 10)
+    adj[dst, src] = 1.0
+    dense = adj / adj.sum(dim=1, keepdim=True)
+    want = torch.relu(conv.self_lin(x) + conv.nbr_lin(dense @ x))
+    assert torch.allclose(conv(x), want, atol=1e-6)
+    again, _, _ = build_model("gnn,num_nodes=10,hidden=8,chain_length=3", batch_size=2)
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), again.parameters(),
+                                                 strict=True))
+    assert not any("src" in k or "deg" in k for k in model.state_dict())  # graph: not state
+
+
+def test_gnn_options_are_checked() -> None:
+    with pytest.raises(ShardplanError, match="unknown gnn option 'layers'"):
+        build_model("gnn,layers=2")
+    with pytest.raises(ShardplanError, match="num_nodes must be at least 3"):
+        build_model("gnn,num_nodes=2")
+    with pytest.raises(ShardplanError, match="must be an integer"):
+        build_model("gnn,hidden=2.5")
+    assert "gnn" in list_models()

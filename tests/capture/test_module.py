@@ -156,3 +156,24 @@ def test_folding_contiguous_instances_never_merges(case) -> None:
     totals_match(op_graph, graph)
     assert graph.num_edges <= len(edges)
     assert sum(e["num_ops"] for e in graph.node_extra) == n
+
+
+def test_gnn_graph_convolutions_are_the_vertices() -> None:
+    """Paper 000's Figure 2: with GraphConv atomic, the module graph is the two chains of
+    convolutions joining in the third (readout and classifier fold into it), and every node
+    lists its operators in program order: all of the operator graph's, once."""
+    op_graph = capture_spec("gnn", batch_size=2)
+    graph = capture_spec("gnn", batch_size=2, granularity="module", atomic="GraphConv")
+    assert graph.names == ("chain_a.0", "chain_a.1", "chain_b.0", "chain_b.1", "combine")
+    assert set(zip(graph.src.tolist(), graph.dst.tolist(), strict=True)) == {
+        (0, 1), (1, 4), (2, 3), (3, 4)}
+    totals_match(op_graph, graph)
+    rows = [row for e in graph.node_extra for row in e["ops"]]
+    assert sorted(r[0] for r in rows) == list(range(op_graph.num_nodes))
+    for i, name, op, module in rows:
+        assert (name, op, module) == (op_graph.names[i], op_graph.ops[i], op_graph.modules[i])
+    for e in graph.node_extra:
+        assert [r[0] for r in e["ops"]] == sorted(r[0] for r in e["ops"])
+        assert len(e["ops"]) == e["num_ops"]
+    combine = {r[2] for r in graph.node_extra[4]["ops"]}
+    assert {"cat", "mean", "linear", "index_add"} <= combine

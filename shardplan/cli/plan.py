@@ -1,0 +1,257 @@
+"""``shardplan plan MODEL_OR_GRAPH --cluster TOPO``: find, rank and run the best plan.
+
+Every family's candidates are simulated with the execution settings they would run with,
+and ranked by the simulated iteration (:mod:`shardplan.planner`); the winner is a plan file
+every other command takes. ``--report`` writes the ranking and the winner's timeline as HTML,
+``--run --steps N`` trains the winner for real and prints predicted against measured time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+from typing import Any
+
+from shardplan.cli._common import (
+    add_settings_arguments,
+    note,
+    positive_float,
+    positive_int,
+    print_json,
+    progress_reporter,
+    settings_changes,
+    time_left,
+)
+from shardplan.errors import ShardplanError
+
+__all__ = ["register"]
+
+_UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 10**3, "kib": 2**10, "m": 2**20, "mb": 10**6,
+          "mib": 2**20, "g": 2**30, "gb": 10**9, "gib": 2**30, "t": 2**40, "tb": 10**12,
+          "tib": 2**40}
+
+
+def byte_size(text: str) -> float:
+    """``16GiB``, ``1.5e10``, ``512MB`` -> bytes."""
+    t = text.strip().lower().replace(" ", "")
+    num = t.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = t[len(num):]
+    try:
+        value = float(num) * _UNITS[unit]
+    except (ValueError, KeyError):
+        raise argparse.ArgumentTypeError(f"expected a size like 16GiB or 1.5e10, got "
+                                         f"{text!r}") from None
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"expected a positive size, got {text!r}")
+    return value
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add the ``plan`` command to ``sub``."""
+    p = sub.add_parser(
+        "plan", help="find, rank and run the best plan for a model on a cluster",
+        description="Search every family of plan (data parallelism with all-reduce, DDP "
+                    "buckets or FSDP sharding; Parmesan pipelines over every stages x "
+                    "replicas, schedule and micro-batch count, mapped optimally and "
+                    "consecutively; the PipeDream, params and uniform baselines; paper "
+                    "000's partitions; PaSE strategies; Parmesan stages run by PaSE "
+                    "strategies), simulate each with its execution settings and rank them. "
+                    "The winner never simulates slower than any candidate evaluated.")
+    p.add_argument("model", metavar="MODEL_OR_GRAPH",
+                   help="a graph file (shardplan.graph/1) or a model spec to capture "
+                        "(mlp, torchvision:resnet50, transformers:gpt2, FILE.py:FN)")
+    p.add_argument("--cluster", required=True, metavar="TOPO",
+                   help="a topology file, or a builder like dgx1,boxes=2 or "
+                        "hierarchical,shape=4x4")
+    p.add_argument("--global-batch", type=positive_int, metavar="B",
+                   help="samples per iteration (default: the graph's batch per device)")
+    p.add_argument("--memory-limit", type=byte_size, metavar="BYTES",
+                   help="memory per device to plan for, at most the topology's (16GiB)")
+    p.add_argument("--families", metavar="NAME,...",
+                   help="families to search (default: all of data-parallel, parmesan, "
+                        "pipedream, pipedream-sequence, params, uniform, sharding, pase, "
+                        "hybrid)")
+    p.add_argument("--time-limit", type=positive_float, metavar="SEC",
+                   help="stop the search after SEC seconds with the best plan so far")
+    p.add_argument("--top", type=positive_int, default=10, metavar="K",
+                   help="candidates to show (default 10)")
+    p.add_argument("--workers", type=positive_int, metavar="N",
+                   help="processes evaluating candidates (default: the CPUs, at most 4)")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument("--batch-size", type=positive_int, default=8, metavar="N",
+                   help="capture: samples per graph (default 8)")
+    p.add_argument("--seq-len", type=positive_int, default=128, metavar="L",
+                   help="capture: tokens per sample (default 128)")
+    add_settings_arguments(p, skip=("microbatch_size", "global_batch"))
+    p.add_argument("-o", "--output", metavar="FILE", help="write the winning plan here")
+    p.add_argument("--report", metavar="FILE.html", help="write the ranking and the "
+                   "winner's timeline here")
+    p.add_argument("--run", action="store_true", help="train the winner for real and "
+                   "print predicted against measured time per step")
+    p.add_argument("--steps", type=positive_int, default=5, help="--run: steps (default 5)")
+    p.add_argument("--json", action="store_true", help="print the ranking as JSON")
+    p.set_defaults(handler=_run)
+
+
+def _cluster(text: str) -> Any:
+    from shardplan.ir import load_topology
+    from shardplan.topology import build
+
+    if os.path.exists(text) or text.endswith(".json"):
+        return load_topology(text)
+    kind, *opts = text.split(",")
+    options: dict[str, Any] = {}
+    for o in opts:
+        key, sep, value = o.partition("=")
+        if not sep:
+            raise ShardplanError(f"cluster option {o!r} is not KEY=VALUE")
+        key = key.strip().replace("-", "_")
+        key = {"devices": "num_devices"}.get(key, key)  # the name `topology --devices` uses
+        v: Any = value.strip()
+        if "x" in v and all(part.isdigit() for part in v.split("x")):
+            v = tuple(int(part) for part in v.split("x"))
+        else:
+            for cast in (int, float):
+                try:
+                    v = cast(v)
+                    break
+                except ValueError:
+                    continue
+        options[key] = v
+    return build(kind.strip(), **options)
+
+
+def _graph(args: argparse.Namespace) -> Any:
+    from shardplan.ir import load_graph
+
+    if os.path.exists(args.model) and args.model.endswith(".json"):
+        return load_graph(args.model)
+    from shardplan.capture import capture_spec
+
+    return capture_spec(args.model, batch_size=args.batch_size, seq_len=args.seq_len)
+
+
+def _limit_memory(topology: Any, limit: float | None) -> Any:
+    if limit is None:
+        return topology
+    from dataclasses import replace
+
+    devices = tuple(replace(d, memory_bytes=min(float(d.memory_bytes), limit))
+                    for d in topology.devices)
+    return replace(topology, devices=devices)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from shardplan.ir import ExecutionSettings, save
+    from shardplan.planner import FAMILIES, search
+
+    families = None
+    if args.families:
+        families = [f.strip() for f in args.families.split(",") if f.strip()]
+        bad = [f for f in families if f not in FAMILIES]
+        if bad:
+            raise ShardplanError(f"unknown plan family {bad[0]!r} (choose from "
+                                 f"{', '.join(FAMILIES)})")
+    topology = _limit_memory(_cluster(args.cluster), args.memory_limit)
+    graph = _graph(args)
+    changes = settings_changes(args)
+    fixed = {k: changes.pop(k) for k in ("microbatches", "schedule") if k in changes}
+    settings, _ = ExecutionSettings().override(**changes)
+    with progress_reporter() as progress:
+        result = search(graph, topology, global_batch=args.global_batch, settings=settings,
+                        families=families, time_limit=time_left(args.time_limit),
+                        seed=args.seed, workers=args.workers, fixed=fixed, progress=progress)
+    for err in result.errors:
+        note(f"no candidate from {err}")
+    if result.timed_out:
+        note(f"the time limit stopped the search after {result.done} of {result.tasks} "
+             "tasks: the best plan so far")
+    winner = result.winner
+    if winner is None:
+        raise ShardplanError("the time limit ran out before any candidate was evaluated")
+    if args.output:
+        save(winner, args.output)
+    if args.report:
+        from shardplan.report import write_report
+
+        write_report(winner, graph, topology, args.report,
+                     ranking=[r.row() for r in result.ranked[:max(args.top, 20)]])
+    measured = _train(args, winner, graph, topology) if args.run else None
+    if args.json:
+        out = result.to_dict(top=args.top)
+        if measured is not None:
+            out["run"] = measured
+        print_json(out)
+    else:
+        _print(result, args, measured)
+    return 0
+
+
+def _print(result: Any, args: argparse.Namespace, measured: dict[str, Any] | None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{len(result.ranked)} candidates, global batch {result.global_batch}"
+                        f", searched in {result.seconds:.1f} s")
+    for col in ("#", "family", "S x R", "schedule", "M", "mapping", "sync", "ms/iter",
+                "samples/s", "peak GiB", "search s"):
+        table.add_column(col, justify="right" if col not in ("family", "schedule", "mapping",
+                                                            "sync") else "left")
+    for i, r in enumerate(result.ranked[:args.top]):
+        ms = f"{r.iteration_seconds * 1e3:.4g}" if math.isfinite(r.iteration_seconds) else "-"
+        table.add_row(str(i + 1), r.family, f"{r.stages} x {r.replicas}", r.schedule,
+                      str(r.microbatches), r.mapping, r.gradient_sync,
+                      ms if r.fits else f"{ms} (no fit)", f"{r.throughput:.5g}",
+                      f"{r.peak_memory_bytes / 2**30:.3g}", f"{r.search_seconds:.2g}")
+    console = Console(file=sys.stdout, width=max(120, Console().width))
+    console.print(table)
+    comp = result.comparisons
+    lines = []
+    if "speedup_over_data_parallel" in comp:
+        lines.append(f"{comp['speedup_over_data_parallel']:.2f}x faster than data parallelism "
+                     "(DDP)")
+    if "speedup_over_best_other_family" in comp:
+        lines.append(f"{comp['speedup_over_best_other_family']:.2f}x faster than the best "
+                     "plan of any other family")
+    if lines:
+        sys.stdout.write(f"winner: {comp['winner']['family']}, " + "; ".join(lines) + "\n")
+    for what, path in (("plan", args.output), ("report", args.report)):
+        if path:
+            sys.stdout.write(f"wrote {what} to {path}\n")
+    if measured is not None:
+        sys.stdout.write(f"ran {measured['steps']} steps: predicted "
+                         f"{measured['predicted_seconds'] * 1e3:.4g} ms per step, measured "
+                         f"{measured['measured_seconds'] * 1e3:.4g} ms (median of the steps "
+                         f"after the first), predicted / measured "
+                         f"{measured['ratio']:.2f}\n")
+
+
+def _train(args: argparse.Namespace, plan: Any, graph: Any, topology: Any) -> dict[str, Any]:
+    """Train the winner for ``--steps`` steps; predicted and measured seconds per step."""
+    import statistics
+    from dataclasses import replace
+
+    from shardplan.runtime import config_for_plan, train
+    from shardplan.simulate import simulate
+
+    model = graph.meta.get("model")
+    if not model:
+        raise ShardplanError("--run needs the model the graph was captured from (capture it "
+                             "with shardplan, or plan from a model spec)")
+    if plan.strategy is not None:
+        raise ShardplanError("--run: the winner is a per-layer strategy, which this runtime "
+                             "cannot run yet; plan with --families excluding pase,hybrid")
+    cfg = config_for_plan(plan, graph, steps=args.steps, model=model)
+    sync = plan.settings.gradient_sync
+    if plan.num_stages == 1 and sync in ("bucketed", "sharded"):  # what DDP / FSDP run
+        cfg = replace(cfg, kind="ddp" if sync == "bucketed" else "fsdp",
+                      nproc=plan.num_replicas)
+    result = train(cfg)
+    times = list(result.seconds_per_step)
+    measured = statistics.median(times[1:] if len(times) > 1 else times)
+    predicted = simulate(plan, graph, topology, timeline=False).iteration_seconds
+    return {"steps": len(times), "losses": list(result.losses),
+            "seconds_per_step": times, "measured_seconds": measured,
+            "predicted_seconds": predicted, "ratio": predicted / measured}

@@ -1,0 +1,160 @@
+"""Hybrid plans: a pipeline whose stages each carry a PaSE strategy over their devices.
+
+A pipeline plan (Parmesan, PipeDream, ...) puts each stage on a group of devices, which the
+pipeline runtime uses as data-parallel replicas. :func:`hybrid_plan` instead searches, for
+every stage, the best per-layer configuration of the stage's nodes over the stage's device
+count (PaSE's dynamic program restricted to the stage, paper 004 section III, or one of the
+baselines) and returns the same plan with a ``strategy``: the devices of a stage then split
+its layers (pipeline x tensor/data parallelism). Same ``Plan`` format: ``stages[s].devices``
+is stage ``s``'s device group and ``strategy[str(v)]`` the configuration of node ``v`` over
+the group of its stage.
+
+What a per-stage search does not see: tensors arriving from other stages (they arrive whole
+on every device of the stage, so reading them costs no re-shard) and the pipeline's own
+timing; the pipeline objective of the plan is kept as it was, and each stage's strategy cost
+is recorded in the plan's ``hybrid`` entry.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from shardplan.errors import ShardplanError
+from shardplan.ir import Graph, Plan, Topology
+
+__all__ = ["hybrid_plan", "stage_subgraph", "sub_topology"]
+
+_STATUS_ORDER = ("optimal", "feasible", "timed_out")
+
+
+def stage_subgraph(graph: Graph, nodes: Sequence[int]) -> tuple[Graph, list[int]]:
+    """The subgraph induced by ``nodes`` (renumbered 0..k-1 in increasing id order) and the
+    original id of each of its nodes. Edges into or out of the set are dropped, and so are
+    the spaces' descriptions of tensors read from outside it. O(n + m)."""
+    ids = sorted(int(v) for v in nodes)
+    if not ids:
+        raise ShardplanError("a stage without nodes has no strategy")
+    index = {v: i for i, v in enumerate(ids)}
+    keep = np.array([int(s) in index and int(d) in index
+                     for s, d in zip(graph.src.tolist(), graph.dst.tolist(), strict=True)],
+                    dtype=bool)
+    src = [index[int(s)] for s in graph.src[keep]]
+    dst = [index[int(d)] for d in graph.dst[keep]]
+    spaces = None
+    if graph.spaces is not None:
+        spaces = []
+        for v in ids:
+            sp = graph.spaces[v]
+            if sp is None:
+                spaces.append(None)
+                continue
+            sp = dict(sp)
+            sp["inputs"] = {str(index[int(p)]): g for p, g in (sp.get("inputs") or {}).items()
+                            if int(p) in index}
+            spaces.append(sp)
+        spaces = tuple(spaces)
+
+    def col(a: np.ndarray | None) -> np.ndarray | None:
+        return None if a is None else np.asarray(a)[ids]
+
+    sub = Graph(
+        name=graph.name, batch_size=graph.batch_size,
+        names=tuple(graph.names[v] for v in ids), ops=tuple(graph.ops[v] for v in ids),
+        modules=tuple(graph.modules[v] for v in ids),
+        fwd_flops=col(graph.fwd_flops), bwd_flops=col(graph.bwd_flops),
+        param_bytes=col(graph.param_bytes), output_bytes=col(graph.output_bytes),
+        weight=col(graph.weight), src=np.asarray(src, dtype=np.int64),
+        dst=np.asarray(dst, dtype=np.int64), edge_bytes=graph.edge_bytes[keep],
+        fwd_seconds=col(graph.fwd_seconds), bwd_seconds=col(graph.bwd_seconds),
+        memory_bytes=col(graph.memory_bytes), spaces=spaces,
+        node_extra=None if graph.node_extra is None else
+        tuple(graph.node_extra[v] for v in ids), meta=dict(graph.meta))
+    return sub, ids
+
+
+def sub_topology(topology: Topology, devices: Sequence[int]) -> Topology:
+    """The topology restricted to ``devices`` (in that order): their links and latencies,
+    without levels or physical links. O(k^2)."""
+    idx = [int(d) for d in devices]
+    ix = np.ix_(idx, idx)
+    return Topology(name=f"{topology.name}[{','.join(map(str, idx))}]",
+                    devices=tuple(topology.devices[d] for d in idx),
+                    bandwidth=topology.bandwidth[ix], latency=topology.latency[ix],
+                    cost=None if topology.cost is None else topology.cost[ix])
+
+
+def hybrid_plan(plan: Plan, graph: Graph, topology: Topology | None = None, *,
+                algorithm: str = "pase", seed: int = 0, time_limit: float | None = None,
+                options: Mapping[str, Any] | None = None) -> Plan:
+    """``plan`` with every stage's nodes configured over the stage's devices.
+
+    Parameters
+    ----------
+    plan : Plan
+        A pipeline plan without ``strategy`` (every stage the same device count, for the
+        runtime; the search itself does not need it).
+    graph : Graph
+        The graph it partitions; nodes with ``space`` (others get a batch-only space).
+    topology : Topology, optional
+        Read by the ``default`` cost model (restricted to each stage's devices); default:
+        flat devices.
+    algorithm : {"pase", "data-parallel", "expert"}
+        The strategy search run per stage.
+    seed : int
+    time_limit : float, optional
+        For all stages together; each stage gets what the previous ones left, and a search
+        cut short returns its best so far.
+    options : mapping, optional
+        The strategy algorithm's options (``cost_model``, ``cutoff``, ...; ``devices`` is
+        each stage's device count).
+
+    Returns
+    -------
+    Plan
+        The same stages, devices, objective and execution settings, with ``strategy`` and a
+        ``hybrid`` entry (per stage: its strategy's objective, value and status). The status
+        is the worst of the plan's and the stages' searches.
+
+    Notes
+    -----
+    The sum over stages of the strategy search's cost (O(n_s K^(M+1)) per stage for PaSE,
+    section III-B); stages are independent given the pipeline, which is what restricting the
+    DP to a stage assumes.
+    """
+    from shardplan import registry
+    from shardplan.topology import flat
+
+    if plan.strategy is not None:
+        raise ShardplanError("the plan already carries a strategy")
+    plan.validate(graph, topology)
+    opts = dict(options or {})
+    if "devices" in opts:
+        raise ShardplanError("a hybrid plan's device counts are its stages'")
+    t0 = time.perf_counter()
+    strategy: dict[str, tuple[int, ...]] = {}
+    report = []
+    statuses = [plan.status]
+    for s, st in enumerate(plan.stages):
+        sub, ids = stage_subgraph(graph, st.nodes)
+        topo = flat(len(st.devices)) if topology is None else \
+            sub_topology(topology, st.devices)
+        left = None if time_limit is None else max(1e-3, time_limit - (time.perf_counter()
+                                                                       - t0))
+        res = registry.run("strategy", algorithm, sub, topo, seed=seed, time_limit=left,
+                           devices=len(st.devices), **opts)
+        got = res.plan.strategy or {}
+        for i, v in enumerate(ids):
+            strategy[str(v)] = tuple(int(f) for f in got[str(i)])
+        statuses.append(res.plan.status)
+        report.append({"stage": s, "devices": len(st.devices), "algorithm": algorithm,
+                       "objective": res.plan.objective.name,
+                       "value": res.plan.objective.value, "status": res.plan.status})
+    status = max(statuses, key=_STATUS_ORDER.index)
+    meta = {**dict(plan.meta), "hybrid": {"strategy": algorithm, "stages": report,
+                                          "search_seconds": time.perf_counter() - t0}}
+    return replace(plan, strategy=strategy, status=status, meta=meta)
