@@ -43,7 +43,7 @@ CACHE_BYTES = 128 * 2**20
 #: Largest dense matrix built at all (16384 devices); beyond it only indexing works.
 MAX_DENSE_BYTES = 2 * 2**30
 
-_WHICH = ("bandwidth", "latency", "next_hop", "hops")
+_WHICH = ("bandwidth", "latency", "next_hop", "hops", "inverse_bandwidth")
 
 
 class PairModel:
@@ -489,6 +489,13 @@ class PairMatrix(NDArrayOperatorsMixin):
         n = self.model.num_devices
         return f"PairMatrix({self.which}, {self.model.kind}, {n}x{n})"
 
+    def _values(self, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+        if self.which != "inverse_bandwidth":
+            return self.model.values(self.which, rows, cols)
+        bw = self.model.values("bandwidth", rows, cols)  # every pair connected: > 0 off it
+        with np.errstate(divide="ignore"):
+            return np.where(bw > 0, 1.0 / np.where(bw > 0, bw, 1.0), 0.0)
+
     def _cached(self) -> np.ndarray | None:
         if self._dense is None and self.model.num_devices <= EAGER_DEVICES:
             self._dense = self._build()
@@ -507,7 +514,7 @@ class PairMatrix(NDArrayOperatorsMixin):
         block = max(1, (1 << 22) // max(n, 1))  # rows at a time: bounded temporaries
         for lo in range(0, n, block):
             hi = min(n, lo + block)
-            out[lo:hi] = self.model.values(self.which, ids[lo:hi, None], ids[None, :])
+            out[lo:hi] = self._values(ids[lo:hi, None], ids[None, :])
         out.setflags(write=False)
         return out
 
@@ -552,15 +559,15 @@ class PairMatrix(NDArrayOperatorsMixin):
             raise IndexError(f"too many indices for a 2-dimensional matrix: {len(key)}")
         (kr, r), (kc, c) = _component(key[0], n), _component(key[1], n)
         if kr != "slice" and kc != "slice":
-            out = self.model.values(self.which, np.asarray(r), np.asarray(c))
+            out = self._values(np.asarray(r), np.asarray(c))
             return out[()] if kr == "int" and kc == "int" else out
         if kr == "slice" and kc == "slice":
-            return self.model.values(self.which, r[:, None], c[None, :])
+            return self._values(r[:, None], c[None, :])
         if kr == "slice":  # rows a slice, columns an int or array
             c = np.asarray(c)
-            return self.model.values(self.which, r.reshape((-1,) + (1,) * c.ndim), c[None])
+            return self._values(r.reshape((-1,) + (1,) * c.ndim), c[None])
         r = np.asarray(r)
-        return self.model.values(self.which, r[..., None], c)
+        return self._values(r[..., None], c)
 
     # -- the few ndarray methods the planners call on topology matrices
     @property

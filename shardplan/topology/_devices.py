@@ -13,7 +13,8 @@ import numpy as np
 from shardplan.errors import ShardplanError
 from shardplan.ir.topology import Device
 
-__all__ = ["DEVICE_PRESETS", "DevicePreset", "MAX_MATRIX_BYTES", "check_dense_size",
+__all__ = ["DEVICE_PRESETS", "DevicePreset", "MAX_DEVICES", "MAX_MATRIX_BYTES",
+           "check_dense_size", "check_device_count",
            "generator_meta", "make_devices", "resolve_device"]
 
 GIB = 2**30
@@ -127,6 +128,20 @@ def check_dense_size(kind: str, num_devices: int) -> None:
                              f"{need / 2**30:.3g} GiB for its dense bandwidth and latency "
                              f"matrices (2 x {num_devices}^2 float64); at most {most} devices "
                              f"({MAX_MATRIX_BYTES / 2**30:g} GiB) are supported")
+
+
+MAX_DEVICES = 2**20
+"""Most devices a generated topology may have (1,048,576: a 1000 x 1000 hierarchy). Its
+matrices are computed on demand, but every device is an object and a line of the file (about
+1 KB of memory each)."""
+
+
+def check_device_count(kind: str, num_devices: int) -> None:
+    """Refuse, before building anything, a topology of more than :data:`MAX_DEVICES`. O(1)."""
+    if num_devices > MAX_DEVICES:
+        raise ShardplanError(f"a {kind} topology of {num_devices} devices is more than the "
+                             f"{MAX_DEVICES} shardplan builds (every device is listed in the "
+                             f"file, about 1 KB of memory each)")
 
 
 def check_shape(kind: str, shape: Any, ndim: int | None = None, *, minimum: int = 1,

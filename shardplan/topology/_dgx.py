@@ -8,6 +8,7 @@ from shardplan.ir._pairs import LevelPairs
 from shardplan.ir.topology import Level, Topology
 from shardplan.topology._devices import (
     check_count,
+    check_device_count,
     check_nonnegative,
     check_positive,
     generator_meta,
@@ -93,6 +94,7 @@ def dgx1(boxes: int = 1, *, nvlink_bandwidth: float = 25e9, nvlink_latency: floa
     thousands of boxes fit. O(boxes).
     """
     nb = check_count("boxes", boxes)
+    check_device_count("dgx1", GPUS_PER_BOX * nb)
     nv_bw = check_positive("nvlink_bandwidth", nvlink_bandwidth)
     nv_lat = check_nonnegative("nvlink_latency", nvlink_latency)
     pc_bw = check_positive("pcie_bandwidth", pcie_bandwidth)

@@ -11,6 +11,7 @@ from shardplan.errors import ShardplanError
 from shardplan.ir._pairs import GridPairs
 from shardplan.ir.topology import Link, Topology, model_links
 from shardplan.topology._devices import (
+    check_device_count,
     check_nonnegative,
     check_positive,
     check_shape,
@@ -56,6 +57,7 @@ def grid(kind: str, shape: Sequence[int], ndim: int, wrap: bool, *,
     bw = check_positive("link_bandwidth", link_bandwidth)
     lat = check_nonnegative("hop_latency", hop_latency)
     n = math.prod(dims)
+    check_device_count(kind, n)
     model = GridPairs(dims, wrap, bw, lat)
     links = model_links(model, "torus" if wrap else "mesh")
     coords = np.stack(np.unravel_index(np.arange(n), dims), axis=1)

@@ -12,6 +12,7 @@ from shardplan.ir._pairs import LevelPairs
 from shardplan.ir.topology import Level, Topology
 from shardplan.topology._devices import (
     check_count,
+    check_device_count,
     check_list,
     check_nonnegative,
     check_positive,
@@ -67,6 +68,7 @@ def flat(num_devices: int, *, bandwidth: float = 1.25e10, latency: float = 1e-5,
     says RaNNC assumes; the baseline of the mapping experiments. O(D).
     """
     n = check_count("num_devices", num_devices)
+    check_device_count("flat", n)
     bw = check_positive("bandwidth", bandwidth)
     lat = check_nonnegative("latency", latency)
     model = LevelPairs((n,), (bw,), (lat,))
@@ -146,6 +148,7 @@ def hierarchical(shape: Sequence[int], *, level_names: Sequence[str] | None = No
             else check_list("latency", latency, depth, what=what, positive=False))
 
     n = math.prod(dims)
+    check_device_count("hierarchical", n)
     # devices i, j are in the same level-k group iff i // stride[k] == j // stride[k],
     # stride[k] = prod(dims[k+1:]); the pair model finds a pair's level that way on demand.
     strides = [math.prod(dims[k + 1:]) for k in range(depth)]

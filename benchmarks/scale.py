@@ -1,0 +1,221 @@
+"""How do the planners scale? Seconds and peak memory of each planner against graph size and
+device count, with the growth exponent fitted on a log-log scale.
+
+    .venv/bin/python benchmarks/scale.py --quick     # a few minutes: 10^2 operators
+    .venv/bin/python benchmarks/scale.py             # 10^3..10^5 operators, 16..4096 devices
+
+Writes ``benchmarks/results/scale_quick.md`` (``--quick``) or ``benchmarks/results/scale.md``.
+
+Two sweeps per planner (Parmesan, the heuristic, the hierarchical partitioner, optimal
+mapping): the graph grows at a fixed device count, and the device count grows at a fixed
+graph. Graphs are paper 000's layered DAGs (:func:`shardplan.generate.layered`, width 100,
+skip edges), topologies hierarchical (``4x8x16x8`` at 4096 devices, see ``SHAPES``); the
+mapping input is a uniform partition into ``min(16, D)`` stages x ``D / stages`` replicas.
+
+Each run is a fresh process (``--child``), so that memory is the run's own: inputs are built
+first, the process's peak resident set is then reset (``/proc/self/clear_refs``) and read
+after the run (``VmHWM``); ``peak MiB`` is that peak above the resident set before the run.
+Every run has a time limit (``--limit``); one that reaches it (status ``timed_out``) measures
+the limit, not the planner, so the fitted exponent uses only runs that finished on their
+own (``fit points`` says how many) and is ``n/a`` with fewer than two. ``exponent`` is the
+least-squares slope of log(seconds) against log(size): 1 is linear, 2 quadratic. Planners run
+in-process (``workers=1``), one BLAS thread, seed 0; timings depend on the machine's load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+#: Hierarchical topology shape per device count (outermost level first).
+SHAPES = {16: (2, 8), 32: (4, 8), 64: (8, 8), 256: (4, 8, 8), 1024: (4, 4, 8, 8),
+          4096: (4, 8, 16, 8)}
+PLANNERS = ("parmesan", "heuristic", "hierarchical", "optimal-mapping")
+
+FULL = {"nodes": (1001, 3001, 10001, 30001, 100001), "nodes_devices": 256,
+        "devices": (16, 64, 256, 1024, 4096), "devices_nodes": 10001, "limit": 600.0}
+QUICK = {"nodes": (101, 201, 401), "nodes_devices": 16,
+         "devices": (16, 32, 64), "devices_nodes": 201, "limit": 10.0}
+
+
+# ---------------------------------------------------------------------- one run (child)
+def _rss_kib(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+def child(spec: dict) -> dict:
+    """Build the inputs of ``spec``, run its planner once, return seconds, memory, status."""
+    from shardplan import registry
+    from shardplan.generate import layered
+    from shardplan.topology import build
+
+    graph = layered(num_nodes=spec["nodes"], width=100, seed=0, skip_probability=0.1,
+                    params_per_weight=1e4)
+    topo = build("hierarchical", shape=SHAPES[spec["devices"]])
+    planner, limit = spec["planner"], spec["limit"]
+    if planner == "optimal-mapping":
+        stages = min(16, topo.num_devices)
+        plan = registry.run("partition", "uniform", graph, topo, stages=stages,
+                            replicas=topo.num_devices // stages).plan
+        family, name, opts = "map", "optimal", {"plan": plan}
+    elif planner == "parmesan":  # one (S, R): the search over shapes multiplies the work
+        stages = min(8, topo.num_devices)
+        family, name, opts = "partition", planner, {
+            "stages": stages, "replicas": topo.num_devices // stages}
+    elif planner == "heuristic":
+        family, name, opts = "partition", planner, {"workers": 1, "restarts": 1}
+    else:
+        family, name, opts = "partition", planner, {"restarts": 1}
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # reset the peak resident set to the current one
+        reset = True
+    except OSError:
+        reset = False
+    base = _rss_kib("VmRSS")
+    t0 = time.perf_counter()
+    res = registry.run(family, name, graph, topo, seed=0, time_limit=limit, **opts)
+    secs = time.perf_counter() - t0
+    peak = _rss_kib("VmHWM")
+    return {"seconds": secs, "peak_mib": max(0, peak - base) / 1024 if reset else None,
+            "status": res.plan.status, "value": res.plan.objective.value,
+            "lower_bound": res.plan.objective.lower_bound}
+
+
+# ---------------------------------------------------------------------- the sweeps
+def run_one(spec: dict) -> dict:
+    """``spec`` in a fresh process; killed at 3 x its limit + 60 s (then status ``killed``)."""
+    try:
+        out = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)],
+                             capture_output=True, text=True, timeout=3 * spec["limit"] + 60,
+                             env={**os.environ, "PYTHONPATH": str(ROOT)})
+    except subprocess.TimeoutExpired:
+        return {"seconds": math.nan, "peak_mib": None, "status": "killed"}
+    lines = out.stdout.strip().splitlines()
+    if out.returncode != 0 or not lines:
+        err = (out.stderr.strip().splitlines() or ["?"])[-1]
+        return {"seconds": math.nan, "peak_mib": None, "status": f"error: {err[:80]}"}
+    return json.loads(lines[-1])
+
+
+def fit_exponent(sizes: list[float], values: list[float]) -> float | None:
+    """Least-squares slope of log(values) against log(sizes); None with < 2 distinct sizes."""
+    import numpy as np
+
+    pts = [(math.log(s), math.log(v)) for s, v in zip(sizes, values, strict=True)
+           if v is not None and v > 0 and math.isfinite(v)]
+    if len({x for x, _ in pts}) < 2:
+        return None
+    x, y = np.array(pts).T
+    return float(np.polyfit(x, y, 1)[0])
+
+
+def sweep(cfg: dict, planners: list[str]) -> list[dict]:
+    rows = []
+    for planner in planners:
+        for axis, sizes in (("nodes", cfg["nodes"]), ("devices", cfg["devices"])):
+            runs = []
+            for size in sizes:
+                spec = {"planner": planner, "limit": cfg["limit"],
+                        "nodes": size if axis == "nodes" else cfg["devices_nodes"],
+                        "devices": size if axis == "devices" else cfg["nodes_devices"]}
+                r = run_one(spec)
+                runs.append((size, r))
+                mem = "-" if r.get("peak_mib") is None else f"{r['peak_mib']:.0f}"
+                print(f"{planner:16s} nodes {spec['nodes']:7d} devices {spec['devices']:5d} "
+                      f"{r['seconds']:8.2f} s {mem:>7s} MiB  {r['status']}", flush=True)
+            done = [(s, r) for s, r in runs if r["status"] in ("optimal", "feasible")]
+            rows.append({
+                "planner": planner, "axis": axis, "runs": runs,
+                "fit_points": len(done),
+                "time_exp": fit_exponent([s for s, _ in done], [r["seconds"] for _, r in done]),
+                "mem_exp": fit_exponent([s for s, _ in done],
+                                        [r.get("peak_mib") for _, r in done]),
+            })
+            e = rows[-1]["time_exp"]
+            print(f"{planner:16s} {axis}: time exponent "
+                  f"{'n/a' if e is None else f'{e:.2f}'} over {len(done)} finished runs",
+                  flush=True)
+    return rows
+
+
+def _fmt(x: float | None, spec: str) -> str:
+    return "n/a" if x is None or not math.isfinite(x) else format(x, spec)
+
+
+def write_report(path: Path, cfg: dict, rows: list[dict], quick: bool, load: tuple) -> None:
+    cmd = "benchmarks/scale.py" + (" --quick" if quick else "")
+    lines = ["# Planners at scale" + (" (quick)" if quick else ""), "",
+             f"Written by `{cmd}` (do not edit by hand). Graphs: layered DAGs (width 100); "
+             f"topologies: hierarchical ({', '.join(f'{d}: ' + 'x'.join(map(str, s)) for d, s in SHAPES.items() if d in cfg['devices'] or d == cfg['nodes_devices'])}). "  # noqa: E501
+             f"Graph sweep at {cfg['nodes_devices']} devices, device sweep at "
+             f"{cfg['devices_nodes']} operators; time limit {cfg['limit']:g} s per run; one "
+             f"fresh process per run, one BLAS thread. `peak MiB`: peak resident set above the "
+             f"inputs. Exponents: log-log least squares over the runs that finished before "
+             f"their limit (`timed_out` runs measure the limit). Load average "
+             f"{load[0]:.1f} before, {os.getloadavg()[0]:.1f} after (2 cores).", "",
+             "## Fitted growth exponents", "",
+             "| planner | sweep | time exponent | memory exponent | fit points |",
+             "|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['planner']} | {r['axis']} | {_fmt(r['time_exp'], '.2f')} | "
+                     f"{_fmt(r['mem_exp'], '.2f')} | {r['fit_points']} of {len(r['runs'])} |")
+    lines += ["", "## Runs", "",
+              "| planner | operators | devices | seconds | peak MiB | status | value | "
+              "lower bound |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        for size, run in r["runs"]:
+            nodes = size if r["axis"] == "nodes" else cfg["devices_nodes"]
+            devices = size if r["axis"] == "devices" else cfg["nodes_devices"]
+            lines.append(f"| {r['planner']} | {nodes} | {devices} | "
+                         f"{_fmt(run['seconds'], '.2f')} | {_fmt(run.get('peak_mib'), '.0f')} | "
+                         f"{run['status']} | {_fmt(run.get('value'), '.4g')} | "
+                         f"{_fmt(run.get('lower_bound'), '.4g')} |")
+    from shardplan.ir import write_atomic
+    write_atomic(path, "\n".join(lines) + "\n")
+    print(f"wrote {path}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="small sizes, 10 s limits (minutes)")
+    ap.add_argument("--limit", type=float, default=None, help="time limit per run (seconds)")
+    ap.add_argument("--planners", default=",".join(PLANNERS),
+                    help=f"comma-separated subset of {','.join(PLANNERS)}")
+    ap.add_argument("--out", default=None, help="the markdown file to write")
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child is not None:
+        print(json.dumps(child(json.loads(args.child))))
+        return
+    cfg = dict(QUICK if args.quick else FULL)
+    if args.limit is not None:
+        cfg["limit"] = args.limit
+    planners = [p for p in args.planners.split(",") if p]
+    bad = [p for p in planners if p not in PLANNERS]
+    if bad:
+        ap.error(f"unknown planner(s) {', '.join(bad)} (choose from {', '.join(PLANNERS)})")
+    load = os.getloadavg()
+    rows = sweep(cfg, planners)
+    out = Path(args.out) if args.out else ROOT / "benchmarks/results" / (
+        "scale_quick.md" if args.quick else "scale.md")
+    write_report(out, cfg, rows, args.quick, load)
+
+
+if __name__ == "__main__":
+    main()
