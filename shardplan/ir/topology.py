@@ -71,16 +71,23 @@ class Link:
 
 def encode_matrix(arr: np.ndarray) -> dict[str, Any]:
     """A D x D float matrix as a JSON object: its distinct values and, per entry, the index
-    of its value (``uint8``/``uint16``/``uint32``, row-major, zlib-compressed, base64), or,
-    with more than 2^32 distinct values, the float64 entries themselves (little-endian,
-    compressed). Matrices of a few link classes (most topologies) take a few bytes per row."""
+    of its value (``uint8``/``uint16``, row-major, zlib-compressed, base64), or, with more
+    distinct values than that pays for, the float64 entries themselves (little-endian,
+    compressed). Matrices of a few link classes (most topologies) take a few bytes per row;
+    random ones 8 bytes an entry (plus base64's third), not the 20 of decimal JSON."""
     import base64
     import zlib
 
     a = np.ascontiguousarray(arr, dtype=np.float64)
-    values, codes = np.unique(a, return_inverse=True)
-    for dt in ("<u1", "<u2", "<u4"):
-        if values.size <= np.iinfo(np.dtype(dt)).max + 1:
+    flat = a.reshape(-1)
+    sample = flat[::max(1, flat.size // 2**16)]
+    codes = None
+    if np.unique(sample).size * 4 < sample.size:  # else too many distinct values: no sort
+        values, codes = np.unique(a, return_inverse=True)
+    for dt in ("<u1", "<u2") if codes is not None else ():
+        # codes while the value list (about 24 bytes of JSON each) costs less than it saves
+        if values.size <= np.iinfo(np.dtype(dt)).max + 1 and \
+                values.size * 24 < a.size * (8 - np.dtype(dt).itemsize):
             raw = codes.astype(dt).tobytes()
             return {"encoding": "codes", "shape": list(a.shape), "values": values.tolist(),
                     "dtype": dt, "data": base64.b64encode(zlib.compress(raw, 1)).decode()}

@@ -196,6 +196,7 @@ def test_large_dense_topology_is_stored_compactly_and_exactly():
     np.testing.assert_array_equal(decode_matrix("bandwidth", enc), few)
     many = rng.random((40, 40))
     enc = encode_matrix(many)
+    assert enc["encoding"] == "float64"  # distinct values: no value list
     np.testing.assert_array_equal(decode_matrix("latency", enc), many)
     with pytest.raises(InvalidFileError):
         decode_matrix("latency", {**enc, "data": "not base64!"})
