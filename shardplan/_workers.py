@@ -13,6 +13,13 @@ mapping's concurrent targets) take their pool from :func:`process_pool`:
   command line turns into one, an error), the workers are terminated at once instead of
   being waited for, so the parent answers within a fraction of a second; on a normal end the
   pool shuts down as usual.
+
+The same searches run on a Ray cluster instead when given its address (:func:`executor` with
+``ray=ADDRESS``; ``shardplan plan --ray``, ``partition --algorithm heuristic --ray``): every
+task becomes a Ray task, returned as a :class:`concurrent.futures.Future`, so the search code is
+the same for both. Tasks carry their deadlines as seconds left, never as a clock reading
+(clocks of different machines do not agree), and results are combined in task order, so a
+seed gives the same plan whatever the worker count or backend.
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
-__all__ = ["mp_context", "process_pool"]
+__all__ = ["RayExecutor", "executor", "mp_context", "process_pool"]
 
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 _WATCH_SECONDS = 0.5
@@ -112,3 +119,141 @@ def process_pool(workers: int, *, initializer: Callable[..., Any] | None = None,
         _terminate(pool)
         raise
     pool.shutdown(wait=True, cancel_futures=True)
+
+
+# --------------------------------------------------------------------------------- Ray
+_SCALARS = (int, float, str, bytes, bool, type(None))
+
+
+def _ray_call(n_init: int, initializer: Callable[..., Any] | None, *rest: Any) -> Any:
+    """Body of every Ray task: the pool's initializer (cheap by contract: it stores its
+    arguments), then the task's function."""
+    init_args, fn, args = rest[:n_init], rest[n_init], rest[n_init + 1:]
+    if initializer is not None:
+        initializer(*init_args)
+    return fn(*args)
+
+
+def _check_reachable(address: str) -> None:
+    """A ``HOST:PORT`` that accepts no connection: one line now, instead of Ray's minutes of
+    retries."""
+    import socket
+
+    from shardplan.errors import ShardplanError
+
+    if address in ("local", "auto"):
+        return
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not port.isdigit():
+        raise ShardplanError(f"--ray expects local, auto or HOST:PORT, got {address!r}")
+    try:
+        socket.create_connection((host or "127.0.0.1", int(port)), timeout=5).close()
+    except OSError as exc:
+        raise ShardplanError(f"cannot reach the Ray cluster at {address!r}: "
+                             f"{exc.strerror or exc}") from None
+
+
+class RayExecutor:
+    """Tasks on a Ray cluster behind the part of the :class:`~concurrent.futures.Executor`
+    interface the searches use (``submit``, ``map``).
+
+    Parameters
+    ----------
+    address : str
+        ``local`` (start Ray in this process, with ``workers`` CPUs), ``auto`` (the cluster
+        this machine belongs to) or a cluster address (``HOST:PORT``, ``ray://HOST:PORT``).
+    workers : int
+        CPUs of a local Ray; a cluster's own resources decide otherwise.
+    initializer, initargs
+        Run in a worker before its first task (as a process pool's initializer); the
+        arguments go to Ray's object store once.
+
+    Notes
+    -----
+    Large arguments repeated across tasks (a search's problem) are put in the object store
+    once, keyed by identity. Ray is an optional dependency (``pip install 'shardplan[ray]'``);
+    without it, one line says so.
+    """
+
+    def __init__(self, address: str, workers: int, initializer: Callable[..., Any] | None
+                 = None, initargs: tuple[Any, ...] = ()) -> None:
+        from shardplan.errors import ShardplanError
+
+        try:
+            import ray
+        except ImportError:
+            raise ShardplanError("--ray needs Ray: pip install 'shardplan[ray]'") from None
+        self._ray = ray
+        self._started = False
+        if not ray.is_initialized():
+            _check_reachable(address)
+            kw: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
+                                  "configure_logging": False}
+            try:
+                if address == "local":
+                    ray.init(num_cpus=max(1, workers), **kw)
+                else:
+                    ray.init(address=address, **kw)
+            except (ConnectionError, RuntimeError, ValueError) as exc:
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc)
+                raise ShardplanError(f"cannot reach the Ray cluster at {address!r}: "
+                                     f"{first}") from None
+            self._started = True
+        self._remote = ray.remote(num_cpus=1)(_ray_call)
+        self._initializer = initializer
+        self._init_refs = [ray.put(a) for a in initargs]
+        self._kept: dict[int, tuple[Any, Any]] = {}
+        self._refs: list[Any] = []
+
+    def _arg(self, a: Any) -> Any:
+        if isinstance(a, _SCALARS):
+            return a
+        got = self._kept.get(id(a))
+        if got is None or got[0] is not a:
+            got = (a, self._ray.put(a))
+            self._kept[id(a)] = got
+        return got[1]
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run ``fn(*args)`` as a Ray task; a :class:`concurrent.futures.Future` of its
+        result."""
+        ref = self._remote.remote(len(self._init_refs), self._initializer, *self._init_refs,
+                                  fn, *(self._arg(a) for a in args))
+        self._refs.append(ref)
+        return ref.future()
+
+    def map(self, fn: Callable[..., Any], *iterables: Any) -> Iterator[Any]:
+        futures = [self.submit(fn, *args) for args in zip(*iterables, strict=True)]
+        return (f.result() for f in futures)
+
+    def cancel_all(self) -> None:
+        """Cancel every task not finished (running ones are interrupted)."""
+        for ref in self._refs:
+            with contextlib.suppress(Exception):
+                self._ray.cancel(ref, force=True)
+
+    def close(self) -> None:
+        self._kept.clear()
+        self._refs.clear()
+        if self._started:
+            self._ray.shutdown()
+
+
+@contextlib.contextmanager
+def executor(workers: int, *, ray: str | None = None,
+             initializer: Callable[..., Any] | None = None,
+             initargs: tuple[Any, ...] = ()) -> Iterator[Any]:
+    """:func:`process_pool` of ``workers`` processes, or a :class:`RayExecutor` on the
+    cluster at ``ray`` when given; the block's exception cancels what is still running."""
+    if ray is None:
+        with process_pool(workers, initializer=initializer, initargs=initargs) as pool:
+            yield pool
+        return
+    ex = RayExecutor(ray, workers, initializer, initargs)
+    try:
+        yield ex
+    except BaseException:
+        ex.cancel_all()
+        raise
+    finally:
+        ex.close()

@@ -118,8 +118,6 @@ def run_demo(out_dir: str | Path, *, model: str = DEFAULT_MODEL, batch_size: int
 
 def _local_run(out: Path, steps: int, say: Any) -> dict[str, Any]:
     """Plan a small model on two measured local processes and train the winner for real."""
-    from dataclasses import replace
-
     from shardplan.capture import capture_spec
     from shardplan.planner import search
     from shardplan.runtime import config_for_plan, train
@@ -136,10 +134,6 @@ def _local_run(out: Path, steps: int, say: Any) -> dict[str, Any]:
     plan = found.winner
     save(plan, out / "local-plan.json")
     cfg = config_for_plan(plan, graph, steps=steps)
-    sync = plan.settings.gradient_sync
-    if plan.num_stages == 1 and sync in ("bucketed", "sharded"):
-        cfg = replace(cfg, kind="ddp" if sync == "bucketed" else "fsdp",
-                      nproc=plan.num_replicas)
     res = train(cfg)
     measured = statistics.median(res.seconds_per_step[1:] or res.seconds_per_step)
     predicted = simulate(plan, graph, topo, timeline=False).iteration_seconds

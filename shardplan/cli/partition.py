@@ -37,6 +37,9 @@ FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
                                 "help": "replicas per stage (Parmesan: S x R = devices)"}),
     "workers": ("--workers", {"type": positive_int,
                               "help": "parallel worker processes (default: the cores)"}),
+    "ray": ("--ray", {"metavar": "ADDRESS",
+                      "help": "heuristic: run the restarts on a Ray cluster (local | auto | "
+                              "HOST:PORT; needs pip install 'shardplan[ray]')"}),
     "restarts": ("--restarts", {"type": positive_int,
                                 "help": "random restarts of a local search"}),
     "start": ("--start", {"help": "initial partition of a local search "

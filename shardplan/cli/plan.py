@@ -77,6 +77,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="stop the search after SEC seconds with the best plan so far")
     p.add_argument("--top", type=positive_int, default=10, metavar="K",
                    help="candidates to show (default 10)")
+    p.add_argument("--ray", metavar="ADDRESS",
+                   help="evaluate candidates on a Ray cluster (local | auto | HOST:PORT; "
+                        "needs pip install 'shardplan[ray]')")
     p.add_argument("--workers", type=positive_int, metavar="N",
                    help="processes evaluating candidates (default: the CPUs, at most 4)")
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
@@ -162,7 +165,8 @@ def _run(args: argparse.Namespace) -> int:
     with progress_reporter() as progress:
         result = search(graph, topology, global_batch=args.global_batch, settings=settings,
                         families=families, time_limit=time_left(args.time_limit),
-                        seed=args.seed, workers=args.workers, fixed=fixed, progress=progress)
+                        seed=args.seed, workers=args.workers, fixed=fixed, ray=args.ray,
+                        progress=progress)
     for err in result.errors:
         note(f"no candidate from {err}")
     if result.timed_out:
@@ -231,7 +235,6 @@ def _print(result: Any, args: argparse.Namespace, measured: dict[str, Any] | Non
 def _train(args: argparse.Namespace, plan: Any, graph: Any, topology: Any) -> dict[str, Any]:
     """Train the winner for ``--steps`` steps; predicted and measured seconds per step."""
     import statistics
-    from dataclasses import replace
 
     from shardplan.runtime import config_for_plan, train
     from shardplan.simulate import simulate
@@ -240,14 +243,7 @@ def _train(args: argparse.Namespace, plan: Any, graph: Any, topology: Any) -> di
     if not model:
         raise ShardplanError("--run needs the model the graph was captured from (capture it "
                              "with shardplan, or plan from a model spec)")
-    if plan.strategy is not None:
-        raise ShardplanError("--run: the winner is a per-layer strategy, which this runtime "
-                             "cannot run yet; plan with --families excluding pase,hybrid")
     cfg = config_for_plan(plan, graph, steps=args.steps, model=model)
-    sync = plan.settings.gradient_sync
-    if plan.num_stages == 1 and sync in ("bucketed", "sharded"):  # what DDP / FSDP run
-        cfg = replace(cfg, kind="ddp" if sync == "bucketed" else "fsdp",
-                      nproc=plan.num_replicas)
     result = train(cfg)
     times = list(result.seconds_per_step)
     measured = statistics.median(times[1:] if len(times) > 1 else times)

@@ -4,9 +4,12 @@ A plan records which view of the one stage-time model its objective used
 (:data:`~shardplan.cost._pipeline.OBJECTIVE_NAMES`): ``max_stage_seconds`` (Parmesan's
 equation 3, what partitions recorded before the execution settings existed),
 ``max_stage_seconds_p2p`` / ``max_stage_seconds_allreduce`` (equations 6 and 7, mappings) or
-``max_stage_seconds_overlap`` (the simulator-consistent view). ``shardplan cost --objective
-max-stage`` evaluates that view from the three files with the plan's execution settings
-(overridden by ``--option KEY=VALUE``), so it reproduces what the planner recorded.
+``max_stage_seconds_overlap`` (the simulator-consistent view), each ending in
+``_contention`` when it was priced with link contention (a mapping's default on topologies
+with physical links). ``shardplan cost --objective max-stage`` evaluates that view from the
+three files with the plan's execution settings (overridden by ``--option KEY=VALUE``;
+``--option contention=false|true`` overrides the contention term), so it reproduces what the
+planner recorded.
 """
 
 from __future__ import annotations
@@ -16,9 +19,10 @@ from typing import Any
 
 from shardplan.cost._model import CostModel
 from shardplan.cost._pipeline import (
-    OBJECTIVE_NAMES,
     VIEWS,
     StageTimes,
+    contention_of_objective,
+    objective_name,
     stage_times,
     view_of_objective,
 )
@@ -26,19 +30,20 @@ from shardplan.errors import ShardplanError
 from shardplan.ir import ExecutionSettings, Graph, Plan, Topology
 from shardplan.objectives import Evaluation, objective
 
-__all__ = ["plan_stage_times", "plan_view"]
+__all__ = ["plan_contention", "plan_stage_times", "plan_view"]
 
 
 def plan_stage_times(plan: Plan, graph: Graph, topology: Topology,
-                     settings: ExecutionSettings | None = None) -> StageTimes:
+                     settings: ExecutionSettings | None = None, *,
+                     contention: bool = False) -> StageTimes:
     """The :class:`StageTimes` of ``plan`` as placed, under ``settings`` (default: the
-    plan's own). Stages run in pipeline order
+    plan's own), with link contention if asked. Stages run in pipeline order
     (:func:`~shardplan.cost._pipeline.pipeline_positions`). O(n + m log m + S^2 + messages)."""
     settings = plan.settings if settings is None else settings
     model = CostModel.from_settings(graph, topology, settings)
     a = plan.assignment(graph.num_nodes)
     return stage_times(model, a, [st.devices for st in plan.stages],
-                       num_stages=plan.num_stages)
+                       num_stages=plan.num_stages, contention=contention)
 
 
 def plan_view(plan: Plan) -> str:
@@ -48,22 +53,34 @@ def plan_view(plan: Plan) -> str:
     name = plan.objective.name
     if name in ("", "max_stage_seconds"):
         return "eq3"
-    if name not in OBJECTIVE_NAMES.values():
+    try:
+        return view_of_objective(name)
+    except ShardplanError:
         return "overlap"
-    return view_of_objective(name)
+
+
+def plan_contention(plan: Plan) -> bool:
+    """Whether a plan's recorded objective was priced with link contention."""
+    return contention_of_objective(plan.objective.name)
 
 
 @objective("max-stage")
 def max_stage(plan: Plan, graph: Graph, topology: Topology, *, model: str | None = None,
-              **options: Any) -> Evaluation:
+              contention: bool | None = None, **options: Any) -> Evaluation:
     """Evaluate the plan's max-stage objective: the view it recorded, or ``model`` (one of
-    :data:`VIEWS`) to force another; ``options`` override the plan's execution settings.
-    A stage that does not fit in memory makes the value infinite. O(n + m log m + S^2 R)."""
+    :data:`VIEWS`) to force another, with link contention as recorded or as ``contention``
+    says; ``options`` override the plan's execution settings. A stage that does not fit in
+    memory makes the value infinite. O(n + m log m + S^2 R)."""
     view = plan_view(plan) if model is None else model
     if view not in VIEWS:
         raise ShardplanError(f"model must be one of {', '.join(VIEWS)}, got {view!r}")
+    if contention is None:
+        contention = plan_contention(plan)
+    if not isinstance(contention, bool):
+        raise ShardplanError(f"contention must be true or false, got {contention!r}")
+    contention = contention and bool(topology.links)
     settings, _ = plan.settings.override(**options)
-    st = plan_stage_times(plan, graph, topology, settings)
+    st = plan_stage_times(plan, graph, topology, settings, contention=contention)
     seconds = st.stage_seconds(view)
     value = float(seconds.max()) if seconds.size else 0.0
     details = {
@@ -75,5 +92,6 @@ def max_stage(plan: Plan, graph: Graph, topology: Topology, *, model: str | None
         "fits_memory": [bool(x) for x in st.fits],
         "allreduce_seconds": [float(x) for x in st.allreduce],
         "settings": settings.to_dict(),
+        "contention": contention,
     }
-    return OBJECTIVE_NAMES[view], value, details
+    return objective_name(view, contention), value, details

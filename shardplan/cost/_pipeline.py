@@ -32,6 +32,22 @@ Where the paper's assumptions hold -- one replica, no latency, free transfers --
 is the stage's compute (tested). A plan records which view its objective used
 (:data:`OBJECTIVE_NAMES`).
 
+Link contention (``stage_times(..., contention=True)``, on topologies with physical
+``links``): the views above give every message its route's bottleneck bandwidth alone. With
+contention, the messages of one micro-batch (activations and gradients, every stage pair,
+every replica) are taken to stream at once, as they do in a pipeline's steady state. A
+*transfer* is everything one device sends another per micro-batch; a device sends its
+transfers one after another (the simulator's send queue), so they do not slow each other,
+but they share every link of their routes with the other devices' transfers:
+``bandwidth seconds = max over the route's links l of (bytes + bytes of the other devices'
+transfers over l) / bandwidth(l)`` (at least ``bytes / bottleneck bandwidth``, the value
+without contention, which it equals when no other device uses its links). Each message of a
+transfer takes its share (by bytes) of that time, plus its latency. Loads only grow as
+transfers are added, so a partial placement's times are lower bounds of every completion's
+(what the mapping search relies on). Objectives priced this way carry
+:data:`CONTENTION_SUFFIX` (``max_stage_seconds_overlap_contention``). All-reduce rings and
+sharded all-gathers stay uncontended.
+
 Replicas: the R_s replicas of stage s split every micro-batch, replica i running the share
 ``[i / R_s, (i + 1) / R_s)`` of its samples. Replica i of stage a sends to replica j of stage
 b the part of a's output for the samples both hold (the overlap of their shares: all of it
@@ -50,13 +66,15 @@ import numpy as np
 
 from shardplan.cost._checks import check_assignment
 from shardplan.cost._collectives import ring_collectives
+from shardplan.cost._contention import link_contention, link_table, route_links
 from shardplan.cost._formulas import message_seconds, optimizer_seconds, work_seconds
 from shardplan.cost._memory import in_flight_microbatches
 from shardplan.cost._transfer import stage_traffic
 from shardplan.errors import ShardplanError
 
-__all__ = ["OBJECTIVE_NAMES", "VIEWS", "StageTimes", "pipeline_factor", "pipeline_positions",
-           "replica_pairs",
+__all__ = ["CONTENTION_SUFFIX", "OBJECTIVE_NAMES", "VIEWS", "StageTimes",
+           "contention_of_objective", "objective_name", "pipeline_factor",
+           "pipeline_positions", "replica_pairs",
            "stage_devices_padded", "stage_times", "uniform_comm", "view_of_objective",
            "view_seconds"]
 
@@ -65,15 +83,35 @@ OBJECTIVE_NAMES = {"eq3": "max_stage_seconds", "p2p": "max_stage_seconds_p2p",
                    "allreduce": "max_stage_seconds_allreduce",
                    "overlap": "max_stage_seconds_overlap"}
 _VIEW_OF = {v: k for k, v in OBJECTIVE_NAMES.items()}
+#: Ends the objective name of a view priced with link contention (module docstring).
+CONTENTION_SUFFIX = "_contention"
+
+
+def objective_name(view: str, contention: bool = False) -> str:
+    """The objective name plans record for ``view``, with or without link contention."""
+    return OBJECTIVE_NAMES[view] + (CONTENTION_SUFFIX if contention else "")
+
+
+def _split_name(name: str) -> tuple[str, bool]:
+    if name.endswith(CONTENTION_SUFFIX) and name[:-len(CONTENTION_SUFFIX)] in _VIEW_OF:
+        return name[:-len(CONTENTION_SUFFIX)], True
+    return name, False
 
 
 def view_of_objective(name: str) -> str:
     """The view an objective name (as plans record it) stands for."""
+    base, _ = _split_name(name)
     try:
-        return _VIEW_OF[name]
+        return _VIEW_OF[base]
     except KeyError:
         raise ShardplanError(f"{name!r} is not a stage-time objective (known: "
-                             f"{', '.join(sorted(_VIEW_OF))})") from None
+                             f"{', '.join(sorted(_VIEW_OF))}, each optionally with "
+                             f"{CONTENTION_SUFFIX!r})") from None
+
+
+def contention_of_objective(name: str) -> bool:
+    """Whether an objective name says its view was priced with link contention."""
+    return _split_name(name)[1]
 
 
 def pipeline_factor(num_microbatches: int, num_ranks: int) -> int:
@@ -307,7 +345,7 @@ class StageTimes:
 
 def stage_times(model: Any, assignment: Sequence[int] | np.ndarray, stage_devices: Any, *,
                 num_stages: int | None = None, in_flight: Any = None,
-                order: Sequence[int] | None = None) -> StageTimes:
+                order: Sequence[int] | None = None, contention: bool = False) -> StageTimes:
     """The :class:`StageTimes` of a partition placed on devices.
 
     Parameters
@@ -326,6 +364,10 @@ def stage_times(model: Any, assignment: Sequence[int] | np.ndarray, stage_device
     order : sequence of int, optional
         Stages in pipeline order (default: :meth:`Graph.stage_order`); sets the positions
         for ``in_flight``.
+    contention : bool
+        Price the messages with link contention (module docstring) on a topology with
+        physical ``links`` (no effect without). Default False: every message alone on its
+        route, as the simulator's input (the simulator shares links itself).
 
     Complexity: O(n + m log m + S^2 + messages + S R).
     """
@@ -346,6 +388,8 @@ def stage_times(model: Any, assignment: Sequence[int] | np.ndarray, stage_device
     # messages
     tb, tt = stage_traffic(graph, a, k)
     msgs = _messages(tb, tt, dev, reps, topology.latency, model.inverse_bandwidth)
+    if contention:
+        msgs = _contended(msgs, dev, topology, model.inverse_bandwidth)
     width = dev.shape[1]
     send = np.zeros(k * width)
     recv = np.zeros(k * width)
@@ -427,3 +471,39 @@ def _messages(tb: np.ndarray, tt: np.ndarray, dev: np.ndarray, reps: np.ndarray,
     fwd = message_seconds(tn, lat_xy, nb, inv[x, y])
     bwd = message_seconds(tn, lat_yx, nb, inv[y, x])
     return Messages(sa.astype(np.int64), sb.astype(np.int64), ri, rj, nb, tn, fwd, bwd)
+
+
+def _contended(msgs: Messages, dev: np.ndarray, topology: Any, inv: np.ndarray) -> Messages:
+    """``msgs`` with the seconds of link contention (module docstring): every forward and
+    backward message of the micro-batch streams at once; messages between one pair of
+    devices form one transfer. O(messages H log(messages H))."""
+    table = link_table(topology)
+    if table is None or msgs.nbytes.size == 0:
+        return msgs
+    x = dev[msgs.src_stage, msgs.src_replica]
+    y = dev[msgs.dst_stage, msgs.dst_replica]
+    n = topology.num_devices
+    src = np.concatenate([x, y])  # forward messages x -> y, then their gradients y -> x
+    dst = np.concatenate([y, x])
+    nb = np.concatenate([msgs.nbytes, msgs.nbytes])
+    real = (src != dst) & (nb > 0)
+    pair, at = np.unique(np.where(real, src * n + dst, -1), return_inverse=True)
+    total = np.bincount(at, weights=np.where(real, nb, 0.0))
+    ps, pd = pair // n, pair % n
+    keep = pair >= 0
+    tau = np.zeros(pair.size)
+    base = np.zeros(pair.size)
+    with np.errstate(invalid="ignore"):
+        base[keep] = total[keep] * inv[ps[keep], pd[keep]]
+    paths = route_links(table, ps[keep], pd[keep])
+    tau[keep] = np.maximum(base[keep], link_contention(paths, table.inv_bandwidth, ps[keep],
+                                                       total[keep]))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        extra = np.where(keep & (total > 0), (tau - base) / np.where(total > 0, total, 1.0),
+                         0.0)
+    extra = np.where(np.isnan(extra), 0.0, extra)  # no route: already infinite
+    add = np.where(real, nb * extra[at], 0.0)
+    m = msgs.nbytes.size
+    return Messages(msgs.src_stage, msgs.dst_stage, msgs.src_replica, msgs.dst_replica,
+                    msgs.nbytes, msgs.tensors, msgs.forward_seconds + add[:m],
+                    msgs.backward_seconds + add[m:])

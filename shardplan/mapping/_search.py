@@ -23,6 +23,15 @@ exact once determined:
 - both: a device is allowed for stage s only if its eq. 8 / 9 bound is <= t, and after every
   placement each stage must still have a free allowed device for each unplaced replica.
 
+- link contention (p2p and overlap views on topologies with links): a placement adds its
+  transfers' bytes to the loads of the links on their routes, which can raise the time of
+  any placed replica whose transfers cross those links, not only of its neighbours. The
+  vectorised check over the candidates adds to the bounds above the contention each new
+  transfer already sees (lower bounds: loads only grow); each candidate tried is then
+  placed for real, the contention extra of every placed transfer recomputed from the link
+  loads, and every placed replica checked against t (O(K H) for K placed transfers of H
+  hops), undone on backtrack. A leaf's times are therefore exact.
+
 Order: p2p places replica 0's stages (starting from the heaviest-talking stage, then always
 the stage with most bytes to the placed ones), then replica 1 in the same order, ...;
 all-reduce places all replicas of the tightest stage (largest eq. 9 bound) first, then the
@@ -44,6 +53,9 @@ of equivalent ones, which satisfies all rules at once):
 - grid automorphisms (:mod:`shardplan.mapping._symmetry`: translations of tori, reflections,
   axis swaps): a vertex's device must be the smallest of its orbit under the automorphisms
   that fix every device placed so far (on a torus the first vertex goes to device 0 only).
+  With link contention, twins and automorphisms must also map every route onto the route
+  of the mapped pair (:func:`~shardplan.mapping._stage_time.routes_preserved`); single-path
+  routing breaks ties between equal paths one way, so few grid symmetries survive.
 
 All rules prefer low ids, so before searching the devices are relabelled best first (by
 their eq. 8 / 9 bound, :func:`make_search`); the cheapest-first value order then agrees with
@@ -82,7 +94,12 @@ from shardplan.mapping._bounds import (
     ring_bottleneck,
 )
 from shardplan.mapping._local import improve
-from shardplan.mapping._stage_time import MappingProblem, permute_devices, stage_times
+from shardplan.mapping._stage_time import (
+    MappingProblem,
+    permute_devices,
+    routes_preserved,
+    stage_times,
+)
 
 __all__ = ["AllreduceSearch", "P2PSearch", "SearchOutcome", "consecutive_devices",
            "make_search", "solve", "twin_classes"]
@@ -167,6 +184,12 @@ def twin_classes(problem: MappingProblem) -> np.ndarray:
             row = np.where(others, m[rest] == m[d][None, :], True).all(axis=1)
             col = np.where(others, m[:, d][None, :] == m[:, rest].T, True).all(axis=1)
             ok &= row & col & (m[d, rest] == m[rest, d])
+        if problem.contention and problem.links is not None:  # swaps must keep the routes
+            ids = problem.topology_ids(np.arange(d_count))
+            for j in np.flatnonzero(ok):
+                g = np.arange(problem.links.next_hop.shape[0])
+                g[ids[d]], g[ids[rest[j]]] = ids[rest[j]], ids[d]
+                ok[j] = routes_preserved(problem.links, g)
         cls[rest[ok]] = d
     # Twin-ness with one representative is an equivalence for these matrices; check pairs.
     return cls
@@ -346,6 +369,20 @@ class P2PSearch(_Base):
             else ((s, r, k) for r in range(self.R) for k, s in enumerate(order)))]
         self.reflect = bool(np.array_equal(problem.inv_bandwidth, problem.inv_bandwidth.T)
                             and np.array_equal(problem.latency, problem.latency.T))
+        self.contended = bool(problem.contention) and problem.links is not None
+        if self.contended:
+            ts, _ = problem.transfer_stages
+            cap = int(ts.size) * self.R
+            hops = problem.links.max_hops
+            self.tr_paths = np.full((cap, hops), -1, dtype=np.int64)
+            self.tr_sender = np.zeros(cap, dtype=np.int64)  # device
+            self.tr_bytes = np.zeros(cap)
+            self.tr_base = np.zeros(cap)  # bytes / bottleneck bandwidth
+            self.tr_sv = np.zeros(cap, dtype=np.int64)  # sender vertex s * R + r
+            self.tr_rv = np.zeros(cap, dtype=np.int64)  # receiver vertex
+            self.link_inv = np.append(problem.links.inv_bandwidth, 0.0)  # [-1]: no link
+            self.p2p_view = problem.view == "p2p"
+            self.srow = np.repeat(np.arange(self.S)[:, None], self.R, axis=1)
 
     def _cost_line(self, lat: np.ndarray, ib: np.ndarray, tensors: float, nbytes: float,
                    x: int) -> np.ndarray:
@@ -365,6 +402,86 @@ class P2PSearch(_Base):
         self.ar = np.zeros(self.S)  # largest ring link placed so far, per stage
         self.minc = dict(self.minc0)
         self.base = self.base0.copy()
+        self.extra = np.zeros((self.S, self.R))  # contention's extra seconds so far
+        if self.contended:
+            num_links = self.p.links.num_links
+            self.load = np.zeros(num_links + 1)  # bytes per link; [-1] padding stays 0
+            self.own = np.zeros((self.D, num_links + 1))  # per sending device
+            self.ntr = 0
+
+    def _contended_lines(self, x: int, nbytes: float) -> tuple[np.ndarray, np.ndarray]:
+        """For every device d, the contention seconds (over the uncontended ones) that a new
+        transfer of ``nbytes`` from d to x, and one from x to d, see from the transfers
+        placed so far: lower bounds of their final values (loads only grow), shape (D,)
+        each (0 where no route: the pair already costs inf). O(D H)."""
+        xs = np.full(self.D, x)
+        res = []
+        for src, dst, ib in ((self.ids, xs, self.p.inv_bandwidth[:, x]),
+                             (xs, self.ids, self.p.inv_bandwidth[x])):
+            pth = self.p.paths(src, dst)
+            other = np.maximum(self.load[pth] - self.own[src[:, None], pth], 0.0)
+            t = ((nbytes + other) * self.link_inv[pth]).max(axis=1) - nbytes * ib
+            res.append(np.where(np.isfinite(ib), np.maximum(t, 0.0), 0.0))
+        return res[0], res[1]
+
+    def _contend(self, s: int, r: int, d: int, partners: list[tuple[int, float]]
+                 ) -> tuple[bool, tuple[Any, ...]]:
+        """Replica r of stage s was just placed on d (its bounds set): add its transfers
+        with its placed ``partners`` (stage, bytes) to the link loads, recompute the
+        contention extra of every placed replica, and check every placed replica's time
+        against the target: ``(fits, undo)``; the caller passes ``undo`` to
+        :meth:`_uncontend` on failure or backtrack. O(K H + S R) for K placed transfers of
+        H hops."""
+        p = self.p
+        undo: tuple[Any, ...] = (self.load.copy(), self.extra, self.ntr, None, None)
+        if partners:
+            m = len(partners)
+            xs = self.dev[[u for u, _ in partners], r]
+            senders = np.append(xs, d)
+            undo = (*undo[:3], self.own[senders], senders)
+            nb = np.array([b for _, b in partners])
+            src = np.concatenate([np.full(m, d), xs])
+            dst = np.concatenate([xs, np.full(m, d)])
+            sv = np.array([s * self.R + r] * m + [u * self.R + r for u, _ in partners])
+            w = np.concatenate([nb, nb])
+            paths = p.paths(src, dst)
+            lo, hi = self.ntr, self.ntr + 2 * m
+            self.tr_paths[lo:hi] = paths
+            self.tr_sender[lo:hi] = src
+            self.tr_bytes[lo:hi] = w
+            self.tr_base[lo:hi] = w * p.inv_bandwidth[src, dst]
+            self.tr_sv[lo:hi] = sv
+            self.tr_rv[lo:hi] = np.concatenate([sv[m:], sv[:m]])
+            self.ntr = hi
+            on = paths >= 0  # a route crosses a link once: no repeats within a row
+            rows = np.broadcast_to(np.arange(2 * m)[:, None], paths.shape)[on]
+            np.add.at(self.load, paths[on], w[rows])
+            np.add.at(self.own, (src[rows], paths[on]), w[rows])
+        n = self.ntr
+        if n:
+            pth = self.tr_paths[:n]
+            other = np.maximum(self.load[pth] - self.own[self.tr_sender[:n, None], pth], 0.0)
+            val = ((self.tr_bytes[:n, None] + other) * self.link_inv[pth]).max(axis=1)
+            base = self.tr_base[:n]
+            with np.errstate(invalid="ignore"):  # inf - inf: no route, already inf
+                ext = np.where(np.isfinite(base), np.maximum(val - base, 0.0), 0.0)
+            sr = self.S * self.R
+            extra = np.bincount(self.tr_sv[:n], weights=ext, minlength=sr)
+            if self.p2p_view:
+                extra += np.bincount(self.tr_rv[:n], weights=ext, minlength=sr)
+            self.extra = extra.reshape(self.S, self.R)
+        placed = self.dev >= 0
+        srow = self.srow[placed]
+        t = self._time(srow, self.dev[placed], self.bound[placed] + self.extra[placed])
+        if self.ar_on:
+            t = t + self.p.ar_weight * self.ar[srow]
+        return bool((t <= self.target).all()), undo
+
+    def _uncontend(self, undo: tuple[Any, ...]) -> None:
+        load, extra, ntr, rows, senders = undo
+        self.load, self.extra, self.ntr = load, extra, ntr
+        if senders is not None:
+            self.own[senders] = rows
 
     def _time(self, s: int, d: Any, comm: Any) -> Any:
         return self.p.combine(self.p.compute[s, d], comm)
@@ -440,6 +557,7 @@ class P2PSearch(_Base):
             return False
         w = p.ar_weight if self.ar_on else 0.0
         val = self.base[s].copy()
+        own_more = 0.0  # contention each new transfer sees already, for the own bound
         worst = None
         nbr_new = []
         with np.errstate(invalid="ignore"):  # inf - inf: an unroutable pair, never <= t
@@ -451,16 +569,22 @@ class P2PSearch(_Base):
                 val += own - self.minc[(s, u)]
                 nb = self.bound[u, r] + nbr - self.minc[(u, s)][x]
                 nbr_new.append((u, nb))
-                nt = self._time(u, x, nb) + w * self.ar[u]
+                more = self.extra[u, r]
+                if self.contended and nbytes > 0:
+                    out, back = self._contended_lines(x, nbytes)
+                    own_more = own_more + (out + back if self.p2p_view else out)
+                    more = more + (out + back if self.p2p_view else back)
+                nt = self._time(u, x, nb + more) + w * self.ar[u]
                 worst = nt if worst is None else np.maximum(worst, nt)
-            own_t = self._time(s, self.ids, val)
+            own_t = self._time(s, self.ids, val + own_more)
             if w:
                 new_ar = np.full(self.D, self.ar[s])
                 if r >= 1:
                     new_ar = np.maximum(new_ar, p.ring_cost(s, self.dev[s, r - 1], self.ids))
                 if r == self.R - 1:
                     new_ar = np.maximum(new_ar, p.ring_cost(s, self.ids, self.dev[s, 0]))
-                placed = [self._time(s, self.dev[s, q], self.bound[s, q]) for q in range(r)]
+                placed = [self._time(s, self.dev[s, q], self.bound[s, q] + self.extra[s, q])
+                          for q in range(r)]
                 own_t = np.maximum(own_t, max(placed, default=0.0)) + w * new_ar
             else:
                 new_ar = None
@@ -472,6 +596,8 @@ class P2PSearch(_Base):
         choices = choices[np.argsort(worst[choices], kind="stable")]
         saved = [(u, self.bound[u, r]) for u, _ in nbr_new]
         saved_ar = self.ar[s]
+        partners = [(u, nbytes) for u, _tens, nbytes in self.links[k] if nbytes > 0] \
+            if self.contended else []
         for d in choices:
             d = int(d)
             self.dev[s, r] = d
@@ -483,8 +609,11 @@ class P2PSearch(_Base):
                 self.ar[s] = new_ar[d]
             self.remaining[s] -= 1
             old = self._fix(d)
-            if self._counts_ok() and self._dfs(i + 1):
+            fits, undo = self._contend(s, r, d, partners) if self.contended else (True, None)
+            if fits and self._counts_ok() and self._dfs(i + 1):
                 return True
+            if undo is not None:
+                self._uncontend(undo)
             self.stab = old
             self.remaining[s] += 1
             self.free[d] = True

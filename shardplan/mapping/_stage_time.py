@@ -30,6 +30,19 @@ Stage times, shape (S, R), are the views of :mod:`shardplan.cost._pipeline` (the
 - ``allreduce`` (equation 7): ``t(s_r) = C[s, p(s_r)] + AR(s)``,
   ``AR(s) = max over ring links (x, y) of 2 (R - 1) (lat[x, y] + P(s) / (R B[x, y]))``.
 
+Link contention (``contention``, the default on topologies with physical ``links``: meshes,
+tori and any topology file that lists its links): the transfers of ``p2p`` and ``overlap``
+are priced as :mod:`shardplan.cost._pipeline` prices them with contention. The transfer of
+replica r from stage s (device x) to an adjacent stage s' (device y) carries ``M[s, s']``
+bytes (activations forward and the gradients of what s' sent s); all transfers of all
+replicas stream at once, and a transfer's bandwidth term becomes ``max over the links l of
+its route of (M[s, s'] + bytes of the other devices' transfers over l) / bandwidth(l)``
+(a device's own transfers go one after another and do not slow each other). The *extra*
+seconds over the uncontended term are added to the sender (and under ``p2p`` also to the
+receiver, which pays for what it receives). Loads only grow as replicas are placed, so the
+search's partial times stay lower bounds. ``allreduce`` charges no transfers: contention
+changes nothing there and is off. The objective name then ends in ``_contention``.
+
 ``C[s, d]`` is the replica's share (1/R) of the stage's forward + backward seconds on device
 d, ``M[s, s']`` the bytes per replica of the tensors between the two stages (each tensor
 once per receiving stage, both directions), ``T`` their count, ``P(s)`` the stage's parameter
@@ -55,15 +68,17 @@ from shardplan.cost import (
     ring_allreduce_seconds,
     stage_traffic,
 )
+from shardplan.cost._contention import LinkTable, link_contention, link_table, route_links
 from shardplan.cost._memory import in_flight_microbatches
+from shardplan.cost._pipeline import objective_name as _view_objective_name
 from shardplan.cost._pipeline import pipeline_positions
 from shardplan.errors import ShardplanError
 from shardplan.ir import ExecutionSettings, Graph, Plan, Topology
 from shardplan.mapping._symmetry import grid_automorphisms
 
 __all__ = ["MODELS", "MappingProblem", "allreduce_times", "build_problem", "choose_model",
-           "cost_settings", "memory_note", "objective_name", "p2p_times", "permute_devices",
-           "stage_times"]
+           "contention_extra", "cost_settings", "memory_note", "objective_name", "p2p_times",
+           "permute_devices", "resolve_contention", "routes_preserved", "stage_times"]
 
 MODELS = ("overlap", "p2p", "allreduce")
 
@@ -103,7 +118,17 @@ class MappingProblem:
     automorphisms : ndarray, shape (G, D), or None
         Device permutations that preserve every stage time (a grid's translations and
         reflections, :func:`~shardplan.mapping._symmetry.grid_automorphisms`), row 0 the
-        identity; None when none are known.
+        identity; None when none are known. With contention they also preserve every route.
+    contention : bool
+        Whether transfers share links (module docstring); then ``links`` is set.
+    links : LinkTable or None
+        The topology's links and routes, in the topology's device ids.
+    device_ids : ndarray of int64, shape (D,), or None
+        The topology's id of every device of the problem (devices may be relabelled,
+        :func:`permute_devices`); None: the same ids.
+    route_table : ndarray of int32, shape (D0, D0, H), or None
+        Link ids of every route in the topology's ids, -1 padded, when small enough to
+        hold (else routes are walked when needed).
     """
 
     compute: np.ndarray
@@ -121,10 +146,36 @@ class MappingProblem:
     pair_inv_bandwidth: np.ndarray
     ar_weight: float
     automorphisms: np.ndarray | None = None
+    contention: bool = False
+    links: LinkTable | None = None
+    device_ids: np.ndarray | None = None
+    route_table: np.ndarray | None = None
 
     @property
     def num_stages(self) -> int:
         return int(self.compute.shape[0])
+
+    def topology_ids(self, devices: Any) -> np.ndarray:
+        """The topology's ids of the problem's devices ``devices``."""
+        d = np.asarray(devices, dtype=np.int64)
+        return d if self.device_ids is None else self.device_ids[d]
+
+    def paths(self, src: Any, dst: Any) -> np.ndarray:
+        """Link ids of the routes ``src[k] -> dst[k]`` (problem device ids, any equal
+        shapes), shape (..., H), -1 padded. O(size H)."""
+        assert self.links is not None
+        x, y = self.topology_ids(src), self.topology_ids(dst)
+        if self.route_table is not None:
+            return self.route_table[x, y].astype(np.int64)
+        return route_links(self.links, x.reshape(-1), y.reshape(-1)).reshape(
+            *x.shape, self.links.max_hops)
+
+    @property
+    def transfer_stages(self) -> tuple[np.ndarray, np.ndarray]:
+        """The ordered stage pairs (s, t) whose replicas send each other bytes: ``(s, t)``
+        arrays, both directions of every pair (``stage_bytes`` is symmetric)."""
+        s, t = np.nonzero(self.stage_bytes > 0)
+        return s.astype(np.int64), t.astype(np.int64)
 
     @property
     def num_devices(self) -> int:
@@ -183,13 +234,28 @@ def _resolve_view(model: str, settings: ExecutionSettings) -> str:
     return model
 
 
+#: Largest route table (device pairs x hops) held in memory; beyond it routes are walked.
+ROUTE_TABLE_ENTRIES = 1 << 23
+
+
+def resolve_contention(contention: Any, view: str, topology: Topology) -> bool:
+    """The contention option (``auto``, True or False) for ``view`` on ``topology``: on when
+    the topology has physical links and the view charges transfers (not ``allreduce``),
+    unless False. Raises :class:`ShardplanError` for any other value."""
+    if not isinstance(contention, bool) and not (isinstance(contention, str)
+                                                  and contention == "auto"):
+        raise ShardplanError(f"contention must be auto, true or false, got {contention!r}")
+    return contention is not False and view != "allreduce" and bool(topology.links)
+
+
 def build_problem(plan: Plan, graph: Graph, topology: Topology, *,
                   settings: ExecutionSettings | None = None, model: str = "auto",
-                  automorphisms: bool = False) -> MappingProblem:
+                  automorphisms: bool = False, contention: Any = "auto") -> MappingProblem:
     """The mapping problem of ``plan``'s stages on ``topology`` under ``settings`` (default:
     the plan's) and ``model`` (``auto``: ``overlap``, or ``p2p`` when the settings turn
     overlap off); with ``automorphisms``, also the topology's known automorphism group (for
-    the search's symmetry breaking).
+    the search's symmetry breaking); ``contention`` (``auto``, True, False:
+    :func:`resolve_contention`) prices link sharing (module docstring).
 
     Raises :class:`ShardplanError` when the stages have different replica counts or when
     there are fewer devices than replicas. O(n + m log m + S D + D^2).
@@ -231,12 +297,45 @@ def build_problem(plan: Plan, graph: Graph, topology: Topology, *,
     ranks = -(-s_count // settings.stages_per_rank)
     weight = {"p2p": 0.0, "allreduce": 1.0,
               "overlap": 1.0 / pipeline_factor(settings.microbatches, ranks)}[view]
-    group = grid_automorphisms(topology.meta, lat, inv, flops) if automorphisms else None
+    contended = resolve_contention(contention, view, topology)
+    links = link_table(topology) if contended else None
+    table = None
+    if links is not None and topology.num_devices ** 2 * links.max_hops <= ROUTE_TABLE_ENTRIES:
+        ids = np.arange(topology.num_devices)
+        table = route_links(links, np.repeat(ids, ids.size), np.tile(ids, ids.size)).reshape(
+            ids.size, ids.size, links.max_hops).astype(np.int32)
+    group = None
+    if automorphisms:
+        group = grid_automorphisms(topology.meta, lat, inv, flops,
+                                   routes=None if links is None else
+                                   (lambda g: routes_preserved(links, g)))
     return MappingProblem(
         compute=compute, stage_bytes=(b + b.T) / r, tensors=t + t.T, adjacent=adj | adj.T,
         param_bytes=params, num_replicas=int(r), latency=lat, inv_bandwidth=inv,
         device_flops=flops, fits=fits, view=view, pair_latency=pair_lat,
-        pair_inv_bandwidth=pair_inv, ar_weight=weight, automorphisms=group)
+        pair_inv_bandwidth=pair_inv, ar_weight=weight, automorphisms=group,
+        contention=contended, links=links, route_table=table)
+
+
+def routes_preserved(links: LinkTable, g: np.ndarray) -> bool:
+    """Whether the device permutation ``g`` (device i goes to ``g[i]``) maps every route to
+    the route of the mapped pair, link by link, onto links of the same bandwidth: then it
+    preserves the contended times too. O(D^2 H)."""
+    n = g.size
+    src, dst = links.keys // n, links.keys % n
+    mapped = g[src] * n + g[dst]
+    pos = np.searchsorted(links.keys, mapped)
+    pos = np.minimum(pos, links.keys.size - 1)
+    if not np.array_equal(links.keys[pos], mapped) or \
+            not np.array_equal(links.inv_bandwidth[pos], links.inv_bandwidth):
+        return False
+    ids = np.arange(n)
+    for i in range(n):  # row by row: O(D H) memory
+        a = route_links(links, np.full(n, i), ids)
+        b = route_links(links, np.full(n, g[i]), g)
+        if not np.array_equal(np.where(a >= 0, pos[np.maximum(a, 0)], -1), b):
+            return False
+    return True
 
 
 def permute_devices(problem: MappingProblem, perm: np.ndarray) -> MappingProblem:
@@ -247,6 +346,7 @@ def permute_devices(problem: MappingProblem, perm: np.ndarray) -> MappingProblem
         inv = np.argsort(perm)
         group = inv[group[:, perm]]
     ix = np.ix_(perm, perm)
+    ids = perm if problem.device_ids is None else problem.device_ids[perm]
     return MappingProblem(
         compute=problem.compute[:, perm], stage_bytes=problem.stage_bytes,
         tensors=problem.tensors, adjacent=problem.adjacent, param_bytes=problem.param_bytes,
@@ -254,7 +354,9 @@ def permute_devices(problem: MappingProblem, perm: np.ndarray) -> MappingProblem
         inv_bandwidth=problem.inv_bandwidth[ix], device_flops=problem.device_flops[perm],
         fits=problem.fits[:, perm], view=problem.view,
         pair_latency=problem.pair_latency[ix], pair_inv_bandwidth=problem.pair_inv_bandwidth[ix],
-        ar_weight=problem.ar_weight, automorphisms=group)
+        ar_weight=problem.ar_weight, automorphisms=group, contention=problem.contention,
+        links=problem.links, device_ids=ids if problem.contention else None,
+        route_table=problem.route_table)
 
 
 def choose_model(problem: MappingProblem) -> str:
@@ -262,8 +364,9 @@ def choose_model(problem: MappingProblem) -> str:
     return problem.view
 
 
-def objective_name(model: str) -> str:
-    return f"max_stage_seconds_{model}"
+def objective_name(model: str, contention: bool = False) -> str:
+    """The objective name of a mapping under ``model``, with or without contention."""
+    return _view_objective_name(model, contention)
 
 
 def _check(problem: MappingProblem, devices: Any) -> np.ndarray:
@@ -297,10 +400,57 @@ def p2p_times(problem: MappingProblem, devices: Any) -> np.ndarray:
     cost = message_seconds(problem.tensors[:, :, None], problem.pair_latency[a, b],
                            problem.stage_bytes[:, :, None], problem.pair_inv_bandwidth[a, b])
     cost = np.where(np.isnan(cost), np.inf, cost)
-    t = problem.combine(comp, cost.sum(axis=-2))
+    comm = cost.sum(axis=-2)
+    if problem.contention:
+        comm = comm + contention_extra(problem, dev)
+    t = problem.combine(comp, comm)
     if problem.ar_weight:
         t = t + problem.ar_weight * _allreduce(problem, dev)[..., None]
     return np.where(problem.fits[s_idx, dev], t, np.inf)
+
+
+def contention_extra(problem: MappingProblem, devices: Any, *,
+                     max_entries: int = 1 << 20) -> np.ndarray:
+    """The seconds link contention adds to every replica's communication, shape (..., S, R)
+    like ``devices`` (module docstring): for each transfer, its contended bandwidth seconds
+    (:func:`~shardplan.cost._pipeline.link_contention`) less ``bytes / bottleneck
+    bandwidth``, charged to the sender (and the receiver under ``p2p``). Mappings of a batch
+    are independent; they are evaluated in chunks of about ``max_entries`` route links.
+    O(B K H log(K H)) for K transfers of H hops."""
+    dev = np.asarray(devices, dtype=np.int64)
+    lead = dev.shape[:-2]
+    s_count, r_count = problem.num_stages, problem.num_replicas
+    flat = dev.reshape(-1, s_count, r_count)
+    out = np.zeros(flat.shape)
+    ts, tt = problem.transfer_stages
+    if ts.size == 0 or not problem.contention:
+        return out.reshape(dev.shape)
+    nbytes = np.repeat(problem.stage_bytes[ts, tt], r_count)  # (K,) transfer-major
+    ks, kt = np.repeat(ts, r_count), np.repeat(tt, r_count)
+    kr = np.tile(np.arange(r_count), ts.size)
+    hops = max(problem.links.max_hops, 1)
+    per = max(1, max_entries // (nbytes.size * hops))
+    for lo in range(0, flat.shape[0], per):
+        part = flat[lo:lo + per]
+        b = part.shape[0]
+        x, y = part[:, ks, kr], part[:, kt, kr]  # (b, K)
+        paths = problem.paths(x, y).reshape(b * nbytes.size, -1)
+        w = np.tile(nbytes, b)
+        tau = link_contention(paths, problem.links.inv_bandwidth,
+                              problem.topology_ids(x).reshape(-1), w,
+                              group=np.repeat(np.arange(b), nbytes.size))
+        with np.errstate(invalid="ignore"):
+            base = w * problem.inv_bandwidth[x, y].reshape(-1)
+            extra = np.maximum(tau - base, 0.0)
+        extra = np.where(np.isfinite(base), extra, 0.0).reshape(b, -1)
+        rows = np.repeat(np.arange(b), nbytes.size).reshape(b, -1)
+        acc = out[lo:lo + b]
+        np.add.at(acc, (rows, np.broadcast_to(ks, (b, ks.size)),
+                        np.broadcast_to(kr, (b, kr.size))), extra)
+        if problem.view == "p2p":
+            np.add.at(acc, (rows, np.broadcast_to(kt, (b, kt.size)),
+                            np.broadcast_to(kr, (b, kr.size))), extra)
+    return out.reshape(*lead, s_count, r_count)
 
 
 def allreduce_times(problem: MappingProblem, devices: Any) -> np.ndarray:

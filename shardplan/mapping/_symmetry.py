@@ -18,7 +18,7 @@ into the whole group (at most ``max_size`` elements, else no group is used). Twi
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -35,10 +35,18 @@ def _is_automorphism(g: np.ndarray, mats: tuple[np.ndarray, ...], flops: np.ndar
 
 
 def grid_automorphisms(meta: Mapping[str, Any], latency: np.ndarray, inv_bandwidth: np.ndarray,
-                       flops: np.ndarray, *, max_size: int = 4096) -> np.ndarray | None:
+                       flops: np.ndarray, *, max_size: int = 4096,
+                       routes: Callable[[np.ndarray], bool] | None = None
+                       ) -> np.ndarray | None:
     """The automorphism group of a grid topology as an array (|G|, D) (row 0 the identity),
     or None when the topology is not a recognised grid or the group is trivial or too big.
-    O(k D^2) to verify k candidate generators, O(|G| D k) to close them."""
+    ``routes``, when given, must also accept every generator (with link contention, a
+    permutation must map every route onto the route of the mapped pair,
+    :func:`~shardplan.mapping._stage_time.routes_preserved`; single-path routing breaks
+    ties between equal paths one way, which a reflection need not respect). The group the
+    accepted generators close into keeps that property (it is closed under composition).
+    O(k D^2) to verify k candidate generators (O(k D^2 H) with ``routes``), O(|G| D k) to
+    close them."""
     gen = meta.get("generator") if isinstance(meta, Mapping) else None
     if not isinstance(gen, Mapping) or gen.get("kind") not in _GRIDS:
         return None
@@ -64,7 +72,8 @@ def grid_automorphisms(meta: Mapping[str, Any], latency: np.ndarray, inv_bandwid
     for c in cands:
         g = np.empty(d_count, dtype=np.int64)
         g[idx.reshape(-1)] = c.reshape(-1)  # device idx[p] goes to c[p]
-        if not np.array_equal(g, np.arange(d_count)) and _is_automorphism(g, mats, flops):
+        if not np.array_equal(g, np.arange(d_count)) and _is_automorphism(g, mats, flops) \
+                and (routes is None or routes(g)):
             gens.append(g)
     if not gens:
         return None

@@ -18,7 +18,8 @@ from shardplan.registry import Progress, Result, register, take_options
 
 __all__ = ["consecutive"]
 
-DEFAULTS: dict[str, Any] = {"plan": None, "model": "auto", "order": "stage-major",
+DEFAULTS: dict[str, Any] = {"plan": None, "model": "auto", "contention": "auto",
+                            "order": "stage-major",
                             **SETTING_KEYS}
 
 
@@ -31,7 +32,8 @@ def consecutive(graph: Graph, topology: Topology, *, options: Mapping[str, Any],
     ----------
     options : mapping
         ``plan`` (required), ``model`` (``auto``/``overlap``/``p2p``/``allreduce``: only
-        names the objective evaluated), ``order``: ``stage-major`` (default; stage s's R
+        names the objective evaluated), ``contention`` (``auto``/True/False: price link
+        sharing, as ``optimal`` does), ``order``: ``stage-major`` (default; stage s's R
         replicas on devices ``sR .. sR + R - 1``) or ``replica-major`` (replica r's pipeline
         on ``rS .. rS + S - 1``), and execution settings overriding the plan's.
 
@@ -52,5 +54,6 @@ def consecutive(graph: Graph, topology: Topology, *, options: Mapping[str, Any],
     dev = consecutive_devices(problem.num_stages, problem.num_replicas, opts["order"])
     value = float(np.max(stage_times(problem, dev, model)))
     out = mapped_plan("consecutive", plan, graph, topology, dev, model, value, None,
-                      "feasible", seed, opts, time.perf_counter() - t0)
-    return Result(out, {"model": model})
+                      "feasible", seed, opts, time.perf_counter() - t0,
+                      contention=problem.contention)
+    return Result(out, {"model": model, "contention": problem.contention})

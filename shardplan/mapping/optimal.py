@@ -21,7 +21,8 @@ from shardplan.registry import Progress, Result, register, take_options
 
 __all__ = ["optimal"]
 
-DEFAULTS: dict[str, Any] = {"plan": None, "model": "auto", "workers": 1, "epsilon": 1e-4,
+DEFAULTS: dict[str, Any] = {"plan": None, "model": "auto", "contention": "auto",
+                            "workers": 1, "epsilon": 1e-4,
                             "target_time_limit": None, "symmetry": True,
                             "local_search": True, "judge": True, **SETTING_KEYS}
 
@@ -44,7 +45,11 @@ def optimal(graph: Graph, topology: Topology, *, options: Mapping[str, Any], see
         see Notes), ``workers`` (targets
         searched concurrently in worker processes per bisection round, default 1),
         ``epsilon`` (relative interval at which bisection stops before the final
-        optimality proof, default 1e-4), ``target_time_limit`` (seconds per inner search;
+        optimality proof, default 1e-4), ``contention`` (``auto``, the default: price
+        transfers that share physical links, on topologies that list their ``links`` --
+        meshes, tori -- under the views that charge transfers; True or False to say so, see
+        :mod:`shardplan.mapping._stage_time`), ``target_time_limit`` (seconds per inner
+        search;
         a target that runs out counts as infeasible -- the paper's heuristic -- and the
         status becomes ``timed_out``), ``symmetry`` (twin devices, identical replicas and
         ring symmetry; default True), ``local_search`` (tighten the initial upper bound by
@@ -59,9 +64,10 @@ def optimal(graph: Graph, topology: Topology, *, options: Mapping[str, Any], see
     Returns
     -------
     Result
-        The plan's objective is ``max_stage_seconds_p2p`` or ``max_stage_seconds_allreduce``
-        with ``lower_bound`` (equal to the value when ``optimal``); stats hold the initial
-        bounds, bisection rounds and search nodes.
+        The plan's objective is ``max_stage_seconds_<model>``, ending in ``_contention``
+        when transfers shared links, with ``lower_bound`` (equal to the value when
+        ``optimal``); stats hold the initial bounds, bisection rounds, search nodes, the
+        model's optimum (``value``) and the judge's simulated seconds.
 
     Notes
     -----
@@ -69,6 +75,10 @@ def optimal(graph: Graph, topology: Topology, *, options: Mapping[str, Any], see
     1e-9 (the final proof searches just below the best value). Worst case O(D!) search nodes
     (NP-complete, Theorem 6.1); pruning by partial stage-time bounds and symmetry keeps it
     practical. When the topology has more devices than S x R, the mapping picks which to use.
+    With contention the costs are no longer a sum over pairs: the search checks every
+    placed replica after each placement (loads only grow, so partial times stay lower
+    bounds) and keeps only the symmetries that map routes onto routes, so it proves
+    optimality on far fewer devices than without (see ``benchmarks/parmesan_table2.py``).
 
     The simulator judges (``judge``): the optimal mapping of the model and the consecutive
     mapping are both simulated with the plan's settings, and if the consecutive one runs
@@ -96,8 +106,12 @@ def optimal(graph: Graph, topology: Topology, *, options: Mapping[str, Any], see
                 epsilon=float(eps), target_time_limit=ttl, use_symmetry=bool(opts["symmetry"]),
                 local_search=bool(opts["local_search"]), progress=progress)
     out = mapped_plan("optimal", plan, graph, topology, sol.devices, model, sol.value,
-                      sol.lower_bound, sol.status, seed, opts, time.perf_counter() - t0)
+                      sol.lower_bound, sol.status, seed, opts, time.perf_counter() - t0,
+                      contention=problem.contention)
     stats = dict(sol.stats)
+    stats["value"] = sol.value  # the model's optimum and its status, before the judge
+    stats["search_status"] = sol.status
+    stats["contention"] = problem.contention
     if opts["judge"] and problem.num_stages * problem.num_replicas <= topology.num_devices:
         cs = consecutive_devices(problem.num_stages, problem.num_replicas)
         if not np.array_equal(cs, sol.devices):
@@ -105,10 +119,11 @@ def optimal(graph: Graph, topology: Topology, *, options: Mapping[str, Any], see
             if np.isfinite(cs_value):
                 other = mapped_plan("optimal", plan, graph, topology, cs, model, cs_value,
                                     sol.lower_bound, "feasible", seed, opts,
-                                    time.perf_counter() - t0)
+                                    time.perf_counter() - t0, contention=problem.contention)
                 mine, theirs = _simulated(out, graph, topology), \
                     _simulated(other, graph, topology)
-                judge = {"simulated_seconds": mine, "consecutive_simulated_seconds": theirs}
+                judge = {"simulated_seconds": mine, "consecutive_simulated_seconds": theirs,
+                         "value": sol.value, "consecutive_value": cs_value}
                 stats["judge"] = judge
                 if theirs < mine:
                     judge["kept"] = "consecutive"

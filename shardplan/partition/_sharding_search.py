@@ -41,7 +41,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from shardplan._rng import make_rng
-from shardplan._workers import process_pool
+from shardplan._workers import executor
 from shardplan.errors import ShardplanError
 
 __all__ = ["COARSE_NODES_PER_COMPONENT", "STARTS", "SWAP_MAX_NODES", "Problem", "RestartResult",
@@ -930,6 +930,17 @@ def _pooled_restart(problem: Problem, start: str, seed: int, restart: int,
                        swaps, coarsen)
 
 
+def _remote_restart(problem: Problem, start: str, seed: int, restart: int,
+                    seconds_left: float | None, max_iterations: int, since_zero: float,
+                    swaps: bool, coarsen: bool) -> RestartResult | None:
+    """:func:`_pooled_restart` on a machine whose clock is not the caller's: the deadline
+    as seconds left when it was sent, the search's start as seconds before that."""
+    now = time.monotonic()
+    deadline = None if seconds_left is None else now + seconds_left
+    return _pooled_restart(problem, start, seed, restart, deadline, max_iterations,
+                           now - since_zero, swaps, coarsen)
+
+
 @dataclass(frozen=True)
 class RestartsSummary:
     best: RestartResult
@@ -942,16 +953,18 @@ def run_restarts(problem: Problem, *, start: str, seed: int, restarts: int, work
                  deadline: float | None, max_iterations: int,
                  progress: Callable[[str, float, float], None] | None = None,
                  clock_zero: float | None = None, swaps: bool = True,
-                 coarsen: bool = False) -> RestartsSummary:
+                 coarsen: bool = False, ray: str | None = None) -> RestartsSummary:
     """Run ``restarts`` restarts on ``workers`` processes (in this process when 1) and keep
     the best by (cost, restart index): the same for any worker count or scheduling when no
     deadline cuts the search short. Restarts not begun by the deadline are dropped; running
-    ones stop at their next check (every 128 nodes) and report their best state."""
+    ones stop at their next check (every 128 nodes) and report their best state. ``ray``:
+    the restarts run as tasks on that Ray cluster (:class:`shardplan._workers.RayExecutor`),
+    their deadline sent as seconds left."""
     zero = time.monotonic() if clock_zero is None else clock_zero
     results: list[RestartResult] = []
     skipped = 0
     workers = max(1, min(workers, restarts))
-    if workers == 1:
+    if workers == 1 and ray is None:
         for r in range(restarts):
             if r > 0 and deadline is not None and time.monotonic() >= deadline:
                 skipped = restarts - r
@@ -963,14 +976,22 @@ def run_restarts(problem: Problem, *, start: str, seed: int, restarts: int, work
     else:
         # At most two restarts per worker are queued at a time: ``--restarts 1000000`` must
         # not create a million futures (and ``wait`` on them costs O(pending) a call).
-        with process_pool(workers) as pool:
+        with executor(workers, ray=ray) as pool:
             pending: set[Any] = set()
             begun = 0
             while True:
                 late = deadline is not None and time.monotonic() >= deadline
                 while not late and begun < restarts and len(pending) < 2 * workers:
-                    pending.add(pool.submit(_pooled_restart, problem, start, seed, begun,
-                                            deadline, max_iterations, zero, swaps, coarsen))
+                    if ray is None:
+                        pending.add(pool.submit(_pooled_restart, problem, start, seed, begun,
+                                                deadline, max_iterations, zero, swaps,
+                                                coarsen))
+                    else:  # another machine's clock: times as seconds from now
+                        now = time.monotonic()
+                        pending.add(pool.submit(
+                            _remote_restart, problem, start, seed, begun,
+                            None if deadline is None else deadline - now, max_iterations,
+                            now - zero, swaps, coarsen))
                     begun += 1
                 if not pending:
                     break

@@ -33,7 +33,7 @@ __all__ = ["DEFAULTS", "heuristic"]
 #: Options and their defaults (``workers=None``: the cores this process may use).
 DEFAULTS: Mapping[str, Any] = {"stages": None, "workers": None, "restarts": 8,
                                "start": "metis", "max_iterations": 1000,
-                               "swaps": True, "coarsen": True, "acyclic": True,
+                               "swaps": True, "coarsen": True, "acyclic": True, "ray": None,
                                **SETTING_DEFAULTS}
 
 
@@ -59,7 +59,9 @@ def heuristic(graph: Graph, topology: Topology, *, options: Mapping[str, Any], s
         partition of the graph itself; not with ``acyclic``), ``acyclic`` (default true: only
         partitions whose components form a DAG, so that the plan trains as a pipeline; the
         same search then also runs without the constraint, and the plan's ``acyclic`` entry
-        reports both costs; false: paper 000's unconstrained problem).
+        reports both costs; false: paper 000's unconstrained problem), ``ray`` (a Ray
+        cluster's address, ``local`` or ``auto``: the restarts run there as tasks; the same
+        plan as local processes for a seed).
     seed : int
         Restart r draws from a generator of ``(seed, r)`` only: the same seed gives the same
         plan whatever the worker count.
@@ -118,7 +120,7 @@ def heuristic(graph: Graph, topology: Topology, *, options: Mapping[str, Any], s
     deadline, end = split_deadline(t0, time_limit, acyclic)
     common = dict(start=start, seed=seed, restarts=restarts,
                   workers=workers or default_workers(), max_iterations=max_iter,
-                  clock_zero=t0, swaps=swaps, coarsen=coarsen)
+                  clock_zero=t0, swaps=swaps, coarsen=coarsen, ray=opts["ray"])
     summary = run_restarts(flat_problem(graph, topology, k, acyclic=acyclic),
                            deadline=deadline, progress=progress, **common)
     best = summary.best.outcome

@@ -118,8 +118,10 @@ def tasks_for(ctx: Context, families: Sequence[str]) -> list[Task]:
     for fam in families:
         if fam == "data-parallel":
             out.append(Task(fam, 1, d))
-        elif fam in ("parmesan", "pipedream-sequence", "params", "uniform", "hybrid"):
-            out += [Task(fam, s, r) for s, r in shapes if s > 1 or fam == "hybrid"]
+        elif fam in ("parmesan", "pipedream-sequence", "params", "uniform"):
+            out += [Task(fam, s, r) for s, r in shapes if s > 1]
+        elif fam == "hybrid":  # one stage is PaSE's, one device per stage a plain pipeline
+            out += [Task(fam, s, r) for s, r in shapes if s > 1 and r > 1]
         elif fam in ("pipedream", "pase", "sharding"):
             out.append(Task(fam, 0, 0))
         else:
@@ -234,18 +236,13 @@ def _pipedream(ctx: Context, task: Task) -> list[Evaluated]:
 
 
 def _sharding(ctx: Context, task: Task) -> list[Evaluated]:
-    """Paper 000's local search, as a GPipe pipeline of one device per component."""
+    """Paper 000's local search under the acyclicity constraint (its components in an order
+    data flows forward through), run as a GPipe pipeline of one device per component."""
     from shardplan import registry
 
     t0 = time.perf_counter()
-    try:
-        res = registry.run("partition", "heuristic", ctx.graph, ctx.topology, seed=ctx.seed,
-                           time_limit=task.budget or 10.0, acyclic=True)
-    except ShardplanError as exc:
-        if "acyclic" not in str(exc):
-            raise
-        return []  # the sharding partitioners have no acyclic constraint yet
-    plan = res.plan
+    plan = registry.run("partition", "heuristic", ctx.graph, ctx.topology, seed=ctx.seed,
+                        time_limit=task.budget or 10.0, acyclic=True).plan
     return _variants(ctx, plan, family="sharding", mapping="sharding",
                      searched=time.perf_counter() - t0, schedules=("gpipe",))
 
@@ -261,16 +258,16 @@ def _pase(ctx: Context, task: Task) -> list[Evaluated]:
 
 
 def _hybrid(ctx: Context, task: Task) -> list[Evaluated]:
-    """Parmesan's stages, each run by PaSE's best configurations over its devices."""
-    try:
-        from shardplan.strategy import hybrid_plan  # type: ignore[attr-defined]
-    except ImportError:
-        return []
+    """Parmesan's S stages over R devices each, every stage's layers split over its devices
+    by PaSE's best configurations (pipeline x tensor/data parallelism) instead of R
+    data-parallel replicas."""
+    from shardplan.strategy import hybrid_plan
+
     t0 = time.perf_counter()
-    pipeline = _partition(ctx, "parmesan", Task("parmesan", task.stages, 1, task.budget))
-    groups = [tuple(range(s * task.replicas, (s + 1) * task.replicas))
-              for s in range(pipeline.num_stages)]
-    plan = hybrid_plan(pipeline, ctx.graph, ctx.topology, groups)
+    budget = None if task.budget is None else task.budget / 2
+    pipeline = _partition(ctx, "parmesan", Task("parmesan", task.stages, task.replicas, budget))
+    plan = hybrid_plan(pipeline, ctx.graph, ctx.topology, time_limit=budget,
+                       options={"cost_model": "default"})
     return _variants(ctx, plan, family="hybrid", mapping="consecutive",
                      searched=time.perf_counter() - t0)
 

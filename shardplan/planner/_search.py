@@ -103,7 +103,7 @@ def _comparisons(ranked: Sequence[Evaluated]) -> dict[str, Any]:
 def search(graph: Graph, topology: Topology, *, global_batch: int | None = None,
            settings: ExecutionSettings | None = None, families: Sequence[str] | None = None,
            time_limit: float | None = None, seed: int = 0, workers: int | None = None,
-           fixed: dict[str, Any] | None = None,
+           fixed: dict[str, Any] | None = None, ray: str | None = None,
            progress: Callable[[str, float, float], None] | None = None) -> PlanSearch:
     """Every family's candidate plans for ``graph`` on ``topology``, simulated and ranked.
 
@@ -124,6 +124,9 @@ def search(graph: Graph, topology: Topology, *, global_batch: int | None = None,
         Processes evaluating tasks at once (default: the CPUs, at most 4).
     fixed : dict, optional
         Settings the user fixed (``microbatches``, ``schedule``): the search keeps them.
+    ray : str, optional
+        Evaluate the tasks on the Ray cluster at this address (``local``, ``auto``,
+        ``HOST:PORT``) instead of local processes; the same ranking either way.
 
     Returns
     -------
@@ -179,18 +182,18 @@ def search(graph: Graph, topology: Topology, *, global_batch: int | None = None,
         report()
 
     report()
-    if n_workers == 1:
+    if n_workers == 1 and ray is None:
         for task in tasks:
             if deadline is not None and time.monotonic() > deadline:
                 timed_out = True
                 break
             take(run_task(ctx, task))
     else:
-        from shardplan._workers import process_pool
+        from shardplan._workers import executor
 
-        _CTX["ctx"] = ctx  # inherited by forked workers (spawn: pickled below instead)
+        _CTX["ctx"] = ctx  # inherited by forked workers (spawn, Ray: sent once instead)
         try:
-            with process_pool(n_workers, initializer=_set_ctx, initargs=(ctx,)) as pool:
+            with executor(n_workers, ray=ray, initializer=_set_ctx, initargs=(ctx,)) as pool:
                 pending = {pool.submit(_worker_task, t) for t in tasks}
                 while pending:
                     left = None if deadline is None else deadline - time.monotonic()
@@ -209,7 +212,10 @@ def search(graph: Graph, topology: Topology, *, global_batch: int | None = None,
             pass
         finally:
             _CTX.clear()
-    ranked = tuple(sorted(rows, key=lambda r: r.key))
+    # ties broken by what the row is, not by when its task finished
+    ranked = tuple(sorted(rows, key=lambda r: (*r.key, r.family, r.stages, r.replicas,
+                                               r.schedule, r.microbatches, r.mapping,
+                                               r.gradient_sync)))
     winner = None
     if ranked and ranked[0].fits and math.isfinite(ranked[0].iteration_seconds):
         winner = Plan.from_dict(ranked[0].plan)

@@ -277,9 +277,16 @@ def plan_fields(plan: Any, graph: Any, settings: Any) -> dict[str, Any]:
     """``kind`` and the fields of the :class:`TrainConfig` that runs ``plan``: a pipeline
     (stages replicated over their devices), a strategy (one stage whose devices split its
     layers) or a hybrid (a pipeline whose stages' devices split their layers, with the
-    pipeline's schedule). Every check happens here, before any process starts."""
+    pipeline's schedule). A one-stage plan replicated with ``gradient_sync`` ``bucketed`` or
+    ``sharded`` runs as DDP or FSDP, what the simulator prices. Every check happens here,
+    before any process starts."""
     if plan.strategy is None:
-        return {"kind": "pipeline", **pipeline_fields(plan, graph, settings)}
+        fields = {"kind": "pipeline", **pipeline_fields(plan, graph, settings)}
+        sync = getattr(settings, "gradient_sync", "end")
+        if plan.num_stages == 1 and fields["replicas"] > 1 and sync in ("bucketed", "sharded"):
+            # data parallelism as planned: DDP's overlapped buckets, or FSDP's sharding
+            fields.update(kind="ddp" if sync == "bucketed" else "fsdp", nproc=fields["replicas"])
+        return fields
     if plan.num_stages == 1:
         return strategy_fields(plan, graph, settings)
     from shardplan.runtime._sharding import mesh_shape, node_shardings

@@ -877,6 +877,8 @@ def simulate(plan: Plan, graph: Graph, topology: Topology,
     peak = {d: float(sim.mem_peak[d]) for d in devs}
     if groups is not None:  # every device of a group as busy and as full as the first
         for grp in groups:
+            if grp[0] not in busy:  # an interleaved schedule runs this stage elsewhere
+                continue
             for d in grp[1:]:
                 busy[d], peak[d] = busy[grp[0]], peak[grp[0]]
         devs = tuple(sorted(busy))

@@ -13,17 +13,38 @@ from hypothesis import strategies as st
 
 from shardplan import registry
 from shardplan.errors import InfeasibleError, ShardplanError
-from shardplan.ir import Device, Graph, Objective, Plan, Stage, Topology
+from shardplan.ir import Device, Graph, Link, Objective, Plan, Stage, Topology
 from shardplan.mapping._bounds import lower_bound
 from shardplan.mapping._search import twin_classes
 from shardplan.mapping._stage_time import build_problem
 from shardplan.objectives import evaluate
+from shardplan.topology import routes_of
+from shardplan.topology._routing import route
+
+
+def random_links(rng: np.random.Generator, num_devices: int, *, symmetric: bool = True,
+                 latency: bool = True) -> tuple[Link, ...]:
+    """A random connected network of physical links: a random spanning tree and some more
+    links, both directions of each, random bandwidth (per direction unless ``symmetric``)
+    and latency."""
+    d = num_devices
+    pairs = {(int(rng.integers(i)), i) for i in range(1, d)}  # a random tree
+    pairs |= {(a, b) for a in range(d) for b in range(a + 1, d) if rng.random() < 0.25}
+    links = []
+    for a, b in sorted(pairs):
+        bw = rng.choice([1e9, 2e9, 5e9])  # few values: ties between routes and loads
+        lat = float(rng.uniform(0, 2e-5)) if latency else 0.0
+        links.append(Link(a, b, float(bw), lat))
+        links.append(Link(b, a, float(bw if symmetric else rng.choice([1e9, 2e9, 5e9])), lat))
+    return tuple(links)
 
 
 def make_instance(seed: int, num_stages: int, num_replicas: int, num_devices: int, *,
                   twins: bool = False, symmetric: bool = True, latency: bool = True,
-                  ) -> tuple[Graph, Topology, Plan]:
-    """A random graph split into stages (node i in stage i % S) and a random topology."""
+                  links: bool = False) -> tuple[Graph, Topology, Plan]:
+    """A random graph split into stages (node i in stage i % S) and a random topology: a
+    random matrix of bandwidth and latency, or (``links``) a random network of physical
+    links routed over shortest paths (then ``twins`` is ignored)."""
     rng = np.random.default_rng(seed)
     n = 2 * num_stages
     iu = np.triu_indices(n, 1)
@@ -41,6 +62,12 @@ def make_instance(seed: int, num_stages: int, num_replicas: int, num_devices: in
     if symmetric:
         bw, lat = np.triu(bw, 1) + np.triu(bw, 1).T, np.triu(lat, 1) + np.triu(lat, 1).T
     flops = rng.choice([1e12, 2e12], d)
+    physical: tuple[Link, ...] = ()
+    if links:
+        physical = random_links(rng, d, symmetric=symmetric, latency=latency)
+        routes = route(d, physical)
+        bw, lat = routes.bandwidth.copy(), routes.latency.copy()
+        twins = False
     if twins and d >= 3:  # make devices 1 and 2 interchangeable
         for m in (bw, lat):
             m[2, :], m[:, 2] = m[1, :], m[:, 1]
@@ -50,7 +77,7 @@ def make_instance(seed: int, num_stages: int, num_replicas: int, num_devices: in
     np.fill_diagonal(lat, 0.0)
     topo = Topology(name="t", devices=tuple(Device(f"d{i}", 1e12, float(flops[i]))
                                             for i in range(d)),
-                    bandwidth=bw, latency=lat)
+                    bandwidth=bw, latency=lat, links=physical)
     stages = tuple(Stage(tuple(range(s, n, num_stages)),
                          tuple(range(s * num_replicas, (s + 1) * num_replicas)))
                    for s in range(num_stages))
@@ -59,14 +86,65 @@ def make_instance(seed: int, num_stages: int, num_replicas: int, num_devices: in
     return graph, topo, plan
 
 
+def _contention_extra(topo: Topology, dev: np.ndarray, nbytes: np.ndarray, model: str
+                      ) -> np.ndarray:
+    """What link contention adds to every replica's communication, (P, S, R), written from
+    its definition: replica r of stage a sends replica r of stage b one transfer carrying
+    a's tensors for b and the gradients of b's tensors for a, 1/R of each; all transfers
+    stream at once; over each link of its route a transfer shares the link with the
+    transfers of the *other* sending devices; its bandwidth time is the largest over its
+    links of (its bytes + theirs) / link bandwidth, at least its bytes over the route's
+    bottleneck; the excess is charged to the sender, and under p2p to the receiver too."""
+    n_perm, s_count, r_count = dev.shape
+    routes = routes_of(topo)
+    link_bw: dict[tuple[int, int], float] = {}
+    for lk in topo.links:  # the lowest-latency link of a pair, then the fastest
+        key = (lk.src, lk.dst)
+        if key not in link_bw or (lk.latency, -lk.bandwidth) < link_bw[key]:
+            link_bw[key] = (lk.latency, -lk.bandwidth)
+    names = sorted(link_bw)
+    index = {lk: i for i, lk in enumerate(names)}
+    bw = np.array([-link_bw[lk][1] for lk in names])
+    d = topo.num_devices
+    on = np.zeros((d, d, len(names)))  # 1 where the route x -> y crosses the link
+    for x in range(d):
+        for y in range(d):
+            if x != y and topo.bandwidth[x, y] > 0:
+                for hop in routes.links_on_path(x, y):
+                    on[x, y, index[hop]] = 1.0
+    with np.errstate(divide="ignore"):
+        inv = np.where(topo.bandwidth > 0, 1.0 / topo.bandwidth, np.inf)
+    transfers = [(a, b, r, (nbytes[a, b] + nbytes[b, a]) / r_count)
+                 for a in range(s_count) for b in range(s_count) for r in range(r_count)
+                 if a != b and nbytes[a, b] + nbytes[b, a] > 0]
+    load = np.zeros((n_perm, len(names)))
+    for a, b, r, m in transfers:
+        load += on[dev[:, a, r], dev[:, b, r]] * m
+    extra = np.zeros((n_perm, s_count, r_count))
+    for a, b, r, m in transfers:
+        x, y = dev[:, a, r], dev[:, b, r]
+        own = sum(on[x, dev[:, b2, r]] * m2 for a2, b2, r2, m2 in transfers
+                  if (a2, r2) == (a, r))  # the same device sends it
+        mine = on[x, y] > 0
+        shared = np.where(mine, (m + load - own) / bw, 0.0).max(axis=1)
+        alone = m * inv[x, y]
+        with np.errstate(invalid="ignore"):
+            more = np.where(np.isfinite(alone), np.maximum(shared - alone, 0.0), 0.0)
+        extra[:, a, r] += more
+        if model == "p2p":
+            extra[:, b, r] += more
+    return extra
+
+
 def brute_force(graph: Graph, topo: Topology, plan: Plan, model: str,
-                microbatches: int = 8) -> float:
+                microbatches: int = 8, contention: bool = False) -> float:
     """min over every injective mapping of the max stage time, written from the definitions:
     a replica computes 1/R of its stage's work; a producer's tensor goes once to every other
     stage that reads it (its largest edge), 1/R of it between replicas of the same index,
     one latency per tensor; p2p charges what a replica sends and receives in both passes,
     overlap the larger of compute and what it sends plus the ring all-reduce over
-    M + S - 1 steps, allreduce compute plus the ring all-reduce."""
+    M + S - 1 steps, allreduce compute plus the ring all-reduce. With ``contention`` (on a
+    topology with links), transfers share links (:func:`_contention_extra`)."""
     S, R, D = plan.num_stages, plan.num_replicas, topo.num_devices
     stage = np.empty(graph.num_nodes, dtype=np.int64)
     for s, stg in enumerate(plan.stages):
@@ -105,6 +183,8 @@ def brute_force(graph: Graph, topo: Topology, plan: Plan, model: str,
                 else:  # what each end sends
                     comm[:, a, :] += fwd
                     comm[:, b, :] += bwd
+    if contention and topo.links and model != "allreduce":
+        comm = comm + _contention_extra(topo, dev, nbytes, model)
     params = np.zeros(S)
     np.add.at(params, stage, graph.param_bytes)
     ar = np.zeros((dev.shape[0], S))
@@ -145,26 +225,33 @@ sizes = st.sampled_from([(1, 2, 2), (2, 1, 3), (2, 2, 4), (3, 1, 4), (2, 2, 5), 
                          (3, 2, 6), (2, 3, 7), (4, 2, 8), (2, 4, 8), (3, 2, 7)])
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 10_000), size=sizes,
        model=st.sampled_from(["overlap", "p2p", "allreduce"]),
-       twins=st.booleans(), symmetric=st.booleans())
-def test_optimal_equals_exhaustive(seed, size, model, twins, symmetric):
-    graph, topo, plan = make_instance(seed, *size, twins=twins, symmetric=symmetric)
-    expect = brute_force(graph, topo, plan, model)
+       twins=st.booleans(), symmetric=st.booleans(),
+       network=st.sampled_from(["matrix", "links", "links-no-contention"]))
+def test_optimal_equals_exhaustive(seed, size, model, twins, symmetric, network):
+    graph, topo, plan = make_instance(seed, *size, twins=twins, symmetric=symmetric,
+                                      links=network != "matrix")
+    contention = network == "links"  # auto: on where there are links, unless turned off
+    opts = {"model": model, "seed": seed, **({} if contention else {"contention": False})}
+    expect = brute_force(graph, topo, plan, model, contention=contention)
     if math.isinf(expect):  # every mapping needs a pair the topology cannot connect
         with pytest.raises(InfeasibleError, match="cannot reach"):
-            _optimal(graph, topo, plan, model=model, seed=seed)
+            _optimal(graph, topo, plan, **opts)
         return
-    res = _optimal(graph, topo, plan, model=model, seed=seed, judge=False)
+    res = _optimal(graph, topo, plan, judge=False, **opts)
     out = res.plan
     check_plan(out, plan, topo)
-    assert out.objective.name == f"max_stage_seconds_{model}"
+    contended = contention and model != "allreduce"
+    assert out.options["contention"] is contended
+    assert out.objective.name == f"max_stage_seconds_{model}" + \
+        ("_contention" if contended else "")
     try:
         registry.check_reachable(out, graph, topo)
     except InfeasibleError:  # registry.run refuses a mapping that uses a pair with no route
         with pytest.raises(InfeasibleError, match="cannot reach"):
-            registry.run("map", "optimal", graph, topo, plan=plan, model=model, seed=seed)
+            registry.run("map", "optimal", graph, topo, plan=plan, **opts)
     assert out.status == "optimal"
     assert out.objective.value == pytest.approx(expect, rel=1e-7)
     assert out.objective.lower_bound == pytest.approx(out.objective.value)
@@ -173,8 +260,9 @@ def test_optimal_equals_exhaustive(seed, size, model, twins, symmetric):
     assert name == out.objective.name and value == pytest.approx(out.objective.value,
                                                                  rel=1e-12)
     # Eq. 8 / 9 lower bounds never exceed the optimum.
-    assert lower_bound(build_problem(plan, graph, topo, model=model), model) <= \
-        expect * (1 + 1e-9)
+    prob = build_problem(plan, graph, topo, model=model, contention=contention)
+    assert prob.contention is contended
+    assert lower_bound(prob, model) <= expect * (1 + 1e-9)
 
 
 @pytest.mark.parametrize("model", ["overlap", "p2p", "allreduce"])
@@ -309,6 +397,9 @@ def test_optimal_is_exact_on_symmetric_grids(kind, shape, model):
     for seed, (s, r) in enumerate([(3, 2), (2, 3), (4, 2)]):
         graph, _, plan = make_instance(seed, s, r, topo.num_devices)
         expect = brute_force(graph, topo, plan, model)
-        res = registry.run("map", "optimal", graph, topo, plan=plan, model=model, judge=False)
+        # without contention, the grid's whole automorphism group prunes (contention keeps
+        # only the symmetries that map routes onto routes: tests/mapping/test_contention.py)
+        res = registry.run("map", "optimal", graph, topo, plan=plan, model=model, judge=False,
+                           contention=False)
         assert res.plan.status == "optimal"
         assert res.objective == pytest.approx(expect, rel=1e-7)

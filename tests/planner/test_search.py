@@ -11,7 +11,7 @@ from shardplan.errors import InfeasibleError
 from shardplan.generate import layered
 from shardplan.ir import Plan, load_plan, save
 from shardplan.planner import microbatch_choices, search
-from shardplan.simulate import simulate
+from shardplan.simulate import PipelineView, simulate
 from shardplan.topology import build
 from tests.helpers import run_cli
 
@@ -67,6 +67,30 @@ def test_every_candidate_trains_the_same_samples(found):
             s = Plan.from_dict(r.plan).settings
             assert s.global_batch == 32 and s.microbatches == r.microbatches
             assert s.schedule == r.schedule and s.gradient_sync == r.gradient_sync
+
+
+def test_hybrid_sharding_and_pase_families():
+    """The families whose plans are not plain pipelines: hybrids (Parmesan's stages, every
+    stage's layers configured over its devices), paper 000's acyclic partitions and PaSE; each
+    row re-simulates to its time from its own file."""
+    g, t = _inputs()
+    res = search(g, t, families=["hybrid", "sharding", "pase"], workers=1, global_batch=32)
+    fams = {r.family for r in res.ranked if r.plan}
+    assert fams == {"hybrid", "sharding", "pase"}
+    for r in res.ranked:
+        plan = Plan.from_dict(r.plan)
+        again = simulate(plan, g, t, timeline=False)
+        assert again.iteration_seconds == pytest.approx(r.iteration_seconds, rel=1e-12)
+        if r.family == "hybrid":
+            assert r.stages > 1 and r.replicas > 1
+            assert {len(st.devices) for st in plan.stages} == {r.replicas}
+            assert set(plan.strategy) == {str(v) for v in range(g.num_nodes)}
+        elif r.family == "sharding":  # data flows forward through the components
+            PipelineView.build(plan, g, plan.settings)  # raises on a cycle of stages
+            assert "acyclic" in plan.meta
+            assert all(len(st.devices) == 1 for st in plan.stages)
+        else:
+            assert plan.num_stages == 1 and plan.strategy is not None
 
 
 def test_memory_infeasible_candidates_never_win():
@@ -144,11 +168,16 @@ def test_cli_cluster_from_a_builder(tmp_path, capsys):
     assert data["winner"]["topology"].startswith("hier")
 
 
-@pytest.mark.parametrize("families", ["data-parallel", "parmesan"])
+@pytest.mark.parametrize("families", [
+    "data-parallel", "parmesan", "pase",
+    pytest.param("hybrid", marks=pytest.mark.slow)])
 def test_cli_plan_runs_the_winner(capsys, families):
-    """``--run`` trains the winner on real processes (DDP/FSDP for one replicated stage, the
-    pipeline runtime otherwise) and reports the simulator's prediction next to the steps."""
-    assert run_cli(["plan", "mlp", "--batch-size", "16", "--cluster", "flat,num_devices=2",
+    """``--run`` trains the winner on real processes (DDP/FSDP for one replicated stage,
+    DTensor for a strategy, the pipeline runtime otherwise) and reports the simulator's
+    prediction next to the steps."""
+    devices = 4 if families == "hybrid" else 2
+    assert run_cli(["plan", "mlp", "--batch-size", "16", "--cluster",
+                    f"flat,num_devices={devices}",
                     "--families", families, "--workers", "1", "--run", "--steps", "3",
                     "--json"]) == 0
     data = json.loads(capsys.readouterr().out)

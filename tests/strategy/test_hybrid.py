@@ -81,3 +81,18 @@ def test_refusals() -> None:
         hybrid_plan(plan, g)
     with pytest.raises(ShardplanError, match="device counts are its stages'"):
         hybrid_plan(base, g, options={"devices": 2})
+
+
+def test_interleaved_schedule_of_a_hybrid_simulates() -> None:
+    """Interleaved 1F1B runs two stages per rank: the device groups of the stages it moves
+    are idle, and the simulator must say so rather than fail (it raised KeyError)."""
+    from shardplan.ir import ExecutionSettings
+    from shardplan.simulate import simulate
+
+    g = generate("alexnet")
+    plan = hybrid_plan(_pipeline(g, 4, 2), g, flat(8))
+    settings, _ = ExecutionSettings().override(schedule="interleaved-1f1b", microbatches=4)
+    res = simulate(plan.with_settings(settings), g, flat(8), timeline=False)
+    gpipe = simulate(plan, g, flat(8), timeline=False)
+    assert res.iteration_seconds > 0 and gpipe.iteration_seconds > 0
+    assert len(res.peak_memory_bytes) < 8 == len(gpipe.peak_memory_bytes)
