@@ -12,6 +12,9 @@ graph. Graphs are paper 000's layered DAGs (:func:`shardplan.generate.layered`, 
 skip edges), topologies hierarchical (``4x8x16x8`` at 4096 devices, see ``SHAPES``); the
 mapping input is a uniform partition into ``min(16, D)`` stages x ``D / stages`` replicas.
 
+A last table times generated topology files: built, written and loaded in their generator
+form (``pairs``) and, for one hierarchy, with the dense matrices listed (issue 19.4).
+
 Each run is a fresh process (``--child``), so that memory is the run's own: inputs are built
 first, the process's peak resident set is then reset (``/proc/self/clear_refs``) and read
 after the run (``VmHWM``); ``peak MiB`` is that peak above the resident set before the run.
@@ -101,6 +104,44 @@ def child(spec: dict) -> dict:
             "lower_bound": res.plan.objective.lower_bound}
 
 
+# ---------------------------------------------------------------------- topology files
+def topology_files(quick: bool) -> list[dict]:
+    """Build, write and load generated topologies in their generator form and (one
+    hierarchy) with the dense matrices listed, as ``topology --dense`` writes them."""
+    import tempfile
+
+    from shardplan.ir import load_topology, write_json
+    from shardplan.topology import build
+
+    big = (4, 8, 8, 8) if quick else (4, 8, 16, 8)
+    cases = [("hierarchical", {"shape": big}, True), ("hierarchical", {"shape": big}, False),
+             ("torus3d", {"shape": (16, 16, 16)}, False), ("dgx1", {"boxes": 512}, False),
+             ("flat", {"num_devices": 100_000}, False)]
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "t.json"
+        for kind, kw, dense in cases:
+            t0 = time.perf_counter()
+            topo = build(kind, **kw)
+            built = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            write_json(path, topo.to_dict(dense=True) if dense else topo)
+            wrote = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            back = load_topology(path)
+            loaded = time.perf_counter() - t0
+            assert back.num_devices == topo.num_devices
+            rows.append({"kind": kind, "devices": topo.num_devices,
+                         "form": "dense lists" if dense else "generator (pairs)",
+                         "build": built, "write": wrote, "load": loaded,
+                         "mb": path.stat().st_size / 1e6})
+            r = rows[-1]
+            print(f"topology {kind:13s} {r['devices']:7d} {r['form']:18s} build "
+                  f"{built:6.2f} s write {wrote:6.2f} s load {loaded:6.2f} s "
+                  f"{r['mb']:8.2f} MB", flush=True)
+    return rows
+
+
 # ---------------------------------------------------------------------- the sweeps
 def run_one(spec: dict) -> dict:
     """``spec`` in a fresh process; killed at 3 x its limit + 60 s (then status ``killed``)."""
@@ -166,7 +207,8 @@ def _fmt(x: float | None, spec: str) -> str:
     return "n/a" if x is None or not math.isfinite(x) else format(x, spec)
 
 
-def write_report(path: Path, cfg: dict, rows: list[dict], quick: bool, load: tuple) -> None:
+def write_report(path: Path, cfg: dict, rows: list[dict], quick: bool, load: tuple,
+                 files: list[dict]) -> None:
     cmd = "benchmarks/scale.py" + (" --quick" if quick else "")
     lines = ["# Planners at scale" + (" (quick)" if quick else ""), "",
              f"Written by `{cmd}` (do not edit by hand). Graphs: layered DAGs (width 100); "
@@ -197,6 +239,15 @@ def write_report(path: Path, cfg: dict, rows: list[dict], quick: bool, load: tup
                          f"{_fmt(run.get('peak_mib'), '.0f')} | "
                          f"{run['status']} | {_fmt(run.get('value'), '.4g')} | "
                          f"{_fmt(run.get('lower_bound'), '.4g')} |")
+    if files:
+        lines += ["", "## Topology files", "",
+                  "Generated topologies written by their generator (`pairs`, the default "
+                  "above 1024 devices) and, for one hierarchy, with the dense matrices "
+                  "listed (`topology --dense`); wall seconds, in-process.", "",
+                  "| kind | devices | file | build s | write s | load s | MB |",
+                  "|---|---|---|---|---|---|---|"]
+        lines += [f"| {r['kind']} | {r['devices']} | {r['form']} | {r['build']:.2f} | "
+                  f"{r['write']:.2f} | {r['load']:.2f} | {r['mb']:.2f} |" for r in files]
     from shardplan.ir import write_atomic
     write_atomic(path, "\n".join(lines) + "\n")
     print(f"wrote {path}")
@@ -209,6 +260,8 @@ def main() -> None:
     ap.add_argument("--planners", default=",".join(PLANNERS),
                     help=f"comma-separated subset of {','.join(PLANNERS)}")
     ap.add_argument("--out", default=None, help="the markdown file to write")
+    ap.add_argument("--no-files", action="store_true",
+                    help="skip the topology file timings (build, write, load)")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child is not None:
@@ -222,10 +275,11 @@ def main() -> None:
     if bad:
         ap.error(f"unknown planner(s) {', '.join(bad)} (choose from {', '.join(PLANNERS)})")
     load = os.getloadavg()
+    files = topology_files(args.quick) if not args.no_files else []
     rows = sweep(cfg, planners)
     out = Path(args.out) if args.out else ROOT / "benchmarks/results" / (
         "scale_quick.md" if args.quick else "scale.md")
-    write_report(out, cfg, rows, args.quick, load)
+    write_report(out, cfg, rows, args.quick, load, files)
 
 
 if __name__ == "__main__":
