@@ -13,6 +13,7 @@ environment.
 from __future__ import annotations
 
 import importlib
+import logging
 import sys
 import types
 from typing import TYPE_CHECKING, Any
@@ -35,7 +36,12 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
         save,
     )
 
+#: The one place the version is written (pyproject.toml reads it from here).
 __version__ = "0.1.0"
+
+# A library logs under "shardplan" and leaves handlers to the application (the command line
+# adds one with -v / -q).
+logging.getLogger("shardplan").addHandler(logging.NullHandler())
 
 __all__ = [
     "Device", "Graph", "InfeasibleError", "InvalidFileError", "Level", "Objective", "Plan",

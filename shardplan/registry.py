@@ -15,6 +15,8 @@ test all find algorithms here, so a new one is one module and one decorator.
 from __future__ import annotations
 
 import dataclasses
+import logging
+import time
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -29,6 +31,8 @@ __all__ = ["FAMILIES", "Algorithm", "Progress", "Result", "available", "check_re
            "register", "run", "take_options"]
 
 Progress = Callable[[str, float, float], None]
+
+_log = logging.getLogger(__name__)
 
 FAMILIES = ("partition", "map", "strategy")
 
@@ -129,6 +133,10 @@ def run(family: str, name: str, graph: Graph, topology: Topology, *,
     if time_limit is not None and not time_limit > 0:
         raise ShardplanError(f"time limit must be positive, got {time_limit!r}")
     algorithm = get(family, name)
+    _log.info("%s %s: graph %s (%d nodes), topology %s (%d devices), seed %d, time limit %s",
+              family, name, graph.name, graph.num_nodes, topology.name, topology.num_devices,
+              seed, time_limit)
+    started = time.perf_counter()
     parts = topology.connected_parts()
     if len(parts) == 1:
         result = algorithm(graph, topology, options=options, seed=seed,
@@ -156,6 +164,8 @@ def run(family: str, name: str, graph: Graph, topology: Topology, *,
     if result.plan.execution is None:
         result = Result(result.plan.with_settings(ExecutionSettings().resolve(graph)),
                         result.stats)
+    _log.info("%s %s: %s = %.6g (%s) in %.2f s", family, name, result.plan.objective.name,
+              result.plan.objective.value, result.plan.status, time.perf_counter() - started)
     return result
 
 
@@ -267,6 +277,34 @@ _BUILTIN_MODULES: tuple[str, ...] = ("shardplan.partition", "shardplan.mapping",
 _loaded = False
 
 
+#: The entry-point group third-party packages register algorithms in (pyproject.toml)::
+#:
+#:     [project.entry-points."shardplan.algorithms"]
+#:     "partition.my-algo" = "my_package.module:my_algo"   # registered as partition/my-algo
+#:     my_package = "my_package.algorithms"                # a module whose import registers
+ENTRY_POINT_GROUP = "shardplan.algorithms"
+
+
+def _load_entry_points() -> None:
+    """Load every ``shardplan.algorithms`` entry point. A name ``FAMILY.NAME`` registers the
+    loaded function under that family and name (unless loading it registered it); any
+    other name is a module whose import registers its algorithms. One that fails to load is
+    skipped with a one-line warning."""
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            obj = ep.load()
+            family, _, name = ep.name.partition(".")
+            if name and family in _REGISTRY and name not in _REGISTRY[family]:
+                if not callable(obj):
+                    raise TypeError(f"{ep.value} is not a function")
+                register(family, name)(obj)
+        except Exception as exc:  # a broken plug-in must not break shardplan
+            warnings.warn(f"algorithm plug-in {ep.name!r} ({ep.value}) not loaded: "
+                          f"{type(exc).__name__}: {exc}", ShardplanWarning, stacklevel=2)
+
+
 def _load_builtin() -> None:
     global _loaded
     if _loaded:
@@ -276,3 +314,4 @@ def _load_builtin() -> None:
     for mod in _BUILTIN_MODULES:
         importlib.import_module(mod)
     _loaded = True
+    _load_entry_points()

@@ -4,18 +4,21 @@ The paper's planner weighs nodes by their cost; FLOPs are a proxy, and on a give
 measured time is the real thing. :func:`profile_ops` runs the exported program once on real
 tensors with a :class:`torch.fx.Interpreter` that times every operator: forward alone, and
 backward (``torch.autograd.grad`` of the operator's outputs, with a gradient of ones, with
-respect to fresh leaf copies of the inputs that need a gradient).
+respect to fresh leaf copies of the inputs that need a gradient). Each operator's time is
+the mean of ``repeats`` calls measured by ``torch.utils.benchmark.Timer``, which warms up and
+synchronises CUDA around the measurement (a bare ``time.perf_counter`` around a CUDA operator
+measures only its launch); the copies and the forward a backward needs are made in the
+timer's setup, outside the measured calls.
 """
 
 from __future__ import annotations
 
-import statistics
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 from torch.utils import _pytree as pytree
+from torch.utils import benchmark
 
 from shardplan.capture._export import OpCapture
 
@@ -44,10 +47,15 @@ def _program_args(ep: torch.export.ExportedProgram, example_inputs: Sequence[Any
     return values
 
 
-def _median_seconds(timed: Callable[[], float], repeats: int) -> float:
-    """Median of ``timed()`` (which returns the seconds it measured) after one warm-up call."""
-    timed()
-    return statistics.median(timed() for _ in range(repeats))
+def _mean_seconds(prepare: Callable[[], Any], run: Callable[[Any], Any], repeats: int) -> float:
+    """Seconds per call of ``run(state)``, ``state = prepare()`` made once in the timer's
+    untimed setup: ``torch.utils.benchmark.Timer.timeit(repeats)`` (its warm-up calls first,
+    CUDA synchronised around the block), with the current number of threads. ``run`` must
+    be repeatable on the same state."""
+    timer = benchmark.Timer(stmt="run(state)", setup="state = prepare()",
+                            globals={"prepare": prepare, "run": run},
+                            num_threads=torch.get_num_threads())
+    return float(timer.timeit(max(int(repeats), 1)).median)
 
 
 class _TimingInterpreter(torch.fx.Interpreter):
@@ -86,31 +94,32 @@ class _TimingInterpreter(torch.fx.Interpreter):
             a, k = pytree.tree_map_only(torch.Tensor, copy, (args, kwargs))
             return a, k, leaves
 
-        def forward() -> float:
+        def forward_inputs() -> tuple[Any, Any]:
             a, k, _ = fresh(False)
-            with torch.no_grad():
-                t0 = time.perf_counter()
-                n.target(*a, **k)
-                return time.perf_counter() - t0
+            return a, k
 
-        def backward() -> float:
+        def forward(state: tuple[Any, Any]) -> None:
+            with torch.no_grad():
+                n.target(*state[0], **state[1])
+
+        def backward_inputs() -> tuple[list[torch.Tensor], list[torch.Tensor], list[Any]]:
             a, k, leaves = fresh(True)
             if mutates:  # an in-place op may not write into a leaf: give it a non-leaf copy
                 a, k = pytree.tree_map_only(torch.Tensor, lambda t: t * 1, (a, k))
             out = n.target(*a, **k)
             outs = [t for t in pytree.tree_leaves(out)
                     if isinstance(t, torch.Tensor) and t.requires_grad]
-            if not outs:
-                return 0.0
-            grads = [torch.ones_like(t) for t in outs]
-            t0 = time.perf_counter()
-            torch.autograd.grad(outs, leaves, grads, allow_unused=True)
-            return time.perf_counter() - t0
+            return outs, leaves, [torch.ones_like(t) for t in outs]
 
-        self.fwd[i] = _median_seconds(forward, self.repeats)
+        def backward(state: tuple[list[torch.Tensor], list[torch.Tensor], list[Any]]) -> None:
+            outs, leaves, grads = state
+            if outs:  # repeatable: the timer calls it several times on one forward
+                torch.autograd.grad(outs, leaves, grads, allow_unused=True, retain_graph=True)
+
+        self.fwd[i] = _mean_seconds(forward_inputs, forward, self.repeats)
         has_grad = any(needs.values())
-        if has_grad:
-            self.bwd[i] = _median_seconds(backward, self.repeats)
+        if has_grad and backward_inputs()[0]:  # outputs that carry a gradient
+            self.bwd[i] = _mean_seconds(backward_inputs, backward, self.repeats)
         with torch.no_grad():
             result = super().run_node(n)
         self.grad_env[n.name] = has_grad

@@ -359,6 +359,10 @@ def _build_hf(name: str, overrides: dict[str, Any], batch_size: int, seq_len: in
             raise ShardplanError(f"unknown {Config.__name__} option {key!r} in "
                                  f"transformers:{name}")
     values.update(overrides)
+    if family == "gpt2":  # GPT-2's special token ids (50256) are used only in generation:
+        for key in ("bos_token_id", "eos_token_id"):  # a smaller vocabulary drops them
+            if key not in overrides and values.get("vocab_size", 50257) <= 50256:
+                values[key] = None
     cfg = Config(**values, attn_implementation="sdpa")
     max_pos = cfg.max_position_embeddings if family == "bert" else cfg.n_positions
     if seq_len > max_pos:

@@ -17,8 +17,8 @@ from shardplan.ir.io import dumps, write_json
 __all__ = ["SETTING_FLAGS", "OneLineParser", "add_output", "add_settings_arguments", "emit",
            "nonnegative_float", "nonnegative_int", "note", "plan_settings", "settings_changes",
            "parse_float_list", "parse_int_list", "parse_nonnegative_float_list",
-           "positive_float", "positive_int", "print_json", "set_command_start", "split_names",
-           "time_left"]
+           "positive_float", "positive_int", "print_json", "set_command_start", "set_quiet",
+           "split_names", "time_left", "with_provenance"]
 
 #: ``time.monotonic()`` when the running command started (set by :func:`shardplan.cli.main`),
 #: so that ``--time-limit`` covers the whole command: start-up, loading the files, the search
@@ -64,17 +64,41 @@ def emit(args: argparse.Namespace, obj: Any, *, what: str) -> None:
     if not out and not as_json:
         raise ShardplanError(f"say where the {what} goes: -o FILE or --json")
     if out:
-        write_json(out, obj)
+        write_json(out, with_provenance(obj))
         if not as_json:
             print(f"wrote {what} to {out}")
     if as_json:
         sys.stdout.write(dumps(obj) + "\n")
 
 
+_QUIET = False
+
+
+def set_quiet(quiet: bool) -> None:
+    """``-q``: :func:`note` prints nothing."""
+    global _QUIET
+    _QUIET = bool(quiet)
+
+
+def with_provenance(obj: Any) -> Any:
+    """A plan with the sha256 of every input file the command read in its ``inputs``
+    (its ``shardplan_version`` is written with every plan); anything else unchanged."""
+    from shardplan.ir import Plan
+    from shardplan.ir.io import inputs_read
+
+    if not isinstance(obj, Plan):
+        return obj
+    from dataclasses import replace
+
+    return replace(obj, meta={**obj.meta, "inputs": inputs_read()})
+
+
 def note(message: str) -> None:
     """One line ``shardplan: note: ...`` on stderr: something the user should know that is
-    not an error (a flag overriding a plan's setting, a fallback taken)."""
-    sys.stderr.write(f"shardplan: note: {message}\n")
+    not an error (a flag overriding a plan's setting, a fallback taken). Silent under
+    ``-q``."""
+    if not _QUIET:
+        sys.stderr.write(f"shardplan: note: {message}\n")
 
 
 def print_json(data: Any) -> None:

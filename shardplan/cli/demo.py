@@ -20,7 +20,7 @@ from typing import Any
 
 from shardplan.cli._common import positive_float, positive_int, print_json
 from shardplan.cli.inspect import summarize
-from shardplan.ir import save, write_atomic, write_json
+from shardplan.ir import save, write_json
 
 DEFAULT_MODEL = "torchvision:resnet50"
 LOCAL_MODEL = "mlp"
@@ -93,12 +93,12 @@ def run_demo(out_dir: str | Path, *, model: str = DEFAULT_MODEL, batch_size: int
         f"-> {out / 'plan.json'}")
 
     from shardplan.report import write_report
-    from shardplan.simulate import simulate
+    from shardplan.simulate import save_schedule, simulate
 
     t0 = time.perf_counter()
     result = simulate(plan, graph, topo)
     write_json(out / "simulation.json", result.to_dict())
-    write_atomic(out / "schedule.txt", result.schedule.to_text())
+    save_schedule(result.schedule, out / "schedule.txt")
     rep = write_report(plan, graph, topo, out / "report.html", result=result, png_dir=out,
                        ranking=[r.row() for r in found.ranked[:20]])
     done.append({"step": "report", "file": rep["html"], "pngs": rep["pngs"],

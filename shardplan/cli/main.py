@@ -14,6 +14,7 @@ console script reaches :func:`main` with NumPy not yet imported.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import sys
@@ -33,7 +34,7 @@ __all__ = ["build_parser", "main"]
 # Order of the commands in --help; each is the module ``shardplan.cli.<name>``.
 _COMMAND_MODULES = (
     "capture", "inspect", "importer", "generate", "topology", "partition", "map", "strategy",
-    "cost", "simulate", "report", "train", "plan", "demo",
+    "cost", "simulate", "report", "export", "train", "plan", "demo",
 )
 
 #: Environment the command line sets (unless the user did) before anything loads NumPy or
@@ -54,11 +55,74 @@ def build_parser() -> OneLineParser:
                     "partition, map onto a topology, simulate, run.",
     )
     parser.add_argument("--version", action="version", version=f"shardplan {__version__}")
+    parser.add_argument("-v", "--verbose", action="count", default=0,
+                        help="log what shardplan does on stderr (-vv: more)")
+    parser.add_argument("-q", "--quiet", action="store_true",
+                        help="only errors on stderr (no notes or warnings)")
+    parser.add_argument("--config", metavar="FILE.toml",
+                        help="options of the command from a TOML file (flags given on the "
+                             "command line override them)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
     sub.required = True
     for name in _COMMAND_MODULES:
         importlib.import_module(f"shardplan.cli.{name}").register(sub)
     return parser
+
+
+#: Optional dependencies and the extra that installs them.
+EXTRAS = {"matplotlib": "plot", "torch": "torch", "torchvision": "torch",
+          "transformers": "torch"}
+
+
+def missing_extra(exc: ModuleNotFoundError) -> str | None:
+    """The one-line message for a missing optional dependency, or None if ``exc`` is not
+    about one."""
+    top = (exc.name or "").split(".")[0]
+    extra = EXTRAS.get(top)
+    if extra is None:
+        return None
+    return f"this needs {top}, which is not installed: pip install 'shardplan[{extra}]'"
+
+
+def _with_config(parser: Any, argv: list[str]) -> list[str]:
+    """``argv`` with the tokens of ``--config FILE`` inserted after the command name."""
+    from shardplan.cli._config import config_tokens, split_config
+
+    path, rest = split_config(argv)
+    if path is None:
+        return rest
+    sub = next(a for a in parser._actions if a.dest == "command")
+    for i, tok in enumerate(rest):
+        if tok in sub.choices:
+            return rest[:i + 1] + config_tokens(path, tok, dict(sub.choices)) + rest[i + 1:]
+    return rest
+
+
+def _setup_logging(verbose: int, quiet: bool) -> None:
+    """The ``shardplan`` logger on stderr: warnings by default, info with -v, debug with -vv,
+    errors only with -q (which also silences the one-line notes)."""
+    log = logging.getLogger("shardplan")
+    if quiet:
+        level = logging.ERROR
+    else:
+        level = (logging.WARNING, logging.INFO, logging.DEBUG)[min(verbose, 2)]
+    log.setLevel(level)
+    if not any(isinstance(h, _StderrHandler) for h in log.handlers):
+        handler = _StderrHandler()
+        handler.setFormatter(logging.Formatter("shardplan: %(levelname)s: %(message)s"))
+        log.addHandler(handler)
+
+
+class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to whatever ``sys.stderr`` is when a record comes (tests replace it)."""
+
+    @property  # type: ignore[override]
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:
+        pass
 
 
 def _process_age() -> float:
@@ -106,7 +170,18 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     _common.set_command_start(started)
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        argv = _with_config(parser, argv)
+        from shardplan.ir.io import reset_inputs
+
+        reset_inputs()
+    except ShardplanError as exc:
+        sys.stderr.write(f"shardplan: error: {exc}\n")
+        return 2
     args = parser.parse_args(argv)
+    _setup_logging(args.verbose, args.quiet)
+    _common.set_quiet(args.quiet)
     previous = None
     try:
         previous = signal.signal(signal.SIGTERM, _on_sigterm)
@@ -114,11 +189,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         previous = None
     try:
         with warnings.catch_warnings():
-            warnings.simplefilter("always", ShardplanWarning)
+            warnings.simplefilter("ignore" if args.quiet else "always", ShardplanWarning)
             warnings.showwarning = _show_warning
             rc = args.handler(args)
     except ShardplanError as exc:
         sys.stderr.write(f"shardplan: error: {exc}\n")
+        return 2
+    except ModuleNotFoundError as exc:
+        message = missing_extra(exc)
+        if message is None:
+            raise
+        sys.stderr.write(f"shardplan: error: {message}\n")
         return 2
     except BrokenPipeError:
         return 0

@@ -26,7 +26,8 @@ from shardplan.cli._common import (
 )
 from shardplan.errors import ShardplanError
 
-__all__ = ["add_search_arguments", "algorithm_options", "parse_option", "register"]
+__all__ = ["add_search_arguments", "algorithm_options", "list_algorithms_in_help",
+           "parse_option", "register"]
 
 # argparse dest -> (flag, argparse keywords). The option key is the dest.
 FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -102,8 +103,24 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "metis.")
     p.add_argument("graph", metavar="GRAPH", help="graph file (shardplan.graph/1)")
     p.add_argument("topology", metavar="TOPO", help="topology file (shardplan.topology/1)")
-    add_search_arguments(p, "partitioner name", FLAGS)
+    add_search_arguments(p, "partitioner name (the list below)", FLAGS)
+    list_algorithms_in_help(p, "partition")
     p.set_defaults(handler=_run)
+
+
+def list_algorithms_in_help(p: argparse.ArgumentParser, family: str) -> None:
+    """``--help`` of ``p`` ends with the algorithms registered in ``family``, plug-ins
+    (entry-point group ``shardplan.algorithms``) included; looked up only when help is
+    shown, so the command line starts without importing them."""
+    plain = p.format_help
+
+    def format_help() -> str:
+        from shardplan import registry
+
+        p.epilog = f"{family} algorithms: {', '.join(registry.available(family))}"
+        return plain()
+
+    p.format_help = format_help  # type: ignore[method-assign]
 
 
 def add_search_arguments(p: argparse.ArgumentParser, algorithm_help: str,

@@ -23,6 +23,7 @@ from shardplan.cli._common import (
     progress_reporter,
     settings_changes,
     time_left,
+    with_provenance,
 )
 from shardplan.errors import ShardplanError
 
@@ -176,7 +177,7 @@ def _run(args: argparse.Namespace) -> int:
     if winner is None:
         raise ShardplanError("the time limit ran out before any candidate was evaluated")
     if args.output:
-        save(winner, args.output)
+        save(with_provenance(winner), args.output)
     if args.report:
         from shardplan.report import write_report
 

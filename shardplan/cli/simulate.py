@@ -22,7 +22,9 @@ def add_simulation_options(p: argparse.ArgumentParser) -> None:
     overrides the plan's setting and says so) and a schedule file."""
     add_settings_arguments(p)
     p.add_argument("--schedule-file", metavar="FILE",
-                   help="run this schedule (text form of --schedule-out) instead")
+                   help="run this schedule instead: a CSV as --schedule-out writes it or "
+                        "torch's _dump_csv / get_schedule_ops give it (F, B, I, W, "
+                        "REDUCE_GRAD, OVERLAP_F_B; FILE.meta.json beside it is read too)")
 
 
 def simulation_kwargs(args: argparse.Namespace, plan: Any, graph: Any) -> dict[str, Any]:
@@ -30,10 +32,9 @@ def simulation_kwargs(args: argparse.Namespace, plan: Any, graph: Any) -> dict[s
     noted on stderr), and the schedule file's schedule when one is given."""
     out: dict[str, Any] = {"settings": plan_settings(plan, graph, args)}
     if args.schedule_file:
-        from shardplan.ir.io import read_text
-        from shardplan.simulate import Schedule
+        from shardplan.simulate import load_schedule
 
-        out["schedule"] = Schedule.from_text(read_text(args.schedule_file))
+        out["schedule"] = load_schedule(args.schedule_file)
     return out
 
 
@@ -51,7 +52,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_simulation_options(p)
     p.add_argument("--timeline", metavar="FILE.png", help="draw the pipeline timeline here")
     p.add_argument("--schedule-out", metavar="FILE",
-                   help="write the schedule run, in its text form (2F0,...), here")
+                   help="write the schedule run here as the CSV torch.distributed.pipelining "
+                        "loads (_load_csv), its name and placement in FILE.meta.json")
     p.add_argument("--intervals", action="store_true",
                    help="with --json or -o: include every busy interval")
     p.add_argument("-o", "--output", metavar="FILE", help="write the result as JSON here")
@@ -60,7 +62,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from shardplan.ir import write_atomic, write_json
+    from shardplan.ir import write_json
     from shardplan.simulate import simulate
 
     plan, graph, topology = load_plan_inputs(args)
@@ -69,7 +71,9 @@ def _run(args: argparse.Namespace) -> int:
     if plan.objective.lower_bound is not None:
         data["plan_lower_bound"] = plan.objective.lower_bound
     if args.schedule_out:
-        write_atomic(args.schedule_out, result.schedule.to_text())
+        from shardplan.simulate import save_schedule
+
+        save_schedule(result.schedule, args.schedule_out)
     if args.timeline:
         from shardplan.report import timeline_png
         from shardplan.report._png import plan_label

@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["OPTIMIZER_FLOPS", "OPTIMIZER_STATE", "message_seconds", "optimizer_seconds",
-           "ring_allreduce_seconds", "stage_memory", "work_seconds"]
+__all__ = ["OPTIMIZER_FLOPS", "OPTIMIZER_STATE", "OPTIMIZER_STEP_TEMPORARY", "message_seconds",
+           "optimizer_seconds", "ring_allreduce_seconds", "stage_memory", "work_seconds"]
 
 OPTIMIZER_STATE: Mapping[str, float] = {
     "sgd": 0.0,
@@ -25,6 +25,19 @@ OPTIMIZER_STATE: Mapping[str, float] = {
 }
 """Optimizer state per parameter, in parameter copies: momentum is one buffer, Adam keeps the
 first and second moments (Kingma & Ba 2015, Algorithm 1)."""
+
+OPTIMIZER_STEP_TEMPORARY: Mapping[str, float] = {
+    "sgd": 0.0,
+    "sgd-momentum": 0.0,
+    "momentum": 0.0,
+    "adam": 2.0,
+    "adamw": 2.0,
+}
+"""Memory the optimizer step allocates for a moment, in copies of the largest parameter
+tensor: torch's Adam on CPU updates one tensor at a time and holds two temporaries of its
+size (``sqrt(v)`` and the update); SGD, with or without momentum, works in place. Measured
+with ``torch.distributed._tools.mem_tracker.MemTracker`` on torch 2.14
+(``benchmarks/memory_calibration.py``)."""
 
 OPTIMIZER_FLOPS: Mapping[str, float] = {"sgd": 2.0, "sgd-momentum": 4.0, "momentum": 4.0,
                                         "adam": 12.0, "adamw": 14.0}
@@ -81,7 +94,8 @@ def optimizer_seconds(param_bytes: Any, optimizer: str, rate: Any) -> Any:
 def stage_memory(*, params: Any, outputs: Any, received: Any, inputs: Any, extra: Any,
                  in_flight: Any, replicas: Any, optimizer: str, recompute: bool,
                  mixed_precision: bool = False, param_dtype_bytes: int = 2,
-                 shards: Any = 1, gathered: Any = 0.0) -> dict[str, Any]:
+                 shards: Any = 1, gathered: Any = 0.0,
+                 largest_param: Any = 0.0) -> dict[str, Any]:
     """Every memory term of a stage, bytes per device, elementwise over stages.
 
     With ``P = params`` (parameter bytes):
@@ -104,7 +118,15 @@ def stage_memory(*, params: Any, outputs: Any, received: Any, inputs: Any, extra
       parameters are held whole at a time (the units all-gathered for the running and the
       prefetched layer).
 
-    ``total`` is their sum. Broadcasts. O(size).
+    - ``step_temporary``: what the optimizer step allocates for a moment,
+      :data:`OPTIMIZER_STEP_TEMPORARY` copies of the ``largest_param`` tensor (fp32 master
+      copies under mixed precision, split over ``shards``). The step runs after the last
+      backward has freed the activations, so the peak holds the larger of the two.
+
+    ``total`` is the sum of everything but the activations and the step temporaries, plus
+    the larger of those two: the peak of the compute phase or of the optimizer step
+    (``benchmarks/memory_calibration.py`` checks it against torch's MemTracker).
+    Broadcasts. O(size).
     """
     factor = OPTIMIZER_STATE[optimizer]
     p = np.asarray(params, dtype=np.float64) / np.asarray(shards, dtype=np.float64)
@@ -122,6 +144,11 @@ def stage_memory(*, params: Any, outputs: Any, received: Any, inputs: Any, extra
     acts = acts / np.asarray(replicas, dtype=np.float64)
     extra = np.asarray(extra, dtype=np.float64) + 0.0 * p
     whole = np.asarray(gathered, dtype=np.float64) + 0.0 * p
-    total = p + p + master + opt + acts + extra + whole
+    temp = OPTIMIZER_STEP_TEMPORARY[optimizer] * np.asarray(largest_param, dtype=np.float64) \
+        / np.asarray(shards, dtype=np.float64) + 0.0 * p
+    if mixed_precision:
+        temp = temp * (_MASTER_BYTES / param_dtype_bytes)
+    total = p + p + master + opt + np.maximum(acts, temp) + extra + whole
     return {"params": p, "gradients": p.copy(), "master": master, "optimizer": opt,
-            "activations": acts, "extra": extra, "gathered": whole, "total": total}
+            "activations": acts, "step_temporary": temp, "extra": extra, "gathered": whole,
+            "total": total}

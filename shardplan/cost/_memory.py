@@ -105,9 +105,13 @@ def partition_memory_breakdown(
       other outputs during its backward: ``in_flight * inputs + (outputs - graph inputs)``.
       With ``replicas`` each replica runs ``1/r`` of the micro-batch, so activations are
       divided by r (parameters and optimizer state are replicated in full);
-    - ``extra``: the nodes' ``memory_bytes`` (other working memory), once.
+    - ``extra``: the nodes' ``memory_bytes`` (other working memory), once;
+    - ``step_temporary``: what the optimizer step allocates for a moment (Adam on CPU: two
+      copies of the stage's largest parameter tensor, here its node with the most parameter
+      bytes), after the backward freed the activations.
 
-    ``total`` is their sum.
+    ``total`` is their sum, with the larger of ``activations`` and ``step_temporary`` in
+    place of both (the compute phase or the optimizer step is the peak).
 
     Parameters
     ----------
@@ -132,7 +136,8 @@ def partition_memory_breakdown(
     Returns
     -------
     dict of str to ndarray of float64, shape (k,)
-        Keys ``params, gradients, master, optimizer, activations, extra, gathered, total``.
+        Keys ``params, gradients, master, optimizer, activations, step_temporary, extra,
+        gathered, total``.
 
     Notes
     -----
@@ -157,6 +162,8 @@ def partition_memory_breakdown(
     is_input = graph.in_degree == 0
     inputs = np.bincount(a[is_input], weights=graph.output_bytes[is_input].astype(
         np.float64), minlength=k)
+    largest = np.zeros(k)
+    np.maximum.at(largest, a, graph.param_bytes.astype(np.float64))
     extra = np.zeros(k) if graph.memory_bytes is None else np.bincount(
         a, weights=np.nan_to_num(graph.memory_bytes, nan=0.0), minlength=k)
     return stage_memory(params=params, outputs=outputs, received=received, inputs=inputs,
@@ -164,7 +171,8 @@ def partition_memory_breakdown(
                         recompute=recompute, mixed_precision=mixed_precision,
                         param_dtype_bytes=param_dtype_bytes,
                         shards=reps if sharded else 1,
-                        gathered=np.minimum(2.0 * unit_bytes, params) if sharded else 0.0)
+                        gathered=np.minimum(2.0 * unit_bytes, params) if sharded else 0.0,
+                        largest_param=largest)
 
 
 def partition_memory_bytes(

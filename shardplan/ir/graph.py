@@ -689,6 +689,29 @@ class Graph:
         avg = total / num_devices
         return {"average": avg, "largest_node": largest, "bound": max(avg, largest)}
 
+    def __repr__(self) -> str:
+        """One short line (the default dataclass repr lists every column). O(n)."""
+        return (f"Graph(name={self.name!r}, nodes={self.num_nodes}, edges={self.num_edges}, "
+                f"batch_size={self.batch_size}, fwd_flops={float(self.fwd_flops.sum()):.4g}, "
+                f"param_bytes={int(self.param_bytes.sum())})")
+
+    def _repr_html_(self) -> str:
+        """A small table for notebooks: sizes, totals and the most frequent operators."""
+        from html import escape
+
+        info = self.summary()
+        rows = [("nodes", info["nodes"]), ("edges", info["edges"]),
+                ("batch size", info["batch_size"]),
+                ("forward FLOPs", f"{info['fwd_flops']:.4g}"),
+                ("parameter bytes", f"{info['param_bytes']:,}"),
+                ("activation bytes", f"{info['activation_bytes']:,}"),
+                ("depth", info["depth"]),
+                ("top operators", ", ".join(f"{op} x{c}" for op, c in info["top_ops"].items()))]
+        body = "".join(f"<tr><th style='text-align:left'>{escape(str(k))}</th>"
+                       f"<td style='text-align:left'>{escape(str(v))}</td></tr>"
+                       for k, v in rows)
+        return f"<table><caption>graph {escape(self.name)}</caption>{body}</table>"
+
     def summary(self) -> dict[str, Any]:
         """Sizes, totals and lower bounds, for ``shardplan inspect``."""
         ops, counts = np.unique(np.array(self.ops, dtype=object), return_counts=True)

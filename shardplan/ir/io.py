@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import math
 import os
@@ -17,8 +18,8 @@ from shardplan.ir.graph import GRAPH_FORMAT, Graph
 from shardplan.ir.plan import PLAN_FORMAT, Plan
 from shardplan.ir.topology import TOPOLOGY_FORMAT, Topology
 
-__all__ = ["dumps", "load", "load_graph", "load_plan", "load_topology", "read_json", "read_text",
-           "save", "write_atomic", "write_json"]
+__all__ = ["dumps", "inputs_read", "load", "load_graph", "load_plan", "load_topology",
+           "read_json", "read_text", "reset_inputs", "save", "write_atomic", "write_json"]
 
 _KINDS = {GRAPH_FORMAT: Graph, TOPOLOGY_FORMAT: Topology, PLAN_FORMAT: Plan}
 
@@ -103,11 +104,27 @@ def save(obj: Any, path: str | os.PathLike[str]) -> None:
     write_json(path, obj)
 
 
+_INPUTS: dict[str, str] = {}
+
+
+def reset_inputs() -> None:
+    """Forget the files :func:`read_text` read (the command line does so per command)."""
+    _INPUTS.clear()
+
+
+def inputs_read() -> dict[str, str]:
+    """Path -> sha256 (hex) of every file :func:`read_text` read since
+    :func:`reset_inputs`: the inputs a plan records."""
+    return dict(_INPUTS)
+
+
 def read_text(path: str | os.PathLike[str]) -> str:
-    """A UTF-8 text file's contents; any failure to read it is one :class:`InvalidFileError`
-    line."""
+    """A UTF-8 text file's contents (its sha256 remembered for :func:`inputs_read`); any
+    failure to read it is one :class:`InvalidFileError` line."""
     try:
-        return Path(path).read_text(encoding="utf-8")
+        data = Path(path).read_bytes()
+        _INPUTS[os.fspath(path)] = hashlib.sha256(data).hexdigest()
+        return data.decode("utf-8")
     except FileNotFoundError:
         raise InvalidFileError(f"{path}: no such file") from None
     except IsADirectoryError:

@@ -149,6 +149,31 @@ class Plan:
                 if any(not 0 <= x < d for x in st.devices):
                     raise InvalidFileError(f"stage {s} uses a device outside 0..{d - 1}")
 
+    def __repr__(self) -> str:
+        """One short line (the default dataclass repr lists every node of every stage)."""
+        kind = ", strategy" if self.strategy is not None else ""
+        return (f"Plan(graph={self.graph!r}, topology={self.topology!r}, "
+                f"algorithm={self.algorithm!r}, stages={self.num_stages}, "
+                f"replicas={self.num_replicas}, {self.objective.name}="
+                f"{self.objective.value:.6g}, status={self.status!r}{kind})")
+
+    def _repr_html_(self) -> str:
+        """A table for notebooks: one row per stage (nodes, devices) under the objective."""
+        from html import escape
+
+        def short(xs: tuple[int, ...]) -> str:
+            return ", ".join(map(str, xs[:8])) + (f", ... ({len(xs)})" if len(xs) > 8 else "")
+
+        head = (f"plan {escape(self.algorithm)} of {escape(self.graph)} on "
+                f"{escape(self.topology)}: {escape(self.objective.name)} = "
+                f"{self.objective.value:.6g} ({escape(self.status)}), schedule "
+                f"{escape(self.settings.schedule)}, {self.settings.microbatches} micro-batches")
+        rows = "".join(f"<tr><td>{s}</td><td>{len(st.nodes)}</td><td>{escape(short(st.nodes))}"
+                       f"</td><td>{escape(short(st.devices))}</td></tr>"
+                       for s, st in enumerate(self.stages))
+        return (f"<table><caption>{head}</caption><tr><th>stage</th><th>nodes</th>"
+                f"<th>node ids</th><th>devices</th></tr>{rows}</table>")
+
     def summary(self) -> dict[str, Any]:
         return {
             "kind": "plan",
@@ -180,6 +205,9 @@ class Plan:
             out["execution"] = self.execution.to_dict()
         for k, v in self.meta.items():
             out.setdefault(k, v)
+        from shardplan import __version__
+
+        out["shardplan_version"] = __version__  # the version that wrote the file
         return out
 
     @classmethod

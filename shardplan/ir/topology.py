@@ -396,6 +396,11 @@ class Topology:
         off = ~np.eye(n, dtype=bool)
         return [float(self.latency[off].min()), float(self.latency[off].max())]
 
+    def __repr__(self) -> str:
+        """One short line (the default dataclass repr prints the matrices)."""
+        return (f"Topology(name={self.name!r}, devices={self.num_devices}, "
+                f"levels={[lv.name for lv in self.levels]}, links={len(self.links)})")
+
     def summary(self) -> dict[str, Any]:
         n = self.num_devices
         model = self.pair_model

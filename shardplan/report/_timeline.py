@@ -14,12 +14,15 @@ __all__ = ["COLORS", "timeline_figure", "timeline_png"]
 COLORS = {
     "F": "#4C72B0",  # forward: blue
     "B": "#DD8452",  # backward: orange
+    "I": "#E6A26E",  # input gradient (split backward): light orange
+    "W": "#55A868",  # weight gradient (split backward): green
     "OPT": "#8C8C8C",  # optimizer step: grey
     "activation": "#64B5CD",  # sending activations: light blue
     "gradient": "#F3B183",  # sending gradients: light orange
     "allreduce": "#C44E52",  # ring all-reduce: red
 }
-_LABELS = {"F": "forward", "B": "backward", "OPT": "optimizer step",
+_LABELS = {"F": "forward", "B": "backward", "I": "input gradient", "W": "weight gradient",
+           "OPT": "optimizer step",
            "activation": "send activations", "gradient": "send gradients",
            "allreduce": "all-reduce"}
 
@@ -52,7 +55,7 @@ def timeline_figure(result: SimulationResult, *, topology: Topology | None = Non
     stage_of: dict[int, list[str]] = {d: [] for d in devs}
     r = result.num_replicas
     for iv in result.intervals:
-        if iv.kind in ("F", "B") and f"s{iv.stage}" not in stage_of[iv.device]:
+        if iv.kind in ("F", "B", "I", "W") and f"s{iv.stage}" not in stage_of[iv.device]:
             stage_of[iv.device].append(f"s{iv.stage}")
     bars: dict[str, list[tuple[float, float, float]]] = {}
     texts: list[tuple[float, float, str]] = []
@@ -60,7 +63,7 @@ def timeline_figure(result: SimulationResult, *, topology: Topology | None = Non
     for iv in result.intervals:
         y = row[iv.device]
         x0, w = iv.start * mult, (iv.end - iv.start) * mult
-        if iv.kind in ("F", "B", "OPT"):
+        if iv.kind in ("F", "B", "I", "W", "OPT"):
             bars.setdefault(iv.kind, []).append((x0, w, y - 0.38))
             if iv.microbatch is not None and w >= min_text:
                 label = str(iv.microbatch) if len(stage_of[iv.device]) == 1 \
@@ -69,7 +72,7 @@ def timeline_figure(result: SimulationResult, *, topology: Topology | None = Non
         else:
             bars.setdefault(iv.kind, []).append((x0, w, y + 0.06))
     for kind, items in bars.items():
-        h = 0.4 if kind in ("F", "B", "OPT") else 0.3
+        h = 0.4 if kind in ("F", "B", "I", "W", "OPT") else 0.3
         for x, w, y0 in items:
             ax.add_patch(plt.Rectangle((x, y0), max(w, end * mult * 1e-4), h,
                                        facecolor=COLORS[kind], edgecolor="white",

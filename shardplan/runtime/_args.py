@@ -267,7 +267,8 @@ def strategy_fields(plan: Any, graph: Any, settings: Any) -> dict[str, Any]:
         kind="strategy", nproc=devices,
         stages=(tuple(names[i] for i in sorted(stage.nodes)),), order=(0,),
         graph_nodes=tuple(zip(names, graph.ops, graph.modules, strict=True)),
-        shardings=node_shardings(graph, plan.strategy, [(stage.nodes, devices)]),
+        shardings=node_shardings(graph, plan.strategy, [(stage.nodes, devices)],
+                                 run_batch=int(settings.microbatch_size)),
         mesh_shape=mesh_shape(devices), schedule=settings.schedule,
         export_batch=int(graph.batch_size), microbatches=int(settings.microbatches),
         microbatch_size=int(settings.microbatch_size), recompute=bool(settings.recompute))
@@ -293,7 +294,8 @@ def plan_fields(plan: Any, graph: Any, settings: Any) -> dict[str, Any]:
 
     fields = pipeline_fields(plan, graph, settings)
     groups = [(st.nodes, len(st.devices)) for st in plan.stages]
-    fields.update(kind="pipeline", shardings=node_shardings(graph, plan.strategy, groups),
+    fields.update(kind="pipeline", shardings=node_shardings(
+                      graph, plan.strategy, groups, run_batch=int(settings.microbatch_size)),
                   mesh_shape=mesh_shape(fields["replicas"]))
     return fields
 

@@ -45,6 +45,9 @@ _RANDOM = {"bernoulli", "rand", "randn", "randint", "rand_like", "randn_like", "
            "normal", "uniform", "randperm", "multinomial", "native_dropout",
            "feature_dropout", "alpha_dropout", "feature_alpha_dropout", "exponential",
            "geometric", "cauchy", "log_normal", "poisson"}
+#: Operators DTensor (torch 2.14) runs forward but has no sharding rule for the backward of
+#: (MobileNet's ReLU6 is ``hardtanh``): they run whole, so that their backward is local.
+_NO_BACKWARD_RULE = {"hardtanh"}
 
 
 def make_mesh(device_type: str, ranks: Sequence[Sequence[int]], shape: Sequence[int]
@@ -104,6 +107,27 @@ def communicates(src: Sequence[Placement], dst: Sequence[Placement]) -> bool:
 def _op_name(target: Any) -> str:
     name = getattr(target, "__name__", str(target))
     return name.split(".")[0]
+
+
+def _out_of_place(node: fx.Node, target: Any, name: str) -> tuple[Any, str]:
+    """An in-place ATen operator (``hardtanh_``: ``ReLU6(inplace=True)``) as its out-of-place
+    twin when the tensor it would modify is read by nothing else and aliases nothing (an
+    operator's fresh result, not a view, input or parameter): DTensor's redistributions hand
+    out views that autograd refuses to modify in place. O(1)."""
+    if not (name.endswith("_") and not name.startswith("_") and node.args):
+        return target, name
+    src = node.args[0]
+    if not (isinstance(src, fx.Node) and src.op == "call_function" and len(src.users) == 1
+            and isinstance(src.target, torch._ops.OpOverload)):
+        return target, name
+    returns = src.target._schema.returns
+    if not returns or returns[0].alias_info is not None:  # a view: its base is read elsewhere
+        return target, name
+    packet = getattr(aten, name[:-1], None)
+    overload = getattr(target, "_overloadname", None)
+    if packet is None or overload is None or not hasattr(packet, overload):
+        return target, name
+    return getattr(packet, overload), name[:-1]
 
 
 def _map(value: Any, fn: Any) -> Any:
@@ -278,11 +302,12 @@ class ShardedProgram(nn.Module):
             kwargs = {k: _map_arg(v, lambda t, p: self._to(t, self._spec_for(node, p, t)), k)
                       for k, v in kwargs.items()}
         name = _op_name(target)
+        target, name = _out_of_place(node, target, name)
         if name in ("dropout",) and target is aten.dropout.default:
             return self._dropout(*args, **kwargs)
         if name == "scaled_dot_product_attention":
             return self._attention(node, args, kwargs)
-        if name in _RANDOM:
+        if name in _RANDOM or name in _NO_BACKWARD_RULE:
             return self._local(node, target, args, kwargs)
         if not any(isinstance(t, DTensor) for t in _tensors((args, kwargs))):
             return _map(target(*args, **kwargs), self._wrap)

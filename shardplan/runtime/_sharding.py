@@ -27,6 +27,7 @@ placements.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -88,6 +89,9 @@ class NodeSharding:
     planned : tuple of int or None
         The plan's configuration when the mesh cannot lay it out (a split of 3 on a 2 x 2
         mesh): each such factor runs as its largest divisor the free axes make up.
+    batch_cut : bool
+        Whether ``planned`` was cut because the batch dimension's split does not divide the
+        run's micro-batch (a split of 2 at one sample per micro-batch).
     """
 
     name: str
@@ -99,6 +103,7 @@ class NodeSharding:
     output: Groups = ()
     inputs: tuple[tuple[str, Groups], ...] = ()
     planned: tuple[int, ...] | None = None
+    batch_cut: bool = False
 
     @property
     def described(self) -> bool:
@@ -124,6 +129,8 @@ class NodeSharding:
                "factors": list(self.factors), "axes": [list(a) for a in self.axes]}
         if self.planned is not None:
             out["planned"] = list(self.planned)
+        if self.batch_cut:
+            out["batch_cut"] = True
         return out
 
 
@@ -176,8 +183,23 @@ def _assign(factors: Sequence[int], shape: Sequence[int], preferred: Sequence[Se
     return tuple(out)
 
 
+def _batch_dim(sp: Any, captured: int, run: int) -> tuple[int, int] | None:
+    """``(i, size)``: the space dimension ``i`` that carries the batch and its size at a
+    micro-batch of ``run`` samples, for a space whose output leads with the batch (one space
+    dimension spanning output dimension 0, whose captured size is a multiple of the captured
+    batch: ``(batch, ...)`` or a merged ``(batch x seq, ...)``); ``None`` otherwise. O(dims).
+    """
+    if captured < 1 or not sp.output or len(sp.output[0]) != 1 or not sp.output_shape:
+        return None
+    lead = int(sp.output_shape[0])
+    if lead < captured or lead % captured or sp.output[0][0] not in sp.dims:
+        return None
+    return sp.dims.index(sp.output[0][0]), lead // captured * int(run)
+
+
 def node_shardings(graph: Any, strategy: Mapping[str, Sequence[int]],
-                   groups: Sequence[tuple[Sequence[int], int]]) -> tuple[NodeSharding, ...]:
+                   groups: Sequence[tuple[Sequence[int], int]], *,
+                   run_batch: int | None = None) -> tuple[NodeSharding, ...]:
     """Every node's configuration laid out on its stage's mesh.
 
     Parameters
@@ -189,6 +211,11 @@ def node_shardings(graph: Any, strategy: Mapping[str, Sequence[int]],
         The plan's ``strategy``: per node id, one factor per space dimension.
     groups : sequence of (nodes, devices)
         Per stage, its node ids and its device count (the mesh is :func:`mesh_shape`).
+    run_batch : int, optional
+        Samples per micro-batch the run feeds each stage's program (default: the graph's
+        batch). A split of the batch dimension that does not divide its size at this batch
+        (DTensor cannot reshape a dimension sharded unevenly, nor one sample over two
+        devices) runs as the largest divisor of both (``batch_cut``).
 
     Returns
     -------
@@ -238,6 +265,13 @@ def node_shardings(graph: Any, strategy: Mapping[str, Sequence[int]],
                                  f"{list(factors)} uses {prod} devices, its stage has "
                                  f"{devices}")
         shape = mesh_shape(devices)
+        wanted, cut = factors, False
+        lead = None if run_batch is None else _batch_dim(sp, int(graph.batch_size),
+                                                         int(run_batch))
+        if lead is not None and lead[1] % factors[lead[0]]:
+            i = lead[0]
+            wanted = (*factors[:i], math.gcd(factors[i], lead[1]), *factors[i + 1:])
+            cut = True
         inputs = tuple((names[int(p)], tuple(tuple(g) for g in grp))
                        for p, grp in sp.inputs.items() if 0 <= int(p) < graph.num_nodes)
         # Prefer the axes each producer split the tensor dimension this dimension reads.
@@ -251,7 +285,7 @@ def node_shardings(graph: Any, strategy: Mapping[str, Sequence[int]],
                 for d in g:
                     if not preferred[sp.dims.index(d)]:
                         preferred[sp.dims.index(d)] = used
-        axes = _assign(factors, shape, preferred)
+        axes = _assign(wanted, shape, preferred)
         for dim, most in _MAX_AXES.get(graph.ops[v], {}).items():
             if dim in sp.dims and len(axes[sp.dims.index(dim)]) > most:
                 i = sp.dims.index(dim)
@@ -260,7 +294,8 @@ def node_shardings(graph: Any, strategy: Mapping[str, Sequence[int]],
         kind = sp.kind if raw is not None and raw[v] is not None else ""
         out[v] = NodeSharding(name=names[v], op=graph.ops[v], kind=kind, dims=sp.dims,
                               factors=laid, axes=axes, output=sp.output, inputs=inputs,
-                              planned=factors if laid != factors else None)
+                              planned=factors if laid != factors else None,
+                              batch_cut=cut and laid != factors)
     return tuple(o for o in out if o is not None)
 
 
@@ -277,7 +312,15 @@ def strategy_notes(shardings: Sequence[NodeSharding]) -> list[str]:
     space split their batch only where DTensor knows the operator, and run whole on every
     device of their stage where it does not (the run's result names those)."""
     notes = []
-    cut = [s for s in shardings if s.planned is not None]
+    small = [s for s in shardings if s.planned is not None and s.batch_cut]
+    if small:
+        shown = ", ".join(f"{s.name} {list(s.planned)} -> {list(s.factors)}" for s in small[:3])
+        more = f" and {len(small) - 3} more" if len(small) > 3 else ""
+        notes.append(f"{len(small)} configuration{'s' if len(small) > 1 else ''} split the "
+                     f"batch by a factor that does not divide the micro-batch: "
+                     f"{'they run' if len(small) > 1 else 'it runs'} with the largest split "
+                     f"that does ({shown}{more})")
+    cut = [s for s in shardings if s.planned is not None and not s.batch_cut]
     if cut:
         shown = ", ".join(f"{s.name} {list(s.planned)} -> {list(s.factors)}" for s in cut[:3])
         more = f" and {len(cut) - 3} more" if len(cut) > 3 else ""

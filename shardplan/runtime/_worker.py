@@ -236,7 +236,10 @@ def run_single(cfg: TrainConfig) -> RunResult:
 # ----------------------------------------------------------------------- data parallel
 def _run_baseline(cfg: TrainConfig, rank: int, world: int) -> RunResult:
     """DDP or FSDP2 (``fully_shard``) over ``world`` processes: process ``p`` runs part ``p``
-    of every micro-batch, accumulating gradients over the micro-batches."""
+    of every micro-batch, accumulating gradients over the micro-batches. Parts differ by one
+    sample when the processes do not divide the micro-batch: each part's loss is weighted by
+    its share of the samples (DDP and FSDP average over the processes), so that the step is
+    the micro-batch's mean, as one process would take it."""
     from torch.distributed.fsdp import fully_shard
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -266,18 +269,19 @@ def _run_baseline(cfg: TrainConfig, rank: int, world: int) -> RunResult:
         total = 0.0
         for j in range(m):
             xs, ys = parts[j * world + rank]
+            share = len(ys) * world / sum(len(parts[j * world + p][1]) for p in range(world))
             last = j == m - 1
             _seed(cfg, step, j * world + rank, 0)
             if cfg.kind == "ddp" and not last:
                 with wrapped.no_sync():
                     loss = loss_fn(wrapped(*(t.to(device) for t in xs)), ys.to(device))
-                    (loss / m).backward()
+                    (loss * share / m).backward()
             else:
                 if cfg.kind == "fsdp":
                     wrapped.set_requires_gradient_sync(last)
                 loss = loss_fn(wrapped(*(t.to(device) for t in xs)), ys.to(device))
-                (loss / m).backward()
-            total += float(loss.detach())
+                (loss * share / m).backward()
+            total += float(loss.detach()) * share
         opt.step()
         opt.zero_grad(set_to_none=True)
         elapsed = _time() - t0

@@ -17,8 +17,10 @@ from shardplan.ir.schedule import (
     Schedule,
     gpipe,
     interleaved_1f1b,
+    load_schedule,
     make_schedule,
     one_f_one_b,
+    save_schedule,
 )
 from shardplan.simulate._engine import simulate
 from shardplan.simulate._pipeline import PipelineView, stage_order
@@ -26,5 +28,5 @@ from shardplan.simulate.result import Interval, SimulationResult
 
 __all__ = ["OPTIMIZER_FLOPS", "SCHEDULES", "Action", "Interval", "PipelineView", "Schedule",
            "SimulationResult",
-           "gpipe", "interleaved_1f1b", "make_schedule", "one_f_one_b", "simulate",
-           "stage_order"]
+           "gpipe", "interleaved_1f1b", "load_schedule", "make_schedule", "one_f_one_b",
+           "save_schedule", "simulate", "stage_order"]

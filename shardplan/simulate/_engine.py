@@ -11,7 +11,13 @@ objective, ``shardplan cost`` and the simulator price the same compute and the s
 - **Compute.** Every device runs its rank's schedule actions in order, one at a time (a
   blocked head action blocks the device, as torch's pipelining runtime does). Forward and
   backward seconds are the model's per replica: the replica's share of the micro-batch on
-  its device; recomputation adds the forward to the backward.
+  its device; recomputation adds the forward to the backward. A split backward (the
+  zero-bubble schedules' ``I`` and ``W``) divides the backward by one rule, ours (the cost
+  model prices a backward as one sum): the weight gradient ``W`` of a stage costs the
+  forward FLOPs of its nodes that hold parameters (a layer's weight gradient is one product
+  of its forward's size), at most the whole backward; the input gradient ``I`` is the rest,
+  recomputation included. The previous stage's gradient leaves after ``I``; the
+  activations are held until ``W``. ``OVERLAP_F_B`` runs its forward then its backward.
 - **Messages.** After the forward of (stage a, replica i, micro-batch m), every message of
   the model from (a, i) leaves (its bytes, one latency per tensor, sent back to back);
   gradients of the same size go back after the backward of the receiver. The forward of a
@@ -36,7 +42,8 @@ objective, ``shardplan cost`` and the simulator price the same compute and the s
   stages are over, for the model's optimizer seconds.
 - **Memory.** A device holds its stages' parameters, gradients, optimizer state and extra
   memory throughout, plus one micro-batch's activations per (stage, micro-batch) from the
-  start of its forward to the end of its backward: the terms of
+  start of its forward to the end of its backward, and during its optimizer step the step's
+  temporaries (the largest of its stages'): the terms of
   :func:`~shardplan.cost.partition_memory_breakdown`, so the peak is the model's memory with
   the schedule's micro-batches in flight.
 
@@ -63,7 +70,14 @@ from shardplan.cost._collectives import measured_seconds, ring_steps
 from shardplan.cost._pipeline import replica_pairs
 from shardplan.errors import ShardplanError
 from shardplan.ir import ExecutionSettings, Graph, Plan, Stage, Topology
-from shardplan.ir.schedule import BACKWARD, FORWARD, REDUCE_GRAD, Schedule
+from shardplan.ir.schedule import (
+    BACKWARD,
+    BACKWARD_INPUT,
+    BACKWARD_WEIGHT,
+    FORWARD,
+    REDUCE_GRAD,
+    Schedule,
+)
 from shardplan.simulate._pipeline import PipelineView
 from shardplan.simulate.result import Interval, SimulationResult
 from shardplan.topology import routes_of
@@ -220,7 +234,9 @@ class _Network:
 class _Sim:
     def __init__(self, view: PipelineView, st: Any, static_mem: np.ndarray,
                  per_mb: np.ndarray, topology: Topology, overlap: bool, sync: str = "end",
-                 buckets: Any = None, units: Any = None) -> None:
+                 buckets: Any = None, units: Any = None,
+                 weight_share: np.ndarray | None = None,
+                 step_memory: np.ndarray | None = None) -> None:
         self.t = 0.0
         self.heap: list[tuple[float, int, Callable[[], None]]] = []
         self.seq = 0
@@ -230,6 +246,8 @@ class _Sim:
         k = view.num_stages
         self.dev, self.reps = st.devices, st.replicas
         self.fwd, self.bwd = st.forward, st.backward
+        share = np.zeros(k) if weight_share is None else np.asarray(weight_share, float)
+        self.wgt = self.bwd * share[:, None]  # the W part of a split backward
         # messages: the model's, plus free ones where stages are joined by zero-byte edges
         self.out_msgs: dict[tuple[int, int], list[tuple[int, int, float, float]]] = {}
         self.in_msgs: dict[tuple[int, int], list[tuple[int, int, float, float]]] = {}
@@ -254,6 +272,12 @@ class _Sim:
                 d = int(self.dev[s, i])
                 self.mem_now[d] += float(static_mem[s])
                 self.opt_seconds[d] += float(st.optimizer[s, i])
+        self.step_mem = {d: 0.0 for d in self.devices}  # the optimizer step's temporaries
+        if step_memory is not None:
+            for s in range(k):
+                for i in range(int(self.reps[s])):
+                    d = int(self.dev[s, i])
+                    self.step_mem[d] = max(self.step_mem[d], float(step_memory[s]))
         self.mem_peak = dict(self.mem_now)
         self.mem_line = {d: [(0.0, self.mem_now[d])] for d in self.devices}
         self.grad_bytes = st.param_bytes
@@ -275,7 +299,8 @@ class _Sim:
         self.pending: dict[int, int] = {d: 0 for d in self.devices}
         # workers and bookkeeping
         self.workers = [
-            _Worker(p, i, int(view.rank_devices[p][i]), sch.ranks[p],
+            _Worker(p, i, int(view.rank_devices[p][i]),
+                    tuple(leaf for a in sch.ranks[p] for leaf in a.leaves()),
                     stages=tuple(s for s in range(k) if sch.stage_rank[s] == p))
             for p in range(sch.num_ranks) for i in range(len(view.rank_devices[p]))]
         self.worker_of = {(w.rank, w.replica): w for w in self.workers}
@@ -332,11 +357,14 @@ class _Sim:
     # ------------------------------------------------------------------ compute
     def ready(self, w: _Worker, act: Any) -> bool:
         key = (act.stage, w.replica)
+        if act.op == BACKWARD_WEIGHT:  # after its I on this rank: needs nothing more
+            return True
+        kind = FORWARD if act.op == FORWARD else BACKWARD
         if act.op == FORWARD:
             need = len(self.in_msgs.get(key, ()))
         else:
             need = len(self.out_msgs.get(key, ()))
-        have = self.arrived.get((act.op, act.stage, w.replica, act.microbatch), 0)
+        have = self.arrived.get((kind, act.stage, w.replica, act.microbatch), 0)
         w.waiting = f"{have} of {need} messages arrived"
         return have >= need
 
@@ -358,7 +386,9 @@ class _Sim:
                 return
             w.pos += 1
             s, i = act.stage, w.replica
-            dur = float(self.fwd[s, i] if act.op == FORWARD else self.bwd[s, i])
+            dur = float(self.fwd[s, i] if act.op == FORWARD else self.bwd[s, i]
+                        if act.op == BACKWARD else self.wgt[s, i]
+                        if act.op == BACKWARD_WEIGHT else self.bwd[s, i] - self.wgt[s, i])
             w.busy = True
             if act.op == FORWARD:
                 self.memory(w.device, float(self.per_mb[s]))
@@ -372,7 +402,8 @@ class _Sim:
         last = m == self.schedule.num_microbatches - 1
         # (end fraction of the action, collective to wait for, collective to launch after)
         segments: list[tuple[float, Any, Any]] = [(1.0, None, None)]
-        if self.sync == "bucketed" and act.op == BACKWARD and last and self.reps[s] > 1:
+        grads = act.op in (BACKWARD, BACKWARD_WEIGHT)  # the action producing weight grads
+        if self.sync == "bucketed" and grads and last and self.reps[s] > 1:
             segments = [(f, None, ("allreduce", s, "grad", k, b))
                         for k, (b, f) in enumerate(self.buckets[s])] + [(1.0, None, None)]
         elif self.sync == "sharded" and self.reps[s] > 1 and self.units_fwd[s]:
@@ -421,9 +452,11 @@ class _Sim:
             if act.op == FORWARD:
                 self.sent_forward(act.stage, w.replica, act.microbatch)
             else:
-                self.memory(w.device, -float(self.per_mb[act.stage]))
+                if act.op != BACKWARD_INPUT:  # activations are held until the W
+                    self.memory(w.device, -float(self.per_mb[act.stage]))
                 self.last_backward = max(self.last_backward, self.t)
-                self.sent_backward(act.stage, w.replica, act.microbatch)
+                if act.op != BACKWARD_WEIGHT:  # the previous stage's gradient leaves
+                    self.sent_backward(act.stage, w.replica, act.microbatch)
             if not self.overlap:
                 self.retry_sends()
             self.advance(w)
@@ -433,8 +466,10 @@ class _Sim:
     def optimizer(self, w: _Worker) -> None:
         w.busy = True
         start = self.t
+        self.memory(w.device, self.step_mem[w.device])
 
         def finish() -> None:
+            self.memory(w.device, -self.step_mem[w.device])
             w.busy = False
             w.done = True
             self.intervals.append(Interval(w.device, start, self.t, "OPT", min(w.stages)))
@@ -773,6 +808,23 @@ def _sync_chunks(cm: CostModel, assignment: np.ndarray, k: int, settings: Execut
 _LEGACY = {"num_microbatches": "microbatches"}
 
 
+def weight_share(graph: Graph, assignment: np.ndarray, num_stages: int, *,
+                 recompute: bool = False) -> np.ndarray:
+    """Per stage, the fraction of its backward seconds its weight-gradient (``W``) action
+    takes when a schedule splits the backward: the forward FLOPs of the stage's nodes that
+    hold parameters over its backward FLOPs (recomputation's forward added), at most 1.
+    0 for a stage without backward work. O(n)."""
+    fwd = np.asarray(graph.fwd_flops, dtype=np.float64)
+    bwd = np.asarray(graph.bwd_flops, dtype=np.float64)
+    has = np.asarray(graph.param_bytes) > 0
+    a = np.asarray(assignment, dtype=np.int64)
+    w = np.bincount(a, weights=np.where(has, fwd, 0.0), minlength=num_stages)
+    b = np.bincount(a, weights=bwd + (fwd if recompute else 0.0), minlength=num_stages)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out = np.where(b > 0, np.minimum(w / b, 1.0), 0.0)
+    return np.nan_to_num(out)
+
+
 def simulate(plan: Plan, graph: Graph, topology: Topology,
              settings: ExecutionSettings | None = None, *,
              schedule: str | Schedule | None = None, timeline: bool = True,
@@ -853,17 +905,29 @@ def simulate(plan: Plan, graph: Graph, topology: Topology,
         fwd, bwd = per_stage[0][list(order)], per_stage[1][list(order)]
         st = dataclasses.replace(st, forward=fwd[:, None], backward=bwd[:, None])
         mem_reps = np.array([len(groups[order[p]]) for p in range(k)], dtype=np.int64)
-    static = cm.memory_breakdown(a_pos, k, in_flight=0, replicas=mem_reps)["total"]
-    per_mb = cm.memory_breakdown(a_pos, k, in_flight=1, replicas=mem_reps)["total"] - static
+    # total = base + max(activations, step temporaries): the device holds base + the
+    # activations (any recomputation buffer, ``acts0``, plus each micro-batch's) and, during
+    # its optimizer step, what the temporaries exceed that buffer by
+    empty = cm.memory_breakdown(a_pos, k, in_flight=0, replicas=mem_reps)
+    acts0, temp = empty["activations"], empty["step_temporary"]
+    static = empty["total"] - np.maximum(acts0, temp) + acts0
+    per_mb = cm.memory_breakdown(a_pos, k, in_flight=1, replicas=mem_reps)["activations"] - acts0
+    step_extra = np.maximum(temp - acts0, 0.0)
     buckets, units = _sync_chunks(cm, a_pos, k, settings)
+    share = None
+    if sch.split_backward:
+        if settings.gradient_sync == "sharded":
+            raise ShardplanError("a schedule with split backwards (I/W) runs with gradient "
+                                 "sync 'end' or 'bucketed', not 'sharded'")
+        share = weight_share(graph, a_pos, k, recompute=settings.recompute)
     sim = _Sim(view, st, static, per_mb, topology, settings.overlap, settings.gradient_sync,
-               buckets, units)
+               buckets, units, share, step_memory=step_extra)
     sim.run()
     m = sch.num_microbatches
     devs = sim.devices
     busy = {d: 0.0 for d in devs}
     for iv in sim.intervals:
-        if iv.kind in (FORWARD, BACKWARD):
+        if iv.kind in (FORWARD, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT):
             busy[iv.device] += iv.end - iv.start
     iteration = float(max(sim.finish.values()))
     pipeline = float(sim.last_backward)

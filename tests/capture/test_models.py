@@ -168,3 +168,18 @@ def test_gnn_options_are_checked() -> None:
     with pytest.raises(ShardplanError, match="must be an integer"):
         build_model("gnn,hidden=2.5")
     assert "gnn" in list_models()
+
+
+def test_small_gpt2_vocabulary_drops_the_special_token_ids(capsys) -> None:
+    """GPT-2's bos/eos id 50256 lies outside a smaller vocabulary: transformers warns on every
+    build (into the user's terminal under ``train --baseline single``) unless they go."""
+    small, _, _ = build_model("transformers:gpt2,n_layer=1,n_embd=32,n_head=2,vocab_size=64",
+                              batch_size=1, seq_len=4)
+    assert small.config.bos_token_id is None and small.config.eos_token_id is None
+    assert "bos_token_id" not in capsys.readouterr().err
+    kept, _, _ = build_model("transformers:gpt2,n_layer=1,n_embd=32,n_head=2,vocab_size=64,"
+                             "eos_token_id=3", batch_size=1, seq_len=4)
+    assert kept.config.eos_token_id == 3
+    full, _, _ = build_model("transformers:gpt2,n_layer=1,n_embd=32,n_head=2", batch_size=1,
+                             seq_len=4)
+    assert full.config.bos_token_id == 50256

@@ -40,3 +40,21 @@ def test_profile_does_not_touch_model_buffers() -> None:
     # Ops fed only by data and buffers (the stem convolution's input, buffer updates) have
     # no backward; the others do.
     assert graph.bwd_seconds[graph.ops.index("linear")] > 0
+
+
+def test_profile_times_with_the_benchmark_timer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Operators are timed by torch.utils.benchmark.Timer (CUDA synchronised), not a bare
+    perf_counter: every forward and backward measurement goes through it."""
+    from shardplan.capture import _profile
+
+    made = []
+    real = _profile.benchmark.Timer
+
+    def spy(*args, **kwargs):
+        made.append(kwargs.get("stmt"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(_profile.benchmark, "Timer", spy)
+    graph = capture_spec("mlp", batch_size=4, profile=True)
+    assert len(made) == 2 * graph.num_nodes  # a forward and a backward per operator
+    assert bool(np.all(graph.fwd_seconds > 0))

@@ -235,3 +235,22 @@ def test_cost_model_validates_options(diamond: Graph, topo: Topology) -> None:
         CostModel(diamond, topo).node_seconds(3)
     assert CostModel(diamond).partition_memory_bytes([0, 0, 1, 1], in_flight=[2, 1]).tolist() \
         == [128, 159]
+
+
+def test_optimizer_step_temporaries_by_hand() -> None:
+    """Adam's step holds two copies of the largest parameter tensor after the backward freed
+    the activations: the peak is the larger of the two phases (measured with MemTracker,
+    benchmarks/memory_calibration.py); SGD steps in place."""
+    from shardplan.cost import partition_memory_breakdown
+    from shardplan.ir import Graph
+
+    g = Graph.from_arrays(name="g", fwd_flops=[0, 0, 0], src=[0, 1], dst=[1, 2],
+                          param_bytes=[100, 400, 10], output_bytes=[8, 4, 2])
+    br = partition_memory_breakdown(g, [0, 0, 1], 2, optimizer="adam", in_flight=[3, 1])
+    assert br["step_temporary"].tolist() == [800.0, 20.0]
+    assert br["activations"].tolist() == [36.0, 6.0]  # 3 x (8 + 4); 2 + 4 received
+    # stage 0: 500 params + 500 grads + 1000 Adam state + max(36, 800)
+    assert br["total"].tolist() == [2800.0, 10 + 10 + 20 + 20.0]
+    sgd = partition_memory_breakdown(g, [0, 0, 1], 2, optimizer="sgd", in_flight=[3, 1])
+    assert sgd["step_temporary"].tolist() == [0.0, 0.0]
+    assert sgd["total"].tolist() == [1036.0, 26.0]

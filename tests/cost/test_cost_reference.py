@@ -101,7 +101,14 @@ def ref_memory(g, a, k, *, optimizer, in_flight, recompute, mixed, width, replic
         if g.memory_bytes is not None:
             extra = sum(float(g.memory_bytes[v]) for v in range(g.num_nodes)
                         if a[v] == s and not math.isnan(g.memory_bytes[v]))
-        out.append(2 * params + state + acts / replicas + extra)
+        # the optimizer step's temporaries: Adam holds two copies of the largest parameter
+        # tensor (a node's parameters here), fp32 under mixed precision
+        largest = max((float(g.param_bytes[v]) for v in range(g.num_nodes) if a[v] == s),
+                      default=0.0)
+        temp = (2.0 if optimizer in ("adam", "adamw") else 0.0) * largest
+        if mixed:
+            temp *= 4 / width
+        out.append(2 * params + state + max(acts / replicas, temp) + extra)
     return out
 
 

@@ -5,7 +5,6 @@ the constraint costs against the same search without it."""
 
 from __future__ import annotations
 
-import itertools
 import math
 
 import numpy as np
@@ -26,6 +25,7 @@ from shardplan.partition._sharding_search import (
     restart_rng,
 )
 from shardplan.topology import build
+from tests.partition.test_brute_force import exhaustive_optimum
 
 
 def _acyclic_labels(labels: np.ndarray, src: np.ndarray, dst: np.ndarray, k: int
@@ -56,25 +56,8 @@ def enumerated_optimum(weights: np.ndarray, src: np.ndarray, dst: np.ndarray, m:
                        k: int, *, acyclic: bool) -> float:
     """min over partitions into k non-empty blocks (only those whose blocks form a DAG when
     ``acyclic``) and injective block -> device maps of the sharding cost."""
-    n, d = len(weights), m.shape[0]
-    labels = np.array(list(itertools.product(range(k), repeat=n)), dtype=np.int64)
-    if n > 1:
-        run_max = np.maximum.accumulate(labels, axis=1)
-        rgs = (labels[:, 0] == 0) & np.all(labels[:, 1:] <= run_max[:, :-1] + 1, axis=1)
-    else:
-        rgs = labels[:, 0] == 0
-    labels = labels[rgs]
-    labels = labels[labels.max(axis=1) == k - 1]
-    if acyclic:
-        labels = labels[_acyclic_labels(labels, src, dst, k)]
-    block_w = np.stack([(labels == b) @ weights for b in range(k)], axis=1)
-    imb = ((block_w - block_w.mean(axis=1, keepdims=True)) ** 2).sum(axis=1)
-    best = math.inf
-    for devs in itertools.permutations(range(d), k):
-        dv = np.asarray(devs)[labels]
-        cut = m[dv[:, src], dv[:, dst]].sum(axis=1) if len(src) else 0.0
-        best = min(best, float(np.min(imb + cut)))
-    return best
+    keep = (lambda labels: _acyclic_labels(labels, src, dst, k)) if acyclic else None
+    return exhaustive_optimum(weights, src, dst, m, k, keep)
 
 
 def _topology(m: np.ndarray) -> Topology:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -22,9 +23,11 @@ from shardplan.topology import build
 
 
 def exhaustive_optimum(weights: np.ndarray, src: np.ndarray, dst: np.ndarray, m: np.ndarray,
-                       k: int) -> float:
+                       k: int, keep: Callable[[np.ndarray], np.ndarray] | None = None
+                       ) -> float:
     """min over partitions into k non-empty blocks and injective block -> device maps of
-    sum_i (W_i - mean W)^2 + sum over cut edges of M[dev(u), dev(v)]."""
+    sum_i (W_i - mean W)^2 + sum over cut edges of M[dev(u), dev(v)]; ``keep`` (labels ->
+    mask of the label rows allowed) restricts the partitions."""
     n, d = len(weights), m.shape[0]
     labels = np.array(list(itertools.product(range(k), repeat=n)), dtype=np.int64)
     if n > 1:
@@ -34,6 +37,8 @@ def exhaustive_optimum(weights: np.ndarray, src: np.ndarray, dst: np.ndarray, m:
         rgs = labels[:, 0] == 0
     labels = labels[rgs]
     labels = labels[labels.max(axis=1) == k - 1]  # exactly k blocks
+    if keep is not None:
+        labels = labels[keep(labels)]
     block_w = np.stack([(labels == b) @ weights for b in range(k)], axis=1)
     imb = ((block_w - block_w.mean(axis=1, keepdims=True)) ** 2).sum(axis=1)
     best = math.inf

@@ -12,7 +12,7 @@ import pytest
 
 from shardplan.ir import Graph, Objective, Plan, Stage, load_topology, save
 from shardplan.report import bandwidth_png, graph_png, timeline_png, write_report
-from shardplan.simulate import Schedule, simulate
+from shardplan.simulate import load_schedule, simulate
 from shardplan.topology import build
 from tests.helpers import run_cli
 
@@ -85,7 +85,10 @@ def test_simulate_cli(files: tuple[Path, Path, Path], tmp_path: Path,
         assert isinstance(data[key], float) and data[key] > 0
     assert len(data["peak_memory_bytes"]) == 8
     assert data["plan_lower_bound"] == 0.5
-    assert Schedule.from_text(sched.read_text()).name == "gpipe"
+    assert load_schedule(sched).name == "gpipe"
+    # the CSV itself is what torch's _load_csv reads: no header, no REDUCE_GRAD
+    assert not sched.read_text().startswith("#") and "REDUCE" not in sched.read_text()
+    assert json.loads(Path(f"{sched}.meta.json").read_text())["name"] == "gpipe"
     assert png.read_bytes().startswith(PNG)
     # the schedule file runs the same schedule again
     assert run_cli(["simulate", plan, graph, topo, "--schedule-file", str(sched),
@@ -93,7 +96,12 @@ def test_simulate_cli(files: tuple[Path, Path, Path], tmp_path: Path,
     again = json.loads(capsys.readouterr().out)
     assert again["iteration_seconds"] == pytest.approx(data["iteration_seconds"])
     assert run_cli(["simulate", plan, graph, topo, "--recompute"]) == 0
+    bad = tmp_path / "bad.csv"
+    bad.write_text("0F0,0W0\n")
     assert "samples/s" in capsys.readouterr().out
+    assert run_cli(["simulate", plan, graph, topo, "--schedule-file", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "weight gradient before its input" in err
 
 
 def test_report_cli(files: tuple[Path, Path, Path], tmp_path: Path,

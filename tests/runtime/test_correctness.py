@@ -36,10 +36,12 @@ def _graph(key: str, _cache: dict = {}) -> object:  # noqa: B006 - a per-session
 
 
 def _reference(cfg: TrainConfig) -> object:
-    """Single-process training of the unsplit model with the pipeline's micro-batching."""
+    """Single-process training of the unsplit model with the pipeline's micro-batching (in
+    equal parts when the processes split it evenly; whole otherwise)."""
+    even = cfg.microbatch_size % cfg.parts == 0
     return run_single(TrainConfig(
         kind="single", model=cfg.model, steps=cfg.steps, microbatch_size=cfg.microbatch_size,
-        microbatches=cfg.microbatches, replicas=cfg.parts, seq_len=cfg.seq_len,
+        microbatches=cfg.microbatches, replicas=cfg.parts if even else 1, seq_len=cfg.seq_len,
         optimizer=cfg.optimizer, lr=cfg.lr, seed=cfg.seed, return_params=True))
 
 
@@ -87,7 +89,8 @@ def _run(cfgs: list[TrainConfig], world: int) -> None:
 
 def test_two_process_subset(tmp_path) -> None:
     """Every schedule; tied weights across two ranks and on one rank (two stages per rank);
-    replicas; a micro-batch of one sample; the data-parallel baselines. The same launch runs
+    replicas; a micro-batch of one sample; the data-parallel baselines, also on a micro-batch
+    the processes do not divide. The same launch runs
     the fast dropout check (test_dropout.py) and a pipeline resume (test_checkpoint.py):
     each launch costs seconds of imports."""
     from test_checkpoint import check_resume, pipeline_resume_configs
@@ -107,6 +110,8 @@ def test_two_process_subset(tmp_path) -> None:
                 seq_len=SEQ)
     cfgs.append(TrainConfig(kind="ddp", model=MODELS["mlp"], **base))
     cfgs.append(TrainConfig(kind="fsdp", model=MODELS["transformer"], **base))
+    # Three samples on two processes: parts of 2 and 1 weighted by their samples.
+    cfgs.append(TrainConfig(kind="ddp", model=MODELS["mlp"], **{**base, "microbatch_size": 3}))
     drop = dropout_configs(capture_spec(GPT2, batch_size=4, seq_len=8))
     resume = pipeline_resume_configs(tmp_path)
     results = train_many(cfgs + drop + resume)

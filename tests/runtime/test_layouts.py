@@ -181,3 +181,32 @@ def test_vocabulary_split_over_one_axis() -> None:
     assert sh.axes == ((), (), (), (0,))
     (two,) = node_shardings(g, {"0": (2, 1, 1, 2)}, [((0,), 4)])
     assert two.planned is None and len(two.axes[3]) == 1
+
+
+def test_batch_split_is_cut_to_the_micro_batch() -> None:
+    """A plan made at batch 8 splits the batch over 4 devices; a run at micro-batch 1 or 6
+    splits it by what divides the micro-batch (1, 2), keeps the other dimensions' splits,
+    and says so; at micro-batch 4 nothing changes. A merged (batch x seq) leading dimension
+    scales with the batch."""
+    g = _linear_chain()
+    strategy = {"0": (4, 1, 1), "1": (2, 2), "2": (2, 1, 2)}
+    plain = node_shardings(g, strategy, [((0, 1, 2), 4)])
+    for run, want in ((4, plain), (8, plain), (None, plain)):
+        assert node_shardings(g, strategy, [((0, 1, 2), 4)], run_batch=run) == want
+    one = node_shardings(g, strategy, [((0, 1, 2), 4)], run_batch=1)
+    assert [s.factors for s in one] == [(1, 1, 1), (1, 2), (1, 1, 2)]
+    assert [s.planned for s in one] == [(4, 1, 1), (2, 2), (2, 1, 2)]
+    assert all(s.batch_cut for s in one) and one[1].axes[1] and one[2].axes[2]
+    six = node_shardings(g, strategy, [((0, 1, 2), 4)], run_batch=6)
+    assert [s.factors for s in six] == [(2, 1, 1), (2, 2), (2, 1, 2)]
+    assert [s.planned for s in six] == [(4, 1, 1), None, None]
+    (note,) = strategy_notes(six)
+    assert note.startswith("1 configuration split the batch by a factor that does not divide "
+                           "the micro-batch") and "linear [4, 1, 1] -> [2, 1, 1]" in note
+    merged = {"kind": "gemm", "dims": [["d0", 64], ["n", 4], ["k", 16]],
+              "output": [["d0"], ["n"]], "output_shape": [64, 4], "inputs": {},
+              "m": ["d0"], "n": ["n"], "k": ["k"], "weight": ["n", "k"]}
+    gm = Graph.from_arrays(name="m", batch_size=8, fwd_flops=[1.0], src=[], dst=[],
+                           names=["addmm"], ops=["addmm"], spaces=(merged,))
+    (sh,) = node_shardings(gm, {"0": (4, 1, 1)}, [((0,), 4)], run_batch=1)  # 8 rows
+    assert sh.factors == (4, 1, 1) and sh.planned is None

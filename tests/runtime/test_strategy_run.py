@@ -124,9 +124,9 @@ def hybrid_config(key: str, algorithm: str, stages: int, devices: int, schedule:
 
 
 def _config(plan: Plan, graph: Graph, key: str, *, optimizer: str = "adam",
-            microbatches: int = 2, **kw: object) -> TrainConfig:
+            microbatches: int = 2, microbatch_size: int = BATCH, **kw: object) -> TrainConfig:
     return config_for_plan(plan, graph, model=MODELS[key], steps=STEPS, microbatches=microbatches,
-                           microbatch_size=BATCH, optimizer=optimizer,
+                           microbatch_size=microbatch_size, optimizer=optimizer,
                            lr=0.5 if optimizer == "sgd" else 1e-3, return_params=True, **kw)
 
 
@@ -199,6 +199,9 @@ def test_two_process_subset(tmp_path) -> None:
         strategy_config("gpt2", "random1", 2, optimizer="sgd"),
         strategy_config("transformer", "random2", 2, recompute=True),
         hybrid_config("gpt2", "random3", 2, 2, "interleaved-1f1b"),
+        # Micro-batches the batch split does not divide: one sample, three samples.
+        strategy_config("gpt2", "data-parallel", 2, microbatch_size=1),
+        hybrid_config("gpt2", "data-parallel", 2, 2, "interleaved-1f1b", microbatch_size=3),
         strategy_config("transformer", "expert", 2, **resume),
     ]
     cfgs.append(replace(cfgs[-1], resume=True, steps=STEPS + 2))
@@ -206,6 +209,9 @@ def test_two_process_subset(tmp_path) -> None:
     assert cfgs[1].shardings and any(s.factors[s.dims.index("n")] > 1 for s in cfgs[1].shardings
                                      if "n" in s.dims)  # a column-parallel layer
     assert cfgs[7].kind == "pipeline" and cfgs[7].world_size == 2 and len(cfgs[7].stages) == 2
+    for cfg in cfgs[8:10]:  # the plan's batch split of 2 runs as 1
+        assert any(s.batch_cut and s.planned[s.dims.index(s.output[0][0])] == 2
+                   for s in cfg.shardings)
     results = train_many(cfgs + paper)
     check_sharding(paper, results[len(cfgs):])
     results = results[:len(cfgs)]
@@ -239,6 +245,8 @@ def _matrix(devices: int) -> list[TrainConfig]:
         for algorithm in ("pase", "data-parallel", "expert", "random7"):
             for optimizer in ("adam", "sgd"):
                 cfgs.append(strategy_config(key, algorithm, devices, optimizer=optimizer))
+        for mbs in (1, devices + 1):  # micro-batches the batch split does not divide
+            cfgs.append(strategy_config(key, "data-parallel", devices, microbatch_size=mbs))
     return cfgs
 
 
@@ -268,6 +276,8 @@ def test_hybrid_matrix(tmp_path) -> None:
             cfgs.append(hybrid_config(key, algorithm, 2, 2, "1f1b"))
     cfgs.append(hybrid_config("gpt2", "random6", 2, 2, "gpipe", optimizer="sgd"))
     cfgs.append(hybrid_config("gpt2", "random8", 4, 2, "interleaved-1f1b", microbatches=4))
+    for key in MODELS:  # micro-batches of one sample
+        cfgs.append(hybrid_config(key, "data-parallel", 2, 2, "1f1b", microbatch_size=1))
     assert {c.world_size for c in cfgs + resume} == {4}
     results = train_many(cfgs + resume)
     for cfg, got in zip(cfgs, results[:len(cfgs)], strict=True):

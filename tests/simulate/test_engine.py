@@ -300,3 +300,87 @@ def test_measured_collective_curve_replaces_the_ring() -> None:
     assert res.iteration_seconds == pytest.approx(1.0 + 1.0 + 1.0 + res.optimizer_seconds,
                                                   rel=1e-9)
     assert allreduce_seconds(measured, [0, 1], 2e6) == pytest.approx(1.0)
+
+
+def _zb_chain(num: int, f: float, b: float) -> Graph:
+    """Measured f / b seconds per node; FLOPs make each W half of a backward of 2 f."""
+    return Graph.from_arrays(name="chain", fwd_flops=np.full(num, 1e9),
+                             bwd_flops=np.full(num, 2e9), src=np.arange(num - 1),
+                             dst=np.arange(1, num), fwd_seconds=np.full(num, f),
+                             bwd_seconds=np.full(num, b), param_bytes=np.full(num, 64))
+
+
+def test_split_backward_hand_computed() -> None:
+    """Two stages, one micro-batch, f = 1, b = 2 split into I = W = 1: the first stage's
+    backward starts after the second's I (at 3), so the pipeline ends at 5, not 6."""
+    g = _zb_chain(2, 1.0, 2.0)
+    plan = _plan([[0], [1]], [[0], [1]])
+    zb = Schedule.from_text("0F0,0I0,0W0\n1F0,1I0,1W0\n")
+    res = simulate(plan, g, _flat(2), schedule=zb, optimizer="sgd")
+    assert res.pipeline_seconds == pytest.approx(5.0)
+    whole = simulate(plan, g, _flat(2), schedule="1f1b", num_microbatches=1, optimizer="sgd")
+    assert whole.pipeline_seconds == pytest.approx(6.0)
+    kinds = sorted((iv.kind, iv.stage, round(iv.start, 9), round(iv.end, 9))
+                   for iv in res.intervals if iv.kind in "FIW")
+    assert kinds == [("F", 0, 0, 1), ("F", 1, 1, 2), ("I", 0, 3, 4), ("I", 1, 2, 3),
+                     ("W", 0, 4, 5), ("W", 1, 3, 4)]
+    assert res.busy_seconds == pytest.approx(whole.busy_seconds)
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.integers(2, 5), st.integers(1, 8))
+def test_split_backward_never_slower_than_1f1b(s: int, m: int) -> None:
+    """1F1B with every B written as I then W at once: the gradient leaves earlier, the
+    same work is done, so never slower; memory is held to the W (same peak)."""
+    from shardplan.simulate import one_f_one_b
+
+    g = _zb_chain(s, 1.0, 2.0)
+    plan = _plan([[i] for i in range(s)], [[i] for i in range(s)])
+    base = one_f_one_b(s, m)
+    text = "\n".join(",".join(f"{a.stage}I{a.microbatch},{a.stage}W{a.microbatch}"
+                              if a.op == "B" else str(a) for a in row) for row in base.ranks)
+    zb = Schedule.from_text(text)
+    a = simulate(plan, g, _flat(s), schedule=base, optimizer="sgd")
+    b = simulate(plan, g, _flat(s), schedule=zb, optimizer="sgd")
+    assert b.pipeline_seconds <= a.pipeline_seconds * (1 + 1e-9)
+    assert b.busy_seconds == pytest.approx(a.busy_seconds)
+    assert b.peak_memory_bytes == pytest.approx(a.peak_memory_bytes)
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("name", ["Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble",
+                                  "ZBVZeroBubble", "DualPipeV"])
+def test_simulates_torch_schedules(name: str) -> None:
+    """torch's multi-stage schedules (2 ranks x 2 stages, 4 micro-batches) run on a 4-stage
+    chain: every rank's work is done once, and the stages its rank does not run stay idle."""
+    pytest.importorskip("torch")
+    from torch.distributed.pipelining._schedule_visualizer import get_schedule_ops
+
+    ops = get_schedule_ops(name, 2, 4, num_stages_per_rank=2)
+    sch = Schedule.from_text("".join(",".join("" if a is None else str(a) for a in row) + "\n"
+                                     for row in ops))
+    g = _zb_chain(4, 1.0, 2.0)
+    plan = _plan([[i] for i in range(4)], [[i] for i in range(4)])
+    res = simulate(plan, g, _flat(4), schedule=sch, optimizer="sgd")
+    busy = dict(zip(res.devices, res.busy_seconds, strict=True))
+    assert busy[0] == pytest.approx(2 * 4 * 3.0) and busy[1] == pytest.approx(2 * 4 * 3.0)
+    assert res.pipeline_seconds >= 2 * 4 * 3.0
+
+
+def test_optimizer_step_temporaries_are_the_peak_of_weight_heavy_stages() -> None:
+    """Large parameters, small activations: the device peaks during its Adam step (two
+    copies of its largest parameter tensor), at the cost model's memory, and not with SGD."""
+    g = _chain(2, 1.0, 2.0, out_bytes=10, params=1000)
+    plan = _plan([[0], [1]], [[0], [1]])
+    topo = _flat(2)
+    for opt, temp in (("adam", 2000.0), ("sgd", 0.0)):
+        res = simulate(plan, g, topo, schedule="1f1b", num_microbatches=2, optimizer=opt)
+        cm = CostModel(g, topo, optimizer=opt)
+        want = cm.partition_memory_bytes(np.arange(2), 2,
+                                         in_flight=in_flight_microbatches(2, 2, "1f1b"))
+        assert res.peak_memory_bytes == pytest.approx(want.tolist())
+        static = 1000 * 2 + 1000 * (2 if opt == "adam" else 0)  # params, grads, state
+        opt_start = min(iv.start for iv in res.intervals if iv.kind == "OPT" and iv.device == 0)
+        during = [m for t, m in res.memory_timeline[0] if t == opt_start]
+        assert max(during) == pytest.approx(static + temp)
+        assert res.peak_memory_bytes[0] == pytest.approx(static + max(temp, 2 * 10.0))

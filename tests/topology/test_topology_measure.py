@@ -79,12 +79,13 @@ def test_measure_two_processes(tmp_path) -> None:
 
 @pytest.mark.torch
 @pytest.mark.multiprocess
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(240)
 def test_measure_failing_rank_raises_quickly() -> None:
+    # The failure ends the run, not the timeout: well before it even on a loaded machine.
     t0 = time.monotonic()
     with pytest.raises(ShardplanError, match="rank 1: RuntimeError: injected failure"):
-        measure(2, sizes=SMALL, repeats=2, timeout=40, _fault=("raise", 1, "measure"))
-    assert time.monotonic() - t0 < 20
+        measure(2, sizes=SMALL, repeats=2, timeout=200, _fault=("raise", 1, "measure"))
+    assert time.monotonic() - t0 < 100
 
 
 @pytest.mark.torch

@@ -1,0 +1,51 @@
+"""``shardplan export PLAN GRAPH TOPO --to FORMAT -o FILE``: a plan for another tool."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from shardplan.cli._common import add_plan_inputs, load_plan_inputs
+from shardplan.cli.simulate import add_simulation_options, simulation_kwargs
+
+__all__ = ["register"]
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add the ``export`` command to ``sub``."""
+    from shardplan.export import FORMATS
+
+    p = sub.add_parser(
+        "export", help="write a plan in the form another tool reads",
+        description="Write PLAN for torch.distributed.pipelining (split points by module "
+                    "path, schedule CSV), torchtitan ([parallelism] TOML and schedule CSV "
+                    "beside it), Megatron-LM (--pipeline-model-parallel-layout and sizes), "
+                    "DeepSpeed (layer boundaries, partition_method) or as a Chrome trace of "
+                    "the simulated iteration (Perfetto, chrome://tracing). A plan the format "
+                    "cannot express ends in one line saying why (exit 2).")
+    add_plan_inputs(p)
+    p.add_argument("--to", required=True, choices=FORMATS, metavar="FORMAT",
+                   help=f"one of {', '.join(FORMATS)}")
+    add_simulation_options(p)
+    p.add_argument("-o", "--output", required=True, metavar="FILE", help="write it here")
+    p.set_defaults(handler=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from shardplan.export import export
+    from shardplan.ir import write_atomic
+
+    plan, graph, topology = load_plan_inputs(args)
+    kw = simulation_kwargs(args, plan, graph)
+    csv_path = args.output + ".schedule.csv"
+    out = export(plan, graph, topology, args.to, settings=kw["settings"],
+                 schedule=kw.get("schedule"),
+                 schedule_csv=os.path.basename(csv_path))
+    for suffix, text in out.beside.items():
+        write_atomic(args.output + suffix, text)
+    write_atomic(args.output, out.text)
+    sys.stdout.write(f"wrote {args.to} export to {args.output}\n")
+    for suffix in out.beside:
+        sys.stdout.write(f"wrote {args.output}{suffix}\n")
+    return 0

@@ -1,0 +1,82 @@
+"""A plan in the forms the tools users already run can read (``shardplan export``).
+
+Torch-free: every format is text (JSON or TOML) that the other tool, or the user's script
+around it, reads.
+
+- ``torch``: split points by module path for ``torch.distributed.pipelining.pipeline(module,
+  mb_args, split_spec=...)`` (each pipeline stage after the first starts at a module,
+  ``SplitPoint.BEGINNING``), the schedule as torch's CSV and its stage-to-rank placement.
+- ``torchtitan``: a ``[parallelism]`` TOML table: ``module_fqns_per_model_part`` (the
+  layers of every model part), degrees, micro-batch size and the schedule CSV (written
+  beside, ``pipeline_parallel_schedule_csv``).
+- ``megatron``: ``--pipeline-model-parallel-layout`` (``E`` embedding, ``t`` transformer
+  layer, ``L`` head and loss, ``|`` between stages) and the TP/PP/DP sizes, as arguments.
+- ``deepspeed``: the layer list, the layer boundaries of every stage (DeepSpeed's ``parts``)
+  and the ``partition_method`` that gives them when one does (``uniform``), with the batch
+  settings of its config.
+- ``chrome-trace``: the simulated iteration as Trace Event JSON (Perfetto,
+  ``chrome://tracing``): one complete event per stage action on the device's compute track,
+  messages on a send track and collectives on their own track.
+
+A plan a format cannot express (a strategy plan to a pipeline format, stages that are not
+consecutive pieces of the program, a layer split between stages where the format places
+whole layers, unequal replica counts) raises one-line :class:`ShardplanError`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from shardplan.errors import ShardplanError
+from shardplan.ir import ExecutionSettings, Graph, Plan, Topology
+
+__all__ = ["FORMATS", "Export", "export", "torch_schedule_name"]
+
+FORMATS = ("torch", "torchtitan", "megatron", "deepspeed", "chrome-trace")
+EXPORT_FORMAT = "shardplan.export/1"
+_TORCH_SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B"}
+
+
+@dataclass(frozen=True)
+class Export:
+    """An exported plan: ``text`` for the output file, ``beside``: suffix -> text of the
+    files written next to it (``.schedule.csv``)."""
+
+    format: str
+    text: str
+    beside: dict[str, str] = field(default_factory=dict)
+
+
+def torch_schedule_name(name: str, stages_per_rank: int) -> str:
+    """torch's ``get_schedule_class`` name of our schedule ``name`` (a custom schedule: the
+    class torch uses for a CSV of that many stages per rank)."""
+    if name in _TORCH_SCHEDULES:
+        return _TORCH_SCHEDULES[name]
+    return "Interleaved1F1B" if stages_per_rank > 1 else "1F1B"
+
+
+def export(plan: Plan, graph: Graph, topology: Topology, fmt: str, *,
+           settings: ExecutionSettings | None = None, schedule: Any = None,
+           schedule_csv: str = "schedule.csv") -> Export:
+    """``plan`` in format ``fmt`` (one of :data:`FORMATS`), with ``settings`` (default: the
+    plan's) and optionally a :class:`~shardplan.simulate.Schedule` to run instead of the
+    settings' one; ``schedule_csv`` is the path torchtitan's config gives its schedule
+    file (written beside the output). O(n + m) plus, for the trace, one simulation."""
+    if fmt not in FORMATS:
+        raise ShardplanError(f"unknown export format {fmt!r} (choose from {', '.join(FORMATS)})")
+    plan.validate(graph, topology)
+    settings = (plan.settings if settings is None else settings).resolve(graph)
+    if fmt == "chrome-trace":
+        from shardplan.export._trace import chrome_trace
+
+        return Export(fmt, json.dumps(chrome_trace(plan, graph, topology, settings, schedule),
+                                      separators=(",", ":")) + "\n")
+    from shardplan.export import _frameworks
+
+    out = _frameworks.EXPORTERS[fmt](plan, graph, topology, settings, schedule)
+    if fmt == "torchtitan":
+        out = Export(fmt, out.text.replace('"SCHEDULE_CSV"', json.dumps(schedule_csv)),
+                     out.beside)
+    return out
