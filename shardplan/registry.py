@@ -176,9 +176,9 @@ def check_reachable(plan: Plan, graph: Graph, topology: Topology) -> None:
     counts differ), each replica to the next in the stage's list (its all-reduce ring), and
     every pair of a stage's devices when the plan carries a ``strategy`` (PaSE's layers
     exchange data among all of them). O(m + S^2 + S R) on top of the stage adjacency."""
-    bw = topology.bandwidth
-    if topology.num_devices < 2 or (bw + np.eye(topology.num_devices) > 0).all():
+    if topology.all_pairs_reachable:
         return
+    bw = topology.bandwidth
     pairs: list[tuple[np.ndarray, np.ndarray]] = []
     for st in plan.stages:
         d = np.asarray(st.devices, dtype=np.int64)

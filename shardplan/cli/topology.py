@@ -121,6 +121,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                                       "per group size")
     g.add_argument("--collective-sizes", type=parse_int_list, metavar="BYTES,...",
                    help="collective tensor sizes (default 65536,1048576,4194304,16777216)")
+    g = p.add_argument_group("file")
+    g.add_argument("--dense", action="store_true",
+                   help="list the bandwidth and latency matrices whatever the size (for tools "
+                        "that read only them); by default a generated topology of more than "
+                        "1024 devices is stored by its generator ('pairs'), a few KB")
     add_output(p)
     p.set_defaults(handler=run)
 
@@ -198,5 +203,5 @@ def run(args: argparse.Namespace) -> int:
     if not args.output and not args.json:
         raise ShardplanError("say where the topology goes: -o FILE or --json")
     topo = build(args.kind, **options_for(args))
-    emit(args, topo, what="topology")
+    emit(args, topo.to_dict(dense=True) if args.dense else topo, what="topology")
     return 0

@@ -22,8 +22,12 @@ def inverse_bandwidth(topology: Topology) -> np.ndarray:
     """Seconds per byte between every device pair: ``1 / bandwidth``.
 
     Zero on the diagonal (a device does not send to itself), ``inf`` where the bandwidth is 0
-    (no route). Shape (D, D). O(D^2).
+    (no route). Shape (D, D). O(D^2); for a topology with a pair model (builders' kinds) a
+    read-only :class:`~shardplan.ir._pairs.PairMatrix` computing the entries indexed (O(1)).
     """
+    model = topology.pair_model
+    if model is not None:
+        return model.matrix("inverse_bandwidth")
     bw = topology.bandwidth
     with np.errstate(divide="ignore"):
         inv = np.where(bw > 0, 1.0 / np.where(bw > 0, bw, 1.0), np.inf)
@@ -85,8 +89,10 @@ def transfer_seconds_pairs(topology: Topology, src_devices: Any, dst_devices: An
     for arr, what in ((s, "source"), (d, "destination")):
         if arr.size and (int(arr.min()) < 0 or int(arr.max()) >= num):
             raise ShardplanError(f"{what} devices must lie in [0, {num})")
-    inv = inverse_bandwidth(topology)
-    t = message_seconds(1.0, topology.latency[s, d], b, inv[s, d])
+    bw = topology.bandwidth[s, d]
+    with np.errstate(divide="ignore"):
+        inv = np.where(bw > 0, 1.0 / np.where(bw > 0, bw, 1.0), np.inf)
+    t = message_seconds(1.0, topology.latency[s, d], b, inv)
     return np.where(s == d, 0.0, t)
 
 

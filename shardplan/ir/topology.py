@@ -4,15 +4,22 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from shardplan.errors import InvalidFileError
+from shardplan.ir._pairs import GridPairs, PairMatrix, PairModel, pair_model_from_dict
 
-__all__ = ["TOPOLOGY_FORMAT", "Device", "Level", "Link", "Topology"]
+__all__ = ["DENSE_JSON_DEVICES", "TOPOLOGY_FORMAT", "Device", "Level", "Link", "Topology"]
 
 TOPOLOGY_FORMAT = "shardplan.topology/1"
+
+#: Up to this many devices a topology file lists its ``bandwidth`` and ``latency`` matrices
+#: (about 22 MB of JSON at 1024 devices). Above it, a topology with a pair model is written in
+#: its generator form (``pairs``) only, and one without (measured, random) with its matrices
+#: compactly encoded (see :func:`encode_matrix`).
+DENSE_JSON_DEVICES = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +69,76 @@ class Link:
         return d
 
 
-def _matrix(name: str, value: Any, n: int) -> np.ndarray:
+def encode_matrix(arr: np.ndarray) -> dict[str, Any]:
+    """A D x D float matrix as a JSON object: its distinct values and, per entry, the index
+    of its value (``uint8``/``uint16``, row-major, zlib-compressed, base64), or, with more
+    distinct values than that pays for, the float64 entries themselves (little-endian,
+    compressed). Matrices of a few link classes (most topologies) take a few bytes per row;
+    random ones 8 bytes an entry (plus base64's third), not the 20 of decimal JSON."""
+    import base64
+    import zlib
+
+    a = np.ascontiguousarray(arr, dtype=np.float64)
+    flat = a.reshape(-1)
+    sample = flat[::max(1, flat.size // 2**16)]
+    codes = None
+    if np.unique(sample).size * 4 < sample.size:  # else too many distinct values: no sort
+        values, codes = np.unique(a, return_inverse=True)
+    for dt in ("<u1", "<u2") if codes is not None else ():
+        # codes while the value list (about 24 bytes of JSON each) costs less than it saves
+        if values.size <= np.iinfo(np.dtype(dt)).max + 1 and \
+                values.size * 24 < a.size * (8 - np.dtype(dt).itemsize):
+            raw = np.asarray(codes).astype(dt).tobytes()
+            return {"encoding": "codes", "shape": list(a.shape), "values": values.tolist(),
+                    "dtype": dt, "data": base64.b64encode(zlib.compress(raw, 1)).decode()}
+    return {"encoding": "float64", "shape": list(a.shape), "dtype": "<f8",
+            "data": base64.b64encode(zlib.compress(a.astype("<f8").tobytes(), 1)).decode()}
+
+
+def decode_matrix(name: str, data: Mapping[str, Any]) -> np.ndarray:
+    """The matrix of :func:`encode_matrix`'s object; :class:`InvalidFileError` if it is not
+    one."""
+    import base64
+    import binascii
+    import zlib
+
+    try:
+        shape = tuple(int(x) for x in data["shape"])
+        raw = zlib.decompress(base64.b64decode(data["data"], validate=True))
+        dt = np.dtype(str(data["dtype"]))
+        if data.get("encoding") == "codes" and dt.kind == "u":
+            values = np.asarray(data["values"], dtype=np.float64)
+            codes = np.frombuffer(raw, dtype=dt)
+            if codes.size and int(codes.max()) >= values.size:
+                raise ValueError("code beyond the values")
+            return values[codes].reshape(shape)
+        if data.get("encoding") == "float64" and dt == np.dtype("<f8"):
+            return np.frombuffer(raw, dtype=dt).astype(np.float64).reshape(shape)
+        raise ValueError("unknown encoding")
+    except (KeyError, TypeError, ValueError, binascii.Error, zlib.error):
+        raise InvalidFileError(f"topology {name!r} is neither a matrix nor an encoded one "
+                               f"(encoding codes or float64, shape, dtype, data)") from None
+
+
+def model_links(model: GridPairs, kind: str | None = None) -> tuple[Link, ...]:
+    """The physical links of a grid model, both directions (see
+    :meth:`~shardplan.ir._pairs.GridPairs.link_pairs`), kind ``torus`` when any axis wraps,
+    else ``mesh``. O(links)."""
+    src, dst = model.link_pairs()
+    kind = kind or ("torus" if any(model.wrap) else "mesh")
+    bw, lat = model.link_bandwidth, model.hop_latency
+    return tuple(Link(s, d, bw, lat, kind) for s, d in zip(src.tolist(), dst.tolist(),
+                                                           strict=True))
+
+
+def _matrix(name: str, value: Any, n: int) -> np.ndarray | PairMatrix:
+    if isinstance(value, PairMatrix):
+        if value.shape != (n, n):
+            raise InvalidFileError(f"topology {name!r} matrix is {value.shape[0]}x"
+                                   f"{value.shape[1]} but there are {n} devices")
+        return value
+    if isinstance(value, Mapping):
+        value = decode_matrix(name, value)
     try:
         arr = np.array(value, dtype=np.float64)
     except (TypeError, ValueError):
@@ -93,7 +169,11 @@ class Topology:
     ----------
     name : str
     devices : tuple of Device
-    bandwidth, latency : ndarray, shape (D, D)
+    bandwidth, latency : ndarray or PairMatrix, shape (D, D)
+        Dense matrices, or (builders' topologies) :class:`~shardplan.ir._pairs.PairMatrix`
+        views of one pair model that compute the entries they are asked for: index them
+        with the devices you use (``topology.latency[np.ix_(used, used)]``); whole-matrix
+        uses build the dense matrix (see :mod:`shardplan.ir._pairs`).
     cost : ndarray, shape (D, D), or None
         The sharding-cost matrix M of paper 000 section 2.1; ``latency`` when absent.
     levels : tuple of Level
@@ -131,19 +211,28 @@ class Topology:
         if self.cost is not None:
             object.__setattr__(self, "cost", _matrix("cost", self.cost, n))
         levels = tuple(self.levels)
+        owners = []
         for lv in levels:
             flat = [d for g in lv.groups for d in g]
             if any(not isinstance(d, (int, np.integer)) or d < 0 or d >= n for d in flat):
                 raise InvalidFileError(f"level {lv.name!r} names a device outside 0..{n - 1}")
-            if sorted(flat) != list(range(n)):
+            ids = np.fromiter(flat, dtype=np.int64, count=len(flat))
+            if ids.size != n or np.bincount(ids, minlength=n).max(initial=0) != 1:
                 raise InvalidFileError(f"level {lv.name!r} groups must partition the {n} "
                                        f"devices, each exactly once")
-        for outer, inner in zip(levels, levels[1:], strict=False):
-            owner = {d: gi for gi, g in enumerate(outer.groups) for d in g}
-            for g in inner.groups:
-                if len({owner[d] for d in g}) != 1:
-                    raise InvalidFileError(f"level {inner.name!r} has a group that straddles "
-                                           f"groups of level {outer.name!r}")
+            owner = np.empty(n, dtype=np.int64)
+            owner[ids] = np.repeat(np.arange(len(lv.groups)), [len(g) for g in lv.groups])
+            owners.append(owner)
+        for k in range(1, len(levels)):
+            # every inner group lies in one outer group: its members' outer owners agree
+            outer, inner = owners[k - 1], owners[k]
+            lo = np.full(len(levels[k].groups), np.iinfo(np.int64).max)
+            hi = np.full(len(levels[k].groups), -1)
+            np.minimum.at(lo, inner, outer)
+            np.maximum.at(hi, inner, outer)
+            if np.any(lo != hi):
+                raise InvalidFileError(f"level {levels[k].name!r} has a group that straddles "
+                                       f"groups of level {levels[k - 1].name!r}")
         object.__setattr__(self, "levels", levels)
         links = tuple(self.links)
         for lk in links:
@@ -162,6 +251,32 @@ class Topology:
 
     def __len__(self) -> int:
         return self.num_devices
+
+    @property
+    def pair_model(self) -> PairModel | None:
+        """The model behind ``bandwidth`` and ``latency`` when both are computed on demand
+        from one (builders' topologies), else None (dense matrices)."""
+        bw, lat = self.bandwidth, self.latency
+        if isinstance(bw, PairMatrix) and isinstance(lat, PairMatrix) and bw.model is lat.model:
+            return bw.model
+        return None
+
+    @property
+    def all_pairs_reachable(self) -> bool:
+        """Whether every ordered pair of distinct devices has a positive bandwidth. O(1)
+        for a pair model (they connect every pair), O(D^2) for dense matrices."""
+        if self.pair_model is not None:
+            return True
+        n = self.num_devices
+        return bool(n < 2 or (self.bandwidth + np.eye(n) > 0).all())
+
+    def dense(self) -> Topology:
+        """This topology with dense ``bandwidth`` and ``latency`` matrices (itself when they
+        are dense already): the reference a pair model is tested against. O(D^2)."""
+        if not isinstance(self.bandwidth, PairMatrix) and \
+                not isinstance(self.latency, PairMatrix):
+            return self
+        return self.replace(bandwidth=np.array(self.bandwidth), latency=np.array(self.latency))
 
     @property
     def cost_matrix(self) -> np.ndarray:
@@ -238,6 +353,8 @@ class Topology:
         other. O(D^2).
         """
         n = self.num_devices
+        if self.pair_model is not None:
+            return [np.arange(n, dtype=np.int64)]
         ok = (self.bandwidth > 0) & (self.bandwidth.T > 0)
         np.fill_diagonal(ok, True)
         if ok.all():
@@ -250,16 +367,34 @@ class Topology:
         return sorted(parts, key=lambda p: (-p.size, int(p[0])))
 
     def bandwidth_classes(self, *, rel_tol: float = 1e-6) -> list[tuple[float, int]]:
-        """Distinct off-diagonal bandwidths (ordered pairs counted), fastest first."""
+        """Distinct off-diagonal bandwidths (ordered pairs counted), fastest first. O(D^2),
+        O(levels) or O(grid size) with a pair model."""
         n = self.num_devices
-        vals = np.sort(self.bandwidth[~np.eye(n, dtype=bool)])[::-1]
+        model = self.pair_model
+        if model is not None:
+            counted = model.classes("bandwidth")
+        else:
+            vals, counts = np.unique(self.bandwidth[~np.eye(n, dtype=bool)],
+                                     return_counts=True)
+            counted = list(zip(vals[::-1].tolist(), counts[::-1].tolist(), strict=True))
         classes: list[tuple[float, int]] = []
-        for v in vals.tolist():
+        for v, c in counted:
             if classes and abs(classes[-1][0] - v) <= rel_tol * max(abs(v), 1.0):
-                classes[-1] = (classes[-1][0], classes[-1][1] + 1)
+                classes[-1] = (classes[-1][0], classes[-1][1] + int(c))
             else:
-                classes.append((v, 1))
+                classes.append((v, int(c)))
         return classes
+
+    def _latency_range(self) -> list[float]:
+        n = self.num_devices
+        if n < 2:
+            return [0.0, 0.0]
+        model = self.pair_model
+        if model is not None:
+            vals = [v for v, _ in model.classes("latency")]
+            return [float(min(vals)), float(max(vals))]
+        off = ~np.eye(n, dtype=bool)
+        return [float(self.latency[off].min()), float(self.latency[off].max())]
 
     def __repr__(self) -> str:
         """One short line (the default dataclass repr prints the matrices)."""
@@ -268,8 +403,10 @@ class Topology:
 
     def summary(self) -> dict[str, Any]:
         n = self.num_devices
-        off = ~np.eye(n, dtype=bool)
-        return {
+        model = self.pair_model
+        unreachable = 0 if model is not None else int(
+            np.sum(self.bandwidth[~np.eye(n, dtype=bool)] <= 0))
+        out = {
             "kind": "topology",
             "name": self.name,
             "devices": n,
@@ -277,25 +414,42 @@ class Topology:
             "total_flops": float(self.device_flops.sum()),
             "bandwidth_classes": [{"bandwidth": b, "pairs": c}
                                   for b, c in self.bandwidth_classes()],
-            "latency_range": [float(self.latency[off].min()), float(self.latency[off].max())]
-            if n > 1 else [0.0, 0.0],
+            "latency_range": self._latency_range(),
             "levels": [{"name": lv.name, "groups": len(lv.groups)} for lv in self.levels],
             "links": len(self.links),
-            "unreachable_pairs": int(np.sum(self.bandwidth[off] <= 0)),
+            "unreachable_pairs": unreachable,
         }
+        if model is not None:
+            out["pairs"] = model.kind
+        return out
 
     # ------------------------------------------------------------------ JSON
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, *, dense: bool | None = None) -> dict[str, Any]:
+        """The file's JSON object. ``dense``: list the ``bandwidth`` and ``latency``
+        matrices (True), or not (False); default: up to :data:`DENSE_JSON_DEVICES` devices.
+        A topology with a pair model always writes it (``pairs``); without the lists, a
+        grid's ``links`` are left out too (``pairs`` implies them). Other matrices beyond
+        the dense size are written compactly (:func:`encode_matrix`)."""
+        n = self.num_devices
+        lists = n <= DENSE_JSON_DEVICES if dense is None else bool(dense)
+        model = self.pair_model
         out: dict[str, Any] = {
             "format": TOPOLOGY_FORMAT, "name": self.name,
             "devices": [d.to_dict() for d in self.devices],
-            "bandwidth": self.bandwidth.tolist(), "latency": self.latency.tolist(),
         }
+        if lists:
+            out["bandwidth"] = np.asarray(self.bandwidth).tolist()
+            out["latency"] = np.asarray(self.latency).tolist()
+        elif model is None:
+            out["bandwidth"] = encode_matrix(np.asarray(self.bandwidth))
+            out["latency"] = encode_matrix(np.asarray(self.latency))
+        if model is not None:
+            out["pairs"] = model.to_dict()
         if self.cost is not None:
-            out["cost"] = self.cost.tolist()
+            out["cost"] = self.cost.tolist() if lists else encode_matrix(self.cost)
         if self.levels:
             out["levels"] = [lv.to_dict() for lv in self.levels]
-        if self.links:
+        if self.links and (lists or not isinstance(model, GridPairs)):
             out["links"] = [lk.to_dict() for lk in self.links]
         for k, v in self.meta.items():
             out.setdefault(k, v)
@@ -316,13 +470,31 @@ class Topology:
             if not isinstance(d, Mapping):
                 raise InvalidFileError(f"device {i} is not an object")
             devices.append(Device(
-                name=str(d.get("name", f"dev{i}")), memory_bytes=d.get("memory_bytes"),
-                flops=d.get("flops"),
+                name=str(d.get("name", f"dev{i}")),
+                memory_bytes=d.get("memory_bytes"),  # type: ignore[arg-type]  # Topology checks it
+                flops=d.get("flops"),  # type: ignore[arg-type]  # Topology checks it
                 extra={k: v for k, v in d.items() if k not in ("name", "memory_bytes", "flops")},
             ))
+        n = len(devices)
+        model = None
+        if data.get("pairs") is not None:
+            model = pair_model_from_dict(data["pairs"], n)
         for key in ("bandwidth", "latency"):
-            if key not in data:
+            if key not in data and model is None:
                 raise InvalidFileError(f"topology lacks its {key!r} matrix")
+        bw: Any = data.get("bandwidth")
+        lat: Any = data.get("latency")
+        if model is not None:
+            mbw, mlat = model.matrix("bandwidth"), model.matrix("latency")
+            if bw is None or lat is None:
+                bw, lat = mbw, mlat
+            else:  # both: the matrices are the contract; the model only if it agrees
+                bw, lat = _matrix("bandwidth", bw, n), _matrix("latency", lat, n)
+                if n <= DENSE_JSON_DEVICES * 4 and np.array_equal(cast(Any, mbw).dense(), bw) and \
+                        np.array_equal(cast(Any, mlat).dense(), lat):
+                    bw, lat = mbw, mlat
+                else:
+                    model = None
         levels = []
         for lv in data.get("levels", []) or []:
             if not isinstance(lv, Mapping) or not isinstance(lv.get("groups"), list):
@@ -334,6 +506,8 @@ class Topology:
                                        f"device ids") from None
             levels.append(Level(name=str(lv.get("name", "level")), groups=groups))
         links = []
+        if isinstance(model, GridPairs) and "links" not in data:
+            links = list(model_links(model))
         for lk in data.get("links", []) or []:
             try:
                 links.append(Link(int(lk["src"]), int(lk["dst"]), float(lk["bandwidth"]),
@@ -341,9 +515,10 @@ class Topology:
             except (KeyError, TypeError, ValueError):
                 raise InvalidFileError("each topology link needs src, dst and bandwidth") \
                     from None
-        known = {"format", "name", "devices", "bandwidth", "latency", "cost", "levels", "links"}
+        known = {"format", "name", "devices", "bandwidth", "latency", "cost", "levels", "links",
+                 "pairs"}
         return cls(name=str(data.get("name", "topology")), devices=tuple(devices),
-                   bandwidth=data["bandwidth"], latency=data["latency"], cost=data.get("cost"),
+                   bandwidth=bw, latency=lat, cost=data.get("cost"),
                    levels=tuple(levels), links=tuple(links),
                    meta={k: v for k, v in data.items() if k not in known})
 

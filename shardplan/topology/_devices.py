@@ -13,7 +13,8 @@ import numpy as np
 from shardplan.errors import ShardplanError
 from shardplan.ir.topology import Device
 
-__all__ = ["DEVICE_PRESETS", "DevicePreset", "MAX_MATRIX_BYTES", "check_dense_size",
+__all__ = ["DEVICE_PRESETS", "DevicePreset", "MAX_DEVICES", "MAX_MATRIX_BYTES",
+           "check_dense_size", "check_device_count",
            "generator_meta", "make_devices", "resolve_device"]
 
 GIB = 2**30
@@ -104,9 +105,9 @@ def check_nonnegative(name: str, value: Any) -> float:
 def check_count(name: str, value: Any, *, minimum: int = 1) -> int:
     """``value`` as an int >= ``minimum`` (bools and floats with a fraction are refused)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or \
-            not math.isfinite(value) or value != int(value):
+            not math.isfinite(value) or not float(value).is_integer():
         raise ShardplanError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    v = int(value)
+    v = int(value) if isinstance(value, int) else int(float(value))
     if v < minimum:
         raise ShardplanError(f"{name} must be an integer >= {minimum}, got {value!r}")
     return v
@@ -127,6 +128,20 @@ def check_dense_size(kind: str, num_devices: int) -> None:
                              f"{need / 2**30:.3g} GiB for its dense bandwidth and latency "
                              f"matrices (2 x {num_devices}^2 float64); at most {most} devices "
                              f"({MAX_MATRIX_BYTES / 2**30:g} GiB) are supported")
+
+
+MAX_DEVICES = 2**20
+"""Most devices a generated topology may have (1,048,576: a 1000 x 1000 hierarchy). Its
+matrices are computed on demand, but every device is an object and a line of the file (about
+1 KB of memory each)."""
+
+
+def check_device_count(kind: str, num_devices: int) -> None:
+    """Refuse, before building anything, a topology of more than :data:`MAX_DEVICES`. O(1)."""
+    if num_devices > MAX_DEVICES:
+        raise ShardplanError(f"a {kind} topology of {num_devices} devices is more than the "
+                             f"{MAX_DEVICES} shardplan builds (every device is listed in the "
+                             f"file, about 1 KB of memory each)")
 
 
 def check_shape(kind: str, shape: Any, ndim: int | None = None, *, minimum: int = 1,
@@ -155,9 +170,9 @@ def check_shape(kind: str, shape: Any, ndim: int | None = None, *, minimum: int 
     out = []
     for d in dims:
         if isinstance(d, bool) or not isinstance(d, numbers.Real) or not math.isfinite(d) \
-                or d != int(d) or d < minimum:
+                or not float(d).is_integer() or d < minimum:
             raise ShardplanError(f"{kind} shape sizes must be integers >= {minimum}, got {text}")
-        out.append(int(d))
+        out.append(int(d) if isinstance(d, int) else int(float(d)))
     return tuple(out)
 
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from shardplan.ir._pairs import LevelPairs
 from shardplan.ir.topology import Level, Topology
 from shardplan.topology._devices import (
     check_count,
-    check_dense_size,
+    check_device_count,
     check_nonnegative,
     check_positive,
     generator_meta,
@@ -88,9 +89,12 @@ def dgx1(boxes: int = 1, *, nvlink_bandwidth: float = 25e9, nvlink_latency: floa
 
     Like the paper, every pair uses its own class directly: a non-NVLink pair is *not* routed
     over two NVLink hops (NCCL would do that; the paper's model does not), so the topology has
-    no ``links``. O(boxes^2).
+    no ``links``. The matrices are a two-level pair model (boxes, then the 8 x 8 table of a
+    box; :class:`~shardplan.ir._pairs.LevelPairs`) computed on demand, so clusters of
+    thousands of boxes fit. O(boxes).
     """
     nb = check_count("boxes", boxes)
+    check_device_count("dgx1", GPUS_PER_BOX * nb)
     nv_bw = check_positive("nvlink_bandwidth", nvlink_bandwidth)
     nv_lat = check_nonnegative("nvlink_latency", nvlink_latency)
     pc_bw = check_positive("pcie_bandwidth", pcie_bandwidth)
@@ -101,22 +105,17 @@ def dgx1(boxes: int = 1, *, nvlink_bandwidth: float = 25e9, nvlink_latency: floa
     counts = dgx1_link_counts()
     box_bw = np.where(counts > 0, counts * nv_bw, pc_bw)
     box_lat = np.where(counts > 0, nv_lat, pc_lat)
-    n = GPUS_PER_BOX * nb
-    check_dense_size("dgx1", n)
-    box_of = np.arange(n) // GPUS_PER_BOX
-    same = box_of[:, None] == box_of[None, :]
-    local = np.arange(n) % GPUS_PER_BOX
-    bw = np.where(same, box_bw[local[:, None], local[None, :]], in_bw)
-    lat = np.where(same, box_lat[local[:, None], local[None, :]], in_lat)
-    np.fill_diagonal(bw, 0.0)
-    np.fill_diagonal(lat, 0.0)
+    np.fill_diagonal(box_bw, 0.0)
+    np.fill_diagonal(box_lat, 0.0)
+    model = LevelPairs((nb, GPUS_PER_BOX), (in_bw, box_bw), (in_lat, box_lat))
     names = [f"box{b}/gpu{g}" for b in range(nb) for g in range(GPUS_PER_BOX)]
     level = Level(name="box", groups=tuple(
         tuple(range(b * GPUS_PER_BOX, (b + 1) * GPUS_PER_BOX)) for b in range(nb)))
     return Topology(
         name=name or (f"dgx1-x{nb}" if nb > 1 else "dgx1"),
         devices=make_devices(names, device, memory_bytes, flops),
-        bandwidth=bw, latency=lat, levels=(level,),
+        bandwidth=model.matrix("bandwidth"), latency=model.matrix("latency"),
+        levels=(level,),
         meta=generator_meta("dgx1", boxes=nb, nvlink_bandwidth=nv_bw, nvlink_latency=nv_lat,
                             pcie_bandwidth=pc_bw, pcie_latency=pc_lat, inter_bandwidth=in_bw,
                             inter_latency=in_lat),

@@ -8,16 +8,16 @@ from collections.abc import Sequence
 import numpy as np
 
 from shardplan.errors import ShardplanError
-from shardplan.ir.topology import Link, Topology
+from shardplan.ir._pairs import GridPairs
+from shardplan.ir.topology import Link, Topology, model_links
 from shardplan.topology._devices import (
-    check_dense_size,
+    check_device_count,
     check_nonnegative,
     check_positive,
     check_shape,
     generator_meta,
     make_devices,
 )
-from shardplan.topology._routing import route
 
 __all__ = ["grid", "grid_links", "mesh2d", "mesh3d", "torus2d", "torus3d"]
 
@@ -36,22 +36,10 @@ def grid_links(shape: Sequence[int], *, wrap: bool, bandwidth: float, latency: f
     torus dimension must then be at least 3, or the wraparound would duplicate a mesh link.
     """
     dims = tuple(int(d) for d in shape)
-    ids = np.arange(int(np.prod(dims))).reshape(dims)
-    pairs: list[tuple[int, int]] = []
-    for axis, size in enumerate(dims):
-        if size < 2:
-            continue
-        a = ids.take(np.arange(size - 1), axis=axis).ravel()
-        b = ids.take(np.arange(1, size), axis=axis).ravel()
-        pairs += zip(a.tolist(), b.tolist(), strict=True)
-        if wrap:
-            assert size >= MIN_TORUS_SIZE
-            a = ids.take([size - 1], axis=axis).ravel()
-            b = ids.take([0], axis=axis).ravel()
-            pairs += zip(a.tolist(), b.tolist(), strict=True)
-    kind = "torus" if wrap else "mesh"
-    return tuple(Link(s, d, bandwidth, latency, kind)
-                 for a, b in pairs for s, d in ((a, b), (b, a)))
+    if wrap:
+        assert min(dims) >= MIN_TORUS_SIZE
+    model = GridPairs(dims, bool(wrap), bandwidth, latency)
+    return model_links(model, "torus" if wrap else "mesh")
 
 
 def grid(kind: str, shape: Sequence[int], ndim: int, wrap: bool, *,
@@ -69,15 +57,15 @@ def grid(kind: str, shape: Sequence[int], ndim: int, wrap: bool, *,
     bw = check_positive("link_bandwidth", link_bandwidth)
     lat = check_nonnegative("hop_latency", hop_latency)
     n = math.prod(dims)
-    check_dense_size(kind, n)
-    links = grid_links(dims, wrap=wrap, bandwidth=bw, latency=lat)
-    routes = route(n, links, weight="hops")
+    check_device_count(kind, n)
+    model = GridPairs(dims, wrap, bw, lat)
+    links = model_links(model, "torus" if wrap else "mesh")
     coords = np.stack(np.unravel_index(np.arange(n), dims), axis=1)
     names = ["chip" + "_".join(map(str, c)) for c in coords.tolist()]
     return Topology(
         name=name or f"{kind}-{'x'.join(map(str, dims))}",
         devices=make_devices(names, device, memory_bytes, flops),
-        bandwidth=routes.bandwidth, latency=routes.latency, links=links,
+        bandwidth=model.matrix("bandwidth"), latency=model.matrix("latency"), links=links,
         meta=generator_meta(kind, shape=dims, link_bandwidth=bw, hop_latency=lat),
     )
 
@@ -101,17 +89,19 @@ _DOC = """A {d}-D {what} of accelerators{extra}, routed over shortest paths.
     Topology
         ``bandwidth``/``latency`` are routed end to end: latency = hops x ``hop_latency``
         over a minimum-hop path, bandwidth = the bottleneck link bandwidth (all links are
-        equal, so ``link_bandwidth``). ``links`` holds both directions of every physical
-        link (kind ``"{what}"``) so that a simulator can model contention; the path a
-        transfer takes is ``routes_of(topology).path(i, j)``.
+        equal, so ``link_bandwidth``), computed on demand from the grid
+        (:class:`~shardplan.ir._pairs.GridPairs`). ``links`` holds both directions of every
+        physical link (kind ``"{what}"``) so that a simulator can model contention; the path
+        a transfer takes is ``routes_of(topology).path(i, j)``: dimension-ordered (axis 0
+        first, the shorter way round a ring).
 
     Notes
     -----
     The "2d/3d mesh/torus" of paper 002 section 7, table 2 (e.g. 8x8 and 16x16, 4x4x4 and
     8x8x8); the paper's appendix I with its link parameters is not in our text, so the
     defaults are ours: links of 100 GB/s, 1 us per hop. Among the several minimum-hop paths
-    of a pair one is chosen deterministically (single-path routing, no load balancing).
-    O(D (E + D) log D) with E = {e} D links.
+    of a pair the dimension-ordered one is used (single-path routing, no load balancing, as
+    the routers of real meshes and tori do). O(E) with E = {e} D links.
     """
 
 

@@ -232,7 +232,7 @@ def measure(nproc: int, *, backend: str = "auto", sizes: Sequence[int] = DEFAULT
         for key, per_size in res["rtt"].items():
             j = int(key)
             one_way[:, i, j] = [float(np.median(ts)) / 2 for ts in per_size]
-            bw[i, j], lat[i, j] = fit_link(size_list, one_way[:, i, j])
+            bw[i, j], lat[i, j] = fit_link(size_list, one_way[:, i, j].tolist())
     devices = tuple(_device(res, n, device, memory_bytes, flops) for res in results)
     extra = {"collectives": results[0]["collectives"]} if collectives else {}
     return Topology(

@@ -14,6 +14,7 @@ import os
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -146,11 +147,12 @@ def _collectives(rank: int, world: int, cfg: dict[str, Any], dev: Any,
             n = max(g, nbytes // 4 // g * g)  # float32 elements, a multiple of g
             full = torch.ones(n, dtype=torch.float32, device=dev)
             part = torch.ones(n // g, dtype=torch.float32, device=dev)
-            ops = {"allreduce": lambda full=full, grp=group: dist.all_reduce(full, group=grp),
-                   "allgather": lambda full=full, part=part, grp=group:
-                       dist.all_gather_into_tensor(full, part, group=grp),
-                   "reducescatter": lambda full=full, part=part, grp=group:
-                       dist.reduce_scatter_tensor(part, full, group=grp)}
+            ops: dict[str, Callable[..., Any]] = {
+                "allreduce": lambda full=full, grp=group: dist.all_reduce(full, group=grp),
+                "allgather": lambda full=full, part=part, grp=group:
+                    dist.all_gather_into_tensor(full, part, group=grp),
+                "reducescatter": lambda full=full, part=part, grp=group:
+                    dist.reduce_scatter_tensor(part, full, group=grp)}
             for kind, op in ops.items():
                 times = []
                 for it in range(warmup + repeats):

@@ -8,9 +8,10 @@ from typing import NamedTuple
 import numpy as np
 
 from shardplan.errors import ShardplanError
+from shardplan.ir._pairs import GridPairs, PairMatrix
 from shardplan.ir.topology import Link, Topology
 
-__all__ = ["Routes", "path", "route", "routes_of"]
+__all__ = ["GridRoutes", "Routes", "path", "route", "routes_of"]
 
 _WEIGHTS = ("latency", "hops")
 
@@ -207,14 +208,53 @@ def route(num_devices: int, links: Iterable[Link], *, weight: str = "latency") -
     return Routes(bandwidth=bandwidth, latency=latency, next_hop=next_hop)
 
 
-def routes_of(topology: Topology, *, weight: str = "latency") -> Routes:
+class GridRoutes:
+    """Dimension-ordered routes of a grid topology (:class:`~shardplan.ir._pairs.GridPairs`),
+    computed on demand: the same attributes and methods as :class:`Routes`, with
+    ``bandwidth``, ``latency`` and ``next_hop`` as :class:`~shardplan.ir._pairs.PairMatrix`
+    views (index them; whole-matrix uses build them). A route goes along axis 0 first, then
+    axis 1, ..., the shorter way round a ring (forwards on a tie): a minimum-hop path, so its
+    latency and bandwidth are the topology's. O(hops) a path, no O(D^2) table."""
+
+    def __init__(self, topology: Topology, model: GridPairs) -> None:
+        self.model = model
+        self.bandwidth = topology.bandwidth
+        self.latency = topology.latency
+        self.next_hop = PairMatrix(model, "next_hop")
+
+    def path(self, i: int, j: int) -> list[int]:
+        n = self.model.num_devices
+        if not (0 <= i < n and 0 <= j < n):
+            raise ShardplanError(f"device ids {i}, {j} out of range 0..{n - 1}")
+        return self.model.path(int(i), int(j))
+
+    def links_on_path(self, i: int, j: int) -> list[tuple[int, int]]:
+        p = self.path(i, j)
+        return list(zip(p[:-1], p[1:], strict=True))
+
+    @property
+    def hops(self) -> np.ndarray:
+        return np.asarray(PairMatrix(self.model, "hops"))
+
+
+def routes_of(topology: Topology, *, weight: str = "latency") -> Routes | GridRoutes:
     """Routing tables of a topology: over its physical ``links`` when it has some.
+
+    A grid built by :mod:`shardplan.topology` (its pair model, links as the model says) is
+    routed dimension by dimension on demand (:class:`GridRoutes`), at any size; other
+    topologies with links by shortest paths (:func:`route`, O(D^2) tables).
 
     A topology without links (flat, hierarchical, DGX-1, random, measured) is taken at its
     word: every pair with ``bandwidth > 0`` talks directly, over one hop with the matrices'
     values, even where a multi-hop detour would be faster (the builders' matrices are the
     model; re-routing them would change it).
     """
+    model = topology.pair_model
+    if isinstance(model, GridPairs) and _links_of_model(topology, model):
+        if weight not in _WEIGHTS:
+            raise ShardplanError(f"unknown routing weight {weight!r} (choose from "
+                                 f"{', '.join(_WEIGHTS)})")
+        return GridRoutes(topology, model)
     if topology.links:
         return route(topology.num_devices, topology.links, weight=weight)
     if weight not in _WEIGHTS:
@@ -226,3 +266,15 @@ def routes_of(topology: Topology, *, weight: str = "latency") -> Routes:
     next_hop = np.where(ok, np.broadcast_to(np.arange(n), (n, n)), -1).astype(np.int64)
     return Routes(bandwidth=np.where(ok, topology.bandwidth, 0.0),
                   latency=np.where(ok, topology.latency, 0.0), next_hop=next_hop)
+
+
+def _links_of_model(topology: Topology, model: GridPairs) -> bool:
+    """Whether the topology's links are exactly the grid's (the same pairs, bandwidth and
+    latency): only then do the grid's routes describe it. O(links)."""
+    src, dst = model.link_pairs()
+    if len(topology.links) != src.size:
+        return False
+    bw, lat = model.link_bandwidth, model.hop_latency
+    have = sorted((lk.src, lk.dst) for lk in topology.links
+                  if lk.bandwidth == bw and lk.latency == lat)
+    return have == sorted(zip(src.tolist(), dst.tolist(), strict=True))

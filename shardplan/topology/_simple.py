@@ -8,10 +8,11 @@ from collections.abc import Sequence
 import numpy as np
 
 from shardplan.errors import ShardplanError
+from shardplan.ir._pairs import LevelPairs
 from shardplan.ir.topology import Level, Topology
 from shardplan.topology._devices import (
     check_count,
-    check_dense_size,
+    check_device_count,
     check_list,
     check_nonnegative,
     check_positive,
@@ -58,22 +59,23 @@ def flat(num_devices: int, *, bandwidth: float = 1.25e10, latency: float = 1e-5,
     Returns
     -------
     Topology
-        Devices ``gpu0..gpu{D-1}``, constant matrices, no levels or links.
+        Devices ``gpu0..gpu{D-1}``, constant matrices (a one-level pair model, computed on
+        demand), no levels or links.
 
     Notes
     -----
     The "flattened device topology of constant bandwidth" that Parmesan (paper 002, section 2)
-    says RaNNC assumes; the baseline of the mapping experiments. O(D^2).
+    says RaNNC assumes; the baseline of the mapping experiments. O(D).
     """
     n = check_count("num_devices", num_devices)
-    check_dense_size("flat", n)
+    check_device_count("flat", n)
     bw = check_positive("bandwidth", bandwidth)
     lat = check_nonnegative("latency", latency)
-    off = ~np.eye(n, dtype=bool)
+    model = LevelPairs((n,), (bw,), (lat,))
     return Topology(
         name=name or f"flat-{n}",
         devices=make_devices([f"gpu{i}" for i in range(n)], device, memory_bytes, flops),
-        bandwidth=np.where(off, bw, 0.0), latency=np.where(off, lat, 0.0),
+        bandwidth=model.matrix("bandwidth"), latency=model.matrix("latency"),
         meta=generator_meta("flat", num_devices=n, bandwidth=bw, latency=lat),
     )
 
@@ -105,7 +107,9 @@ def hierarchical(shape: Sequence[int], *, level_names: Sequence[str] | None = No
     -------
     Topology
         Devices named ``region0/rack1/box2/gpu3``; ``levels`` holds one :class:`Level` per
-        grouping level, outermost first (the last, singleton device level is left out).
+        grouping level, outermost first (the last, singleton device level is left out). The
+        matrices are a pair model of the levels (:class:`~shardplan.ir._pairs.LevelPairs`),
+        computed on demand: 10^5 devices take megabytes, not the 75 GiB of dense matrices.
 
     Raises
     ------
@@ -117,7 +121,7 @@ def hierarchical(shape: Sequence[int], *, level_names: Sequence[str] | None = No
     The hierarchical topology of paper 000 section 2.4 (its 96-GPU example) and of the
     PipeDream/Piper assumptions discussed in paper 002 section 2. The papers do not say
     whether a faster level may be slower than an outer one; we allow it (it is the user's
-    machine) but the defaults grow faster inwards. O(L D^2) for L levels.
+    machine) but the defaults grow faster inwards. O(L D) for L levels.
     """
     dims = check_shape("hierarchical", shape, example="2x4x3x4")
     depth = len(dims)
@@ -144,19 +148,12 @@ def hierarchical(shape: Sequence[int], *, level_names: Sequence[str] | None = No
             else check_list("latency", latency, depth, what=what, positive=False))
 
     n = math.prod(dims)
-    check_dense_size("hierarchical", n)
-    # group id of every device at every level: devices i, j are in the same level-k group iff
-    # i // stride[k] == j // stride[k], stride[k] = prod(dims[k+1:]).
-    strides = [int(np.prod(dims[k + 1:])) for k in range(depth)]
+    check_device_count("hierarchical", n)
+    # devices i, j are in the same level-k group iff i // stride[k] == j // stride[k],
+    # stride[k] = prod(dims[k+1:]); the pair model finds a pair's level that way on demand.
+    strides = [math.prod(dims[k + 1:]) for k in range(depth)]
     ids = np.arange(n)
-    level_of_pair = np.full((n, n), depth - 1, dtype=np.int64)
-    for k in range(depth - 2, -1, -1):
-        g = ids // strides[k]
-        level_of_pair[g[:, None] != g[None, :]] = k
-    bw = np.asarray(bws)[level_of_pair]
-    lat = np.asarray(lats)[level_of_pair]
-    np.fill_diagonal(bw, 0.0)
-    np.fill_diagonal(lat, 0.0)
+    model = LevelPairs(dims, bws, lats)
 
     coords = np.stack(np.unravel_index(ids, dims), axis=1)
     dev_names = ["/".join(f"{nm}{c}" for nm, c in zip(names, row, strict=True))
@@ -169,7 +166,7 @@ def hierarchical(shape: Sequence[int], *, level_names: Sequence[str] | None = No
     return Topology(
         name=name or f"hierarchical-{'x'.join(map(str, dims))}",
         devices=make_devices(dev_names, device, memory_bytes, flops),
-        bandwidth=bw, latency=lat, levels=levels,
+        bandwidth=model.matrix("bandwidth"), latency=model.matrix("latency"), levels=levels,
         meta=generator_meta("hierarchical", shape=dims, level_names=names, bandwidth=bws,
                             latency=lats),
     )

@@ -73,6 +73,7 @@ def test_cli_defaults_and_json(capsys) -> None:
     (["ring"], "invalid choice"),
     (["flat", "--latency", "-1"], "expected a number >= 0"),
     (["flat"], "-o FILE or --json"),
+    (["flat", "--devices", "100000", "--dense"], "kept in its generator form"),
 ])
 def test_cli_errors_are_one_line(argv, message, capsys, tmp_path) -> None:
     extra = [] if argv == ["flat"] else ["-o", str(tmp_path / "t.json")]
@@ -81,6 +82,35 @@ def test_cli_errors_are_one_line(argv, message, capsys, tmp_path) -> None:
     assert err.startswith("shardplan: error: ") and err.count("\n") == 1
     assert message in err
     assert not (tmp_path / "t.json").exists()
+
+
+def test_cli_large_topologies_are_stored_by_generator_and_every_command_reads_them(
+        tmp_path, capsys) -> None:
+    gen, dense = tmp_path / "gen.json", tmp_path / "dense.json"
+    assert _run(["topology", "torus2d", "--shape", "32x40", "-o", str(gen)]) == 0
+    assert _run(["topology", "torus2d", "--shape", "32x40", "--dense", "-o", str(dense)]) == 0
+    g, d = json.loads(gen.read_text()), json.loads(dense.read_text())
+    assert "bandwidth" not in g and g["pairs"]["kind"] == "grid"
+    assert len(d["bandwidth"]) == 1280 and d["pairs"] == g["pairs"]
+    assert gen.stat().st_size * 20 < dense.stat().st_size
+    a, b = load_topology(gen), load_topology(dense)
+    assert a.pair_model == b.pair_model and a.links == b.links
+    graph = tmp_path / "g.json"
+    assert _run(["generate", "layered", "--nodes", "61", "--width", "6", "-o",
+                 str(graph)]) == 0
+    plans = {}
+    for name, topo in (("gen", gen), ("dense", dense)):
+        plans[name] = tmp_path / f"p-{name}.json"
+        assert _run(["partition", str(graph), str(topo), "--algorithm", "parmesan",
+                     "--stages", "3", "--replicas", "2", "-o", str(plans[name])]) == 0
+        capsys.readouterr()
+        assert _run(["simulate", str(plans[name]), str(graph), str(topo), "--json"]) == 0
+        sim = json.loads(capsys.readouterr().out)
+        assert sim["iteration_seconds"] > 0
+        plans[name] = (json.loads(plans[name].read_text()), sim)
+    (pa, sa), (pb, sb) = plans["gen"], plans["dense"]
+    assert pa["stages"] == pb["stages"] and pa["objective"] == pb["objective"]
+    assert sa["iteration_seconds"] == sb["iteration_seconds"]
 
 
 @pytest.mark.torch
