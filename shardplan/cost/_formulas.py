@@ -84,11 +84,25 @@ def ring_allreduce_seconds(replicas: Any, nbytes: Any, latency: Any, inv_bandwid
     return np.where((r > 1) & (b > 0), t, 0.0)
 
 
-def optimizer_seconds(param_bytes: Any, optimizer: str, rate: Any) -> Any:
-    """Seconds of the optimizer step over ``param_bytes`` of parameters at ``rate`` FLOP/s:
-    :data:`OPTIMIZER_FLOPS` per parameter (4-byte parameters). Broadcasts. O(size)."""
-    return np.asarray(param_bytes, dtype=np.float64) / _OPT_PARAM_BYTES * \
-        OPTIMIZER_FLOPS[optimizer] / rate
+#: Bytes one optimizer update reads and writes per 4-byte parameter: SGD reads the parameter
+#: and its gradient and writes the parameter; momentum also reads and writes its buffer;
+#: Adam reads parameter, gradient and both moments and writes parameter and moments.
+OPTIMIZER_BYTES: Mapping[str, float] = {"sgd": 12.0, "sgd-momentum": 20.0, "momentum": 20.0,
+                                        "adam": 28.0, "adamw": 28.0}
+
+
+def optimizer_seconds(param_bytes: Any, optimizer: str, rate: Any,
+                      bandwidth: Any = np.inf) -> Any:
+    """Seconds of the optimizer step over ``param_bytes`` of parameters by a roofline: the
+    larger of :data:`OPTIMIZER_FLOPS` per parameter at ``rate`` FLOP/s and
+    :data:`OPTIMIZER_BYTES` per parameter at the device's memory ``bandwidth`` (bytes/s;
+    ``inf``: not known, FLOPs alone). The update is elementwise, so on most devices memory
+    bound: on this machine's CPU an Adam step over 1.85 M parameters takes 5.2 ms, 24x its
+    FLOP time at 1e11 FLOP/s (``benchmarks/calibration.py``). Broadcasts. O(size)."""
+    n = np.asarray(param_bytes, dtype=np.float64) / _OPT_PARAM_BYTES
+    with np.errstate(divide="ignore"):
+        return np.maximum(n * OPTIMIZER_FLOPS[optimizer] / rate,
+                          n * OPTIMIZER_BYTES[optimizer] / np.asarray(bandwidth, dtype=float))
 
 
 def stage_memory(*, params: Any, outputs: Any, received: Any, inputs: Any, extra: Any,

@@ -432,7 +432,9 @@ def stage_times(model: Any, assignment: Sequence[int] | np.ndarray, stage_device
     mem = model.memory_breakdown(a, k, in_flight=flight, replicas=reps)["total"]
     cap = np.where(mask, topology.device_memory[d0], np.inf).min(axis=1)
     shard = reps[:, None] if sharded else 1  # each replica steps its shard
-    opt = np.where(mask, optimizer_seconds(params[:, None] / shard, model.optimizer, rate), 0.0)
+    membw = topology.device_memory_bandwidth[d0]
+    opt = np.where(mask, optimizer_seconds(params[:, None] / shard, model.optimizer, rate,
+                                           membw), 0.0)
     return StageTimes(
         devices=dev, replicas=reps, forward=fwd, backward=bwd,
         send=send.reshape(k, width), recv=recv.reshape(k, width), allreduce=ar,

@@ -263,4 +263,6 @@ def _device(res: dict[str, Any], n: int, preset: str | None, memory_bytes: float
     else:
         mem = memory_bytes if memory_bytes is not None else _machine_memory() // n
         fl = flops if flops is not None else CPU_FLOPS
+    if preset is None and info.get("memory_bandwidth"):  # measured, for the optimizer step
+        extra["memory_bandwidth"] = float(info["memory_bandwidth"])  # and the roofline
     return Device(name=f"rank{rank}", memory_bytes=mem, flops=fl, extra=extra)

@@ -90,6 +90,7 @@ def _measure(rank: int, world: int, cfg: dict[str, Any], tmpdir: str) -> dict[st
     dist.init_process_group(backend, store=store, rank=rank, world_size=world,
                             timeout=timedelta(seconds=float(cfg["timeout"])))
     _fault(cfg, rank, "measure")
+    device["memory_bandwidth"] = _memory_bandwidth(torch, dist, dev, sync)
     sizes = [int(s) for s in cfg["sizes"]]
     repeats, warmup = int(cfg["repeats"]), int(cfg["warmup"])
     buffers = {s: torch.zeros(s, dtype=torch.uint8, device=dev) for s in sizes}
@@ -124,6 +125,27 @@ def _measure(rank: int, world: int, cfg: dict[str, Any], tmpdir: str) -> dict[st
     collectives = _collectives(rank, world, cfg, dev, sync) if cfg.get("collectives") else {}
     return {"rank": rank, "backend": backend, "device": device, "host": os.uname().nodename,
             "rtt": rtt, "collectives": collectives}
+
+
+def _memory_bandwidth(torch: Any, dist: Any, dev: Any, sync: Callable[[], None],
+                      nbytes: int = 1 << 26, repeats: int = 5) -> float:
+    """Bytes per second this process streams through memory: the median of ``repeats``
+    copies of ``nbytes`` (each reads and writes them), every rank copying at once, as
+    they share the memory bus in training."""
+    import statistics
+
+    src = torch.ones(nbytes // 4, dtype=torch.float32, device=dev)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    sync()
+    times = []
+    for _ in range(repeats):
+        dist.barrier()
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        sync()
+        times.append(time.perf_counter() - t0)
+    return 2.0 * nbytes / statistics.median(times)
 
 
 def _collectives(rank: int, world: int, cfg: dict[str, Any], dev: Any,

@@ -254,3 +254,15 @@ def test_optimizer_step_temporaries_by_hand() -> None:
     sgd = partition_memory_breakdown(g, [0, 0, 1], 2, optimizer="sgd", in_flight=[3, 1])
     assert sgd["step_temporary"].tolist() == [0.0, 0.0]
     assert sgd["total"].tolist() == [1036.0, 26.0]
+
+
+def test_optimizer_step_is_a_roofline_by_hand() -> None:
+    """1e6 four-byte parameters under Adam: 12 FLOPs and 28 bytes each. At 1e11 FLOP/s and
+    10 GB/s the step is memory bound (2.8 ms, not 0.12 ms); without a known bandwidth,
+    FLOPs alone; SGD moves 12 bytes a parameter."""
+    from shardplan.cost._formulas import optimizer_seconds
+
+    assert optimizer_seconds(4e6, "adam", 1e11, 1e10) == pytest.approx(2.8e-3)
+    assert optimizer_seconds(4e6, "adam", 1e11) == pytest.approx(1.2e-4)
+    assert optimizer_seconds(4e6, "sgd", 1e11, 1e10) == pytest.approx(1.2e-3)
+    assert optimizer_seconds(4e6, "adam", 1e9, 1e12) == pytest.approx(1.2e-2)  # FLOP bound
