@@ -86,6 +86,14 @@ def _terminate(pool: ProcessPoolExecutor) -> None:
     after a second; then shut the pool down without waiting. The interrupt may have landed
     inside ``submit`` while it held the pool's lock: ``shutdown`` is skipped rather than
     waited for when the lock stays taken (the dead workers end the pool's thread anyway)."""
+    # Futures the caller cancelled must leave the pool's queue first: when the workers die,
+    # Python 3.11's pool sets an error on every queued future, and one already cancelled
+    # raises InvalidStateError in the pool's thread (a traceback on stderr).
+    items = getattr(pool, "_pending_work_items", None)
+    if isinstance(items, dict):
+        for key, item in list(items.items()):
+            if item.future.cancelled():
+                items.pop(key, None)
     procs = list((getattr(pool, "_processes", None) or {}).values())
     for p in procs:
         with contextlib.suppress(Exception):
