@@ -125,7 +125,7 @@ def topology_files(quick: bool) -> list[dict]:
             topo = build(kind, **kw)
             built = time.perf_counter() - t0
             t0 = time.perf_counter()
-            write_json(path, topo.to_dict(dense=True) if dense else topo)
+            write_json(path, topo.to_dict(dense=bool(dense)))
             wrote = time.perf_counter() - t0
             t0 = time.perf_counter()
             back = load_topology(path)
@@ -241,9 +241,10 @@ def write_report(path: Path, cfg: dict, rows: list[dict], quick: bool, load: tup
                          f"{_fmt(run.get('lower_bound'), '.4g')} |")
     if files:
         lines += ["", "## Topology files", "",
-                  "Generated topologies written by their generator (`pairs`, the default "
-                  "above 1024 devices) and, for one hierarchy, with the dense matrices "
-                  "listed (`topology --dense`); wall seconds, in-process.", "",
+                  "Generated topologies written by their generator (`pairs`: `topology "
+                  "--compact`, the default above 16384 devices) and, for one hierarchy, with "
+                  "the dense matrices listed (the contract's form, the default up to 16384 "
+                  "devices); wall seconds, in-process.", "",
                   "| kind | devices | file | build s | write s | load s | MB |",
                   "|---|---|---|---|---|---|---|"]
         lines += [f"| {r['kind']} | {r['devices']} | {r['form']} | {r['build']:.2f} | "

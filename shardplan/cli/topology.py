@@ -10,6 +10,7 @@ from shardplan.cli._common import (
     emit,
     nonnegative_float,
     nonnegative_int,
+    note,
     parse_float_list,
     parse_int_list,
     parse_nonnegative_float_list,
@@ -18,6 +19,7 @@ from shardplan.cli._common import (
     split_names,
 )
 from shardplan.errors import ShardplanError
+from shardplan.ir.topology import DENSE_JSON_DEVICES
 
 __all__ = ["register", "run"]
 
@@ -122,10 +124,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--collective-sizes", type=parse_int_list, metavar="BYTES,...",
                    help="collective tensor sizes (default 65536,1048576,4194304,16777216)")
     g = p.add_argument_group("file")
-    g.add_argument("--dense", action="store_true",
-                   help="list the bandwidth and latency matrices whatever the size (for tools "
-                        "that read only them); by default a generated topology of more than "
-                        "1024 devices is stored by its generator ('pairs'), a few KB")
+    form = g.add_mutually_exclusive_group()
+    form.add_argument("--dense", action="store_true",
+                      help="list the bandwidth and latency matrices whatever the size (the "
+                           "contract's form; the default up to 16384 devices)")
+    form.add_argument("--compact", action="store_true",
+                      help="store a generated topology by its generator ('pairs', a few KB, "
+                           "loads in milliseconds; shardplan reads it, tools that read only "
+                           "the matrices do not) and other matrices compactly encoded")
     add_output(p)
     p.set_defaults(handler=run)
 
@@ -203,5 +209,10 @@ def run(args: argparse.Namespace) -> int:
     if not args.output and not args.json:
         raise ShardplanError("say where the topology goes: -o FILE or --json")
     topo = build(args.kind, **options_for(args))
-    emit(args, topo.to_dict(dense=True) if args.dense else topo, what="topology")
+    dense = True if args.dense else False if args.compact else None
+    n = topo.num_devices
+    if dense is None and 1024 < n <= DENSE_JSON_DEVICES:
+        note(f"{n} devices written with their dense matrices (the contract's form, about "
+             f"{21 * n * n / 1e6:.0f} MB); --compact stores the topology by its generator")
+    emit(args, topo.to_dict(dense=dense), what="topology")
     return 0

@@ -16,10 +16,12 @@ __all__ = ["DENSE_JSON_DEVICES", "TOPOLOGY_FORMAT", "Device", "Level", "Link", "
 TOPOLOGY_FORMAT = "shardplan.topology/1"
 
 #: Up to this many devices a topology file lists its ``bandwidth`` and ``latency`` matrices
-#: (about 22 MB of JSON at 1024 devices). Above it, a topology with a pair model is written in
-#: its generator form (``pairs``) only, and one without (measured, random) with its matrices
-#: compactly encoded (see :func:`encode_matrix`).
-DENSE_JSON_DEVICES = 1024
+#: by default, as the contract's ``shardplan.topology/1`` says (every size the builders could
+#: make before topologies had pair models). ``to_dict(dense=False)`` (``topology
+#: --compact``) writes a topology with a pair model in its generator form (``pairs``) only,
+#: a few KB, and one without (measured, random) with its matrices compactly encoded (see
+#: :func:`encode_matrix`); above this size that is the default.
+DENSE_JSON_DEVICES = 16384
 
 
 @dataclass(frozen=True, slots=True)
@@ -426,7 +428,8 @@ class Topology:
     # ------------------------------------------------------------------ JSON
     def to_dict(self, *, dense: bool | None = None) -> dict[str, Any]:
         """The file's JSON object. ``dense``: list the ``bandwidth`` and ``latency``
-        matrices (True), or not (False); default: up to :data:`DENSE_JSON_DEVICES` devices.
+        matrices (True, the contract's form), or not (False: the generator form or compact
+        matrices); default: lists up to :data:`DENSE_JSON_DEVICES` devices.
         A topology with a pair model always writes it (``pairs``); without the lists, a
         grid's ``links`` are left out too (``pairs`` implies them). Other matrices beyond
         the dense size are written compactly (:func:`encode_matrix`)."""
@@ -490,7 +493,7 @@ class Topology:
                 bw, lat = mbw, mlat
             else:  # both: the matrices are the contract; the model only if it agrees
                 bw, lat = _matrix("bandwidth", bw, n), _matrix("latency", lat, n)
-                if n <= DENSE_JSON_DEVICES * 4 and np.array_equal(cast(Any, mbw).dense(), bw) and \
+                if n <= DENSE_JSON_DEVICES and np.array_equal(cast(Any, mbw).dense(), bw) and \
                         np.array_equal(cast(Any, mlat).dense(), lat):
                     bw, lat = mbw, mlat
                 else:

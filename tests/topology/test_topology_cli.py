@@ -87,8 +87,9 @@ def test_cli_errors_are_one_line(argv, message, capsys, tmp_path) -> None:
 def test_cli_large_topologies_are_stored_by_generator_and_every_command_reads_them(
         tmp_path, capsys) -> None:
     gen, dense = tmp_path / "gen.json", tmp_path / "dense.json"
-    assert _run(["topology", "torus2d", "--shape", "32x40", "-o", str(gen)]) == 0
-    assert _run(["topology", "torus2d", "--shape", "32x40", "--dense", "-o", str(dense)]) == 0
+    assert _run(["topology", "torus2d", "--shape", "32x40", "--compact", "-o", str(gen)]) == 0
+    assert _run(["topology", "torus2d", "--shape", "32x40", "-o", str(dense)]) == 0
+    assert "--compact stores" in capsys.readouterr().err  # the contract's form by default
     g, d = json.loads(gen.read_text()), json.loads(dense.read_text())
     assert "bandwidth" not in g and g["pairs"]["kind"] == "grid"
     assert len(d["bandwidth"]) == 1280 and d["pairs"] == g["pairs"]
