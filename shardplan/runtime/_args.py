@@ -19,6 +19,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from shardplan._argtypes import nonnegative_int, positive_float, positive_int
 from shardplan.errors import ShardplanError
 from shardplan.runtime._config import OPTIMIZERS, SCHEDULES, TrainConfig
 
@@ -29,36 +30,6 @@ __all__ = ["BASELINES", "Prepared", "add_arguments", "config_for_plan", "config_
 BASELINES = ("fsdp", "ddp", "single")
 
 
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return v
-
-
-def _nonnegative_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
-    return v
-
-
-def _positive_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not 0 < v < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-    return v
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The arguments shared by ``shardplan train`` and ``python -m shardplan.runtime``."""
     p.add_argument("plan", metavar="PLAN", help="plan file (shardplan.plan/1)")
@@ -66,35 +37,35 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("topology", metavar="TOPO", help="topology file (shardplan.topology/1)")
     p.add_argument("--model", default=None,
                    help="the model spec the graph was captured from (default: the graph's)")
-    p.add_argument("--steps", type=_positive_int, required=True, help="training iterations")
+    p.add_argument("--steps", type=positive_int, required=True, help="training iterations")
     p.add_argument("--schedule", choices=SCHEDULES, default=None,
                    help="override the plan's pipeline schedule")
-    p.add_argument("--microbatches", type=_positive_int, default=None,
+    p.add_argument("--microbatches", type=positive_int, default=None,
                    help="override the plan's micro-batches per step")
-    p.add_argument("--microbatch-size", type=_positive_int, default=None,
+    p.add_argument("--microbatch-size", type=positive_int, default=None,
                    help="override the plan's samples per micro-batch (shared by the replicas)")
-    p.add_argument("--global-batch", "--batch-size", dest="global_batch", type=_positive_int,
+    p.add_argument("--global-batch", "--batch-size", dest="global_batch", type=positive_int,
                    default=None,
                    help="override the samples per step (micro-batch size x micro-batches)")
-    p.add_argument("--seq-len", type=_positive_int, default=None,
+    p.add_argument("--seq-len", type=positive_int, default=None,
                    help="override the tokens per sample the graph was captured at")
-    p.add_argument("--image-size", type=_positive_int, default=None,
+    p.add_argument("--image-size", type=positive_int, default=None,
                    help="override the image height and width the graph was captured at")
-    p.add_argument("--lr", type=_positive_float, default=1e-3)
+    p.add_argument("--lr", type=positive_float, default=1e-3)
     p.add_argument("--optimizer", choices=OPTIMIZERS, default=None,
                    help="override the plan's optimizer")
     p.add_argument("--seed", type=int, default=0,
                    help="seeds the synthetic data and the random state of every forward")
     p.add_argument("--checkpoint-dir", default=None, metavar="D")
-    p.add_argument("--checkpoint-every", type=_nonnegative_int, default=0, metavar="K",
+    p.add_argument("--checkpoint-every", type=nonnegative_int, default=0, metavar="K",
                    help="save every K steps (and after the last one)")
     p.add_argument("--resume", action="store_true",
                    help="continue from the newest checkpoint in --checkpoint-dir")
     p.add_argument("--baseline", choices=BASELINES, default=None,
                    help="train the same model on the same data with FSDP2, DDP or one process")
-    p.add_argument("--nproc", type=_positive_int, default=None,
+    p.add_argument("--nproc", type=positive_int, default=None,
                    help="processes of an fsdp/ddp baseline (default: the pipeline's)")
-    p.add_argument("--timeout", type=_positive_float, default=300.0,
+    p.add_argument("--timeout", type=positive_float, default=300.0,
                    help="seconds a collective may wait before the run fails")
     p.add_argument("-o", "--output", metavar="FILE", help="write the result here (atomically)")
     p.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
