@@ -99,10 +99,9 @@ def optimizer_seconds(param_bytes: Any, optimizer: str, rate: Any,
     ``inf``: not known, FLOPs alone). The update is elementwise, so on most devices memory
     bound: on this machine's CPU an Adam step over 1.85 M parameters takes 5.2 ms, 24x its
     FLOP time at 1e11 FLOP/s (``benchmarks/calibration.py``). Broadcasts. O(size)."""
-    n = np.asarray(param_bytes, dtype=np.float64) / _OPT_PARAM_BYTES
-    with np.errstate(divide="ignore"):
-        return np.maximum(n * OPTIMIZER_FLOPS[optimizer] / rate,
-                          n * OPTIMIZER_BYTES[optimizer] / np.asarray(bandwidth, dtype=float))
+    n = np.asarray(param_bytes) / _OPT_PARAM_BYTES
+    return np.maximum(n * OPTIMIZER_FLOPS[optimizer] / rate,
+                      n * OPTIMIZER_BYTES[optimizer] / np.asarray(bandwidth))
 
 
 def stage_memory(*, params: Any, outputs: Any, received: Any, inputs: Any, extra: Any,

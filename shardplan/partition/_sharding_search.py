@@ -217,20 +217,36 @@ def initial_assignment(problem: Problem, start: str, rng: np.random.Generator, r
     return _repair(problem, np.asarray(a, dtype=np.int64), placement_slots, rng)
 
 
+def cut_points(weights: np.ndarray, targets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Where to cut a sequence of node ``weights`` into ``len(targets)`` runs whose weights
+    are in the proportions of ``targets``: the k - 1 bounds (run i is ``[b[i-1], b[i])``)
+    after the last node whose prefix weight stays within each cut (``floor``), and at the
+    prefix weight nearest it (``nearest``: one node later where that is strictly closer).
+    O(n + k log n).
+
+    Examples
+    --------
+    >>> f, c = cut_points(np.array([0., 7., 6., 6., 6.]), np.ones(4))  # cuts at 6.25, 12.5, 18.75
+    >>> f.tolist(), c.tolist()
+    ([1, 2, 3], [2, 3, 4])
+    """
+    cum = np.cumsum(weights)
+    cuts = np.cumsum(targets)[:-1] * (cum[-1] / max(float(targets.sum()), 1e-300))
+    floor = np.searchsorted(cum, cuts, side="right")  # cum[b - 1] <= cut < cum[b]
+    n = len(cum)
+    below = np.where(floor > 0, cum[np.maximum(floor - 1, 0)], 0.0)
+    above = cum[np.minimum(floor, n - 1)]
+    nearest = np.where((floor < n) & (above - cuts < cuts - below), floor + 1, floor)
+    return floor, nearest
+
+
 def _runs(problem: Problem, order: np.ndarray, placement_slots: np.ndarray) -> np.ndarray:
     """``order`` cut into k consecutive runs of about the target weights, each at least its
     minimum size; run i is component i. Each cut goes after the last node whose prefix
     weight stays within its target, or at the prefix weight nearest the target (a heavy
     node after a light run joins it when that is closer); of the two, the cheaper partition.
     O(n log n) plus two evaluations of the objective."""
-    cum = np.cumsum(problem.weight[order])
-    tgt = problem.target[placement_slots]
-    cuts = np.cumsum(tgt)[:-1] * (cum[-1] / max(tgt.sum(), 1e-300))
-    floor = np.searchsorted(cum, cuts, side="right")  # cum[b - 1] <= cut < cum[b]
-    n = problem.n
-    below = np.where(floor > 0, cum[np.maximum(floor - 1, 0)], 0.0)
-    above = cum[np.minimum(floor, n - 1)]
-    nearest = np.where((floor < n) & (above - cuts < cuts - below), floor + 1, floor)
+    floor, nearest = cut_points(problem.weight[order], problem.target[placement_slots])
     a = _cut(problem, order, placement_slots, floor)
     if np.array_equal(nearest, floor):
         return a

@@ -295,3 +295,19 @@ def test_incremental_improve_placement_agrees_with_the_dense_one(monkeypatch) ->
     assert moved and moved_too
     assert np.array_equal(dense, kept)
     assert problem.objective(a, kept) < problem.objective(a, p0)
+
+
+@pytest.mark.parametrize("weights,targets,floor,nearest", [
+    ([0, 7, 6, 6, 6], [1, 1, 1, 1], [1, 2, 3], [2, 3, 4]),  # cuts 6.25, 12.5, 18.75
+    ([5, 1, 1, 1], [1, 1], [0], [1]),  # cut 4: no prefix within it; 5 is nearer than 0
+    ([1, 2, 1], [1, 1], [1], [1]),  # cut 2, prefixes 1 and 3: a tie keeps the floor
+    ([2, 2, 2, 2], [1, 1, 1], [1, 2], [1, 3]),  # cuts 8/3, 16/3
+    ([1, 1, 1, 1, 1, 1], [1, 2], [2], [2]),  # targets in proportion: cut at 2 of 6
+    ([1, 1, 10], [1, 0], [3], [3]),  # a last run of no weight: the cut after every node
+])
+def test_cut_points_by_hand(weights, targets, floor, nearest) -> None:
+    """The starts' cuts of a topological order (``_runs`` keeps the cheaper of the two)."""
+    from shardplan.partition._sharding_search import cut_points
+
+    f, c = cut_points(np.asarray(weights, dtype=float), np.asarray(targets, dtype=float))
+    assert f.tolist() == floor and c.tolist() == nearest
