@@ -304,6 +304,10 @@ def test_incremental_improve_placement_agrees_with_the_dense_one(monkeypatch) ->
     ([2, 2, 2, 2], [1, 1, 1], [1, 2], [1, 3]),  # cuts 8/3, 16/3
     ([1, 1, 1, 1, 1, 1], [1, 2], [2], [2]),  # targets in proportion: cut at 2 of 6
     ([1, 1, 10], [1, 0], [3], [3]),  # a last run of no weight: the cut after every node
+    ([1, 1, 1, 1], [0.2, 0.2], [2], [2]),  # targets are proportions, whatever their sum
+    ([1, 1, 2, 2], [1, 1], [2], [2]),  # cut 3 between prefixes 2 and 4: a tie
+    ([3, 1], [1, 1], [0], [1]),  # cut 2: the empty prefix (0) is farther than 3
+    ([1, 1, 1, 5], [1, 1], [3], [3]),  # cut 4 between 3 and 8: the floor is nearer
 ])
 def test_cut_points_by_hand(weights, targets, floor, nearest) -> None:
     """The starts' cuts of a topological order (``_runs`` keeps the cheaper of the two)."""
