@@ -110,6 +110,16 @@ def _terminate(pool: ProcessPoolExecutor) -> None:
             lock.release()
         with contextlib.suppress(Exception):
             pool.shutdown(wait=False, cancel_futures=True)
+    # Its workers are gone, so the pool's thread ends by itself; the interpreter's exit hook
+    # must not write to that thread's wake-up pipe, which the shutdown may have closed (an
+    # OSError traceback after Ctrl-C's one line, seen on Python 3.11).
+    import concurrent.futures.process as cf_process
+
+    thread = getattr(pool, "_executor_manager_thread", None)
+    wakeups = getattr(cf_process, "_threads_wakeups", None)
+    if thread is not None and wakeups is not None:
+        with contextlib.suppress(Exception):
+            wakeups.pop(thread, None)
 
 
 @contextlib.contextmanager
