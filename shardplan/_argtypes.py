@@ -5,35 +5,32 @@ flag's text into a value or raises :class:`argparse.ArgumentTypeError` with one 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
+from typing import Any
 
 __all__ = ["nonnegative_int", "positive_float", "positive_int"]
 
 
-def positive_int(text: str) -> int:
+def _parse(text: str, convert: Callable[[str], Any], ok: Callable[[Any], bool],
+           expected: str) -> Any:
+    """``convert(text)`` when it parses and passes ``ok``, else one line: ``expected ...``."""
     try:
-        v = int(text)
+        v = convert(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+    if not ok(v):
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
     return v
+
+
+def positive_int(text: str) -> int:
+    return int(_parse(text, int, lambda v: v >= 1, "a positive integer"))
 
 
 def nonnegative_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
-    return v
+    return int(_parse(text, int, lambda v: v >= 0, "an integer >= 0"))
 
 
 def positive_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not v > 0 or v == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-    return v
+    return float(_parse(text, float, lambda v: v > 0 and v != float("inf"),
+                        "a positive number"))

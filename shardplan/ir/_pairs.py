@@ -91,23 +91,15 @@ def _plain(d: Any) -> Any:
     return d
 
 
-def _positive(name: str, v: Any) -> float:
+def _number(name: str, v: Any, *, zero_ok: bool) -> float:
+    """``v`` as a finite float, positive (or >= 0 with ``zero_ok``), else one line."""
     try:
         x = float(v)
     except (TypeError, ValueError):
         raise InvalidFileError(f"topology pairs {name} must be a number, got {v!r}") from None
-    if not (x > 0 and math.isfinite(x)):
-        raise InvalidFileError(f"topology pairs {name} must be positive and finite, got {v!r}")
-    return x
-
-
-def _nonnegative(name: str, v: Any) -> float:
-    try:
-        x = float(v)
-    except (TypeError, ValueError):
-        raise InvalidFileError(f"topology pairs {name} must be a number, got {v!r}") from None
-    if not (x >= 0 and math.isfinite(x)):
-        raise InvalidFileError(f"topology pairs {name} must be >= 0 and finite, got {v!r}")
+    if not ((x >= 0 if zero_ok else x > 0) and math.isfinite(x)):
+        what = ">= 0" if zero_ok else "positive"
+        raise InvalidFileError(f"topology pairs {name} must be {what} and finite, got {v!r}")
     return x
 
 
@@ -165,8 +157,8 @@ class LevelPairs(PairModel):
         self.num_devices = math.prod(self.shape)
         self.strides = tuple(math.prod(self.shape[k + 1:]) for k in range(depth))
         self.tables: dict[str, tuple[np.ndarray, np.ndarray | None]] = {}
-        for which, vals, check in (("bandwidth", bandwidth, _positive),
-                                   ("latency", latency, _nonnegative)):
+        for which, vals, zero_ok in (("bandwidth", bandwidth, False),
+                                     ("latency", latency, True)):
             vals = list(vals) if isinstance(vals, (list, tuple, np.ndarray)) else [vals]
             if len(vals) != depth:
                 raise InvalidFileError(f"topology pairs {which} needs {depth} entries (one "
@@ -185,13 +177,13 @@ class LevelPairs(PairModel):
                                            f"got shape {inner.shape}")
                 off = ~np.eye(b, dtype=bool)
                 for x in inner[off].tolist():
-                    check(which, x)
+                    _number(which, x, zero_ok=zero_ok)
                 inner = inner.copy()
                 np.fill_diagonal(inner, 0.0)
                 inner.setflags(write=False)
-                level_vals = [check(which, v) for v in vals[:-1]] + [0.0]
+                level_vals = [_number(which, v, zero_ok=zero_ok) for v in vals[:-1]] + [0.0]
             else:
-                level_vals = [check(which, v) for v in vals]
+                level_vals = [_number(which, v, zero_ok=zero_ok) for v in vals]
             self.tables[which] = (np.array(level_vals, dtype=np.float64), inner)
 
     def values(self, which: str, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
@@ -279,8 +271,8 @@ class GridPairs(PairModel):
                 raise InvalidFileError("topology pairs wrap must be true, false or one per "
                                        "axis")
         self.wrap = wraps
-        self.link_bandwidth = _positive("link_bandwidth", link_bandwidth)
-        self.hop_latency = _nonnegative("hop_latency", hop_latency)
+        self.link_bandwidth = _number("link_bandwidth", link_bandwidth, zero_ok=False)
+        self.hop_latency = _number("hop_latency", hop_latency, zero_ok=True)
         self.num_devices = math.prod(self.shape)
         self.strides = tuple(math.prod(self.shape[k + 1:]) for k in range(len(self.shape)))
         most = sum((n // 2) if w else (n - 1) for n, w in zip(self.shape, self.wrap,
