@@ -124,15 +124,6 @@ def allreduce_min(problem: MappingProblem) -> np.ndarray:
     return out
 
 
-def _allreduce_link_bound(problem: MappingProblem) -> np.ndarray:
-    """Least possible worse inverse bandwidth of a device's two ring links, shape (D,)."""
-    ib = problem.inv_bandwidth.copy()
-    np.fill_diagonal(ib, np.inf)
-    if problem.num_replicas >= 3 and np.array_equal(ib, ib.T) and ib.shape[0] >= 3:
-        return np.sort(ib, axis=1)[:, 1]
-    return np.maximum(ib.min(axis=1), ib.min(axis=0))
-
-
 def allreduce_node_bounds(problem: MappingProblem) -> np.ndarray:
     """Equation 9's inner term ``c_u(s, d) + c_AR^min(s, d)`` for every (s, d), (S, D).
     O(D^2 log D + S D)."""

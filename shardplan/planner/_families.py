@@ -8,6 +8,7 @@ evaluated variant is an :class:`Evaluated` row; the search ranks them by simulat
 
 from __future__ import annotations
 
+import contextvars
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -26,12 +27,16 @@ FAMILIES = ("data-parallel", "parmesan", "pipedream", "pipedream-sequence", "par
 
 @dataclass(frozen=True)
 class Task:
-    """One family at one shape; ``budget``: seconds its searches may take."""
+    """One family at one shape; ``budget``: seconds its searches may take; ``left``: seconds
+    the whole search had left when the task was handed out (its variants stop being
+    simulated once they have passed; seconds, not a clock reading, so it travels to other
+    machines)."""
 
     family: str
     stages: int = 1
     replicas: int = 1
     budget: float | None = None
+    left: float | None = None
 
     @property
     def label(self) -> str:
@@ -139,13 +144,30 @@ def _simulate(plan: Plan, ctx: Context) -> tuple[float, float, bool]:
     return res.iteration_seconds, peak, bool(res.fits_memory)
 
 
+#: The deadline of the task running in this process (``time.monotonic()``), set by
+#: :func:`run_task` from :attr:`Task.left`.
+_TASK_DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    "shardplan_task_deadline", default=None)
+
+
+#: Set by :func:`_variants` when the deadline left variants out.
+_TASK_CUT: contextvars.ContextVar[list[bool] | None] = contextvars.ContextVar(
+    "shardplan_task_cut", default=None)
+
+
+def _past_deadline() -> bool:
+    end = _TASK_DEADLINE.get()
+    return end is not None and time.monotonic() > end
+
+
 def _variants(ctx: Context, plan: Plan, *, family: str, mapping: str, searched: float,
               schedules: Sequence[str] | None = None, syncs: Sequence[str] = ("end",),
               runnable: bool = True, note: str = "") -> list[Evaluated]:
     """``plan`` simulated under every schedule x micro-batch count x gradient sync that
-    fits it; one row each."""
+    fits it; one row each. Once the task's deadline has passed, the variants not yet
+    simulated are left out (the first one always is simulated)."""
     s, r = plan.num_stages, plan.num_replicas
-    out = []
+    out: list[Evaluated] = []
     scheds = list(schedules if schedules is not None else ctx.schedules)
     if s == 1:
         scheds = ["gpipe"]  # one stage: every schedule is the same
@@ -157,6 +179,11 @@ def _variants(ctx: Context, plan: Plan, *, family: str, mapping: str, searched: 
             if sched == "interleaved-1f1b" and m % max(1, m // (s // 2)):
                 continue  # torch's interleaved 1F1B runs M in whole rounds of S / 2
             for sync in syncs:
+                if out and _past_deadline():
+                    cut = _TASK_CUT.get()
+                    if cut is not None:
+                        cut[0] = True
+                    return out
                 try:
                     settings = _settings(ctx, m, schedule=sched, gradient_sync=sync)
                     p = plan.with_settings(settings)
@@ -214,7 +241,7 @@ def _pipeline(ctx: Context, task: Task, algorithm: str, *, optimal_map: bool) ->
     plan = _partition(ctx, algorithm, task)
     searched = time.perf_counter() - t0
     out = _variants(ctx, plan, family=task.family, mapping="consecutive", searched=searched)
-    if optimal_map and plan.num_stages * plan.num_replicas > 1:
+    if optimal_map and plan.num_stages * plan.num_replicas > 1 and not _past_deadline():
         mapped = _mapped(ctx, plan, None if task.budget is None else task.budget / 2)
         if mapped is not None:
             searched = time.perf_counter() - t0
@@ -285,10 +312,17 @@ _RUNNERS: dict[str, Callable[[Context, Task], list[Evaluated]]] = {
 }
 
 
-def run_task(ctx: Context, task: Task) -> tuple[list[Evaluated], str]:
-    """Build and simulate the task's plans; an error becomes the second value (one line)."""
+def run_task(ctx: Context, task: Task) -> tuple[list[Evaluated], str, bool]:
+    """Build and simulate the task's plans; an error becomes the second value (one line);
+    the third is True when the task's deadline (:attr:`Task.left`) left variants out."""
+    end = None if task.left is None else time.monotonic() + task.left
+    cut = [False]
+    token, token_cut = _TASK_DEADLINE.set(end), _TASK_CUT.set(cut)
     try:
-        return _RUNNERS[task.family](ctx, task), ""
+        return _RUNNERS[task.family](ctx, task), "", cut[0]
     except ShardplanError as exc:
-        return [], f"{task.label}: {exc}"
+        return [], f"{task.label}: {exc}", cut[0]
+    finally:
+        _TASK_DEADLINE.reset(token)
+        _TASK_CUT.reset(token_cut)
 

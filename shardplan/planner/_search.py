@@ -7,7 +7,7 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from shardplan.errors import InfeasibleError, ShardplanError
@@ -27,6 +27,8 @@ __all__ = ["PlanSearch", "search"]
 DEFAULT_FAMILIES = FAMILIES
 #: The share of the time limit kept for collecting and writing the result.
 _SLACK = 0.05
+#: The share of the time limit a task keeps, after its deadline, to hand back its rows.
+_GRACE = 0.02
 #: Seconds a task's searches (a partition, a mapping) may take at most.
 TASK_SECONDS = 10.0
 
@@ -72,7 +74,7 @@ class PlanSearch:
 _CTX: dict[str, Context] = {}
 
 
-def _worker_task(task: Task) -> tuple[list[Evaluated], str]:
+def _worker_task(task: Task) -> tuple[list[Evaluated], str, bool]:
     return run_task(_CTX["ctx"], task)
 
 
@@ -169,9 +171,10 @@ def search(graph: Graph, topology: Topology, *, global_batch: int | None = None,
                 f"candidates (best {best * 1e3:.4g} ms/iteration)"
             progress(label, done, len(tasks))
 
-    def take(out: tuple[list[Evaluated], str]) -> None:
-        nonlocal done, best
-        evaluated, err = out
+    def take(out: tuple[list[Evaluated], str, bool]) -> None:
+        nonlocal done, best, timed_out
+        evaluated, err, cut = out
+        timed_out = timed_out or cut
         rows.extend(evaluated)
         if err:
             errors.append(err)
@@ -182,20 +185,32 @@ def search(graph: Graph, topology: Topology, *, global_batch: int | None = None,
         report()
 
     report()
+
+    def handed_out(task: Task) -> Task:
+        """The task with the seconds the search has left now (minus a grace to return)."""
+        if deadline is None:
+            return task
+        left = deadline - time.monotonic() - _GRACE * (time_limit or 0.0)
+        return replace(task, left=max(left, 0.0))
+
     if n_workers == 1 and ray is None:
         for task in tasks:
             if deadline is not None and time.monotonic() > deadline:
                 timed_out = True
                 break
-            take(run_task(ctx, task))
+            take(run_task(ctx, handed_out(task)))
     else:
         from shardplan._workers import executor
 
         _CTX["ctx"] = ctx  # inherited by forked workers (spawn, Ray: sent once instead)
         try:
             with executor(n_workers, ray=ray, initializer=_set_ctx, initargs=(ctx,)) as pool:
-                pending = {pool.submit(_worker_task, t) for t in tasks}
-                while pending:
+                queue = list(tasks)
+                pending: set[Any] = set()
+                # handed out as workers free up, so each task's seconds left are true
+                while queue or pending:
+                    while queue and len(pending) < n_workers:
+                        pending.add(pool.submit(_worker_task, handed_out(queue.pop(0))))
                     left = None if deadline is None else deadline - time.monotonic()
                     if left is not None and left <= 0:
                         timed_out = True
