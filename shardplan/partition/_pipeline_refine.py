@@ -28,10 +28,14 @@ from collections.abc import Callable
 import numpy as np
 
 from shardplan.cost import CostModel, pipeline_factor, view_seconds
-from shardplan.cost._collectives import ring_collectives
-from shardplan.cost._formulas import stage_memory, work_seconds
+from shardplan.cost._collectives import measured_seconds, ring_steps
+from shardplan.cost._formulas import (
+    message_seconds,
+    ring_allreduce_seconds,
+    stage_memory,
+    work_seconds,
+)
 from shardplan.cost._memory import in_flight_microbatches
-from shardplan.cost._pipeline import uniform_comm
 from shardplan.ir import ExecutionSettings, Graph
 
 __all__ = ["StageState", "refine"]
@@ -73,16 +77,27 @@ class StageState:
                                              virtual_stages=settings.virtual_stages
                                              ).astype(np.float64)
         self.steps = pipeline_factor(settings.microbatches, -(-k // settings.stages_per_rank))
-        self.mem_cap = model._topo().device_memory[devices].min(axis=1).astype(np.float64)
-        self.speed = model.device_speed[devices]
-        self.rate = model.device_rate[devices]
+        topo = model._topo()
+        self.mem_cap = topo.device_memory[devices].min(axis=1).astype(np.float64)
         self.inv = model.inverse_bandwidth
-        lat = model._topo().latency
-        self.lat, self.ib = [], []
-        for i in range(self.r):
-            p = devices[:, i]
-            self.lat.append(lat[np.ix_(p, p)] * (p[:, None] != p[None, :]))
-            self.ib.append(self.inv[np.ix_(p, p)])
+        lat = topo.latency
+        lats = np.stack([lat[np.ix_(p, p)] * (p[:, None] != p[None, :])
+                         for p in devices.T])  # (R, S, S)
+        ibs = np.stack([self.inv[np.ix_(p, p)] for p in devices.T])
+        speed, rate = model.device_speed[devices], model.device_rate[devices]  # (S, R)
+        # Replicas whose links and devices are alike have equal times: keep one of each
+        # class (on a hierarchy under the consecutive placement, usually one in all).
+        keys = np.concatenate([lats.reshape(self.r, -1), ibs.reshape(self.r, -1), speed.T,
+                               rate.T], axis=1)
+        _, first = np.unique(keys, axis=0, return_index=True)
+        first = np.sort(first)
+        self.lat, self.ib = lats[first], ibs[first]  # (U, S, S)
+        self.lat_t = np.ascontiguousarray(self.lat.transpose(0, 2, 1))
+        self.ib_t = np.ascontiguousarray(self.ib.transpose(0, 2, 1))
+        self.speed, self.rate = speed[:, first], rate[:, first]  # (S, U)
+        # each stage's ring (replicas in plan order): its links' latency and 1 / bandwidth
+        nxt = np.roll(devices, -1, axis=1)
+        self.ring_lat, self.ring_ib = topo.latency[devices, nxt], self.inv[devices, nxt]
         # cons[u][stage] = list of positive edge bytes from u into that stage.
         self.cons: list[dict[int, list[float]]] = [{} for _ in range(graph.num_nodes)]
         self.inputs: list[list[tuple[int, float]]] = [[] for _ in range(graph.num_nodes)]
@@ -108,16 +123,13 @@ class StageState:
         """The view's stage times of the current partition, ``inf`` when not fitting."""
         r = self.r
         comp = work_seconds(self.s_meas[:, None], self.s_flops[:, None], self.speed,
-                            self.rate) / r  # (k, r)
-        send, recv = uniform_comm(self.B, self.T, self.lat, self.ib, r)  # (r, k)
+                            self.rate) / r  # (k, U)
+        send, recv = self.comm()  # (U, k)
         s = self.settings
-        topo = self.model._topo()
         sharded = s.gradient_sync == "sharded"
-        ar = ring_collectives(topo, "reducescatter" if sharded else "allreduce", self.devices,
-                              self.s_params, self.inv)
+        ar = self.ring("reducescatter" if sharded else "allreduce")
         if sharded:  # two all-gathers of the stage's parameters every micro-batch
-            gather = 2.0 * ring_collectives(topo, "allgather", self.devices, self.s_params,
-                                            self.inv)
+            gather = 2.0 * self.ring("allgather")
             send, recv = send + gather[None, :], recv + gather[None, :]
         t = view_seconds(self.view, comp.T, send, recv, ar[None, :], self.steps).max(axis=0)
         mem = stage_memory(params=self.s_params, outputs=self.s_out, received=self.B.sum(axis=0),
@@ -129,6 +141,29 @@ class StageState:
                            gathered=np.minimum(2.0 * s.bucket_bytes, self.s_params)
                            if sharded else 0.0)["total"]
         return np.where(mem <= self.mem_cap, t, np.inf)
+
+    def comm(self) -> tuple[np.ndarray, np.ndarray]:
+        """Send and receive seconds of every replica class, (U, k):
+        :func:`~shardplan.cost._pipeline.uniform_comm` vectorised over the replicas (the
+        same terms, summed in the same order). O(U S^2)."""
+        b = (self.B / self.r)[None]
+        t = self.T[None]
+        f = message_seconds(t, self.lat, b, self.ib)
+        g = message_seconds(t, self.lat_t, b, self.ib_t)
+        return f.sum(axis=2) + g.sum(axis=1), f.sum(axis=1) + g.sum(axis=2)
+
+    def ring(self, kind: str) -> np.ndarray:
+        """:func:`~shardplan.cost._collectives.ring_collectives` of the stages' parameters
+        with the rings' links looked up once. O(S R)."""
+        r = self.r
+        if r <= 1:
+            return np.zeros(self.k)
+        measured = measured_seconds(self.model._topo(), kind, r, self.s_params)
+        if measured is not None:
+            return np.asarray(measured, dtype=np.float64)
+        full = ring_allreduce_seconds(r, self.s_params[:, None], self.ring_lat,
+                                      self.ring_ib).max(axis=1)
+        return full * ring_steps(kind, r) / (2 * (r - 1))
 
     def key(self) -> tuple[float, float]:
         return float(self.stage_seconds().max()), float(self.B.sum())
