@@ -15,10 +15,16 @@ Evaluation is incremental and exact for the cost model: :class:`StageState` keep
 producer and consuming stage, the edge bytes, and the stage-pair traffic matrices ``B, T``
 of :func:`~shardplan.cost.stage_traffic`; a move updates them in O(deg(v) + deg of v's
 producers' entries) and the stage times are recomputed from ``B, T`` and per-stage sums in
-O(R S^2) with the one model's functions (:func:`~shardplan.cost._pipeline.uniform_comm`,
+O(U S^2) with the one model's functions (:func:`~shardplan.cost._pipeline.uniform_comm`,
 :func:`~shardplan.cost.view_seconds`, :func:`~shardplan.cost._formulas.stage_memory`), so
-the refined plan's value is the one ``shardplan cost`` reports. One step costs O(m) for the
-candidate scan plus O(candidates x (deg + R S^2)).
+the refined plan's value is the one ``shardplan cost`` reports. ``U <= R`` counts the classes
+of alike replicas (the same links to the other stages' replicas and the same devices: their
+times are equal, so one of each is evaluated; one class on a hierarchy under the consecutive
+placement). A step does not move and move back: every candidate's ``B, T`` deltas are listed
+without moving (:meth:`StageState.delta`) and the keys of all candidates come out of one batch
+of array operations (:meth:`StageState.evaluate`), the same numbers as moving (tested). One
+step costs O(m) for the candidate scan (CSR reductions) plus O(candidates x (deg + U S^2))
+element work in O(1) numpy calls per chunk.
 """
 
 from __future__ import annotations
