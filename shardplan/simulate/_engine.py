@@ -37,7 +37,10 @@ objective, ``shardplan cost`` and the simulator price the same compute and the s
   its last backward), its gradients are ring all-reduced: ``2 (R - 1)`` steps, each every
   replica sending ``P / R`` bytes to the next on the ring (the plan's device order) through
   the same send queues and links, the next step starting when the whole step has arrived.
-  Uncontended this is the model's all-reduce. The device keeps computing meanwhile.
+  Uncontended this is the model's all-reduce. The device keeps computing meanwhile. From a
+  step on which nothing else can touch the ring's devices and links (direct links, idle
+  queues, every worker there finished), the remaining steps are computed in closed form
+  (:mod:`shardplan.simulate._ring`), the same result as stepping them.
 - **Optimizer step.** A device steps once its actions are done and the all-reduces of its
   stages are over, for the model's optimizer seconds.
 - **Memory.** A device holds its stages' parameters, gradients, optimizer state and extra
