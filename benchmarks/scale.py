@@ -108,10 +108,23 @@ def child(spec: dict) -> dict:
     res = registry.run(family, name, graph, topo, seed=0, time_limit=limit, **opts)
     secs, cpu = time.perf_counter() - t0, time.process_time() - c0
     peak = _rss_kib("VmHWM")
-    return {"seconds": secs, "cpu_seconds": cpu,
-            "peak_mib": max(0, peak - base) / 1024 if reset else None,
-            "status": res.plan.status, "value": res.plan.objective.value,
-            "lower_bound": res.plan.objective.lower_bound}
+    out = {"seconds": secs, "cpu_seconds": cpu,
+           "peak_mib": max(0, peak - base) / 1024 if reset else None,
+           "status": res.plan.status, "value": res.plan.objective.value,
+           "lower_bound": res.plan.objective.lower_bound}
+    if spec.get("breakdown"):  # the slowest stage's terms, as the plan's objective prices them
+        from shardplan.cost import CostModel, stage_times
+        from shardplan.partition._pipeline_common import placement
+
+        plan = res.plan
+        k, r = plan.num_stages, plan.num_replicas
+        st = stage_times(CostModel.from_settings(graph, topo, plan.settings),
+                         plan.assignment(graph.num_nodes), placement(k, r), num_stages=k,
+                         order=range(k))
+        worst = int(st.stage_seconds("overlap").argmax())
+        out.update(compute=float(st.compute[worst].max()), send=float(st.send[worst].max()),
+                   allreduce=float(st.allreduce[worst] / st.factor))
+    return out
 
 
 # ---------------------------------------------------------------------- topology files
@@ -270,7 +283,8 @@ def targets(limit: float | None) -> list[dict]:
     for t in TARGETS:
         devices = math.prod(t["shape"])
         spec = {"planner": "parmesan", "nodes": t["nodes"], "devices": devices,
-                "shape": list(t["shape"]), "limit": t["limit"] if limit is None else limit}
+                "shape": list(t["shape"]), "limit": t["limit"] if limit is None else limit,
+                "breakdown": True}
         r = run_one(spec)
         value, bound = r.get("value"), r.get("lower_bound")
         ratio = value / bound if value is not None and bound else None
@@ -278,7 +292,9 @@ def targets(limit: float | None) -> list[dict]:
         print(f"parmesan nodes {t['nodes']:7d} devices {devices:5d} "
               f"({'x'.join(map(str, t['shape']))}) {r['seconds']:8.2f} s "
               f"{r['cpu_seconds']:8.2f} s cpu  {r['status']}  value {_fmt(value, '.4g')} "
-              f"bound {_fmt(bound, '.4g')} value/bound {_fmt(ratio, '.3g')}", flush=True)
+              f"bound {_fmt(bound, '.4g')} value/bound {_fmt(ratio, '.3g')}  slowest stage: "
+              f"compute {_fmt(r.get('compute'), '.3g')} send {_fmt(r.get('send'), '.3g')} "
+              f"all-reduce/F {_fmt(r.get('allreduce'), '.3g')}", flush=True)
     return rows
 
 
@@ -290,17 +306,21 @@ def write_targets(path: Path, rows: list[dict], load: tuple) -> None:
              "the issue's target. `value`: the plan's largest stage time (overlap view, "
              "seconds); `lower bound`: the plan's `objective.lower_bound` (compute and the "
              "gradient all-reduce no split avoids; point-to-point sends are not in it, see "
-             "`pipeline_lower_bound`). Load average "
+             "`pipeline_lower_bound`). The slowest stage's value is `max(compute, send) + "
+             "all-reduce / F` (per micro-batch, its slowest replica; F = M + S - 1): the "
+             "last three columns. Load average "
              f"{load[0]:.1f} before, {os.getloadavg()[0]:.1f} after (2 cores).", "",
              "| operators | devices | shape | target s | seconds | CPU seconds | peak MiB | "
-             "status | value | lower bound | value / bound |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "status | value | lower bound | value / bound | compute | send | all-reduce / F |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['nodes']} | {r['devices']} | {'x'.join(map(str, r['shape']))} | "
                      f"{r['target']:g} | {_fmt(r['seconds'], '.2f')} | "
                      f"{_fmt(r['cpu_seconds'], '.2f')} | {_fmt(r.get('peak_mib'), '.0f')} | "
                      f"{r['status']} | {_fmt(r.get('value'), '.4g')} | "
-                     f"{_fmt(r.get('lower_bound'), '.4g')} | {_fmt(r.get('ratio'), '.3g')} |")
+                     f"{_fmt(r.get('lower_bound'), '.4g')} | {_fmt(r.get('ratio'), '.3g')} | "
+                     f"{_fmt(r.get('compute'), '.4g')} | {_fmt(r.get('send'), '.4g')} | "
+                     f"{_fmt(r.get('allreduce'), '.4g')} |")
     from shardplan.ir import write_atomic
     write_atomic(path, "\n".join(lines) + "\n")
     print(f"wrote {path}")
