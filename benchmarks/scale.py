@@ -3,8 +3,15 @@ device count, with the growth exponent fitted on a log-log scale.
 
     .venv/bin/python benchmarks/scale.py --quick     # a few minutes: 200..1600 operators
     .venv/bin/python benchmarks/scale.py             # 10^3..10^5 operators, 16..4096 devices
+    .venv/bin/python benchmarks/scale.py --targets   # issue 17.2: Parmesan at its two sizes
 
-Writes ``benchmarks/results/scale_quick.md`` (``--quick``) or ``benchmarks/results/scale.md``.
+Writes ``benchmarks/results/scale_quick.md`` (``--quick``), ``benchmarks/results/scale.md``
+or ``benchmarks/results/scale_parmesan.md`` (``--targets``).
+
+``--targets`` runs Parmesan (8 stages, one fresh process each) at exactly the sizes issue 17
+asks for -- 10^4 operators onto 256 devices (a 16 x 16 hierarchy) within 60 s and 10^5
+operators onto 4096 devices (4 x 8 x 16 x 8) within 10 minutes -- with those time limits, and
+prints seconds, value, lower bound and value / bound (the plan's ``objective``).
 
 Two sweeps per planner (Parmesan, the heuristic, the hierarchical partitioner, optimal
 mapping): the graph grows at a fixed device count, and the device count grows at a fixed
@@ -53,6 +60,9 @@ FULL = {"nodes": (1001, 3001, 10001, 30001, 100001), "nodes_devices": 256,
         "devices": (16, 64, 256, 1024, 4096), "devices_nodes": 10001, "limit": 600.0}
 QUICK = {"nodes": (201, 401, 801, 1601), "nodes_devices": 16,
          "devices": (16, 32, 64, 128), "devices_nodes": 401, "limit": 15.0}
+#: Issue 17.2's two Parmesan targets: operators, hierarchy shape, the time they must take.
+TARGETS = ({"nodes": 10001, "shape": (16, 16), "limit": 60.0},
+           {"nodes": 100001, "shape": (4, 8, 16, 8), "limit": 600.0})
 
 
 # ---------------------------------------------------------------------- one run (child)
@@ -72,7 +82,7 @@ def child(spec: dict) -> dict:
 
     graph = layered(num_nodes=spec["nodes"], width=100, seed=0, skip_probability=0.1,
                     params_per_weight=1e4)
-    topo = build("hierarchical", shape=SHAPES[spec["devices"]])
+    topo = build("hierarchical", shape=tuple(spec.get("shape") or SHAPES[spec["devices"]]))
     planner, limit = spec["planner"], spec["limit"]
     if planner == "optimal-mapping":
         stages = min(16, topo.num_devices)
@@ -98,10 +108,23 @@ def child(spec: dict) -> dict:
     res = registry.run(family, name, graph, topo, seed=0, time_limit=limit, **opts)
     secs, cpu = time.perf_counter() - t0, time.process_time() - c0
     peak = _rss_kib("VmHWM")
-    return {"seconds": secs, "cpu_seconds": cpu,
-            "peak_mib": max(0, peak - base) / 1024 if reset else None,
-            "status": res.plan.status, "value": res.plan.objective.value,
-            "lower_bound": res.plan.objective.lower_bound}
+    out = {"seconds": secs, "cpu_seconds": cpu,
+           "peak_mib": max(0, peak - base) / 1024 if reset else None,
+           "status": res.plan.status, "value": res.plan.objective.value,
+           "lower_bound": res.plan.objective.lower_bound}
+    if spec.get("breakdown"):  # the slowest stage's terms, as the plan's objective prices them
+        from shardplan.cost import CostModel, stage_times
+        from shardplan.partition._pipeline_common import placement
+
+        plan = res.plan
+        k, r = plan.num_stages, plan.num_replicas
+        st = stage_times(CostModel.from_settings(graph, topo, plan.settings),
+                         plan.assignment(graph.num_nodes), placement(k, r), num_stages=k,
+                         order=range(k))
+        worst = int(st.stage_seconds("overlap").argmax())
+        out.update(compute=float(st.compute[worst].max()), send=float(st.send[worst].max()),
+                   allreduce=float(st.allreduce[worst] / st.factor))
+    return out
 
 
 # ---------------------------------------------------------------------- topology files
@@ -254,6 +277,55 @@ def write_report(path: Path, cfg: dict, rows: list[dict], quick: bool, load: tup
     print(f"wrote {path}")
 
 
+def targets(limit: float | None) -> list[dict]:
+    """Parmesan at issue 17's two sizes (see the module docstring), one fresh process each."""
+    rows = []
+    for t in TARGETS:
+        devices = math.prod(t["shape"])
+        spec = {"planner": "parmesan", "nodes": t["nodes"], "devices": devices,
+                "shape": list(t["shape"]), "limit": t["limit"] if limit is None else limit,
+                "breakdown": True}
+        r = run_one(spec)
+        value, bound = r.get("value"), r.get("lower_bound")
+        ratio = value / bound if value is not None and bound else None
+        rows.append({**spec, "target": t["limit"], **r, "ratio": ratio})
+        print(f"parmesan nodes {t['nodes']:7d} devices {devices:5d} "
+              f"({'x'.join(map(str, t['shape']))}) {r['seconds']:8.2f} s "
+              f"{r['cpu_seconds']:8.2f} s cpu  {r['status']}  value {_fmt(value, '.4g')} "
+              f"bound {_fmt(bound, '.4g')} value/bound {_fmt(ratio, '.3g')}  slowest stage: "
+              f"compute {_fmt(r.get('compute'), '.3g')} send {_fmt(r.get('send'), '.3g')} "
+              f"all-reduce/F {_fmt(r.get('allreduce'), '.3g')}", flush=True)
+    return rows
+
+
+def write_targets(path: Path, rows: list[dict], load: tuple) -> None:
+    lines = ["# Parmesan at scale (issue 17.2)", "",
+             "Written by `benchmarks/scale.py --targets` (do not edit by hand). Layered DAGs "
+             "(width 100, skip edges), hierarchical topologies, Parmesan with 8 stages x D / 8 "
+             "replicas, seed 0, one fresh process per run, one BLAS thread; the time limit is "
+             "the issue's target. `value`: the plan's largest stage time (overlap view, "
+             "seconds); `lower bound`: the plan's `objective.lower_bound` (compute and the "
+             "gradient all-reduce no split avoids; point-to-point sends are not in it, see "
+             "`pipeline_lower_bound`). The slowest stage's value is `max(compute, send) + "
+             "all-reduce / F` (per micro-batch, its slowest replica; F = M + S - 1): the "
+             "last three columns. Load average "
+             f"{load[0]:.1f} before, {os.getloadavg()[0]:.1f} after (2 cores).", "",
+             "| operators | devices | shape | target s | seconds | CPU seconds | peak MiB | "
+             "status | value | lower bound | value / bound | compute | send | all-reduce / F |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['nodes']} | {r['devices']} | {'x'.join(map(str, r['shape']))} | "
+                     f"{r['target']:g} | {_fmt(r['seconds'], '.2f')} | "
+                     f"{_fmt(r['cpu_seconds'], '.2f')} | {_fmt(r.get('peak_mib'), '.0f')} | "
+                     f"{r['status']} | {_fmt(r.get('value'), '.4g')} | "
+                     f"{_fmt(r.get('lower_bound'), '.4g')} | {_fmt(r.get('ratio'), '.3g')} | "
+                     f"{_fmt(r.get('compute'), '.4g')} | {_fmt(r.get('send'), '.4g')} | "
+                     f"{_fmt(r.get('allreduce'), '.4g')} |")
+    from shardplan.ir import write_atomic
+    write_atomic(path, "\n".join(lines) + "\n")
+    print(f"wrote {path}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small sizes, 15 s limits (minutes)")
@@ -263,10 +335,18 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="the markdown file to write")
     ap.add_argument("--no-files", action="store_true",
                     help="skip the topology file timings (build, write, load)")
+    ap.add_argument("--targets", action="store_true",
+                    help="Parmesan at issue 17's two sizes only (10^4 onto 256, 10^5 onto 4096)")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child is not None:
         print(json.dumps(child(json.loads(args.child))))
+        return
+    if args.targets:
+        load = os.getloadavg()
+        rows = targets(args.limit)
+        write_targets(Path(args.out) if args.out else
+                      ROOT / "benchmarks/results/scale_parmesan.md", rows, load)
         return
     cfg = dict(QUICK if args.quick else FULL)
     if args.limit is not None:

@@ -13,8 +13,8 @@ Plan layout (what :func:`build_plan` writes, and what issues #5 and #6 read):
   model (:mod:`shardplan.cost._pipeline`): ``max_stage_seconds_overlap`` by default (the
   simulator's model: compute and sends overlap, all-reduce spread over the iteration), or
   ``max_stage_seconds`` (Parmesan's equation 3) with ``objective="eq3"``; ``lower_bound`` =
-  ``CostModel.lower_bound_seconds(D, replicas=R)`` (total compute / D, the largest operator
-  / R) with D = S x R.
+  :func:`pipeline_lower_bound` for the plan's S x R (total compute / D, the largest operator
+  / R and, under ``overlap``, the gradient all-reduce no split avoids).
 - ``execution``: the execution settings the plan was made with (:func:`pipeline_settings`:
   the options' micro-batch size or global batch, micro-batches, schedule, optimizer, ...),
   micro-batch size resolved; later commands read them.
@@ -34,14 +34,23 @@ from typing import Any
 
 import numpy as np
 
-from shardplan.cost import OBJECTIVE_NAMES, CostModel, StageTimes, stage_times, stage_traffic
+from shardplan.cost import (
+    OBJECTIVE_NAMES,
+    CostModel,
+    StageTimes,
+    pipeline_factor,
+    stage_times,
+    stage_traffic,
+)
+from shardplan.cost._collectives import measured_seconds, ring_steps
 from shardplan.errors import InfeasibleError, ShardplanError
 from shardplan.ir import ExecutionSettings, Graph, Objective, Plan, Stage, Topology
 from shardplan.registry import Result
 
 __all__ = ["OBJECTIVES", "SETTING_DEFAULTS", "build_plan", "placement", "shape_candidates",
            "is_monotone", "monotone_from_labels", "pipeline_settings", "tensor_bytes",
-           "Deadline", "infeasible_reason", "sequence_dp", "bottleneck_split"]
+           "Deadline", "infeasible_reason", "sequence_dp", "bottleneck_split",
+           "pipeline_lower_bound"]
 
 #: The views a pipeline partitioner can optimise (``objective`` option).
 OBJECTIVES = ("overlap", "eq3")
@@ -200,7 +209,7 @@ def build_plan(graph: Graph, topology: Topology, *, algorithm: str, assignment: 
         raise InfeasibleError(f"{algorithm}: no plan of {k} stages x {num_replicas} replicas: "
                               f"{infeasible_reason(st, seconds)}")
     value = float(seconds.max()) if k else 0.0
-    bound = model.lower_bound_seconds(k * num_replicas, replicas=int(num_replicas))
+    bound = pipeline_lower_bound(model, k, int(num_replicas), view)
     bytes_m, _ = stage_traffic(model.graph, a, k)
     order = np.argsort(a, kind="stable")
     cuts = np.searchsorted(a[order], np.arange(k + 1))
@@ -222,6 +231,77 @@ def build_plan(graph: Graph, topology: Topology, *, algorithm: str, assignment: 
                 seed=int(seed), options=recorded, search_seconds=deadline.elapsed(),
                 meta=meta, execution=model.settings)
     return Result(plan, dict(stats or {}))
+
+
+def pipeline_lower_bound(model: CostModel, num_stages: int, num_replicas: int,
+                         view: str = "overlap") -> float:
+    """A lower bound on the objective of every monotone split into ``num_stages`` stages
+    of ``num_replicas`` replicas each on the consecutive placement (:func:`placement`):
+    what :func:`build_plan` reports as the plan's ``objective.lower_bound``.
+
+    With ``S`` stages, ``R`` replicas, ``w_v`` node v's forward + backward seconds on the
+    fastest of the placed devices and ``p_v`` its parameter bytes, every stage time of
+    every view is at least the stage's compute ``c_s >= sum of w_v in s / R``; under
+    ``overlap`` it is ``max(c_s, send_s) + a_s / F >= c_s + a_s / F``, where ``a_s`` is
+    the stage's gradient synchronisation (the ring all-reduce, or reduce-scatter under
+    sharded sync) and ``F = M + P - 1`` the pipeline steps. The ring over the stage's
+    replicas takes ``a_s = K max_i (l_i + P_s b_i / R)`` for ``P_s > 0`` (``K`` ring steps,
+    ``l_i`` and ``b_i`` latency and inverse bandwidth of its ring links), at least
+    ``K (L + P_s B / R)`` with ``B`` the smallest over stages of the slowest ring link's
+    inverse bandwidth and ``L`` the smallest such link's latency: linear in the stage's
+    parameters. So the largest stage time is at least
+
+    - ``max(sum_v w_v / (S R), max_v w_v / R)`` (every view; the classic makespan bounds,
+      :meth:`CostModel.lower_bound_seconds` on the placed devices);
+    - under ``overlap``, the average of ``c_s + a_s / F`` over the stages,
+      ``(sum_v w_v / R + K (L [P > 0] + P B / R) / F) / S``, and for every node the stage
+      holding it, ``max_v (w_v / R + K (L + p_v B / R) / F [p_v > 0])``.
+
+    The all-reduce is communication that no split avoids: the parameters have to be
+    reduced across the replicas whatever the stages, and with many replicas it is often
+    most of the stage time (Parmesan's c_AR, equation 7). Point-to-point sends between
+    stages are left out: bounding them needs the cheapest *balanced* cut of the DAG
+    (NP-hard), and the cheapest cut of any fronted subgraph is a single tensor on most
+    graphs (a graph's first operator alone). ``0`` terms where the topology has measured
+    collective curves (they need not be linear in the bytes). The all-reduce terms are
+    rounded down by 1e-12 relative (the plan's value sums them in another order). Not from
+    the papers. O(n + S R).
+    """
+    topo = model._topo()
+    k, r = int(num_stages), int(num_replicas)
+    if k < 1 or model.graph.num_nodes == 0:
+        return 0.0
+    dev = placement(k, r)
+    used = dev.reshape(-1)
+    fm, ff, bm, bf = model._work
+    if model.recompute:  # the backward re-runs the forward
+        bm, bf = bm + fm, bf + ff
+    pairs = np.unique(np.stack([model.device_speed[used], model.device_rate[used]], axis=1),
+                      axis=0)
+    work = np.min([(fm + bm) / sp + (ff + bf) / rt for sp, rt in pairs], axis=0)
+    bound = max(float(work.sum()) / (k * r), float(work.max()) / r)
+    if view != "overlap" or r <= 1:
+        return bound
+    settings = model.settings
+    kind = "reducescatter" if settings.gradient_sync == "sharded" else "allreduce"
+    if measured_seconds(topo, kind, r, 1.0) is not None:
+        return bound
+    nxt = np.roll(dev, -1, axis=1)
+    lat, ib = topo.latency[dev, nxt], model.inverse_bandwidth[dev, nxt]
+    slow = np.argmax(ib, axis=1)
+    rows = np.arange(k)
+    link_lat, link_ib = float(lat[rows, slow].min()), float(ib[rows, slow].min())
+    steps = ring_steps(kind, r) / float(pipeline_factor(
+        settings.microbatches, -(-k // settings.stages_per_rank)))
+    params = model.graph.param_bytes.astype(np.float64)
+    total = float(params.sum())
+    with np.errstate(invalid="ignore"):
+        ring = np.where(params > 0, steps * (link_lat + params * link_ib / r), 0.0)
+        avg = (float(work.sum()) / r + (steps * (link_lat + total * link_ib / r)
+                                        if total > 0 else 0.0)) / k
+    # (rounded down by 1e-12 relative: the plan's value sums the same terms in another
+    # order, and a split that reaches this bound must not end a rounding error below it)
+    return max(bound, (1.0 - 1e-12) * max(avg, float((work / r + ring).max())))
 
 
 def best_of(results: list[Result], key: Any = None) -> Result:

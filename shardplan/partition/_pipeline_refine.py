@@ -15,10 +15,16 @@ Evaluation is incremental and exact for the cost model: :class:`StageState` keep
 producer and consuming stage, the edge bytes, and the stage-pair traffic matrices ``B, T``
 of :func:`~shardplan.cost.stage_traffic`; a move updates them in O(deg(v) + deg of v's
 producers' entries) and the stage times are recomputed from ``B, T`` and per-stage sums in
-O(R S^2) with the one model's functions (:func:`~shardplan.cost._pipeline.uniform_comm`,
+O(U S^2) with the one model's functions (:func:`~shardplan.cost._pipeline.uniform_comm`,
 :func:`~shardplan.cost.view_seconds`, :func:`~shardplan.cost._formulas.stage_memory`), so
-the refined plan's value is the one ``shardplan cost`` reports. One step costs O(m) for the
-candidate scan plus O(candidates x (deg + R S^2)).
+the refined plan's value is the one ``shardplan cost`` reports. ``U <= R`` counts the classes
+of alike replicas (the same links to the other stages' replicas and the same devices: their
+times are equal, so one of each is evaluated; one class on a hierarchy under the consecutive
+placement). A step does not move and move back: every candidate's ``B, T`` deltas are listed
+without moving (:meth:`StageState.delta`) and the keys of all candidates come out of one batch
+of array operations (:meth:`StageState.evaluate`), the same numbers as moving (tested). One
+step costs O(m) for the candidate scan (CSR reductions) plus O(candidates x (deg + U S^2))
+element work in O(1) numpy calls per chunk.
 """
 
 from __future__ import annotations
@@ -28,10 +34,14 @@ from collections.abc import Callable
 import numpy as np
 
 from shardplan.cost import CostModel, pipeline_factor, view_seconds
-from shardplan.cost._collectives import ring_collectives
-from shardplan.cost._formulas import stage_memory, work_seconds
+from shardplan.cost._collectives import measured_seconds, ring_steps
+from shardplan.cost._formulas import (
+    message_seconds,
+    ring_allreduce_seconds,
+    stage_memory,
+    work_seconds,
+)
 from shardplan.cost._memory import in_flight_microbatches
-from shardplan.cost._pipeline import uniform_comm
 from shardplan.ir import ExecutionSettings, Graph
 
 __all__ = ["StageState", "refine"]
@@ -73,16 +83,27 @@ class StageState:
                                              virtual_stages=settings.virtual_stages
                                              ).astype(np.float64)
         self.steps = pipeline_factor(settings.microbatches, -(-k // settings.stages_per_rank))
-        self.mem_cap = model._topo().device_memory[devices].min(axis=1).astype(np.float64)
-        self.speed = model.device_speed[devices]
-        self.rate = model.device_rate[devices]
+        topo = model._topo()
+        self.mem_cap = topo.device_memory[devices].min(axis=1).astype(np.float64)
         self.inv = model.inverse_bandwidth
-        lat = model._topo().latency
-        self.lat, self.ib = [], []
-        for i in range(self.r):
-            p = devices[:, i]
-            self.lat.append(lat[np.ix_(p, p)] * (p[:, None] != p[None, :]))
-            self.ib.append(self.inv[np.ix_(p, p)])
+        lat = topo.latency
+        lats = np.stack([lat[np.ix_(p, p)] * (p[:, None] != p[None, :])
+                         for p in devices.T])  # (R, S, S)
+        ibs = np.stack([self.inv[np.ix_(p, p)] for p in devices.T])
+        speed, rate = model.device_speed[devices], model.device_rate[devices]  # (S, R)
+        # Replicas whose links and devices are alike have equal times: keep one of each
+        # class (on a hierarchy under the consecutive placement, usually one in all).
+        keys = np.concatenate([lats.reshape(self.r, -1), ibs.reshape(self.r, -1), speed.T,
+                               rate.T], axis=1)
+        _, first = np.unique(keys, axis=0, return_index=True)
+        first = np.sort(first)
+        self.lat, self.ib = lats[first], ibs[first]  # (U, S, S)
+        self.lat_t = np.ascontiguousarray(self.lat.transpose(0, 2, 1))
+        self.ib_t = np.ascontiguousarray(self.ib.transpose(0, 2, 1))
+        self.speed, self.rate = speed[:, first], rate[:, first]  # (S, U)
+        # each stage's ring (replicas in plan order): its links' latency and 1 / bandwidth
+        nxt = np.roll(devices, -1, axis=1)
+        self.ring_lat, self.ring_ib = topo.latency[devices, nxt], self.inv[devices, nxt]
         # cons[u][stage] = list of positive edge bytes from u into that stage.
         self.cons: list[dict[int, list[float]]] = [{} for _ in range(graph.num_nodes)]
         self.inputs: list[list[tuple[int, float]]] = [[] for _ in range(graph.num_nodes)]
@@ -108,16 +129,13 @@ class StageState:
         """The view's stage times of the current partition, ``inf`` when not fitting."""
         r = self.r
         comp = work_seconds(self.s_meas[:, None], self.s_flops[:, None], self.speed,
-                            self.rate) / r  # (k, r)
-        send, recv = uniform_comm(self.B, self.T, self.lat, self.ib, r)  # (r, k)
+                            self.rate) / r  # (k, U)
+        send, recv = self.comm()  # (U, k)
         s = self.settings
-        topo = self.model._topo()
         sharded = s.gradient_sync == "sharded"
-        ar = ring_collectives(topo, "reducescatter" if sharded else "allreduce", self.devices,
-                              self.s_params, self.inv)
+        ar = self.ring("reducescatter" if sharded else "allreduce")
         if sharded:  # two all-gathers of the stage's parameters every micro-batch
-            gather = 2.0 * ring_collectives(topo, "allgather", self.devices, self.s_params,
-                                            self.inv)
+            gather = 2.0 * self.ring("allgather")
             send, recv = send + gather[None, :], recv + gather[None, :]
         t = view_seconds(self.view, comp.T, send, recv, ar[None, :], self.steps).max(axis=0)
         mem = stage_memory(params=self.s_params, outputs=self.s_out, received=self.B.sum(axis=0),
@@ -127,6 +145,135 @@ class StageState:
                            param_dtype_bytes=s.param_dtype_bytes,
                            shards=r if sharded else 1,
                            gathered=np.minimum(2.0 * s.bucket_bytes, self.s_params)
+                           if sharded else 0.0)["total"]
+        return np.where(mem <= self.mem_cap, t, np.inf)
+
+    def comm(self) -> tuple[np.ndarray, np.ndarray]:
+        """Send and receive seconds of every replica class, (U, k):
+        :func:`~shardplan.cost._pipeline.uniform_comm` vectorised over the replicas (the
+        same terms, summed in the same order). O(U S^2)."""
+        b = (self.B / self.r)[None]
+        t = self.T[None]
+        f = message_seconds(t, self.lat, b, self.ib)
+        g = message_seconds(t, self.lat_t, b, self.ib_t)
+        return f.sum(axis=2) + g.sum(axis=1), f.sum(axis=1) + g.sum(axis=2)
+
+    def ring(self, kind: str, params: np.ndarray | None = None) -> np.ndarray:
+        """:func:`~shardplan.cost._collectives.ring_collectives` of the stages' parameters
+        (``params``, shape (..., k); default the current ones) with the rings' links looked
+        up once. O(S R) per row."""
+        r = self.r
+        p = self.s_params if params is None else params
+        if r <= 1:
+            return np.zeros(p.shape)
+        measured = measured_seconds(self.model._topo(), kind, r, p)
+        if measured is not None:
+            return np.asarray(measured, dtype=np.float64)
+        full = ring_allreduce_seconds(r, p[..., None], self.ring_lat,
+                                      self.ring_ib).max(axis=-1)
+        return full * ring_steps(kind, r) / (2 * (r - 1))
+
+    def delta(self, v: int, dst: int) -> list[tuple[int, int, float, float]]:
+        """The changes ``(row, column, bytes, tensors)`` of ``B, T`` if operator v moved to
+        stage ``dst`` (:meth:`move` without moving). O(deg(v) + the producers' lists)."""
+        a = self.a
+        src = int(a[v])
+        out: list[tuple[int, int, float, float]] = []
+        for t, lst in self.cons[v].items():  # v's own tensor, per consuming stage
+            m = max(lst)
+            if t != src:
+                out.append((src, t, -m, -1.0))
+            if t != dst:
+                out.append((dst, t, m, 1.0))
+        moved: dict[int, list[float]] = {}
+        for u, nb in self.inputs[v]:
+            moved.setdefault(u, []).append(nb)
+        for u, nbs in moved.items():  # v's producers: v's edges leave src, join dst
+            su = int(a[u])
+            old_src = self.cons[u].get(src, [])
+            if su != src:
+                rest = list(old_src)
+                for nb in nbs:
+                    rest.remove(nb)
+                out.append((su, src, (max(rest) if rest else 0.0) - max(old_src),
+                            0.0 if rest else -1.0))
+            if su != dst:
+                old_dst = self.cons[u].get(dst)
+                new_max = max(nbs) if not old_dst else max(max(old_dst), max(nbs))
+                out.append((su, dst, new_max - (max(old_dst) if old_dst else 0.0),
+                            0.0 if old_dst else 1.0))
+        return out
+
+    def evaluate(self, moves: list[tuple[int, int]], chunk: int = 1 << 21
+                 ) -> list[tuple[float, float]]:
+        """:meth:`key` after each move of ``moves`` (each alone, from the current state),
+        all at once: the stage times of a batch of partitions in one set of array
+        operations (the same terms as :meth:`stage_seconds`). O(moves x (deg + U S^2))
+        element work in O(1) numpy calls per ``chunk`` elements."""
+        k = self.k
+        per = max(1, chunk // max(1, self.lat.shape[0] * k * k))
+        keys: list[tuple[float, float]] = []
+        for lo in range(0, len(moves), per):
+            part = moves[lo:lo + per]
+            c = len(part)
+            rows, cols, db, dt, idx = [], [], [], [], []
+            for i, (v, dst) in enumerate(part):
+                for row, col, b, t in self.delta(v, dst):
+                    idx.append(i)
+                    rows.append(row)
+                    cols.append(col)
+                    db.append(b)
+                    dt.append(t)
+            bm = np.repeat(self.B[None], c, axis=0)
+            tm = np.repeat(self.T[None], c, axis=0)
+            np.add.at(bm, (idx, rows, cols), db)
+            np.add.at(tm, (idx, rows, cols), dt)
+            vs = np.array([v for v, _ in part], dtype=np.int64)
+            src = self.a[vs]
+            dst = np.array([t for _, t in part], dtype=np.int64)
+            ci = np.arange(c)
+            sums = []
+            for arr, w in ((self.s_meas, self.meas), (self.s_flops, self.flops),
+                           (self.s_out, self.outb), (self.s_params, self.params),
+                           (self.s_extra, self.extra), (self.s_in, self.inb)):
+                x = np.repeat(arr[None], c, axis=0)
+                x[ci, src] -= w[vs]
+                x[ci, dst] += w[vs]
+                sums.append(x)
+            meas, flops, out, params, extra, inb = sums
+            t = self._batch_seconds(bm, tm, meas, flops, out, params, extra, inb)
+            worst = t.max(axis=1)
+            total = bm.sum(axis=(1, 2))
+            keys.extend(zip(worst.tolist(), total.tolist(), strict=True))
+        return keys
+
+    def _batch_seconds(self, bm: np.ndarray, tm: np.ndarray, meas: np.ndarray,
+                       flops: np.ndarray, out: np.ndarray, params: np.ndarray,
+                       extra: np.ndarray, inb: np.ndarray) -> np.ndarray:
+        """:meth:`stage_seconds` of a batch of states (leading axis), shape (C, k)."""
+        r = self.r
+        comp = work_seconds(meas[:, :, None], flops[:, :, None], self.speed[None],
+                            self.rate[None]) / r  # (C, k, U)
+        b = (bm / r)[:, None]
+        tt = tm[:, None]
+        f = message_seconds(tt, self.lat[None], b, self.ib[None])  # (C, U, k, k)
+        g = message_seconds(tt, self.lat_t[None], b, self.ib_t[None])
+        send, recv = f.sum(axis=3) + g.sum(axis=2), f.sum(axis=2) + g.sum(axis=3)
+        s = self.settings
+        sharded = s.gradient_sync == "sharded"
+        ar = self.ring("reducescatter" if sharded else "allreduce", params)  # (C, k)
+        if sharded:
+            gather = 2.0 * self.ring("allgather", params)
+            send, recv = send + gather[:, None, :], recv + gather[:, None, :]
+        t = view_seconds(self.view, comp.transpose(0, 2, 1), send, recv, ar[:, None, :],
+                         self.steps).max(axis=1)
+        mem = stage_memory(params=params, outputs=out, received=bm.sum(axis=1), inputs=inb,
+                           extra=extra, in_flight=self.flight, replicas=r,
+                           optimizer=s.optimizer, recompute=s.recompute,
+                           mixed_precision=s.mixed_precision,
+                           param_dtype_bytes=s.param_dtype_bytes,
+                           shards=r if sharded else 1,
+                           gathered=np.minimum(2.0 * s.bucket_bytes, params)
                            if sharded else 0.0)["total"]
         return np.where(mem <= self.mem_cap, t, np.inf)
 
@@ -180,9 +327,11 @@ class StageState:
         big = np.iinfo(np.int64).max
         min_succ = np.full(n, big, dtype=np.int64)
         max_pred = np.full(n, -1, dtype=np.int64)
-        if g.num_edges:
-            np.minimum.at(min_succ, g.src, a[g.dst])
-            np.maximum.at(max_pred, g.dst, a[g.src])
+        if g.num_edges:  # per-node reductions over the CSR rows (nodes with edges)
+            has = np.flatnonzero(np.diff(self.succ_ptr) > 0)
+            min_succ[has] = np.minimum.reduceat(a[self.succ_idx], self.succ_ptr[has])
+            has = np.flatnonzero(np.diff(self.pred_ptr) > 0)
+            max_pred[has] = np.maximum.reduceat(a[self.pred_idx], self.pred_ptr[has])
         ok_stage = self.count[a] > 1
         fwd = np.flatnonzero(ok_stage & (min_succ == a + 1))
         bwd = np.flatnonzero(ok_stage & (max_pred == a - 1) & (a > 0))
@@ -209,11 +358,7 @@ def refine(state: StageState, steps: int, *, check: Callable[[], bool] | None = 
         first = [c for c in cands if int(state.a[c[0]]) in hot or c[1] in hot]
         rest = [c for c in cands if not (int(state.a[c[0]]) in hot or c[1] in hot)]
         for group in (first, rest):
-            for v, t in group:
-                src = int(state.a[v])
-                state.move(v, t)
-                key = state.key()
-                state.move(v, src)
+            for (v, t), key in zip(group, state.evaluate(group), strict=True):
                 evaluated += 1
                 if key[0] < best_key[0] * (1 - tol) or (
                         key[0] <= best_key[0] * (1 + tol) and key[1] < best_key[1] - 0.5):

@@ -37,7 +37,10 @@ objective, ``shardplan cost`` and the simulator price the same compute and the s
   its last backward), its gradients are ring all-reduced: ``2 (R - 1)`` steps, each every
   replica sending ``P / R`` bytes to the next on the ring (the plan's device order) through
   the same send queues and links, the next step starting when the whole step has arrived.
-  Uncontended this is the model's all-reduce. The device keeps computing meanwhile.
+  Uncontended this is the model's all-reduce. The device keeps computing meanwhile. From a
+  step on which nothing else can touch the ring's devices and links (direct links, idle
+  queues, every worker there finished), the remaining steps are computed in closed form
+  (:mod:`shardplan.simulate._ring`), the same result as stepping them.
 - **Optimizer step.** A device steps once its actions are done and the all-reduces of its
   stages are over, for the model's optimizer seconds.
 - **Memory.** A device holds its stages' parameters, gradients, optimizer state and extra
@@ -80,8 +83,10 @@ from shardplan.ir.schedule import (
     Schedule,
 )
 from shardplan.simulate._pipeline import PipelineView
+from shardplan.simulate._ring import ring_arrivals
 from shardplan.simulate.result import Interval, SimulationResult
 from shardplan.topology import routes_of
+from shardplan.topology._routing import GridRoutes
 
 __all__ = ["simulate"]
 
@@ -329,6 +334,13 @@ class _Sim:
         self.coll_issued: dict[tuple[Any, ...], int] = {}
         self.coll_done: set[tuple[Any, ...]] = set()
         self.waiters: dict[tuple[Any, ...], list[Callable[[], None]]] = {}
+        # closed-form rings (:mod:`._ring`): links only their sender uses, stages per device
+        self.direct_links = not topology.links and not isinstance(self.routes, GridRoutes)
+        self.stages_on: dict[int, list[int]] = {d: [] for d in self.devices}
+        for s in range(k):
+            for d in self.dev[s, :int(self.reps[s])].tolist():
+                self.stages_on.setdefault(int(d), []).append(s)
+        self.timeline = True  # keep every message's interval (closed-form rings too)
 
     # ------------------------------------------------------------------ events
     def at(self, time: float, fn: Callable[[], None]) -> None:
@@ -643,6 +655,9 @@ class _Sim:
         if steps_left == 0:
             self.collective_finished(key)
             return
+        if self.ring_private(s):  # the remaining steps in closed form (:mod:`._ring`)
+            self.ring_closed(s, key, steps_left)
+            return
         r = int(self.reps[s])
         left = [r]
         chunk = key[4] / r
@@ -655,6 +670,47 @@ class _Sim:
         for i in range(r):
             self.send(int(self.dev[s, i]), int(self.dev[s, (i + 1) % r]), chunk, 1.0,
                       key[0], s, None, arrived)
+
+    def ring_private(self, s: int) -> bool:
+        """Whether stage s's ring owns its devices and links until it ends (see
+        :mod:`._ring`): direct links, idle empty send queues, every worker on the ring's
+        devices past its last action and every other stage on them synchronised."""
+        if not self.direct_links:
+            return False
+        ring = self.dev[s, :int(self.reps[s])].tolist()
+        for d in ring:
+            if self.sending[d] or self.send_q[d]:
+                return False
+            for w in self.workers_on.get(d, ()):
+                if w.busy or w.pos < len(w.actions):
+                    return False
+            for s2 in self.stages_on[d]:
+                if s2 != s and (self.coll_running[s2] or self.coll_queue[s2]
+                                or math.isnan(self.ar_done[s2])):
+                    return False
+        return True
+
+    def ring_closed(self, s: int, key: Any, steps_left: int) -> None:
+        """The remaining ``steps_left`` steps of stage s's private ring at once: the same
+        arrivals as the stepwise path (:func:`._ring.ring_arrivals`), its intervals kept
+        when the timeline is."""
+        r = int(self.reps[s])
+        ring = self.dev[s, :r].tolist()
+        nxt = ring[1:] + ring[:1]
+        lat = np.array([float(self.topology.latency[a, b]) * 1.0
+                        for a, b in zip(ring, nxt, strict=True)])
+        rate = np.array([min(self.net.capacity[lk] for lk in self.path(a, b))
+                         for a, b in zip(ring, nxt, strict=True)])
+        chunk = key[4] / r
+        times = ring_arrivals(self.t, lat, rate, chunk, steps_left)
+        if self.timeline:
+            stream = chunk / rate if chunk > 0 else np.zeros(r)
+            for t0 in times[:-1].tolist():
+                ends = ((t0 + lat) + stream).tolist()
+                self.intervals.extend(
+                    Interval(a, t0, e, key[0], s, None, b)
+                    for a, b, e in zip(ring, nxt, ends, strict=True))
+        self.at(float(times[-1]), lambda: self.collective_finished(key))
 
     def collective_finished(self, key: Any) -> None:
         s, tag = key[1], key[2]
@@ -926,6 +982,7 @@ def simulate(plan: Plan, graph: Graph, topology: Topology,
         share = weight_share(graph, a_pos, k, recompute=settings.recompute)
     sim = _Sim(view, st, static, per_mb, topology, settings.overlap, settings.gradient_sync,
                buckets, units, share, step_memory=step_extra)
+    sim.timeline = timeline
     sim.run()
     m = sch.num_microbatches
     devs = sim.devices
