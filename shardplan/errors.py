@@ -8,7 +8,8 @@ any ``ValueError``. Internal invariants use ``assert``.
 
 from __future__ import annotations
 
-__all__ = ["InfeasibleError", "InvalidFileError", "ShardplanError", "ShardplanWarning"]
+__all__ = ["InfeasibleError", "InvalidFileError", "ShardplanError", "ShardplanWarning",
+           "TimeLimitError"]
 
 
 class ShardplanError(ValueError):
@@ -21,6 +22,11 @@ class InvalidFileError(ShardplanError):
 
 class InfeasibleError(ShardplanError):
     """The problem as posed has no solution (for example, a stage cannot fit in memory)."""
+
+
+class TimeLimitError(ShardplanError):
+    """A computation that cannot return a partial answer (one simulation) ran past the
+    deadline it was given."""
 
 
 

@@ -217,13 +217,13 @@ class StageState:
             part = moves[lo:lo + per]
             c = len(part)
             rows, cols, db, dt, idx = [], [], [], [], []
-            for i, (v, dst) in enumerate(part):
-                for row, col, b, t in self.delta(v, dst):
+            for i, (v, to) in enumerate(part):
+                for row, col, b, tt in self.delta(v, to):
                     idx.append(i)
                     rows.append(row)
                     cols.append(col)
                     db.append(b)
-                    dt.append(t)
+                    dt.append(tt)
             bm = np.repeat(self.B[None], c, axis=0)
             tm = np.repeat(self.T[None], c, axis=0)
             np.add.at(bm, (idx, rows, cols), db)
@@ -236,13 +236,13 @@ class StageState:
             for arr, w in ((self.s_meas, self.meas), (self.s_flops, self.flops),
                            (self.s_out, self.outb), (self.s_params, self.params),
                            (self.s_extra, self.extra), (self.s_in, self.inb)):
-                x = np.repeat(arr[None], c, axis=0)
+                x: np.ndarray = np.repeat(arr[None], c, axis=0)
                 x[ci, src] -= w[vs]
                 x[ci, dst] += w[vs]
                 sums.append(x)
             meas, flops, out, params, extra, inb = sums
-            t = self._batch_seconds(bm, tm, meas, flops, out, params, extra, inb)
-            worst = t.max(axis=1)
+            secs = self._batch_seconds(bm, tm, meas, flops, out, params, extra, inb)
+            worst = secs.max(axis=1)
             total = bm.sum(axis=(1, 2))
             keys.extend(zip(worst.tolist(), total.tolist(), strict=True))
         return keys

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from shardplan.errors import ShardplanError
+from shardplan.errors import ShardplanError, TimeLimitError
 from shardplan.ir import ExecutionSettings, Graph, Objective, Plan, Stage, Topology
 
 __all__ = ["FAMILIES", "Evaluated", "Task", "microbatch_choices", "run_task", "tasks_for"]
@@ -139,7 +139,8 @@ def tasks_for(ctx: Context, families: Sequence[str]) -> list[Task]:
 def _simulate(plan: Plan, ctx: Context) -> tuple[float, float, bool]:
     from shardplan.simulate import simulate
 
-    res = simulate(plan, ctx.graph, ctx.topology, timeline=False)
+    res = simulate(plan, ctx.graph, ctx.topology, timeline=False,
+                   deadline=_TASK_DEADLINE.get())
     peak = max(res.peak_memory_bytes)
     return res.iteration_seconds, peak, bool(res.fits_memory)
 
@@ -155,6 +156,12 @@ _TASK_CUT: contextvars.ContextVar[list[bool] | None] = contextvars.ContextVar(
     "shardplan_task_cut", default=None)
 
 
+def _mark_cut() -> None:
+    cut = _TASK_CUT.get()
+    if cut is not None:
+        cut[0] = True
+
+
 def _past_deadline() -> bool:
     end = _TASK_DEADLINE.get()
     return end is not None and time.monotonic() > end
@@ -165,7 +172,7 @@ def _variants(ctx: Context, plan: Plan, *, family: str, mapping: str, searched: 
               runnable: bool = True, note: str = "") -> list[Evaluated]:
     """``plan`` simulated under every schedule x micro-batch count x gradient sync that
     fits it; one row each. Once the task's deadline has passed, the variants not yet
-    simulated are left out (the first one always is simulated)."""
+    simulated are left out, and a simulation still running at it stops (its row too)."""
     s, r = plan.num_stages, plan.num_replicas
     out: list[Evaluated] = []
     scheds = list(schedules if schedules is not None else ctx.schedules)
@@ -179,15 +186,16 @@ def _variants(ctx: Context, plan: Plan, *, family: str, mapping: str, searched: 
             if sched == "interleaved-1f1b" and m % max(1, m // (s // 2)):
                 continue  # torch's interleaved 1F1B runs M in whole rounds of S / 2
             for sync in syncs:
-                if out and _past_deadline():
-                    cut = _TASK_CUT.get()
-                    if cut is not None:
-                        cut[0] = True
+                if _past_deadline():
+                    _mark_cut()
                     return out
                 try:
                     settings = _settings(ctx, m, schedule=sched, gradient_sync=sync)
                     p = plan.with_settings(settings)
                     secs, peak, fits = _simulate(p, ctx)
+                except TimeLimitError:
+                    _mark_cut()
+                    return out
                 except ShardplanError as exc:
                     out.append(Evaluated(family, plan.algorithm, s, r, sched, m, mapping, sync,
                                          math.inf, 0.0, math.inf, False, searched, {},

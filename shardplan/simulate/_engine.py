@@ -62,6 +62,7 @@ import dataclasses
 import functools
 import heapq
 import math
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -72,7 +73,7 @@ import numpy as np
 from shardplan.cost import CostModel, stage_times
 from shardplan.cost._collectives import measured_seconds, ring_steps
 from shardplan.cost._pipeline import replica_pairs
-from shardplan.errors import ShardplanError
+from shardplan.errors import ShardplanError, TimeLimitError
 from shardplan.ir import ExecutionSettings, Graph, Plan, Stage, Topology
 from shardplan.ir.schedule import (
     BACKWARD,
@@ -347,11 +348,18 @@ class _Sim:
         self.seq += 1
         heapq.heappush(self.heap, (time, self.seq, fn))
 
-    def run(self) -> None:
+    def run(self, deadline: float | None = None) -> None:
+        """Run every event. ``deadline`` (a ``time.monotonic()`` reading): raise
+        :class:`~shardplan.errors.TimeLimitError` once it has passed (checked at the first
+        event and every 4096 after it)."""
         for w in self.workers:
             self.advance(w)
         net = self.net
+        events = 0
         while self.heap or net.flows:
+            events += 1
+            if deadline is not None and events & 4095 == 1 and time.monotonic() > deadline:
+                raise TimeLimitError("the simulation ran past its deadline")
             net.refresh(self.t)
             t_heap = self.heap[0][0] if self.heap else math.inf
             t_net = net.next_time()
@@ -449,6 +457,8 @@ class _Sim:
                     self.waiters.setdefault(wait[:4], []).append(lambda: segment(j, prev))
                     w.waiting = f"the parameters of unit {wait[3]} (all-gather)"
                     self.computing[w.device] = False
+                    if not self.overlap:  # the device is idle: its held messages may go
+                        self.retry_sends()
                     return
             self.computing[w.device] = True
 
@@ -888,7 +898,7 @@ def weight_share(graph: Graph, assignment: np.ndarray, num_stages: int, *,
 def simulate(plan: Plan, graph: Graph, topology: Topology,
              settings: ExecutionSettings | None = None, *,
              schedule: str | Schedule | None = None, timeline: bool = True,
-             **overrides: Any) -> SimulationResult:
+             deadline: float | None = None, **overrides: Any) -> SimulationResult:
     """Simulate one training iteration of ``plan`` (see the module docstring for the model).
 
     Parameters
@@ -906,6 +916,10 @@ def simulate(plan: Plan, graph: Graph, topology: Topology,
         stages' devices stay idle.
     timeline : bool
         Keep the intervals and memory timeline in the result.
+    deadline : float, optional
+        A ``time.monotonic()`` reading: past it the simulation stops with
+        :class:`~shardplan.errors.TimeLimitError` (a search's time limit; a run of a
+        thousand-replica ring all-reduce over routed links takes minutes).
     **overrides
         Any :class:`~shardplan.ir.ExecutionSettings` field (``microbatches``,
         ``recompute``, ``optimizer``, ``efficiency``, ``overlap``, ...; ``num_microbatches``
@@ -983,7 +997,7 @@ def simulate(plan: Plan, graph: Graph, topology: Topology,
     sim = _Sim(view, st, static, per_mb, topology, settings.overlap, settings.gradient_sync,
                buckets, units, share, step_memory=step_extra)
     sim.timeline = timeline
-    sim.run()
+    sim.run(deadline)
     m = sch.num_microbatches
     devs = sim.devices
     busy = {d: 0.0 for d in devs}

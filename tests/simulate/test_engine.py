@@ -384,3 +384,41 @@ def test_optimizer_step_temporaries_are_the_peak_of_weight_heavy_stages() -> Non
         during = [m for t, m in res.memory_timeline[0] if t == opt_start]
         assert max(during) == pytest.approx(static + temp)
         assert res.peak_memory_bytes[0] == pytest.approx(static + max(temp, 2 * 10.0))
+
+
+def test_a_deadline_stops_a_long_simulation() -> None:
+    """A past deadline stops a simulation of many events with TimeLimitError; none leaves it
+    unchanged (the search's --time-limit reaches into one simulation this way)."""
+    import time
+
+    from shardplan.errors import TimeLimitError
+
+    g = _chain(4, 1.0, 2.0, out_bytes=8, params=8)
+    t = _flat(16, bandwidth=1e9, latency=1e-6)
+    plan = _plan([[0, 1], [2, 3]], [list(range(8)), list(range(8, 16))])
+    full = simulate(plan, g, t, microbatches=64, timeline=False)
+    later = simulate(plan, g, t, microbatches=64, timeline=False,
+                     deadline=time.monotonic() + 3600)
+    assert later.iteration_seconds == full.iteration_seconds
+    with pytest.raises(TimeLimitError, match="deadline"):
+        simulate(plan, g, t, microbatches=64, timeline=False, deadline=time.monotonic() - 1)
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("m", [1, 3])
+def test_sharded_sync_without_overlap_runs(seed: int, m: int) -> None:
+    """FSDP units without overlap: a replica waiting for a unit's all-gather is idle, so its
+    held messages go (the prefetched unit's ring waited forever: 'the schedule deadlocks'
+    on every graph with two units or more); never faster than with overlap."""
+    from shardplan import partition
+    from shardplan.generate import layered
+
+    g = layered(12, width=2, seed=seed, skip_probability=0.2, params_per_weight=1e4)
+    t = _flat(4, bandwidth=1e9, latency=1e-5)
+    for s, r in ((1, 4), (2, 2)):
+        plan = partition(g, t, algorithm="uniform", stages=s, replicas=r)
+        kw = dict(schedule="gpipe", microbatches=m, gradient_sync="sharded",
+                  bucket_bytes=100_000, timeline=False)
+        apart = simulate(plan, g, t, overlap=False, **kw)
+        together = simulate(plan, g, t, overlap=True, **kw)
+        assert apart.iteration_seconds >= together.iteration_seconds * (1 - 1e-12)
