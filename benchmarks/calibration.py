@@ -95,6 +95,24 @@ def _plans(graph, topo2, topo4, settings: ExecutionSettings) -> list[tuple[str, 
     return out
 
 
+def _overheads_text(topo) -> str:
+    """One line of a measured topology's fixed costs (rank 0's)."""
+    x = topo.devices[0].extra
+
+    def us(v: float) -> str:
+        return f"{float(v) * 1e6:.1f}"
+
+    of, ob = x.get("op_overhead_seconds", (0.0, 0.0))
+    df, db = x.get("dtensor_op_overhead_seconds", (0.0, 0.0))
+    g1, gr = x.get("gradient_seconds_per_byte", (0.0, 0.0))
+    busy = ", ".join(f"{g}: {float(v):.2f}" for g, v in x.get("busy_slowdown", {}).items())
+    return (f"operator {us(of)} / {us(ob)} us (forward / backward), DTensor adds "
+            f"{us(df)} / {us(db)} us, FSDP gather {us(x.get('fsdp_gather_overhead_seconds', 0))}"
+            f" us, pipeline action {us(x.get('pipeline_action_overhead_seconds', 0))} us, "
+            f"gradient handling {float(g1) * 1e9:.3f} / {float(gr) * 1e9:.3f} ns per byte "
+            f"(one replica / replicas), busy slowdown {{{busy}}}")
+
+
 def _opts(settings: ExecutionSettings) -> dict:
     return {k: v for k, v in settings.to_dict().items() if k != "global_batch"}
 
@@ -182,6 +200,9 @@ def main(argv: list[str] | None = None) -> int:
         inside = sum(0.8 <= r <= 1.25 for r in ratios)
         lines += ["", f"{inside} of {len(ratios)} rows on 2 processes are within 0.8-1.25 "
                       f"(range {min(ratios):.2f}-{max(ratios):.2f})."]
+    lines += ["", "Fixed costs measured in this run (rank 0; the simulator charges them):", ""]
+    lines += [f"- `--nproc {t.num_devices}`: {_overheads_text(t)}"
+              for t in (topo2, topo4) if t is not None]
     text = "\n".join(lines) + "\n"
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / ("calibration_quick.md" if args.quick else "calibration.md")
