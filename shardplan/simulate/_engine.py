@@ -18,6 +18,12 @@ objective, ``shardplan cost`` and the simulator price the same compute and the s
   of its forward's size), at most the whole backward; the input gradient ``I`` is the rest,
   recomputation included. The previous stage's gradient leaves after ``I``; the
   activations are held until ``W``. ``OVERLAP_F_B`` runs its forward then its backward.
+- **Fixed costs.** What ``topology measure`` recorded per device
+  (:mod:`shardplan.cost._overheads`; none on other topologies): per-action overhead of the
+  pipeline runtime, per-unit FSDP all-gather overhead and the gradient handling before the
+  step are added to the stage times, DTensor per-operator overhead to strategy stages, and
+  every compute is multiplied by the slowdown of as many ranks computing at once as the
+  plan has devices.
 - **Messages.** After the forward of (stage a, replica i, micro-batch m), every message of
   the model from (a, i) leaves (its bytes, one latency per tensor, sent back to back);
   gradients of the same size go back after the backward of the receiver. The forward of a

@@ -249,10 +249,11 @@ def _overheads(rank: int, world: int, cfg: dict[str, Any], dev: Any,
       of gradients in 16 tensors: scaled in place (what a one-replica step does), and
       flattened into one tensor, copied back out and scaled (the runtime's flat all-reduce
       around the collective itself);
-    - ``busy_slowdown``: ``{g: t_g / t_1}``, g = 1..N: the seconds of a fixed compute kernel
-      (matrix products, then an elementwise pass over 4 MiB) on rank 0 while g ranks run it
-      at once, over rank 0 alone. Above 1 when the ranks share cores or memory (more
-      processes than cores: about N / cores).
+    - ``busy_slowdown``: ``{g: t_g / t_1}``, g = 1..N: the seconds until the last of g
+      ranks running a fixed compute kernel at once (matrix products and elementwise passes
+      over 4 MiB, tens of milliseconds: longer than a scheduler's time slice) is done, over
+      one rank alone. Above 1 when the ranks share cores or memory (more processes than
+      cores: about g / cores).
     """
     import torch
     import torch.distributed as dist
@@ -260,7 +261,8 @@ def _overheads(rank: int, world: int, cfg: dict[str, Any], dev: Any,
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Replicate, distribute_tensor
 
-    repeats, warmup = max(int(cfg["repeats"]), 3), max(int(cfg["warmup"]), 1)
+    # 3 to 7 timed runs each: medians steady enough, a few seconds in all
+    repeats, warmup = min(max(int(cfg["repeats"]), 3), 7), max(int(cfg["warmup"]), 1)
     out: dict[str, Any] = {}
     mesh = init_device_mesh(dev.type, (world,))
 
@@ -353,15 +355,27 @@ def _overheads(rank: int, world: int, cfg: dict[str, Any], dev: Any,
     a = torch.rand(256, 256, device=dev)
     big = torch.rand(1 << 20, device=dev)
 
-    def kernel() -> None:
-        for _ in range(8):
-            a @ a
-        big.mul_(1.0)
+    def kernel() -> None:  # about 20-40 ms on one core: longer than a scheduler slice
+        for _ in range(6):
+            for _ in range(8):
+                a @ a
+            big.mul_(1.0)
 
     slow: dict[str, float] = {}
     alone = 0.0
     for g in range(1, world + 1):
-        t = _median_seconds(kernel, sync, repeats, warmup, dist, active=rank < g)
+        times = []
+        for it in range(warmup + repeats):
+            dist.barrier()
+            t0 = time.perf_counter()
+            if rank < g:
+                kernel()
+                sync()
+            dist.barrier()  # until the last of the g ranks is done: their common rate
+            if it >= warmup:
+                times.append(time.perf_counter() - t0)
+        times.sort()
+        t = times[len(times) // 2]
         if g == 1:
             alone = t
         if rank == 0:
