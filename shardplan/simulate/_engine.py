@@ -721,6 +721,7 @@ def strategy_stage_seconds(plan: Plan, graph: Graph, topology: Topology,
         pase = DefaultCostModel(part, int(devs.size))
         comm_units = Units(mac=0.0, word=pase.units.word, allreduce=pase.units.allreduce)
         nf, nb = cm.node_seconds(int(devs[0]))
+        of, ob = _overheads.op_overhead(topology, devs.tolist())
         config: dict[int, np.ndarray] = {}
         comp_f = comp_b = comm = 0.0
         for v in nodes:
@@ -733,6 +734,9 @@ def strategy_stage_seconds(plan: Plan, graph: Graph, topology: Topology,
             share = float(np.prod(c))
             comp_f += float(nf[v]) / share
             comp_b += float(nb[v]) / share
+            if share > 1:  # each device still pays the operator's dispatch in full
+                comp_f += min(float(nf[v]), of) * (1.0 - 1.0 / share)
+                comp_b += min(float(nb[v]), ob) * (1.0 - 1.0 / share)
             with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
                 comm += float(layer_cost(spaces[v], c, comm_units)[0])
         # the runtime runs every node on DTensors: their measured per-operator overhead

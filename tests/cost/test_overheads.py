@@ -211,3 +211,19 @@ def test_pipeline_actions_pay_the_schedule_overhead(sync, devices, charged) -> N
     d = simulate(two, g, _topo(2, pipeline_action_overhead_seconds=0.1)).iteration_seconds \
         - simulate(two, g, _topo(2)).iteration_seconds
     assert d == pytest.approx(8 * 0.1)
+
+
+def test_dispatch_does_not_shrink_when_replicas_split_the_micro_batch() -> None:
+    """Two replicas each run half the samples through every operator: the measured part of
+    a node's time up to the per-operator overhead is paid in full by both."""
+    from shardplan.cost import stage_times
+
+    g = Graph.from_arrays(name="g", fwd_flops=np.zeros(3), src=[0, 1], dst=[1, 2],
+                          fwd_seconds=[1.0, 0.05, 1.0], bwd_seconds=[2.0, 0.05, 2.0])
+    t = _topo(2, op_overhead_seconds=[0.1, 0.2])
+    st = stage_times(CostModel(g, t), np.zeros(3, dtype=np.int64), [[0, 1]], num_stages=1)
+    # forward: 2.05 / 2 + (0.1 + 0.05 + 0.1) / 2; backward: 4.05 / 2 + (0.2 + 0.05 + 0.2) / 2
+    assert st.forward[0].tolist() == pytest.approx([1.025 + 0.125] * 2)
+    assert st.backward[0].tolist() == pytest.approx([2.025 + 0.225] * 2)
+    one = stage_times(CostModel(g, t), np.zeros(3, dtype=np.int64), [[0]], num_stages=1)
+    assert one.forward[0, 0] == pytest.approx(2.05) and one.backward[0, 0] == pytest.approx(4.05)
