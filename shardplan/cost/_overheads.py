@@ -139,6 +139,11 @@ def fsdp_unit_keys(graph: Graph) -> list[str] | None:
     (key ``""``) holds the rest. None when the graph's nodes carry no module names with
     parameters in two or more units (a generated graph): then units are cut by size.
 
+    A graph names modules but not their types, so which indexed family is a module list is
+    our guess: the only one; with several (ResNet's ``layer1.0`` ... ``layer4.2``, which
+    are ``Sequential`` containers) the top-level children are the units, as the runtime
+    wraps them.
+
     Examples
     --------
     >>> g = Graph.from_arrays(name="g", fwd_flops=[1.0] * 4, src=[0, 1, 2], dst=[1, 2, 3],
@@ -156,9 +161,8 @@ def fsdp_unit_keys(graph: Graph) -> list[str] | None:
             items.setdefault(hit.group(1), set()).add(hit.group(2))
     lists = [p for p, idx in items.items() if len(idx) > 1]
     keys: list[str] = []
-    if lists:
-        prefix = min(lists, key=lambda p: (p.count("."), len(p)))
-        head = f"{prefix}." if prefix else ""
+    if len(lists) == 1:  # one family of indexed blocks: a module list
+        head = f"{lists[0]}." if lists[0] else ""
         for m in mods:
             m = m or ""
             rest = m[len(head):] if m.startswith(head) else None

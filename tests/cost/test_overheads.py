@@ -120,6 +120,12 @@ def test_fsdp_units_follow_the_runtime_wrapping() -> None:
     mlp = Graph.from_arrays(name="m", fwd_flops=np.ones(4), src=[0, 1, 2], dst=[1, 2, 3],
                             param_bytes=[8, 0, 8, 8], modules=["fc1", "relu", "fc2", "fc3"])
     assert fsdp_unit_keys(mlp) == ["fc1", "relu", "fc2", "fc3"]
+    # several indexed families (ResNet's Sequential layers): the top-level children
+    res = Graph.from_arrays(name="r", fwd_flops=np.ones(6), src=np.arange(5),
+                            dst=np.arange(1, 6), param_bytes=np.full(6, 8),
+                            modules=["conv1", "layer1.0.conv1", "layer1.1.conv1",
+                                     "layer2.0.conv1", "layer2.1.conv1", "fc"])
+    assert fsdp_unit_keys(res) == ["conv1", "layer1", "layer1", "layer2", "layer2", "fc"]
     # one unit only (or no module names): None, units are cut by size
     assert fsdp_unit_keys(_graph(True, params=4)) is None
     # segments: root (21 bytes) first, ending before blocks.0 starts (1 of 7 s of forward);
