@@ -16,6 +16,7 @@ from shardplan.cost._memory import (
     optimizer_state_factor,
     partition_memory_breakdown,
 )
+from shardplan.cost._overheads import op_overhead
 from shardplan.cost._transfer import (
     allreduce_seconds,
     inverse_bandwidth,
@@ -77,6 +78,13 @@ def lower_bound_seconds(graph: Graph, topology: Topology, num_devices: int | Non
     model = CostModel(graph, topology, efficiency=efficiency, recompute=recompute,
                       profile_flops=profile_flops)
     return model.lower_bound_seconds(int(num_devices), replicas=replicas)
+
+
+def _unmeasured(seconds: np.ndarray | None, n: int) -> np.ndarray:
+    """Which nodes have no measured time (the column absent, or NaN)."""
+    if seconds is None:
+        return np.ones(n, dtype=bool)
+    return np.isnan(seconds)
 
 
 def plan_arrays(plan: Plan, graph: Graph) -> tuple[np.ndarray, np.ndarray]:
@@ -197,9 +205,19 @@ class CostModel:
         roofline the FLOP parts are the roofline seconds on the topology's fastest device
         times its peak (FLOPs that run at that peak for as long as the roofline says), so
         every formula below stays ``measured / speed + FLOPs / rate``; on a device with a
-        different peak the roofline time scales with the peak ratio."""
+        different peak the roofline time scales with the peak ratio. Nodes without a
+        measured time also carry the topology's per-operator overhead (dispatch and
+        autograd, :func:`~shardplan.cost._overheads.op_overhead`) in their measured part."""
         fm, ff, bm, bf = split_work(self.graph)
         topo = self.topology
+        # Dispatch and autograd bookkeeping of every node whose time is not measured (a
+        # profiled time already has its own): the topology's measured per-operator overhead
+        # (shardplan.cost._overheads), 0 where it has none.
+        of, ob = op_overhead(topo)
+        if of > 0 or ob > 0:
+            g = self.graph
+            fm = fm + np.where(_unmeasured(g.fwd_seconds, g.num_nodes), of, 0.0)
+            bm = bm + np.where(_unmeasured(g.bwd_seconds, g.num_nodes), ob, 0.0)
         if not self.roofline or topo is None or topo.num_devices == 0:
             return fm, ff, bm, bf
         bw = topo.device_memory_bandwidth

@@ -18,6 +18,12 @@ objective, ``shardplan cost`` and the simulator price the same compute and the s
   of its forward's size), at most the whole backward; the input gradient ``I`` is the rest,
   recomputation included. The previous stage's gradient leaves after ``I``; the
   activations are held until ``W``. ``OVERLAP_F_B`` runs its forward then its backward.
+- **Fixed costs.** What ``topology measure`` recorded per device
+  (:mod:`shardplan.cost._overheads`; none on other topologies): per-action overhead of the
+  pipeline runtime, per-unit FSDP all-gather overhead and the gradient handling before the
+  step are added to the stage times, DTensor per-operator overhead to strategy stages, and
+  every compute is multiplied by the slowdown of as many ranks computing at once as the
+  plan has devices.
 - **Messages.** After the forward of (stage a, replica i, micro-batch m), every message of
   the model from (a, i) leaves (its bytes, one latency per tensor, sent back to back);
   gradients of the same size go back after the backward of the receiver. The forward of a
@@ -70,7 +76,7 @@ from typing import Any
 
 import numpy as np
 
-from shardplan.cost import CostModel, stage_times
+from shardplan.cost import CostModel, _overheads, stage_times
 from shardplan.cost._collectives import measured_seconds, ring_steps
 from shardplan.cost._pipeline import replica_pairs
 from shardplan.errors import ShardplanError, TimeLimitError
@@ -781,6 +787,7 @@ def strategy_stage_seconds(plan: Plan, graph: Graph, topology: Topology,
         pase = DefaultCostModel(part, int(devs.size))
         comm_units = Units(mac=0.0, word=pase.units.word, allreduce=pase.units.allreduce)
         nf, nb = cm.node_seconds(int(devs[0]))
+        of, ob = _overheads.op_overhead(topology, devs.tolist())
         config: dict[int, np.ndarray] = {}
         comp_f = comp_b = comm = 0.0
         for v in nodes:
@@ -793,8 +800,14 @@ def strategy_stage_seconds(plan: Plan, graph: Graph, topology: Topology,
             share = float(np.prod(c))
             comp_f += float(nf[v]) / share
             comp_b += float(nb[v]) / share
+            if share > 1:  # each device still pays the operator's dispatch in full
+                comp_f += min(float(nf[v]), of) * (1.0 - 1.0 / share)
+                comp_b += min(float(nb[v]), ob) * (1.0 - 1.0 / share)
             with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
                 comm += float(layer_cost(spaces[v], c, comm_units)[0])
+        # the runtime runs every node on DTensors: their measured per-operator overhead
+        df, db = _overheads.dtensor_op_overhead(topology, devs.tolist())
+        comp_f, comp_b = comp_f + len(nodes) * df, comp_b + len(nodes) * db
         inside = set(nodes)
         for e in range(graph.num_edges):
             u, v = int(graph.src[e]), int(graph.dst[e])
@@ -819,9 +832,12 @@ def _sync_chunks(cm: CostModel, assignment: np.ndarray, k: int, settings: Execut
     Buckets: the stage's nodes in reverse topological order (the order a backward produces
     gradients), parameters gathered until a bucket holds ``bucket_bytes``; a bucket is ready
     when the backward has done the share of its compute up to the bucket's last node.
-    Units: the nodes in topological order, cut every ``bucket_bytes`` of parameters (FSDP
-    wraps blocks of about that size); a unit's forward ends at its share of the forward's
-    compute, and the backward runs the units in reverse. O(n)."""
+    Units: the modules the runtime wraps (a transformer's blocks, else the top-level
+    children with parameters, the root holding the rest:
+    :func:`shardplan.cost._overheads.fsdp_unit_chunks`) when the graph names its nodes'
+    modules; else the nodes in topological order, cut every ``bucket_bytes`` of
+    parameters. A unit's forward ends at its share of the forward's compute, and the
+    backward runs the units in reverse. O(n)."""
     g = cm.graph
     order = g.topological_order
     fwd, bwd = cm.node_seconds(0)
@@ -846,6 +862,7 @@ def _sync_chunks(cm: CostModel, assignment: np.ndarray, k: int, settings: Execut
             out[-1] = (out[-1][0], 1.0)
         return out
 
+    keys = _overheads.fsdp_unit_keys(g) if settings.gradient_sync == "sharded" else None
     buckets: list[list[tuple[float, float]]] = []
     ufwd: list[list[tuple[float, float]]] = []
     ubwd: list[list[tuple[float, float]]] = []
@@ -853,7 +870,11 @@ def _sync_chunks(cm: CostModel, assignment: np.ndarray, k: int, settings: Execut
         nodes = order[assignment[order] == s]
         buckets.append(chunks(nodes[::-1], bwd) if settings.gradient_sync == "bucketed"
                        else [])
-        if settings.gradient_sync == "sharded":
+        if settings.gradient_sync == "sharded" and keys is not None:  # the runtime's units
+            f, b = _overheads.fsdp_unit_chunks(keys, nodes, fwd, bwd, params)
+            ufwd.append(f)
+            ubwd.append(b)
+        elif settings.gradient_sync == "sharded":
             f = chunks(nodes, fwd)
             sizes = [b for b, _ in f][::-1]  # the same units, backward runs them in reverse
             rev = nodes[::-1]
@@ -866,7 +887,8 @@ def _sync_chunks(cm: CostModel, assignment: np.ndarray, k: int, settings: Execut
                     ends.append(acc / total if total > 0 else 1.0)
                     acc_b, i = 0.0, i + 1
             ends = (ends + [1.0] * len(sizes))[:len(sizes)]
-            ends[-1] = 1.0
+            if ends:  # a stage without parameters has no units
+                ends[-1] = 1.0
             ufwd.append(f)
             ubwd.append(list(zip(sizes, ends, strict=True)))
         else:
@@ -958,6 +980,7 @@ def simulate(plan: Plan, graph: Graph, topology: Topology,
     settings, _ = settings.override(**changes)
     settings = settings.resolve(graph)
     groups: tuple[tuple[int, ...], ...] | None = None
+    used = sorted({int(d) for stg in plan.stages for d in stg.devices})
     if plan.strategy is not None:  # stages are device groups running PaSE configurations
         groups = tuple(st.devices for st in plan.stages)
         per_stage = strategy_stage_seconds(plan, graph, topology, settings)
@@ -988,6 +1011,11 @@ def simulate(plan: Plan, graph: Graph, topology: Topology,
     per_mb = cm.memory_breakdown(a_pos, k, in_flight=1, replicas=mem_reps)["activations"] - acts0
     step_extra = np.maximum(temp - acts0, 0.0)
     buckets, units = _sync_chunks(cm, a_pos, k, settings)
+    # measured fixed costs (0 and 1 on topologies without them): busy ranks, FSDP gathers,
+    # gradient handling, the pipeline runtime's actions (not under DDP, FSDP, strategies)
+    st = _overheads.charge_run_overheads(st, topology, settings.gradient_sync, used, units,
+                                         pipelined=k > 1 or (groups is None and
+                                                             settings.gradient_sync == "end"))
     share = None
     if sch.split_backward:
         if settings.gradient_sync == "sharded":

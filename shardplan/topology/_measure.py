@@ -130,6 +130,7 @@ def measure(nproc: int, *, backend: str = "auto", sizes: Sequence[int] = DEFAULT
             flops: float | None = None, name: str | None = None,
             collectives: bool = True,
             collective_sizes: Sequence[int] = DEFAULT_COLLECTIVE_SIZES,
+            overheads: bool = True,
             _fault: Sequence[Any] | None = None) -> Topology:
     """Measure latency and bandwidth between N local processes with torch.distributed.
 
@@ -161,6 +162,19 @@ def measure(nproc: int, *, backend: str = "auto", sizes: Sequence[int] = DEFAULT
         ``collectives`` field, which the cost model and the simulator use instead of the
         ring over the point-to-point links (:mod:`shardplan.cost._collectives`).
     collective_sizes : sequence of int
+    overheads : bool, default True
+        Also measure the fixed costs a run pays beyond its operators' arithmetic and its
+        messages' bytes, into every device's entry (without ``device``; see
+        :mod:`shardplan.cost._overheads`, which charges them): ``op_overhead_seconds``
+        (forward and backward seconds per operator of a tiny operator under autograd),
+        ``dtensor_op_overhead_seconds`` (what running it on a DTensor adds),
+        ``fsdp_gather_overhead_seconds`` (what an FSDP2 unit's parameter all-gather costs
+        beyond the bare all-gather), ``pipeline_action_overhead_seconds`` (what torch's
+        pipelining schedule adds per forward or backward action),
+        ``gradient_seconds_per_byte`` (the gradient handling
+        around a step, per parameter byte) and ``busy_slowdown`` (``{g: factor}``: how much
+        slower a process computes while g ranks compute at once than alone; rank 0's
+        measurement, given to every device of this host). A few seconds.
 
     Returns
     -------
@@ -216,7 +230,8 @@ def measure(nproc: int, *, backend: str = "auto", sizes: Sequence[int] = DEFAULT
                              f"{collective_sizes!r}") from None
     cfg = {"backend": backend, "sizes": size_list, "repeats": reps, "warmup": warm,
            "timeout": limit, "fault": list(_fault) if _fault else None,
-           "collectives": bool(collectives), "collective_sizes": coll_sizes}
+           "collectives": bool(collectives), "collective_sizes": coll_sizes,
+           "overheads": bool(overheads)}
 
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="shardplan-measure-") as tmp:
@@ -233,7 +248,8 @@ def measure(nproc: int, *, backend: str = "auto", sizes: Sequence[int] = DEFAULT
             j = int(key)
             one_way[:, i, j] = [float(np.median(ts)) / 2 for ts in per_size]
             bw[i, j], lat[i, j] = fit_link(size_list, one_way[:, i, j].tolist())
-    devices = tuple(_device(res, n, device, memory_bytes, flops) for res in results)
+    shared = results[0].get("device", {}).get("busy_slowdown")
+    devices = tuple(_device(res, n, device, memory_bytes, flops, shared) for res in results)
     extra = {"collectives": results[0]["collectives"]} if collectives else {}
     return Topology(
         name=name or f"measured-{used}-{n}", devices=devices, bandwidth=bw, latency=lat,
@@ -246,8 +262,14 @@ def measure(nproc: int, *, backend: str = "auto", sizes: Sequence[int] = DEFAULT
     )
 
 
+#: Measured device fields copied into a topology's device entries (see ``overheads``).
+OVERHEAD_FIELDS = ("op_overhead_seconds", "dtensor_op_overhead_seconds",
+                   "fsdp_gather_overhead_seconds", "gradient_seconds_per_byte",
+                   "pipeline_action_overhead_seconds")
+
+
 def _device(res: dict[str, Any], n: int, preset: str | None, memory_bytes: float | None,
-            flops: float | None) -> Device:
+            flops: float | None, busy_slowdown: Any = None) -> Device:
     info = res.get("device", {})
     rank = int(res["rank"])
     extra = {"host": res.get("host") or socket.gethostname(), "backend": res["backend"],
@@ -265,4 +287,10 @@ def _device(res: dict[str, Any], n: int, preset: str | None, memory_bytes: float
         fl = flops if flops is not None else CPU_FLOPS
     if preset is None and info.get("memory_bandwidth"):  # measured, for the optimizer step
         extra["memory_bandwidth"] = float(info["memory_bandwidth"])  # and the roofline
+    if preset is None:  # measured overheads (a preset's devices are not these processes)
+        for key in OVERHEAD_FIELDS:
+            if key in info:
+                extra[key] = info[key]
+        if busy_slowdown:
+            extra["busy_slowdown"] = {str(g): float(v) for g, v in busy_slowdown.items()}
     return Device(name=f"rank{rank}", memory_bytes=mem, flops=fl, extra=extra)

@@ -20,6 +20,15 @@ from typing import Any
 
 __all__ = ["run"]
 
+#: Tiny layer blocks per timed run, and graph operators per block (the per-operator
+#: overheads).
+BLOCKS = 4
+BLOCK_OPS = 7
+#: FSDP units of the per-gather overhead's model.
+UNITS = 4
+#: Micro-batches of the pipelining per-action overhead's schedule.
+PIPE_MICROBATCHES = 8
+
 
 def _write_json(path: str, data: Any) -> None:
     tmp = f"{path}.tmp"
@@ -123,6 +132,8 @@ def _measure(rank: int, world: int, cfg: dict[str, Any], tmpdir: str) -> dict[st
                 rtt[str(j)] = per_size
     dist.barrier()
     collectives = _collectives(rank, world, cfg, dev, sync) if cfg.get("collectives") else {}
+    if cfg.get("overheads"):
+        device.update(_overheads(rank, world, cfg, dev, sync))
     return {"rank": rank, "backend": backend, "device": device, "host": os.uname().nodename,
             "rtt": rtt, "collectives": collectives}
 
@@ -193,6 +204,215 @@ def _collectives(rank: int, world: int, cfg: dict[str, Any], dev: Any,
             out[kind][str(g)] = rows[kind]
     dist.barrier()
     return out
+
+
+def _median_seconds(fn: Callable[[], Any], sync: Callable[[], None], repeats: int,
+                    warmup: int, dist: Any, active: bool = True) -> float:
+    """Median seconds of ``fn()`` over ``repeats`` calls after ``warmup``, every rank
+    starting each call together (a barrier first); ranks with ``active`` False only join
+    the barriers (0.0)."""
+    import statistics
+
+    times = []
+    for it in range(warmup + repeats):
+        dist.barrier()
+        if not active:
+            continue
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        if it >= warmup:
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times) if times else 0.0
+
+
+def _overheads(rank: int, world: int, cfg: dict[str, Any], dev: Any,
+               sync: Callable[[], None]) -> dict[str, Any]:
+    """The fixed costs a training run pays beyond its operators' arithmetic, measured on
+    this device with every rank doing the same at once (as in training):
+
+    - ``op_overhead_seconds``: ``[forward, backward]`` seconds per operator of
+      :data:`BLOCKS` tiny layer blocks (16 features, 4 samples; per block a linear layer,
+      GELU, layer norm, view, transpose, reshape and a residual add: :data:`BLOCK_OPS`
+      operators, the kinds a captured graph's nodes are) under autograd, the forward
+      recording the graph and one backward through it: dispatch and autograd
+      bookkeeping, what an operator costs however little it computes;
+    - ``dtensor_op_overhead_seconds``: ``[forward, backward]`` extra seconds per operator
+      when the same blocks run on DTensors replicated over all ranks (sharding
+      propagation and wrapping; no communication);
+    - ``pipeline_action_overhead_seconds``: seconds torch's pipelining schedule adds per
+      forward or backward action (:func:`_pipeline_action`);
+    - ``fsdp_gather_overhead_seconds``: extra seconds per parameter all-gather of an FSDP2
+      unit (``fully_shard``, gradient sync off) beyond a bare all-gather of the same bytes:
+      :data:`UNITS` tiny linear units, ``(t_fsdp - t_plain) / (2 units) - t_allgather``;
+    - ``gradient_seconds_per_byte``: ``[one replica, replicas]`` seconds per byte of 16 MiB
+      of gradients in 16 tensors: scaled in place (what a one-replica step does), and
+      flattened into one tensor, copied back out and scaled (the runtime's flat all-reduce
+      around the collective itself);
+    - ``busy_slowdown``: ``{g: t_g / t_1}``, g = 1..N: the seconds until the last of g
+      ranks running a fixed compute kernel at once (matrix products and elementwise passes
+      over 4 MiB, tens of milliseconds: longer than a scheduler's time slice) is done, over
+      one rank alone. Above 1 when the ranks share cores or memory (more processes than
+      cores: about g / cores).
+    """
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, distribute_tensor
+
+    # 3 to 7 timed runs each: medians steady enough, a few seconds in all
+    repeats, warmup = min(max(int(cfg["repeats"]), 3), 7), max(int(cfg["warmup"]), 1)
+    out: dict[str, Any] = {}
+    mesh = init_device_mesh(dev.type, (world,))
+
+    def blocks_per_op(wrap: bool) -> tuple[float, float]:
+        params = [torch.full((16, 16), 0.01, device=dev), torch.zeros(16, device=dev),
+                  torch.ones(16, device=dev), torch.zeros(16, device=dev)]
+        x0 = torch.ones(4, 16, device=dev)
+        if wrap:
+            params = [distribute_tensor(p, mesh, [Replicate()]) for p in params]
+            x0 = distribute_tensor(x0, mesh, [Replicate()])
+        for p in params:
+            p.requires_grad_(True)
+        w, b, lw, lb = params
+        fs, bs = [], []
+        for it in range(warmup + repeats):
+            dist.barrier()
+            t0 = time.perf_counter()
+            x = x0
+            for _ in range(BLOCKS):
+                y = F.layer_norm(F.gelu(F.linear(x, w, b)), (16,), lw, lb)
+                x = y.view(4, 2, 8).transpose(1, 2).reshape(4, 16) + x
+            sync()
+            t1 = time.perf_counter()
+            x.sum().backward()
+            sync()
+            t2 = time.perf_counter()
+            for p in params:
+                p.grad = None
+            if it >= warmup:
+                fs.append(t1 - t0)
+                bs.append(t2 - t1)
+        fs.sort()
+        bs.sort()
+        ops = BLOCKS * BLOCK_OPS
+        return fs[len(fs) // 2] / ops, bs[len(bs) // 2] / ops
+
+    plain = blocks_per_op(False)
+    out["op_overhead_seconds"] = [plain[0], plain[1]]
+    dt = blocks_per_op(True)
+    out["dtensor_op_overhead_seconds"] = [max(dt[0] - plain[0], 0.0),
+                                          max(dt[1] - plain[1], 0.0)]
+
+    from torch import nn
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    model = nn.Sequential(*(nn.Linear(16, 16) for _ in range(UNITS))).to(dev)
+    ref = nn.Sequential(*(nn.Linear(16, 16) for _ in range(UNITS))).to(dev)
+    inp = torch.ones(4, 16, device=dev)
+
+    def step(m: Any) -> Callable[[], None]:
+        def run() -> None:
+            m(inp).sum().backward()
+        return run
+
+    t_plain = _median_seconds(step(ref), sync, repeats, warmup, dist)
+    for unit in model:
+        fully_shard(unit, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    model.set_requires_gradient_sync(False)
+    t_fsdp = _median_seconds(step(model), sync, repeats, warmup, dist)
+    numel = 16 * 16 + 16
+    full = torch.ones(-(-numel // world) * world, device=dev)
+    part = torch.ones(full.numel() // world, device=dev)
+    t_ag = _median_seconds(lambda: dist.all_gather_into_tensor(full, part), sync, repeats,
+                           warmup, dist)
+    out["fsdp_gather_overhead_seconds"] = max((t_fsdp - t_plain) / (2 * UNITS) - t_ag, 0.0)
+
+    out["pipeline_action_overhead_seconds"] = _pipeline_action(torch, dist, dev, sync, world,
+                                                                rank, repeats, warmup, ref)
+    grads = [torch.rand(1 << 18, device=dev) for _ in range(16)]  # 16 MiB, 16 tensors
+    nbytes = float(sum(g.numel() * g.element_size() for g in grads))
+
+    def scale() -> None:  # one replica: the gradients scaled in place
+        for g in grads:
+            g.mul_(0.5)
+
+    def flat() -> None:  # replicas: flattened for one all-reduce, copied back, scaled
+        f = torch.cat([g.reshape(-1) for g in grads])
+        offset = 0
+        for g in grads:
+            n = g.numel()
+            f[offset:offset + n].view_as(g).clone().mul_(0.5)
+            offset += n
+
+    out["gradient_seconds_per_byte"] = [
+        _median_seconds(scale, sync, repeats, warmup, dist) / nbytes,
+        _median_seconds(flat, sync, repeats, warmup, dist) / nbytes]
+
+    a = torch.rand(256, 256, device=dev)
+    big = torch.rand(1 << 20, device=dev)
+
+    def kernel() -> None:  # about 20-40 ms on one core: longer than a scheduler slice
+        for _ in range(6):
+            for _ in range(8):
+                a @ a
+            big.mul_(1.0)
+
+    slow: dict[str, float] = {}
+    alone = 0.0
+    for g in range(1, world + 1):
+        times = []
+        for it in range(warmup + repeats):
+            dist.barrier()
+            t0 = time.perf_counter()
+            if rank < g:
+                kernel()
+                sync()
+            dist.barrier()  # until the last of the g ranks is done: their common rate
+            if it >= warmup:
+                times.append(time.perf_counter() - t0)
+        times.sort()
+        t = times[len(times) // 2]
+        if g == 1:
+            alone = t
+        if rank == 0:
+            slow[str(g)] = t / alone if alone > 0 else 1.0
+    out["busy_slowdown"] = slow
+    dist.barrier()
+    return out
+
+
+def _pipeline_action(torch: Any, dist: Any, dev: Any, sync: Callable[[], None], world: int,
+                     rank: int, repeats: int, warmup: int, model: Any) -> float:
+    """Seconds torch's pipelining adds per forward or backward action: ``model`` (tiny
+    layers) as a one-stage ``PipelineStage`` on a group of this rank alone, run by
+    ``ScheduleGPipe`` over :data:`PIPE_MICROBATCHES` micro-batches, against the same
+    forwards, losses and backwards in a loop; the difference over the ``2 M`` actions (the
+    schedule's bookkeeping: stage inputs, outputs and gradients; no messages)."""
+    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+
+    groups = [dist.new_group([r]) for r in range(world)]  # every rank creates every group
+    m = PIPE_MICROBATCHES
+    x = torch.ones(4 * m, 16, device=dev)
+    y = torch.zeros(4 * m, 16, device=dev)
+
+    def loss(o: Any, t: Any) -> Any:
+        return ((o - t) ** 2).mean()
+
+    stage = PipelineStage(model, 0, 1, dev, input_args=(torch.ones(4, 16, device=dev),),
+                          output_args=(torch.ones(4, 16, device=dev),), group=groups[rank])
+    sched = ScheduleGPipe(stage, n_microbatches=m, loss_fn=loss)
+
+    def plain() -> None:
+        for xs, ys in zip(x.chunk(m), y.chunk(m), strict=True):
+            loss(model(xs), ys).backward()
+
+    t_pipe = _median_seconds(lambda: sched.step(x, target=y), sync, repeats, warmup, dist)
+    t_plain = _median_seconds(plain, sync, repeats, warmup, dist)
+    return max(t_pipe - t_plain, 0.0) / (2 * m)
 
 
 def run(rank: int, world: int, cfg: dict[str, Any], tmpdir: str) -> None:

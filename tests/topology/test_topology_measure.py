@@ -49,7 +49,7 @@ def test_measure_rejects_bad_options_without_starting_processes(kwargs, match) -
 
 @pytest.mark.torch
 @pytest.mark.multiprocess
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(90)
 def test_measure_two_processes(tmp_path) -> None:
     t0 = time.monotonic()
     topo = measure(2, backend="gloo", sizes=SMALL, repeats=3, timeout=40,
@@ -75,6 +75,24 @@ def test_measure_two_processes(tmp_path) -> None:
 
     b, t = back.collective_curve("allreduce", 2)
     assert allreduce_seconds(back, [0, 1], b[-1]) == pytest.approx(t[-1])
+    # the measured overheads, in every device entry, and read back by the cost model
+    from shardplan.cost._overheads import busy_slowdown, dtensor_op_overhead, op_overhead
+
+    for d in back.devices:
+        f, b_ = d.extra["op_overhead_seconds"]
+        assert 0 < f < 1e-2 and 0 < b_ < 1e-2  # a tiny operator: microseconds, not seconds
+        assert all(0 <= x < 1e-2 for x in d.extra["dtensor_op_overhead_seconds"])
+        assert 0 <= d.extra["fsdp_gather_overhead_seconds"] < 1.0
+        assert 0 <= d.extra["pipeline_action_overhead_seconds"] < 1.0
+        one, many = d.extra["gradient_seconds_per_byte"]
+        assert 0 < one < 1e-6 and 0 < many < 1e-6  # seconds per byte: GB/s, not bytes/s
+        assert set(d.extra["busy_slowdown"]) == {"1", "2"}
+        assert d.extra["busy_slowdown"]["1"] == 1.0 and d.extra["busy_slowdown"]["2"] > 0
+    assert op_overhead(back)[0] > 0 and dtensor_op_overhead(back)[0] >= 0
+    assert busy_slowdown(back, [0, 1]) >= 1.0 and busy_slowdown(back, [0]) == 1.0
+    quiet = measure(2, backend="gloo", sizes=SMALL[:2], repeats=1, timeout=40,
+                    collectives=False, overheads=False)
+    assert "op_overhead_seconds" not in quiet.devices[0].extra
 
 
 @pytest.mark.torch

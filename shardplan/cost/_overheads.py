@@ -1,0 +1,298 @@
+"""Fixed costs a run pays beyond its operators' arithmetic and its messages' bytes.
+
+``topology measure`` records them in every device's entry (measured on the machine, with
+every rank busy at once, see :mod:`shardplan.topology._measure_worker`); topologies without
+them (the builders, GPU presets, files written before) price every overhead at 0 and every
+slowdown at 1, exactly as before. Fields of a device entry:
+
+- ``op_overhead_seconds``: ``[forward, backward]`` seconds of dispatch and autograd
+  bookkeeping per operator (a tiny operator's time). Charged to every node whose time is
+  not measured (a FLOP or roofline time has no dispatch in it; a profiled time has).
+- ``dtensor_op_overhead_seconds``: ``[forward, backward]`` seconds per operator that
+  running it on DTensors adds: charged per node of plans that run as DTensor programs
+  (PaSE strategies and hybrids).
+- ``fsdp_gather_overhead_seconds``: seconds an FSDP unit's parameter all-gather costs beyond
+  the bare all-gather: charged per unit and micro-batch, forward and backward, under
+  ``gradient_sync: sharded``.
+- ``gradient_seconds_per_byte``: ``[one replica, replicas]`` seconds per parameter byte of
+  the runtime's gradient handling before the optimizer step (scaling; with replicas also
+  flattening for the all-reduce and copying back), charged once per iteration.
+- ``pipeline_action_overhead_seconds``: seconds torch's pipelining schedule adds per forward
+  or backward action: charged per micro-batch to plans the pipeline runtime runs (not DDP,
+  FSDP or one-stage strategies).
+- ``busy_slowdown``: ``{g: factor}``: how much longer a process computes while g ranks of
+  the host compute at once than alone (the profile of ``capture --profile`` is taken
+  alone); every compute time of a plan using g devices is multiplied by it.
+
+Everything here is O(n) or O(devices).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from shardplan.ir import Graph, Topology
+
+__all__ = ["busy_slowdown", "charge_run_overheads", "dtensor_op_overhead",
+           "fsdp_gather_overhead", "fsdp_unit_chunks", "fsdp_unit_keys",
+           "gradient_seconds_per_byte", "op_overhead", "pipeline_action_overhead"]
+
+
+def _pair(device: Any, key: str) -> tuple[float, float]:
+    value = device.extra.get(key)
+    if value is None:
+        return 0.0, 0.0
+    try:
+        f, b = (float(v) for v in value)
+    except (TypeError, ValueError):
+        return 0.0, 0.0
+    return max(f, 0.0), max(b, 0.0)
+
+
+def _median_pair(topology: Topology | None, key: str,
+                 devices: Sequence[int] | None = None) -> tuple[float, float]:
+    if topology is None or topology.num_devices == 0:
+        return 0.0, 0.0
+    ids = range(topology.num_devices) if devices is None else devices
+    pairs = np.array([_pair(topology.devices[int(d)], key) for d in ids], dtype=np.float64)
+    if pairs.size == 0:
+        return 0.0, 0.0
+    f, b = np.median(pairs, axis=0)
+    return float(f), float(b)
+
+
+def op_overhead(topology: Topology | None,
+                devices: Sequence[int] | None = None) -> tuple[float, float]:
+    """``(forward, backward)`` seconds of per-operator overhead: the median over
+    ``devices`` (default all) of their ``op_overhead_seconds``; ``(0, 0)`` where absent.
+
+    Examples
+    --------
+    >>> from shardplan.ir import Device
+    >>> t = Topology(name="t", devices=(Device("a", 1e9, 1e12,
+    ...              {"op_overhead_seconds": [1e-5, 2e-5]}),), bandwidth=[[0]], latency=[[0]])
+    >>> op_overhead(t), op_overhead(None)
+    ((1e-05, 2e-05), (0.0, 0.0))
+    """
+    return _median_pair(topology, "op_overhead_seconds", devices)
+
+
+def dtensor_op_overhead(topology: Topology | None,
+                        devices: Sequence[int] | None = None) -> tuple[float, float]:
+    """``(forward, backward)`` extra seconds per operator run on DTensors over ``devices``
+    (the median of their ``dtensor_op_overhead_seconds``); ``(0, 0)`` where absent."""
+    return _median_pair(topology, "dtensor_op_overhead_seconds", devices)
+
+
+def fsdp_gather_overhead(topology: Topology | None, devices: Sequence[int]) -> float:
+    """Extra seconds per FSDP unit all-gather over ``devices``: the largest of their
+    ``fsdp_gather_overhead_seconds`` (every rank waits for the slowest); 0 where absent."""
+    if topology is None:
+        return 0.0
+    vals = [float(topology.devices[int(d)].extra.get("fsdp_gather_overhead_seconds") or 0.0)
+            for d in devices]
+    return max([0.0, *vals])
+
+
+def busy_slowdown(topology: Topology | None, devices: Sequence[int]) -> float:
+    """How much longer compute takes while the ``g = len(set(devices))`` devices of a plan
+    compute at once than alone: the largest ``busy_slowdown[g]`` of those devices, at least
+    1 (a measured ratio below 1 is noise: running more processes does not speed one up);
+    1 where not measured or for one device.
+
+    Examples
+    --------
+    >>> from shardplan.ir import Device
+    >>> slow = {"busy_slowdown": {"1": 1.0, "2": 1.9}}
+    >>> devs = (Device("a", 1e9, 1e12, slow), Device("b", 1e9, 1e12, slow))
+    >>> t = Topology(name="t", devices=devs, bandwidth=[[0, 1], [1, 0]],
+    ...              latency=[[0, 0], [0, 0]])
+    >>> busy_slowdown(t, [0, 1]), busy_slowdown(t, [0])
+    (1.9, 1.0)
+    """
+    used = sorted({int(d) for d in devices})
+    if topology is None or len(used) < 2:
+        return 1.0
+    key = str(len(used))
+    factor = 1.0
+    for d in used:
+        table = topology.devices[d].extra.get("busy_slowdown")
+        if isinstance(table, dict) and key in table:
+            try:
+                factor = max(factor, float(table[key]))
+            except (TypeError, ValueError):
+                continue
+    return factor
+
+
+_INDEXED = re.compile(r"^(.*?)(?:^|\.)(\d+)(?:\.|$)")
+
+
+def fsdp_unit_keys(graph: Graph) -> list[str] | None:
+    """The FSDP unit of every node, as the runtime wraps a model: the items of its first
+    module list of more than one item (a transformer's blocks: module paths
+    ``prefix.<i>.*``), else every top-level child module holding parameters; the root
+    (key ``""``) holds the rest. None when the graph's nodes carry no module names with
+    parameters in two or more units (a generated graph): then units are cut by size.
+
+    A graph names modules but not their types, so which indexed family is a module list is
+    our guess: the only one; with several (ResNet's ``layer1.0`` ... ``layer4.2``, which
+    are ``Sequential`` containers) the top-level children are the units, as the runtime
+    wraps them.
+
+    Examples
+    --------
+    >>> g = Graph.from_arrays(name="g", fwd_flops=[1.0] * 4, src=[0, 1, 2], dst=[1, 2, 3],
+    ...                       param_bytes=[4, 4, 4, 4],
+    ...                       modules=["emb", "blocks.0.fc", "blocks.1.fc", "head"])
+    >>> fsdp_unit_keys(g)
+    ['', 'blocks.0', 'blocks.1', '']
+    """
+    mods = list(graph.modules)
+    params = np.asarray(graph.param_bytes) > 0
+    items: dict[str, set[str]] = {}
+    for m in mods:
+        hit = _INDEXED.match(m or "")
+        if hit:
+            items.setdefault(hit.group(1), set()).add(hit.group(2))
+    lists = [p for p, idx in items.items() if len(idx) > 1]
+    keys: list[str] = []
+    if len(lists) == 1:  # one family of indexed blocks: a module list
+        head = f"{lists[0]}." if lists[0] else ""
+        for m in mods:
+            m = m or ""
+            rest = m[len(head):] if m.startswith(head) else None
+            num = rest.split(".", 1)[0] if rest else ""
+            keys.append(f"{head}{num}" if num.isdigit() else "")
+    else:
+        keys = [(m or "").split(".", 1)[0] for m in mods]
+    if len({k for k, p in zip(keys, params, strict=True) if p and k}) < 2:
+        return None
+    return keys
+
+
+def fsdp_unit_chunks(keys: Sequence[str], nodes: np.ndarray, fwd: np.ndarray,
+                     bwd: np.ndarray, params: np.ndarray
+                     ) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:
+    """One stage's FSDP all-gathers as the runtime issues them, as ``(bytes, end fraction)``
+    segments of its forward and of its backward (what :mod:`shardplan.simulate` waits on).
+
+    ``nodes`` are the stage's nodes in topological order and ``keys`` every node's unit
+    (:func:`fsdp_unit_keys`). Forward: the root's parameters first (FSDP2 gathers them in
+    the root's pre-forward), ending where the first other unit's first node starts; then
+    each unit in order of its first node, ending at its last node; the last segment ends
+    with the action. Backward: the units in reverse, each ending at its first node in
+    reverse order, the root's not gathered again (FSDP2 keeps the root's parameters after
+    the forward). O(n).
+    """
+    order = [int(v) for v in nodes]
+    tf = float(np.sum(fwd[order])) or 1.0
+    tb = float(np.sum(bwd[order])) or 1.0
+    first: dict[str, int] = {}
+    last: dict[str, int] = {}
+    size: dict[str, float] = {}
+    for pos, v in enumerate(order):
+        k = keys[v]
+        if params[v] <= 0:
+            continue
+        size[k] = size.get(k, 0.0) + float(params[v])
+        first.setdefault(k, pos)
+        last[k] = pos
+    cum_f = np.cumsum(fwd[order]) / tf if order else np.zeros(0)
+    cum_b = np.cumsum(bwd[order[::-1]]) / tb if order else np.zeros(0)
+    units = sorted((k for k in size if k), key=lambda k: first[k])
+    ufwd: list[tuple[float, float]] = []
+    if "" in size:
+        start = first[units[0]] if units else len(order)
+        ufwd.append((size[""], float(cum_f[start - 1]) if start > 0 else 0.0))
+    ufwd += [(size[k], float(cum_f[last[k]])) for k in units]
+    ubwd = [(size[k], float(cum_b[len(order) - 1 - first[k]])) for k in units[::-1]]
+    if ufwd and not ubwd:  # the root alone: gathered again for the backward
+        ubwd = [(ufwd[0][0], 1.0)]
+    for seg in (ufwd, ubwd):
+        if seg:
+            seg[-1] = (seg[-1][0], 1.0)
+    return ufwd, ubwd
+
+
+def gradient_seconds_per_byte(topology: Topology | None, devices: Sequence[int],
+                              replicated: bool) -> float:
+    """Seconds per parameter byte of the runtime's gradient handling each iteration on
+    ``devices`` (the largest of their ``gradient_seconds_per_byte``, the replicated or the
+    one-replica figure); 0 where absent."""
+    if topology is None:
+        return 0.0
+    best = 0.0
+    for d in devices:
+        value = topology.devices[int(d)].extra.get("gradient_seconds_per_byte")
+        try:
+            one, many = (float(v) for v in value)
+        except (TypeError, ValueError):
+            continue
+        best = max(best, many if replicated else one)
+    return best
+
+
+def pipeline_action_overhead(topology: Topology | None, devices: Sequence[int]) -> float:
+    """Seconds the pipelining schedule adds per action on ``devices`` (the largest of their
+    ``pipeline_action_overhead_seconds``); 0 where absent."""
+    if topology is None:
+        return 0.0
+    vals = [float(topology.devices[int(d)].extra.get("pipeline_action_overhead_seconds")
+                  or 0.0) for d in devices]
+    return max([0.0, *vals])
+
+
+def charge_run_overheads(st: Any, topology: Topology, gradient_sync: str,
+                         used: Sequence[int], units: tuple[list, list] | None = None, *,
+                         pipelined: bool = False) -> Any:
+    """A :class:`~shardplan.cost._pipeline.StageTimes` with the run's fixed costs charged.
+
+    - Under ``gradient_sync == "sharded"``, a stage with replicas pays
+      :func:`fsdp_gather_overhead` per all-gather of its ``units`` (forward and backward
+      segment lists per stage, :func:`fsdp_unit_chunks`) in every micro-batch's forward and
+      backward.
+    - Otherwise every replica's optimizer step is preceded by the runtime's gradient
+      handling, :func:`gradient_seconds_per_byte` per parameter byte of its stage (with
+      replicas: the gradients flattened for the all-reduce or copied into DDP's buckets,
+      copied back and scaled; one replica: scaled).
+    - With ``pipelined`` (the pipeline runtime runs the plan), every forward and backward
+      of a micro-batch pays :func:`pipeline_action_overhead`.
+    - Every forward, backward and optimizer time is then multiplied by
+      :func:`busy_slowdown` of the ``used`` devices (all of the plan's, every rank
+      computing at once).
+
+    Unchanged (the same object) when the topology measured none of it. O(S R).
+    """
+    import dataclasses
+
+    factor = busy_slowdown(topology, used)
+    fwd, bwd, opt = st.forward.copy(), st.backward.copy(), st.optimizer.copy()
+    changed = factor != 1.0
+    for s in range(fwd.shape[0]):
+        r = int(st.replicas[s])
+        devs = [int(d) for d in st.devices[s, :r]]
+        act = pipeline_action_overhead(topology, devs) if pipelined else 0.0
+        if act > 0:
+            fwd[s, :r] += act
+            bwd[s, :r] += act
+            changed = True
+        if gradient_sync == "sharded" and r > 1:
+            c = fsdp_gather_overhead(topology, devs) if units is not None else 0.0
+            if c > 0 and units is not None and units[0][s]:
+                fwd[s, :r] += c * len(units[0][s])
+                bwd[s, :r] += c * len(units[1][s])
+                changed = True
+            continue
+        per_byte = gradient_seconds_per_byte(topology, devs, r > 1)
+        if per_byte > 0 and float(st.param_bytes[s]) > 0:
+            opt[s, :r] += per_byte * float(st.param_bytes[s])
+            changed = True
+    if not changed:
+        return st
+    return dataclasses.replace(st, forward=fwd * factor, backward=bwd * factor,
+                               optimizer=opt * factor)

@@ -1,0 +1,235 @@
+"""Measured fixed costs (``shardplan.cost._overheads``): absent fields change nothing, and
+each measured overhead is charged where the run pays it, by hand-computed amounts."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from shardplan.cost import CostModel
+from shardplan.cost._overheads import (
+    busy_slowdown,
+    charge_run_overheads,
+    dtensor_op_overhead,
+    fsdp_gather_overhead,
+    fsdp_unit_chunks,
+    fsdp_unit_keys,
+    op_overhead,
+)
+from shardplan.ir import Device, ExecutionSettings, Graph, Objective, Plan, Stage, Topology
+from shardplan.simulate import simulate
+
+
+def _topo(num: int, **extra) -> Topology:
+    bw = np.full((num, num), 1e9)
+    np.fill_diagonal(bw, 0)
+    lat = np.full((num, num), 1e-5)
+    np.fill_diagonal(lat, 0)
+    return Topology(name="t", devices=tuple(Device(f"d{i}", 1e12, 1e12, dict(extra))
+                                            for i in range(num)), bandwidth=bw, latency=lat)
+
+
+def _graph(measured: bool, params: int = 0) -> Graph:
+    n = 4
+    kw = {"fwd_seconds": np.full(n, 1.0), "bwd_seconds": np.full(n, 2.0)} if measured else {}
+    return Graph.from_arrays(name="g", fwd_flops=np.full(n, 1e12), src=np.arange(n - 1),
+                             dst=np.arange(1, n), param_bytes=np.full(n, params), **kw)
+
+
+def _plan(stages, devices) -> Plan:
+    return Plan("g", "t", "hand", tuple(Stage(tuple(s), tuple(d))
+                                        for s, d in zip(stages, devices, strict=True)),
+                Objective("max_stage_seconds", 0.0))
+
+
+ZERO = {"op_overhead_seconds": [0.0, 0.0], "dtensor_op_overhead_seconds": [0.0, 0.0],
+        "fsdp_gather_overhead_seconds": 0.0, "gradient_seconds_per_byte": [0.0, 0.0],
+        "pipeline_action_overhead_seconds": 0.0,
+        "busy_slowdown": {"1": 1.0, "2": 1.0}}
+
+
+def test_readers_default_to_nothing() -> None:
+    t = _topo(2)
+    assert op_overhead(t) == (0.0, 0.0) and dtensor_op_overhead(t) == (0.0, 0.0)
+    assert fsdp_gather_overhead(t, [0, 1]) == 0.0 and busy_slowdown(t, [0, 1]) == 1.0
+    assert op_overhead(None) == (0.0, 0.0)
+    # a measured ratio below 1 is noise, and one device is never slowed by others
+    slow = _topo(2, busy_slowdown={"1": 1.0, "2": 0.9})
+    assert busy_slowdown(slow, [0, 1]) == 1.0
+    assert busy_slowdown(_topo(2, busy_slowdown={"2": 1.7}), [1]) == 1.0
+
+
+@pytest.mark.parametrize("sync", ["end", "bucketed", "sharded"])
+@pytest.mark.parametrize("measured", [True, False])
+def test_topology_without_the_fields_simulates_as_with_zero_overheads(sync, measured) -> None:
+    """Old topology files (no fields) and measured zeros give identical results, and the
+    run-overhead hook returns the stage times untouched (the same object)."""
+    g = _graph(measured, params=4_000_000)
+    plan = _plan([[0, 1, 2, 3]], [[0, 1]])
+    settings = ExecutionSettings(microbatches=2, schedule="gpipe", optimizer="sgd",
+                                 gradient_sync=sync)
+    old = simulate(plan.with_settings(settings), g, _topo(2), timeline=False)
+    new = simulate(plan.with_settings(settings), g, _topo(2, **ZERO), timeline=False)
+    assert new.iteration_seconds == old.iteration_seconds
+    assert new.peak_memory_bytes == old.peak_memory_bytes
+    cm = CostModel(g, _topo(2))
+    for a, b in zip(cm._work, CostModel(g, _topo(2, **ZERO))._work, strict=True):
+        assert np.array_equal(a, b)
+    from shardplan.cost import stage_times
+
+    st = stage_times(cm, np.zeros(4, dtype=np.int64), [[0, 1]], num_stages=1)
+    assert charge_run_overheads(st, _topo(2), sync, [0, 1], None) is st
+
+
+def test_op_overhead_is_charged_to_unmeasured_nodes_only() -> None:
+    t = _topo(1, op_overhead_seconds=[1e-3, 3e-3])
+    g = Graph.from_arrays(name="g", fwd_flops=[1e12, 1e12], src=[0], dst=[1],
+                          fwd_seconds=[0.5, float("nan")], bwd_seconds=[0.7, float("nan")])
+    fwd, bwd = CostModel(g, t).node_seconds(0)
+    # node 0 measured (its time has its dispatch); node 1: 1e12 FLOPs at 1e12/s + overhead
+    assert fwd.tolist() == pytest.approx([0.5, 1.0 + 1e-3])
+    assert bwd.tolist() == pytest.approx([0.7, 2.0 + 3e-3])
+    bare, _ = CostModel(g, _topo(1)).node_seconds(0)
+    assert bare.tolist() == pytest.approx([0.5, 1.0])
+
+
+def test_busy_slowdown_scales_every_compute_of_a_plan_on_that_many_devices() -> None:
+    g = _graph(True)  # no parameters: no all-reduce, the iteration is compute alone
+    settings = ExecutionSettings(microbatches=3, schedule="gpipe", optimizer="sgd")
+    dp = _plan([[0, 1, 2, 3]], [[0, 1]]).with_settings(settings)
+    one = _plan([[0, 1, 2, 3]], [[0]]).with_settings(settings)
+    base = _topo(2)
+    busy = _topo(2, busy_slowdown={"1": 1.0, "2": 1.5})
+    # each replica: 4 nodes x (1 + 2) s / 2 per micro-batch, 3 micro-batches, then x 1.5
+    assert simulate(dp, g, base).iteration_seconds == pytest.approx(18.0)
+    assert simulate(dp, g, busy).iteration_seconds == pytest.approx(27.0)
+    # one device alone computes at its own pace
+    assert simulate(one, g, busy).iteration_seconds == pytest.approx(
+        simulate(one, g, base).iteration_seconds)
+
+
+def test_fsdp_units_follow_the_runtime_wrapping() -> None:
+    mods = ["tok_emb", "blocks.0.ln", "blocks.0.fc", "add", "blocks.1.fc", "ln_f", "head"]
+    g = Graph.from_arrays(name="g", fwd_flops=np.ones(7), src=np.arange(6),
+                          dst=np.arange(1, 7), param_bytes=[10, 1, 4, 0, 4, 1, 10],
+                          modules=mods)
+    keys = fsdp_unit_keys(g)
+    assert keys == ["", "blocks.0", "blocks.0", "", "blocks.1", "", ""]
+    mlp = Graph.from_arrays(name="m", fwd_flops=np.ones(4), src=[0, 1, 2], dst=[1, 2, 3],
+                            param_bytes=[8, 0, 8, 8], modules=["fc1", "relu", "fc2", "fc3"])
+    assert fsdp_unit_keys(mlp) == ["fc1", "relu", "fc2", "fc3"]
+    # several indexed families (ResNet's Sequential layers): the top-level children
+    res = Graph.from_arrays(name="r", fwd_flops=np.ones(6), src=np.arange(5),
+                            dst=np.arange(1, 6), param_bytes=np.full(6, 8),
+                            modules=["conv1", "layer1.0.conv1", "layer1.1.conv1",
+                                     "layer2.0.conv1", "layer2.1.conv1", "fc"])
+    assert fsdp_unit_keys(res) == ["conv1", "layer1", "layer1", "layer2", "layer2", "fc"]
+    # one unit only (or no module names): None, units are cut by size
+    assert fsdp_unit_keys(_graph(True, params=4)) is None
+    # segments: root (21 bytes) first, ending before blocks.0 starts (1 of 7 s of forward);
+    # blocks.0 ends at node 2 (3/7), blocks.1 closes the forward; backward: blocks.1 ends
+    # at its node (reverse order: 3 nodes of 7), blocks.0 closes it; the root is kept
+    order = np.arange(7)
+    f, b = fsdp_unit_chunks(keys, order, np.ones(7), np.ones(7), g.param_bytes)
+    assert f == [(21.0, pytest.approx(1 / 7)), (5.0, pytest.approx(3 / 7)), (4.0, 1.0)]
+    assert b == [(4.0, pytest.approx(3 / 7)), (5.0, 1.0)]
+
+
+def test_fsdp_gather_overhead_is_charged_per_unit_and_micro_batch() -> None:
+    mods = ["blocks.0.fc", "blocks.1.fc", "blocks.2.fc", "head"]
+    g = Graph.from_arrays(name="g", fwd_flops=np.zeros(4), src=[0, 1, 2], dst=[1, 2, 3],
+                          fwd_seconds=np.full(4, 1.0), bwd_seconds=np.full(4, 2.0),
+                          param_bytes=[4, 4, 4, 0], modules=mods)
+    settings = ExecutionSettings(microbatches=2, schedule="gpipe", optimizer="sgd",
+                                 gradient_sync="sharded")
+    plan = _plan([[0, 1, 2, 3]], [[0, 1]]).with_settings(settings)
+    free = _topo(2)
+    free = dataclasses.replace(free, bandwidth=np.where(free.bandwidth > 0, 1e30, 0.0),
+                               latency=np.zeros((2, 2)))
+    costly = Topology(name="t", devices=tuple(
+        Device(d.name, d.memory_bytes, d.flops, {"fsdp_gather_overhead_seconds": 0.25})
+        for d in free.devices), bandwidth=free.bandwidth, latency=free.latency)
+    a = simulate(plan, g, free).iteration_seconds
+    b = simulate(plan, g, costly).iteration_seconds
+    # 3 units: 3 gathers in each forward and 3 in each backward, 2 micro-batches
+    assert b - a == pytest.approx(2 * (3 + 3) * 0.25)
+
+
+def test_dtensor_overhead_is_charged_per_node_of_strategy_plans_only() -> None:
+    from shardplan.generate import generate
+    from shardplan.simulate._engine import strategy_stage_seconds
+    from shardplan.strategy import hybrid_plan
+
+    g = generate("alexnet")
+    order = [int(v) for v in g.topological_order]
+    half = len(order) // 2
+    pipe = Plan(g.name, "", "contiguous", (Stage(tuple(sorted(order[:half])), (0, 1)),
+                                            Stage(tuple(sorted(order[half:])), (2, 3))),
+                Objective("max_stage_seconds", 1.0))
+    base = _topo(4)
+    plan = hybrid_plan(pipe, g, base)
+    over = _topo(4, dtensor_op_overhead_seconds=[1e-3, 2e-3])
+    s = plan.settings.resolve(g)
+    f0, b0 = strategy_stage_seconds(plan, g, base, s)
+    f1, b1 = strategy_stage_seconds(plan, g, over, s)
+    sizes = np.array([len(st.nodes) for st in plan.stages])
+    assert (f1 - f0).tolist() == pytest.approx((sizes * 1e-3).tolist())
+    assert (b1 - b0).tolist() == pytest.approx((sizes * 2e-3).tolist())
+    # a plain pipeline on the same topology pays none of it
+    p = dataclasses.replace(pipe, stages=tuple(Stage(st.nodes, st.devices[:1])
+                                               for st in pipe.stages))
+    assert simulate(p, g, over).iteration_seconds == simulate(p, g, base).iteration_seconds
+
+
+@pytest.mark.parametrize("sync, devices, per_byte", [
+    ("end", [0, 1], 3e-9), ("bucketed", [0, 1], 3e-9), ("end", [0], 1e-9),
+    ("sharded", [0, 1], 0.0)])
+def test_gradient_handling_is_charged_once_per_iteration(sync, devices, per_byte) -> None:
+    """The step waits for the gradients' handling: the replicated figure with replicas
+    (flattened for the all-reduce or DDP's buckets), the one-replica figure alone; FSDP's
+    own buffers are not charged."""
+    g = _graph(True, params=1_000_000)  # 4 MB of parameters
+    settings = ExecutionSettings(microbatches=2, schedule="gpipe", optimizer="sgd",
+                                 gradient_sync=sync)
+    plan = _plan([[0, 1, 2, 3]], [devices]).with_settings(settings)
+    base = simulate(plan, g, _topo(2)).iteration_seconds
+    handled = simulate(plan, g, _topo(2, gradient_seconds_per_byte=[1e-9, 3e-9]))
+    assert handled.iteration_seconds - base == pytest.approx(per_byte * 4_000_000)
+
+
+@pytest.mark.parametrize("sync, devices, charged", [
+    ("end", [0], True), ("end", [0, 1], True), ("bucketed", [0, 1], False),
+    ("sharded", [0, 1], False)])
+def test_pipeline_actions_pay_the_schedule_overhead(sync, devices, charged) -> None:
+    """Plans the pipeline runtime runs pay its per-action overhead on every forward and
+    backward; DDP and FSDP runs (one stage, replicas) do not."""
+    g = _graph(True)
+    settings = ExecutionSettings(microbatches=3, schedule="gpipe", optimizer="sgd",
+                                 gradient_sync=sync)
+    plan = _plan([[0, 1, 2, 3]], [devices]).with_settings(settings)
+    base = simulate(plan, g, _topo(2)).iteration_seconds
+    slow = simulate(plan, g, _topo(2, pipeline_action_overhead_seconds=0.1)).iteration_seconds
+    assert slow - base == pytest.approx(3 * 2 * 0.1 if charged else 0.0)
+    two = _plan([[0, 1], [2, 3]], [[0], [1]]).with_settings(settings)
+    # a 2-stage GPipe of 3 micro-batches: (3 + 1) forwards and (3 + 1) backwards in a row
+    d = simulate(two, g, _topo(2, pipeline_action_overhead_seconds=0.1)).iteration_seconds \
+        - simulate(two, g, _topo(2)).iteration_seconds
+    assert d == pytest.approx(8 * 0.1)
+
+
+def test_dispatch_does_not_shrink_when_replicas_split_the_micro_batch() -> None:
+    """Two replicas each run half the samples through every operator: the measured part of
+    a node's time up to the per-operator overhead is paid in full by both."""
+    from shardplan.cost import stage_times
+
+    g = Graph.from_arrays(name="g", fwd_flops=np.zeros(3), src=[0, 1], dst=[1, 2],
+                          fwd_seconds=[1.0, 0.05, 1.0], bwd_seconds=[2.0, 0.05, 2.0])
+    t = _topo(2, op_overhead_seconds=[0.1, 0.2])
+    st = stage_times(CostModel(g, t), np.zeros(3, dtype=np.int64), [[0, 1]], num_stages=1)
+    # forward: 2.05 / 2 + (0.1 + 0.05 + 0.1) / 2; backward: 4.05 / 2 + (0.2 + 0.05 + 0.2) / 2
+    assert st.forward[0].tolist() == pytest.approx([1.025 + 0.125] * 2)
+    assert st.backward[0].tolist() == pytest.approx([2.025 + 0.225] * 2)
+    one = stage_times(CostModel(g, t), np.zeros(3, dtype=np.int64), [[0]], num_stages=1)
+    assert one.forward[0, 0] == pytest.approx(2.05) and one.backward[0, 0] == pytest.approx(4.05)
