@@ -229,6 +229,8 @@ def gradient_seconds_per_byte(topology: Topology | None, devices: Sequence[int],
     best = 0.0
     for d in devices:
         value = topology.devices[int(d)].extra.get("gradient_seconds_per_byte")
+        if not isinstance(value, (list, tuple)):
+            continue
         try:
             one, many = (float(v) for v in value)
         except (TypeError, ValueError):
