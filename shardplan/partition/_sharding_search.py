@@ -30,6 +30,7 @@ lowers the objective (or at ``max_iterations`` passes, or at the deadline).
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -105,6 +106,11 @@ class Problem:
     @property
     def n(self) -> int:
         return int(self.weight.shape[0])
+
+    @functools.cached_property
+    def symmetric(self) -> bool:
+        """Whether ``cost`` is symmetric (computed once: O(D^2))."""
+        return bool(np.array_equal(self.cost, self.cost.T))
 
     @classmethod
     def build(cls, weight: np.ndarray, src: np.ndarray, dst: np.ndarray, rank: np.ndarray,
@@ -480,15 +486,21 @@ class _SlotCosts:
     A[c, i] (M[b, :] - M[a, :])``: O(deg(c) D). The swap and move deltas of
     :func:`slot_swap_deltas` then cost O(k^2 + k D) a round instead of O(k^2 D)."""
 
-    def __init__(self, a: sp.csr_matrix, cost: np.ndarray, placement: np.ndarray) -> None:
+    def __init__(self, a: sp.csr_matrix, cost: np.ndarray, placement: np.ndarray,
+                 symmetric: bool | None = None) -> None:
         self.a, self.a_t = a, a.T.tocsr()
         self.s = (a + self.a_t).tocoo()
         self.cost = cost
+        self.symmetric = (bool(np.array_equal(cost, cost.T)) if symmetric is None
+                          else symmetric)
         self.reset(placement)
 
     def reset(self, placement: np.ndarray) -> None:
         m, p = self.cost, placement
-        self.g = np.asarray(self.a @ m[:, p].T + self.a_t @ m[p, :])
+        rows = m[p, :]
+        # M symmetric: M[:, p]^T is M[p, :], the same numbers without the column gather.
+        cols = rows if self.symmetric else m[:, p].T
+        self.g = np.asarray(self.a @ cols + self.a_t @ rows)
 
     def move(self, c: int, old: int, new: int) -> None:
         m, g = self.cost, self.g
@@ -499,8 +511,10 @@ class _SlotCosts:
         if hi > lo:
             g[self.a.indices[lo:hi]] += self.a.data[lo:hi, None] * (m[new, :] - m[old, :])
 
-    def deltas(self, placement: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``(swap (k, k), move (k, D))`` as :func:`slot_swap_deltas` returns them."""
+    def deltas(self, placement: np.ndarray, moves: bool = True
+               ) -> tuple[np.ndarray, np.ndarray | None]:
+        """``(swap (k, k), move (k, D))`` as :func:`slot_swap_deltas` returns them (``move``
+        None without ``moves``)."""
         p = placement
         f = self.g[:, p]
         diag = np.diag(f).copy()
@@ -510,14 +524,111 @@ class _SlotCosts:
         r, c, w = self.s.row, self.s.col, self.s.data
         if w.size:  # the i-j edges stay cut: put back what f counted as if the partner stayed
             np.add.at(swap, (r, c), w * (self.cost[p[r], p[c]] + self.cost[p[c], p[r]]))
-        move = self.g - diag[:, None]
+        move = self.g - diag[:, None] if moves else None
         return swap, move
+
+
+class _SwapTable:
+    """The swap deltas of :class:`_SlotCosts` (entry ``(i, j)``: swap the slots of i and j;
+    ``inf`` on the diagonal and between slots of different labels) kept as a (k, k) table
+    with the minimum of every row (first column on ties), for placements without free
+    slots.
+
+    Swapping i and j changes the slot costs of their neighbours only (:meth:`_SlotCosts.move`)
+    and the slots of i and j, so only the rows and columns of R = {i, j} and their
+    neighbours change: they are recomputed by the formula of :meth:`_SlotCosts.deltas`
+    (the same floating-point operations in the same order, so the same numbers), a row
+    outside R compares its minimum with its new entries in R's columns, and only a row
+    whose minimum was in one of them is scanned again. O(|R| k + dirty rows * k) a round
+    instead of O(k^2); the best swap is the first minimum in row-major order, as
+    ``argmin`` over the full table takes it."""
+
+    def __init__(self, costs: _SlotCosts, placement: np.ndarray,
+                 lp: np.ndarray | None) -> None:
+        self.costs = costs
+        self.p = placement  # the caller's array, updated in place by it
+        self.nbr = costs.s.tocsr()
+        self.other = None if lp is None else lp[:, None] != lp[None, :]
+        self.k = placement.size
+        self.full()
+
+    def full(self) -> None:
+        swap, _ = self.costs.deltas(self.p, moves=False)
+        if self.other is not None:
+            swap[self.other] = np.inf
+        np.fill_diagonal(swap, np.inf)
+        self.t = swap
+        self.arg = np.argmin(swap, axis=1)
+        self.low = swap[np.arange(self.k), self.arg]
+
+    def best(self) -> tuple[int, int, float]:
+        i = int(np.argmin(self.low))
+        return i, int(self.arg[i]), float(self.low[i])
+
+    def _corr(self, r: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The neighbours of the components ``r`` (as (position in r, neighbour)) and what
+        the edges between them put back: ``w (M[p_x, p_y] + M[p_y, p_x])``."""
+        s, m, p = self.nbr, self.costs.cost, self.p
+        length = s.indptr[r + 1] - s.indptr[r]
+        idx = np.arange(int(length.sum())) + np.repeat(s.indptr[r] - (np.cumsum(length)
+                                                                      - length), length)
+        pos = np.repeat(np.arange(r.size), length)
+        y = s.indices[idx]
+        x = r[pos]
+        return pos, y, s.data[idx] * (m[p[x], p[y]] + m[p[y], p[x]])
+
+    def update(self, r: np.ndarray) -> None:
+        """Recompute after the slot costs and slots of ``r`` (sorted, unique) changed."""
+        g, p, t, k = self.costs.g, self.p, self.t, self.k
+        d = g[np.arange(k), p]
+        g_r = g[r][:, p]  # f[x, y] for x in r
+        g_c = g[:, p[r]]  # f[y, x] for x in r
+        rows = g_r + g_c.T
+        rows -= d[r][:, None]
+        rows -= d[None, :]
+        cols = g_c + g_r.T
+        cols -= d[:, None]
+        cols -= d[r][None, :]
+        pos, y, w = self._corr(r)
+        if w.size:  # each (x, y) once: the neighbour lists have no repeats
+            rows[pos, y] += w
+            cols[y, pos] += w
+        if self.other is not None:
+            rows[self.other[r]] = np.inf
+            cols[self.other[:, r]] = np.inf
+        t[r, :] = rows
+        t[:, r] = cols
+        t[r, r] = np.inf
+        # Row minima: R's rows afresh; the others against their new entries in R's columns.
+        in_r = np.zeros(k, dtype=bool)
+        in_r[r] = True
+        dirty = in_r | in_r[self.arg]
+        rest = np.flatnonzero(~dirty)
+        if rest.size:
+            sub = cols[rest]  # t[rest][:, r], as just written
+            j = np.argmin(sub, axis=1)
+            val = sub[np.arange(rest.size), j]
+            col = r[j]
+            low, arg = self.low[rest], self.arg[rest]
+            take = (val < low) | ((val == low) & (col < arg))
+            self.low[rest[take]] = val[take]
+            self.arg[rest[take]] = col[take]
+        redo = np.flatnonzero(dirty)
+        self.arg[redo] = np.argmin(t[redo], axis=1)
+        self.low[redo] = t[redo, self.arg[redo]]
+
+    def neighbours(self, c: int) -> np.ndarray:
+        s = self.nbr
+        return s.indices[s.indptr[c]:s.indptr[c + 1]]
 
 
 #: Rounds after which the kept slot costs are recomputed from scratch (no float drift).
 _REFRESH_ROUNDS = 256
 #: Up to this k^2 D, a round's deltas are recomputed densely (:func:`slot_swap_deltas`).
 _DENSE_WORK = 1 << 25
+#: Above the dense regime and without free slots, from this k on the swap deltas are kept
+#: in a :class:`_SwapTable` instead of recomputed every round (the same swaps).
+_TABLE_MIN_K = 2
 
 
 def improve_placement(problem: Problem, assignment: np.ndarray, placement: np.ndarray,
@@ -544,7 +655,11 @@ def improve_placement(problem: Problem, assignment: np.ndarray, placement: np.nd
     # Small instances recompute the deltas densely each round (cheap there, and the same
     # float sums, so the same choices on exact ties, as before the incremental form).
     dense = problem.comm_matrix(assignment) if k * k * d <= _DENSE_WORK else None
-    costs = None if dense is not None else _SlotCosts(a, problem.cost, placement)
+    costs = None if dense is not None else _SlotCosts(a, problem.cost, placement,
+                                                      problem.symmetric)
+    if costs is not None and d == k and k >= _TABLE_MIN_K:
+        return _table_rounds(costs, placement, None if uniform else label[placement], eps,
+                             max_rounds or 4 * k, deadline)
     improved = False
     for rounds in range(max_rounds or 4 * k):
         if deadline is not None and time.monotonic() >= deadline:
@@ -586,6 +701,35 @@ def improve_placement(problem: Problem, assignment: np.ndarray, placement: np.nd
     return placement, improved
 
 
+def _table_rounds(costs: _SlotCosts, placement: np.ndarray, lp: np.ndarray | None,
+                  eps: float, max_rounds: int, deadline: float | None
+                  ) -> tuple[np.ndarray, bool]:
+    """The rounds of :func:`improve_placement` when every slot holds a component (swaps
+    only), the swap deltas kept in a :class:`_SwapTable`: the same swaps in the same order,
+    O(|R| k) a round instead of O(k^2)."""
+    table: _SwapTable | None = None
+    improved = False
+    for rounds in range(max_rounds):
+        if deadline is not None and time.monotonic() >= deadline:
+            break
+        if table is None:
+            table = _SwapTable(costs, placement, lp)
+        elif rounds % _REFRESH_ROUNDS == 0:
+            costs.reset(placement)
+            table.full()
+        i, j, best = table.best()
+        if best >= -eps:
+            break
+        pi, pj = int(placement[i]), int(placement[j])
+        costs.move(i, pi, pj)
+        costs.move(j, pj, pi)
+        placement[i], placement[j] = pj, pi
+        improved = True
+        table.update(np.unique(np.concatenate(([i, j], table.neighbours(i),
+                                               table.neighbours(j)))))
+    return placement, improved
+
+
 # ---------------------------------------------------------------------- local search
 @dataclass
 class _State:
@@ -595,45 +739,184 @@ class _State:
     size: np.ndarray  # per component
 
 
+def _ranges(lo: np.ndarray, length: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The index ranges ``[lo_i, lo_i + length_i)`` concatenated, and where each begins in
+    the result (every length at least 1). O(R + total)."""
+    ends = np.cumsum(length)
+    begins = ends - length
+    return np.arange(int(ends[-1])) + np.repeat(lo - begins, length), begins
+
+
+def _padded(ptr: np.ndarray, nbr: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """CSR lists with a sentinel entry ``n`` put first in every list (so that no list is
+    empty and sums over a list start from the sentinel's zero). O(n + m)."""
+    xptr = ptr + np.arange(n + 1)
+    out = np.full(nbr.size + n, n, dtype=np.int64)
+    out[np.arange(nbr.size) + np.repeat(np.arange(n), np.diff(ptr)) + 1] = nbr
+    return xptr, out
+
+
+@dataclass(frozen=True, eq=False)
+class _Adjacency:
+    """A problem's successor and predecessor lists with a sentinel first in each
+    (:func:`_padded`), whether its cost matrix is symmetric, and whether the weights allow
+    the pass's screening (none negative). Built once per :func:`local_search`."""
+
+    sptr: np.ndarray
+    succ: np.ndarray
+    pptr: np.ndarray
+    pred: np.ndarray
+    symmetric: bool
+    nonnegative: bool
+    entries: float  # mean list length with the sentinel, successors plus predecessors
+
+    @classmethod
+    def of(cls, problem: Problem) -> _Adjacency:
+        n = problem.n
+        sptr, succ = _padded(problem.succ_ptr, problem.succ, n)
+        pptr, pred = _padded(problem.pred_ptr, problem.pred, n)
+        return cls(sptr, succ, pptr, pred, problem.symmetric,
+                   bool(np.all(problem.weight >= 0)),
+                   (succ.size + pred.size) / max(n, 1))
+
+
+#: Components from which a pass screens nodes by a lower bound of their best move's delta
+#: before evaluating all k moves (below, evaluating all of them is as cheap).
+_SCREEN_K = 32
+#: Node moves evaluated together: at most this many (node, component) entries of summed
+#: cost rows at a time, and at most :data:`_CHUNK_MAX` nodes a step.
+_CHUNK_ENTRIES, _CHUNK_MIN, _CHUNK_MAX = 1 << 20, 16, 4096
+
+
 def _node_pass(problem: Problem, st: _State, order: np.ndarray, eps: float,
-               deadline: float | None) -> tuple[int, bool]:
-    """One pass of single-node moves (best target component per node). Returns (moves,
-    timed_out). O(sum of degree * k) NumPy work."""
+               deadline: float | None, adj: _Adjacency | None = None,
+               screen: bool | None = None) -> tuple[int, bool]:
+    """One pass of single-node moves in ``order``: each node moves to the component of the
+    most negative cost delta when that is below ``-eps``. Returns (moves, timed_out).
+
+    The same moves as visiting the nodes one by one, vectorised: the deltas of a chunk of
+    the order are evaluated together against the current state (as ``(rows, k)`` arrays),
+    and the first node of the chunk that moves is moved; the nodes before it saw the same
+    state as one-by-one visits would have, and the next chunk starts after it. Moves are
+    rare once a partition is near a local optimum, so chunks grow (doubling up to
+    :data:`_CHUNK_MAX` nodes) while none moves and shrink after a move. With ``screen``
+    (default: k at least :data:`_SCREEN_K`), a node's k deltas are evaluated only when a
+    lower bound of them, O(degree) to compute, is below ``-eps`` (it then may move):
+
+        delta_b >= w^2 min_x s_x + 2 w min_x s_x (W_x - T_x)
+                   + n_c min_{x != y} M'_xy + (deg - n_c) min(0, min M')
+                   + s_c w (w - 2 (W_c - T_c)) - cut_c
+
+    for every b != c (n_c of its deg edges lead into its component c, whose edges cost
+    ``cut_c`` now; M' the cost among the placed slots), less a rounding margin. The
+    deadline is checked before every chunk. O(sum of (degree + 1) * k) NumPy work for
+    the nodes evaluated in full, O(degree + 1) for the screened ones."""
     a = st.assignment
-    mp = problem.cost[np.ix_(st.placement, st.placement)]
-    tgt = problem.target[st.placement]
-    scl = problem.scale[st.placement]
-    mins = problem.min_size[st.placement]
+    k = problem.k
+    if adj is None:
+        adj = _Adjacency.of(problem)
+    if screen is None:
+        screen = k >= _SCREEN_K
+    screen = screen and adj.nonnegative
+    p = st.placement
+    # zs[x] = M'[:, x] (the costs of a successor in component x, for each component the
+    # node may join), zp[x] = M'[x, :] (a predecessor's); row k (the sentinel's) is 0.
+    zp = np.zeros((k + 1, k))
+    zp[:k] = problem.cost[np.ix_(p, p)]
+    if adj.symmetric:
+        zs = zp
+    else:
+        zs = np.zeros((k + 1, k))
+        zs[:k] = zp[:k].T
+    tgt, scl, mins = problem.target[p], problem.scale[p], problem.min_size[p]
     wts = problem.weight
-    sp, sc, pp, pc = problem.succ_ptr, problem.succ, problem.pred_ptr, problem.pred
-    moves = 0
-    for t, v in enumerate(order.tolist()):
-        if deadline is not None and (t & 127) == 0 and time.monotonic() >= deadline:
-            return moves, True
-        c = int(a[v])
-        if st.size[c] <= mins[c]:
-            continue
-        w = wts[v]
-        cs = a[sc[sp[v]:sp[v + 1]]]
-        cp = a[pc[pp[v]:pp[v + 1]]]
-        cut = mp[:, cs].sum(axis=1) + mp[cp, :].sum(axis=0)
+    a_ext = np.append(a, k)  # the sentinel's component: row k of zs and zp
+    sptr, succ, pptr, pred = adj.sptr, adj.succ, adj.pptr, adj.pred
+    rows_max = max(1, int(_CHUNK_ENTRIES // max(1.0, k * adj.entries)))
+    if screen:
+        off = zp[:k] + np.diag(np.full(k, np.inf))
+        m_off = float(off.min()) if k > 1 else 0.0
+        m_low = min(0.0, float(zp.min()))
+        m_abs = float(np.abs(zp).max())
+        s_min, s_max = float(scl.min()), float(scl.max())
+
+    def lists(vs: np.ndarray) -> tuple[np.ndarray, ...]:
+        ls, lp = sptr[vs + 1] - sptr[vs], pptr[vs + 1] - pptr[vs]
+        i_s, b_s = _ranges(sptr[vs], ls)
+        i_p, b_p = _ranges(pptr[vs], lp)
+        return a_ext[succ[i_s]], b_s, ls, a_ext[pred[i_p]], b_p, lp
+
+    def best_moves(vs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Every node's best component and its delta (the state is the pass's now)."""
+        cs, b_s, _, cp, b_p, _ = lists(vs)
+        cut = np.add.reduceat(zs[cs], b_s, axis=0)
+        cut += np.add.reduceat(zp[cp], b_p, axis=0)
+        rows = np.arange(vs.size)
+        c, w = a[vs], wts[vs]
         dev = st.weight - tgt
-        delta = scl * w * (w + 2.0 * dev) + cut
-        delta += scl[c] * w * (w - 2.0 * dev[c]) - cut[c]
-        delta[c] = np.inf
-        if problem.acyclic:
-            lo = int(cp.max()) if cp.size else 0
-            hi = int(cs.min()) if cs.size else problem.k - 1
-            delta[:lo] = np.inf
-            delta[hi + 1:] = np.inf
-        b = int(np.argmin(delta))
-        if delta[b] < -eps:
-            a[v] = b
-            st.weight[c] -= w
-            st.weight[b] += w
-            st.size[c] -= 1
-            st.size[b] += 1
-            moves += 1
+        delta = (scl[None, :] * w[:, None]) * (w[:, None] + 2.0 * dev[None, :]) + cut
+        delta += (scl[c] * w * (w - 2.0 * dev[c]) - cut[rows, c])[:, None]
+        delta[rows, c] = np.inf
+        if problem.acyclic:  # from its predecessors' latest component to its successors'
+            lo = np.maximum.reduceat(np.where(cp == k, 0, cp), b_p)
+            hi = np.minimum(np.minimum.reduceat(cs, b_s), k - 1)
+            cols = np.arange(k)[None, :]
+            delta[(cols < lo[:, None]) | (cols > hi[:, None])] = np.inf
+        b = np.argmin(delta, axis=1)
+        return b, delta[rows, b]
+
+    def may_move(vs: np.ndarray) -> np.ndarray:
+        """False where no move of the node can have a delta below ``-eps`` (the bound)."""
+        cs, b_s, ls, cp, b_p, lp = lists(vs)
+        c, w = a[vs], wts[vs]
+        cr_s, cr_p = np.repeat(c, ls), np.repeat(c, lp)
+        cut_c = np.add.reduceat(zs[cs, cr_s], b_s) + np.add.reduceat(zp[cp, cr_p], b_p)
+        n_c = (np.add.reduceat((cs == cr_s).astype(np.int64), b_s)
+               + np.add.reduceat((cp == cr_p).astype(np.int64), b_p))
+        deg = ls + lp - 2
+        dev = st.weight - tgt
+        sd_min = float((scl * dev).min())
+        bound = (w * w * s_min + 2.0 * w * sd_min + n_c * m_off + (deg - n_c) * m_low
+                 + scl[c] * w * (w - 2.0 * dev[c]) - cut_c)
+        margin = 1e-9 * (s_max * w * (w + 2.0 * float(np.abs(dev).max())) + deg * m_abs)
+        return bound - margin < -eps
+
+    moves, pos, step = 0, 0, _CHUNK_MIN
+    total = order.size
+    while pos < total:
+        if deadline is not None and time.monotonic() >= deadline:
+            return moves, True
+        vs = order[pos:pos + step]
+        c = a[vs]
+        ok = st.size[c] > mins[c]
+        if screen and ok.any():
+            ok[ok] = may_move(vs[ok])
+        cand = np.flatnonzero(ok)
+        hit = None
+        for lo in range(0, cand.size, rows_max):
+            sub = cand[lo:lo + rows_max]
+            b, val = best_moves(vs[sub])
+            h = np.flatnonzero(val < -eps)
+            if h.size:
+                hit = (int(sub[h[0]]), int(b[h[0]]))
+                break
+        if hit is None:
+            pos += vs.size
+            step = min(2 * step, _CHUNK_MAX)
+            continue
+        j, to = hit
+        v = int(vs[j])
+        frm = int(a[v])
+        w = wts[v]
+        a[v] = to
+        a_ext[v] = to
+        st.weight[frm] -= w
+        st.weight[to] += w
+        st.size[frm] -= 1
+        st.size[to] += 1
+        moves += 1
+        pos += j + 1
+        step = min(max(_CHUNK_MIN, 2 * (j + 1)), _CHUNK_MAX)
     return moves, False
 
 
@@ -759,21 +1042,29 @@ def local_search(problem: Problem, assignment: np.ndarray, placement: np.ndarray
                 np.bincount(assignment, weights=problem.weight, minlength=k).astype(np.float64),
                 np.bincount(assignment, minlength=k))
     eps = _eps(problem)
+    adj = _Adjacency.of(problem)
     zero = time.monotonic() if clock_zero is None else clock_zero
     trace = [(time.monotonic() - zero, problem.objective(st.assignment, st.placement))]
     passes = 0
     timed_out = False
+    settled = False  # improve_placement found no better placement for this assignment
     swap_seconds = 0.0
     while passes < max_iterations:
         if deadline is not None and time.monotonic() >= deadline:
             timed_out = True
             break
-        moves, timed_out = _node_pass(problem, st, rng.permutation(problem.n), eps, deadline)
+        moves, timed_out = _node_pass(problem, st, rng.permutation(problem.n), eps, deadline,
+                                      adj)
         passes += 1
         placed = False
-        if optimize_placement and not timed_out:
+        if moves:
+            settled = False
+        # A placement found settled for this very assignment stays settled: skip the call
+        # (it would return the same; a round costs O(k^2) on thousands of devices).
+        if optimize_placement and not timed_out and not settled:
             st.placement, placed = improve_placement(problem, st.assignment, st.placement, eps,
                                                      deadline=deadline)
+            settled = not placed and (deadline is None or time.monotonic() < deadline)
         # Recompute from scratch each pass: no drift in the incremental weights.
         st.weight = np.bincount(st.assignment, weights=problem.weight,
                                 minlength=k).astype(np.float64)
@@ -796,6 +1087,7 @@ def local_search(problem: Problem, assignment: np.ndarray, placement: np.ndarray
                 swap_seconds = time.monotonic() - now
                 rounds += 1
             if rounds:
+                settled = False
                 trace.append((time.monotonic() - zero,
                               problem.objective(st.assignment, st.placement)))
             if timed_out or rounds == 0:

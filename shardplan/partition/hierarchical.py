@@ -53,12 +53,19 @@ def hierarchy_groups(topology: Topology) -> list[list[tuple[int, ...]]]:
 
 def _group_means(m: np.ndarray, groups: list[tuple[int, ...]]) -> np.ndarray:
     """``out[a, b]`` = mean of ``m`` over the device pairs of groups a and b (0 on the
-    diagonal), shape (k, k). With S the (k, D) group indicator, the block sums are
-    ``S M S^T``: O(D^2 + k D) instead of a Python loop over k^2 blocks (16 million of them
-    on a flat topology of 4096 devices)."""
-    k, d = len(groups), m.shape[0]
+    diagonal), shape (k, k). With S the (k, P) group indicator over the P devices of the
+    groups, the block sums are ``S M_P S^T`` (M_P: M among those devices): O(P^2 + k P)
+    instead of a Python loop over k^2 blocks (16 million of them on a flat topology of
+    4096 devices), and on a level below the top only the parent's block of M (the sums
+    run over the same devices in the same order as over the whole matrix)."""
+    k = len(groups)
     sizes = np.array([len(g) for g in groups], dtype=np.float64)
     members = np.fromiter((x for g in groups for x in g), dtype=np.int64)
+    devices = np.unique(members)
+    d = devices.size
+    if d < m.shape[0]:
+        m = m[np.ix_(devices, devices)]
+    members = np.searchsorted(devices, members)
     owner = np.repeat(np.arange(k), [len(g) for g in groups])
     ind = sp.csr_matrix((np.ones(members.size), (owner, members)), shape=(k, d))
     sums = np.asarray((ind @ np.asarray(ind @ m).T).T)
@@ -71,9 +78,12 @@ class _Recursion:
     def __init__(self, graph: Graph, topology: Topology, levels: list[list[tuple[int, ...]]],
                  *, restarts: int, start: str, max_iter: int, seed: int,
                  deadline: float | None, clock_zero: float, progress: Progress | None,
-                 swaps: bool, coarsen: bool, acyclic: bool = False) -> None:
+                 swaps: bool, coarsen: bool, acyclic: bool = False,
+                 cost: np.ndarray | None = None,
+                 means: dict[tuple[tuple[int, ...], ...], np.ndarray] | None = None) -> None:
         self.g, self.levels = graph, levels
-        self.m = topology.cost_matrix
+        self.m = topology.cost_matrix if cost is None else cost
+        self.means = {} if means is None else means  # group means by split, shared by runs
         self.restarts, self.start, self.max_iter = restarts, start, max_iter
         self.seed, self.deadline, self.zero, self.progress = seed, deadline, clock_zero, progress
         self.swaps, self.coarsen, self.acyclic = swaps, coarsen, acyclic
@@ -116,7 +126,10 @@ class _Recursion:
         local = np.full(g.num_nodes, -1, dtype=np.int64)
         local[nodes] = np.arange(nodes.size)
         keep = (local[g.src] >= 0) & (local[g.dst] >= 0)
-        mg = _group_means(self.m, children)
+        key = tuple(children)
+        if key not in self.means:
+            self.means[key] = _group_means(self.m, children)
+        mg = self.means[key]
         w = g.weight[nodes]
         problem = Problem.build(
             w, local[g.src[keep]], local[g.dst[keep]], self.rank[nodes], self.depth[nodes], mg,
@@ -211,12 +224,15 @@ def hierarchical(graph: Graph, topology: Topology, *, options: Mapping[str, Any]
     t0 = time.monotonic()
     deadline, end = split_deadline(t0, time_limit, acyclic)
     levels = hierarchy_groups(topology)
+    cost = topology.cost_matrix  # once: an implicit topology computes it on every access
+    means: dict[tuple[tuple[int, ...], ...], np.ndarray] = {}  # both runs split alike
 
     def run(constrained: bool, until: float | None, report: Progress | None
             ) -> tuple[np.ndarray, np.ndarray, float, bool, int]:
         rec = _Recursion(graph, topology, levels, restarts=restarts, start=start,
                          max_iter=max_iter, seed=seed, deadline=until, clock_zero=t0,
-                         progress=report, swaps=swaps, coarsen=coarsen, acyclic=constrained)
+                         progress=report, swaps=swaps, coarsen=coarsen, acyclic=constrained,
+                         cost=cost, means=means)
         rec.solve(np.arange(graph.num_nodes), tuple(range(topology.num_devices)), 0)
         if constrained:  # components numbered in the order the recursion left the devices
             placement = np.asarray(rec.device_order, dtype=np.int64)
@@ -226,7 +242,7 @@ def hierarchical(graph: Graph, topology: Topology, *, options: Mapping[str, Any]
         else:
             assignment = rec.device_of.copy()
             placement = np.arange(topology.num_devices)
-        problem = flat_problem(graph, topology, k, acyclic=constrained)
+        problem = flat_problem(graph, topology, k, acyclic=constrained, cost=cost)
         assert not constrained or problem.is_monotone(assignment)
         before = problem.objective(assignment, placement)
         timed_out = rec.timed_out
