@@ -15,11 +15,17 @@ How it is fast (the paper recomputes the whole objective for every trial move):
 - a node's move to each of the k components is evaluated at once by its cost delta in
   O(degree * k) NumPy work: ``w (w - 2 (W_a - T_a))`` for leaving a, ``w (w + 2 (W_b - T_b))``
   for joining b, and the cut change from the components of its neighbours; component weights,
-  sizes are kept incrementally (and recomputed exactly after each pass);
+  sizes are kept incrementally (and recomputed exactly after each pass). A pass evaluates
+  chunks of its visiting order together and moves the first node of a chunk that moves (the
+  moves of one node at a time, without a Python step per node), and from
+  :data:`_SCREEN_K` components on it evaluates the k deltas only of the nodes whose lower
+  bound of them, O(degree), admits a move (:func:`_node_pass`);
 - the placement of components on slots (the paper's "greedy assignment", recomputed by the
   paper after every trial move) is kept fixed during a pass over the nodes and improved
   between passes: greedy construction, then best-improvement swaps of two components and moves
-  of a component to a free slot, all deltas of a round in one O(k^2 D) matrix product;
+  of a component to a free slot, all deltas of a round in one O(k^2 D) matrix product on small
+  instances, kept up to date on large ones (:class:`_SlotCosts`; with every slot used, the
+  swap table itself, :class:`_SwapTable`: O(k * changed rows) a round);
 - when no single move helps, the best exchanges of two nodes of different components
   (Kernighan-Lin's move; every pair evaluated at once, O(n^2) vectorised, graphs up to
   :data:`SWAP_MAX_NODES` nodes): in a balanced partition every single move unbalances.
@@ -934,42 +940,80 @@ def swap_deltas(problem: Problem, assignment: np.ndarray, placement: np.ndarray,
     each edge between them, ``M_ab + M_ba`` (the edge stays cut but changes direction, and
     both single moves counted it as removed), and the imbalance by
     ``s_a d (d - 2 (W_a - T_a)) + s_b d (d + 2 (W_b - T_b))`` with ``d = w_v - w_u``.
-    O(n^2 + m k) time and O(n^2) memory.
+    O(n^2 + m k) time and O(n^2) memory. With ``acyclic``, only the nodes that may leave
+    their component at all (a predecessor's component before theirs or a successor's
+    after) enter the pairwise arrays; every other entry is ``inf``.
     """
     n, k = problem.n, problem.k
     a = assignment
     mp = problem.cost[np.ix_(placement, placement)]
-    tgt = problem.target[placement]
-    scl = problem.scale[placement]
     src, dst = problem.src, problem.dst
     cnt_out = np.bincount(src * k + a[dst], minlength=n * k).reshape(n, k).astype(np.float64)
     cnt_in = np.bincount(dst * k + a[src], minlength=n * k).reshape(n, k).astype(np.float64)
     c = cnt_out @ mp.T + cnt_in @ mp
     g = c - c[np.arange(n), a][:, None]
-    x = g[:, a]  # x[v, u] = G[v, comp(u)]
-    delta = x + x.T
-    dev = comp_weight - tgt
+    if not problem.acyclic:
+        return _pair_deltas(problem, a, placement, comp_weight, mp, g, None, None, None)
+    lo = np.zeros(n, dtype=np.int64)
+    hi = np.full(n, k - 1, dtype=np.int64)
+    np.maximum.at(lo, dst, a[src])
+    np.minimum.at(hi, src, a[dst])
+    free = np.flatnonzero((lo < a) | (hi > a))
+    if free.size == n:
+        return _pair_deltas(problem, a, placement, comp_weight, mp, g, None, lo, hi)
+    out = np.full((n, n), np.inf)
+    if free.size >= 2:
+        out[np.ix_(free, free)] = _pair_deltas(problem, a, placement, comp_weight, mp, g,
+                                               free, lo, hi)
+    return out
+
+
+def _pair_deltas(problem: Problem, a: np.ndarray, placement: np.ndarray,
+                 comp_weight: np.ndarray, mp: np.ndarray, g: np.ndarray,
+                 nodes: np.ndarray | None, lo: np.ndarray | None,
+                 hi: np.ndarray | None) -> np.ndarray:
+    """:func:`swap_deltas` among ``nodes`` (all when None): the same operations, entry for
+    entry, on the rows and columns of those nodes only; ``lo``/``hi``: the acyclic
+    bounds of every node (None: no constraint)."""
+    src, dst = problem.src, problem.dst
     w = problem.weight
-    d = w[:, None] - w[None, :]
-    delta += scl[a][:, None] * d * (d - 2.0 * dev[a][:, None])
-    delta += scl[a][None, :] * d * (d + 2.0 * dev[a][None, :])
-    cut = a[src] != a[dst]
+    if nodes is None:
+        an, gn, wn = a, g, w
+        es, ed = src, dst
+    else:
+        an, gn, wn = a[nodes], g[nodes], w[nodes]
+        local = np.full(problem.n, -1, dtype=np.int64)
+        local[nodes] = np.arange(nodes.size)
+        inside = (local[src] >= 0) & (local[dst] >= 0)
+        es, ed = local[src[inside]], local[dst[inside]]
+    x = gn[:, an]  # x[v, u] = G[v, comp(u)]
+    delta = x + x.T
+    dev2 = 2.0 * (comp_weight - problem.target[placement])
+    sa = problem.scale[placement][an]
+    d = wn[:, None] - wn[None, :]
+    term = sa[:, None] * d
+    term *= d - dev2[an][:, None]
+    delta += term
+    np.multiply(sa[None, :], d, out=term)
+    d += dev2[an][None, :]
+    term *= d
+    delta += term
+    cut = an[es] != an[ed]
     if np.any(cut):
-        s_, d_ = src[cut], dst[cut]
-        corr = mp[a[s_], a[d_]] + mp[a[d_], a[s_]]
+        s_, d_ = es[cut], ed[cut]
+        corr = mp[an[s_], an[d_]] + mp[an[d_], an[s_]]
         np.add.at(delta, (s_, d_), corr)
         np.add.at(delta, (d_, s_), corr)
-    delta[a[:, None] == a[None, :]] = np.inf
-    if problem.acyclic:  # v may take u's component and u v's; neighbours are not exchanged
-        lo = np.zeros(n, dtype=np.int64)
-        hi = np.full(n, k - 1, dtype=np.int64)
-        np.maximum.at(lo, dst, a[src])
-        np.minimum.at(hi, src, a[dst])
-        ok = (lo[:, None] <= a[None, :]) & (a[None, :] <= hi[:, None])
+    bad = an[:, None] == an[None, :]
+    if lo is not None and hi is not None:
+        # v may take u's component and u v's; neighbours are not exchanged
+        ln, hn = (lo, hi) if nodes is None else (lo[nodes], hi[nodes])
+        ok = (ln[:, None] <= an[None, :]) & (an[None, :] <= hn[:, None])
         ok &= ok.T
-        ok[src, dst] = False
-        ok[dst, src] = False
-        delta[~ok] = np.inf
+        ok[es, ed] = False
+        ok[ed, es] = False
+        bad |= ~ok
+    np.putmask(delta, bad, np.inf)
     return delta
 
 
@@ -1283,20 +1327,25 @@ def run_restarts(problem: Problem, *, start: str, seed: int, restarts: int, work
                  deadline: float | None, max_iterations: int,
                  progress: Callable[[str, float, float], None] | None = None,
                  clock_zero: float | None = None, swaps: bool = True,
-                 coarsen: bool = False, ray: str | None = None) -> RestartsSummary:
+                 coarsen: bool = False, ray: str | None = None,
+                 begin_by: float | None = None) -> RestartsSummary:
     """Run ``restarts`` restarts on ``workers`` processes (in this process when 1) and keep
     the best by (cost, restart index): the same for any worker count or scheduling when no
     deadline cuts the search short. Restarts not begun by the deadline are dropped; running
-    ones stop at their next check (every 128 nodes) and report their best state. ``ray``:
-    the restarts run as tasks on that Ray cluster (:class:`shardplan._workers.RayExecutor`),
-    their deadline sent as seconds left."""
+    ones stop at their next check (before every chunk of a node pass) and report their best
+    state. ``ray``: the restarts run as tasks on that Ray cluster
+    (:class:`shardplan._workers.RayExecutor`), their deadline sent as seconds left.
+    ``begin_by``: no restart after the first begins later than this (``time.monotonic``;
+    a share of the time left, see :mod:`.hierarchical`); skipped restarts make the summary
+    ``timed_out``."""
     zero = time.monotonic() if clock_zero is None else clock_zero
     results: list[RestartResult] = []
     skipped = 0
     workers = max(1, min(workers, restarts))
     if workers == 1 and ray is None:
         for r in range(restarts):
-            if r > 0 and deadline is not None and time.monotonic() >= deadline:
+            if r > 0 and any(t is not None and time.monotonic() >= t
+                             for t in (deadline, begin_by)):
                 skipped = restarts - r
                 break
             results.append(run_restart(problem, start, seed, r, deadline, max_iterations, zero,
@@ -1312,6 +1361,8 @@ def run_restarts(problem: Problem, *, start: str, seed: int, restarts: int, work
             while True:
                 late = deadline is not None and time.monotonic() >= deadline
                 while not late and begun < restarts and len(pending) < 2 * workers:
+                    if begun and begin_by is not None and time.monotonic() >= begin_by:
+                        break
                     if ray is None:
                         pending.add(pool.submit(_pooled_restart, problem, start, seed, begun,
                                                 deadline, max_iterations, zero, swaps,

@@ -197,3 +197,54 @@ def test_swap_table_takes_the_swaps_of_the_full_recomputation(seed: int, monkeyp
     short, _ = improve_placement(problem, a, p0, eps, max_rounds=3)
     monkeypatch.setattr(search, "_TABLE_MIN_K", 10 ** 9)
     assert np.array_equal(short, improve_placement(problem, a, p0, eps, max_rounds=3)[0])
+
+
+@pytest.mark.parametrize("seed", range(0, 60, 3))  # the acyclic instances
+def test_acyclic_swap_deltas_are_the_monotone_exchanges(seed: int) -> None:
+    """With ``acyclic``, an exchange of two non-adjacent nodes of different components has
+    a finite delta exactly when the exchanged partition is monotone, and that delta is the
+    change of the objective; every other entry (same component, adjacent) is ``inf``. Only
+    the nodes that may leave their component enter the pairwise arrays; this holds the
+    restriction to the full definition."""
+    from shardplan.partition._sharding_search import swap_deltas
+
+    problem, a, placement = _instance(seed)
+    assert problem.acyclic
+    k = problem.k
+    weight = np.bincount(a, weights=problem.weight, minlength=k)
+    delta = swap_deltas(problem, a, placement, weight)
+    base = problem.objective(a, placement)
+    adjacent = set(zip(problem.src.tolist(), problem.dst.tolist(), strict=True))
+    finite = 0
+    for v in range(problem.n):
+        for u in range(problem.n):
+            b = a.copy()
+            b[v], b[u] = a[u], a[v]
+            if a[v] == a[u] or (v, u) in adjacent or (u, v) in adjacent \
+                    or not problem.is_monotone(b):
+                assert delta[v, u] == np.inf, (v, u)
+                continue
+            finite += 1
+            assert delta[v, u] == pytest.approx(problem.objective(b, placement) - base,
+                                                abs=1e-9), (v, u)
+    if seed == 0:
+        assert finite > 0
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_begin_by_lets_only_the_first_restart_begin_late(workers: int) -> None:
+    """``begin_by`` passed: the first restart still runs (to its end: no deadline), the
+    others are skipped and the summary says ``timed_out``; not given, all run."""
+    import time
+
+    from shardplan.partition._sharding_search import run_restarts
+
+    problem, _, _ = _instance(1)
+    common = dict(start="topo", seed=0, restarts=3, workers=workers, deadline=None,
+                  max_iterations=1000)
+    late = run_restarts(problem, begin_by=time.monotonic() - 1.0, **common)
+    assert [r.restart for r in late.results] == [0] and late.timed_out
+    assert not late.results[0].outcome.timed_out
+    full = run_restarts(problem, **common)
+    assert [r.restart for r in full.results] == [0, 1, 2] and not full.timed_out
+    assert late.results[0].outcome.cost == full.results[0].outcome.cost
