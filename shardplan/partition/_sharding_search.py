@@ -944,8 +944,20 @@ def swap_deltas(problem: Problem, assignment: np.ndarray, placement: np.ndarray,
     their component at all (a predecessor's component before theirs or a successor's
     after) enter the pairwise arrays; every other entry is ``inf``.
     """
+    n = problem.n
+    block, free = _swap_block(problem, assignment, placement, comp_weight)
+    if free is None:
+        return block
+    out = np.full((n, n), np.inf)
+    out[np.ix_(free, free)] = block
+    return out
+
+
+def _swap_block(problem: Problem, a: np.ndarray, placement: np.ndarray,
+                comp_weight: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    """:func:`swap_deltas` among the nodes that may be exchanged at all: the block and
+    its nodes (None: all of them, the block is the whole array)."""
     n, k = problem.n, problem.k
-    a = assignment
     mp = problem.cost[np.ix_(placement, placement)]
     src, dst = problem.src, problem.dst
     cnt_out = np.bincount(src * k + a[dst], minlength=n * k).reshape(n, k).astype(np.float64)
@@ -953,19 +965,17 @@ def swap_deltas(problem: Problem, assignment: np.ndarray, placement: np.ndarray,
     c = cnt_out @ mp.T + cnt_in @ mp
     g = c - c[np.arange(n), a][:, None]
     if not problem.acyclic:
-        return _pair_deltas(problem, a, placement, comp_weight, mp, g, None, None, None)
+        return _pair_deltas(problem, a, placement, comp_weight, mp, g, None, None, None), None
     lo = np.zeros(n, dtype=np.int64)
     hi = np.full(n, k - 1, dtype=np.int64)
     np.maximum.at(lo, dst, a[src])
     np.minimum.at(hi, src, a[dst])
     free = np.flatnonzero((lo < a) | (hi > a))
     if free.size == n:
-        return _pair_deltas(problem, a, placement, comp_weight, mp, g, None, lo, hi)
-    out = np.full((n, n), np.inf)
-    if free.size >= 2:
-        out[np.ix_(free, free)] = _pair_deltas(problem, a, placement, comp_weight, mp, g,
-                                               free, lo, hi)
-    return out
+        return _pair_deltas(problem, a, placement, comp_weight, mp, g, None, lo, hi), None
+    if free.size < 2:
+        return np.full((free.size, free.size), np.inf), free
+    return _pair_deltas(problem, a, placement, comp_weight, mp, g, free, lo, hi), free
 
 
 def _pair_deltas(problem: Problem, a: np.ndarray, placement: np.ndarray,
@@ -1023,13 +1033,17 @@ def _swap_round(problem: Problem, st: _State, eps: float) -> bool:
     n, k = problem.n, problem.k
     a = st.assignment
     w = problem.weight
-    delta = swap_deltas(problem, a, st.placement, st.weight)
+    block, free = _swap_block(problem, a, st.placement, st.weight)
     # Apply a batch: the best exchanges whose deltas do not interact (distinct component
     # pairs, nodes not adjacent to a node already exchanged in this round).
-    cand = np.flatnonzero(delta.ravel() < -eps)
+    flat = block.ravel()
+    cand = np.flatnonzero(flat < -eps)
     if cand.size == 0:
         return False
-    cand = cand[np.argsort(delta.ravel()[cand], kind="stable")][:4 * k]
+    cand = cand[np.argsort(flat[cand], kind="stable")][:4 * k]
+    if free is not None:  # positions in the block -> in the (n, n) array, order kept
+        row, col = np.divmod(cand, free.size)
+        cand = free[row] * n + free[col]
     touched_comp = np.zeros(k, dtype=bool)
     touched_node = np.zeros(n, dtype=bool)
     sp, sc, pp, pc = problem.succ_ptr, problem.succ, problem.pred_ptr, problem.pred

@@ -95,6 +95,8 @@ class _Recursion:
         self.swaps, self.coarsen, self.acyclic = swaps, coarsen, acyclic
         self.rank, self.depth = graph.topological_rank, graph.levels
         self.device_of = np.full(graph.num_nodes, -1, dtype=np.int64)
+        self.local = np.full(graph.num_nodes, -1, dtype=np.int64)  # scratch: ids in a split
+        self.leads = [{grp[0]: j for j, grp in enumerate(lv)} for lv in levels]
         self.device_order: list[int] = []  # devices in the order the recursion leaves them
         self.timed_out = False
         self.solved = 0
@@ -106,44 +108,58 @@ class _Recursion:
         self.work_left = graph.num_nodes * len(levels)
         self.restart_until = deadline if restart_until is None else restart_until
 
-    def solve(self, nodes: np.ndarray, devices: tuple[int, ...], depth: int) -> None:
+    def solve(self, nodes: np.ndarray, devices: tuple[int, ...], depth: int,
+              edges: np.ndarray | None = None) -> None:
+        """Place ``nodes`` on ``devices`` (a group of level ``depth - 1``); ``edges``: the
+        ids of the graph's edges among them, in order (None: every edge)."""
         if len(devices) == 1:
             self.device_of[nodes] = devices[0]
             self.device_order.append(devices[0])
             return
-        dev_set = set(devices)
-        children = [g for g in self.levels[depth] if g[0] in dev_set]
+        if edges is None:
+            edges = np.arange(self.g.src.size)
+        lead = self.leads[depth]  # the level's groups by their first device
+        children = [self.levels[depth][j] for j in sorted(lead[d] for d in devices
+                                                           if d in lead)]
         assert sum(len(c) for c in children) == len(devices)
         if len(children) == 1:
-            self.solve(nodes, devices, depth + 1)
+            self.solve(nodes, devices, depth + 1, edges)
             return
-        part, order = self._split(nodes, children)
+        part, order, es, ed = self._split(nodes, children, edges)
         self.solved += 1
         if self.progress is not None:
             self.progress("subproblems", self.solved, self.total)
+        pe = np.where(part[es] == part[ed], part[es], -1)  # the group an edge stays in
         for i in order:  # acyclic: upstream groups first, so devices end in pipeline order
-            self.solve(nodes[part == i], children[i], depth + 1)
+            self.solve(nodes[part == i], children[i], depth + 1, edges[pe == i])
 
-    def _split(self, nodes: np.ndarray, children: list[tuple[int, ...]]
-               ) -> tuple[np.ndarray, list[int]]:
+    def _split(self, nodes: np.ndarray, children: list[tuple[int, ...]],
+               edges: np.ndarray | None = None
+               ) -> tuple[np.ndarray, list[int], np.ndarray, np.ndarray]:
         """Split ``nodes`` among ``children`` (groups of devices) by the local search, one
         slot per group: M between groups is the mean over their device pairs, target weight
         proportional to the group's devices, imbalance scaled by 1 / |group|, at least
-        |group| nodes per group. Returns the group of every node and the groups in component
-        order (with ``acyclic``, edges among the nodes run from earlier groups to later)."""
+        |group| nodes per group. Returns the group of every node, the groups in component
+        order (with ``acyclic``, edges among the nodes run from earlier groups to later) and
+        the ``edges``' ends as positions in ``nodes`` (``edges``: the ids of the edges among
+        ``nodes``, None: found here in O(N + M)). O(n + m) besides the search, for the n
+        nodes and m edges of the split."""
         g = self.g
         k = len(children)
         sizes = np.array([len(c) for c in children], dtype=np.float64)
-        local = np.full(g.num_nodes, -1, dtype=np.int64)
+        local = self.local
         local[nodes] = np.arange(nodes.size)
-        keep = (local[g.src] >= 0) & (local[g.dst] >= 0)
+        if edges is None:
+            edges = np.flatnonzero((local[g.src] >= 0) & (local[g.dst] >= 0))
+        es, ed = local[g.src[edges]], local[g.dst[edges]]
+        local[nodes] = -1
         key = tuple(children)
         if key not in self.means:
             self.means[key] = _group_means(self.m, children)
         mg = self.means[key]
         w = g.weight[nodes]
         problem = Problem.build(
-            w, local[g.src[keep]], local[g.dst[keep]], self.rank[nodes], self.depth[nodes], mg,
+            w, es, ed, self.rank[nodes], self.depth[nodes], mg,
             k, target=float(w.sum()) * sizes / sizes.sum(), scale=1.0 / sizes,
             min_size=sizes.astype(np.int64), initial_placement=np.arange(k),
             acyclic=self.acyclic)
@@ -161,7 +177,7 @@ class _Recursion:
         self.timed_out |= summary.timed_out
         out = summary.best.outcome
         # Component i sits on slot placement[i]: report the slot of every node.
-        return out.placement[out.assignment], [int(x) for x in out.placement]
+        return out.placement[out.assignment], [int(x) for x in out.placement], es, ed
 
 
 @register("partition", "hierarchical")
