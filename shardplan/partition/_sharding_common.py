@@ -83,11 +83,14 @@ def num_components(graph: Graph, topology: Topology, stages: Any) -> int:
     return k
 
 
-def flat_problem(graph: Graph, topology: Topology, k: int, *, acyclic: bool = False) -> Problem:
+def flat_problem(graph: Graph, topology: Topology, k: int, *, acyclic: bool = False,
+                 cost: np.ndarray | None = None) -> Problem:
     """The sharding cost of section 2.1 as a search problem over the topology's devices
-    (``acyclic``: over monotone partitions only, see :class:`Problem`)."""
+    (``acyclic``: over monotone partitions only, see :class:`Problem`; ``cost``: the
+    topology's ``cost_matrix`` when the caller has it already)."""
     return Problem.build(graph.weight, graph.src, graph.dst, graph.topological_rank,
-                         graph.levels, topology.cost_matrix, k, acyclic=acyclic)
+                         graph.levels, topology.cost_matrix if cost is None else cost, k,
+                         acyclic=acyclic)
 
 
 def acyclic_report(graph: Graph, topology: Topology, assignment: np.ndarray,

@@ -15,11 +15,17 @@ How it is fast (the paper recomputes the whole objective for every trial move):
 - a node's move to each of the k components is evaluated at once by its cost delta in
   O(degree * k) NumPy work: ``w (w - 2 (W_a - T_a))`` for leaving a, ``w (w + 2 (W_b - T_b))``
   for joining b, and the cut change from the components of its neighbours; component weights,
-  sizes are kept incrementally (and recomputed exactly after each pass);
+  sizes are kept incrementally (and recomputed exactly after each pass). A pass evaluates
+  chunks of its visiting order together and moves the first node of a chunk that moves (the
+  moves of one node at a time, without a Python step per node), and from
+  :data:`_SCREEN_K` components on it evaluates the k deltas only of the nodes whose lower
+  bound of them, O(degree), admits a move (:func:`_node_pass`);
 - the placement of components on slots (the paper's "greedy assignment", recomputed by the
   paper after every trial move) is kept fixed during a pass over the nodes and improved
   between passes: greedy construction, then best-improvement swaps of two components and moves
-  of a component to a free slot, all deltas of a round in one O(k^2 D) matrix product;
+  of a component to a free slot, all deltas of a round in one O(k^2 D) matrix product on small
+  instances, kept up to date on large ones (:class:`_SlotCosts`; with every slot used, the
+  swap table itself, :class:`_SwapTable`: O(k * changed rows) a round);
 - when no single move helps, the best exchanges of two nodes of different components
   (Kernighan-Lin's move; every pair evaluated at once, O(n^2) vectorised, graphs up to
   :data:`SWAP_MAX_NODES` nodes): in a balanced partition every single move unbalances.
@@ -30,6 +36,7 @@ lowers the objective (or at ``max_iterations`` passes, or at the deadline).
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -105,6 +112,11 @@ class Problem:
     @property
     def n(self) -> int:
         return int(self.weight.shape[0])
+
+    @functools.cached_property
+    def symmetric(self) -> bool:
+        """Whether ``cost`` is symmetric (computed once: O(D^2))."""
+        return bool(np.array_equal(self.cost, self.cost.T))
 
     @classmethod
     def build(cls, weight: np.ndarray, src: np.ndarray, dst: np.ndarray, rank: np.ndarray,
@@ -480,15 +492,21 @@ class _SlotCosts:
     A[c, i] (M[b, :] - M[a, :])``: O(deg(c) D). The swap and move deltas of
     :func:`slot_swap_deltas` then cost O(k^2 + k D) a round instead of O(k^2 D)."""
 
-    def __init__(self, a: sp.csr_matrix, cost: np.ndarray, placement: np.ndarray) -> None:
+    def __init__(self, a: sp.csr_matrix, cost: np.ndarray, placement: np.ndarray,
+                 symmetric: bool | None = None) -> None:
         self.a, self.a_t = a, a.T.tocsr()
         self.s = (a + self.a_t).tocoo()
         self.cost = cost
+        self.symmetric = (bool(np.array_equal(cost, cost.T)) if symmetric is None
+                          else symmetric)
         self.reset(placement)
 
     def reset(self, placement: np.ndarray) -> None:
         m, p = self.cost, placement
-        self.g = np.asarray(self.a @ m[:, p].T + self.a_t @ m[p, :])
+        rows = m[p, :]
+        # M symmetric: M[:, p]^T is M[p, :], the same numbers without the column gather.
+        cols = rows if self.symmetric else m[:, p].T
+        self.g = np.asarray(self.a @ cols + self.a_t @ rows)
 
     def move(self, c: int, old: int, new: int) -> None:
         m, g = self.cost, self.g
@@ -499,8 +517,10 @@ class _SlotCosts:
         if hi > lo:
             g[self.a.indices[lo:hi]] += self.a.data[lo:hi, None] * (m[new, :] - m[old, :])
 
-    def deltas(self, placement: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``(swap (k, k), move (k, D))`` as :func:`slot_swap_deltas` returns them."""
+    def deltas(self, placement: np.ndarray, moves: bool = True
+               ) -> tuple[np.ndarray, np.ndarray | None]:
+        """``(swap (k, k), move (k, D))`` as :func:`slot_swap_deltas` returns them (``move``
+        None without ``moves``)."""
         p = placement
         f = self.g[:, p]
         diag = np.diag(f).copy()
@@ -510,14 +530,111 @@ class _SlotCosts:
         r, c, w = self.s.row, self.s.col, self.s.data
         if w.size:  # the i-j edges stay cut: put back what f counted as if the partner stayed
             np.add.at(swap, (r, c), w * (self.cost[p[r], p[c]] + self.cost[p[c], p[r]]))
-        move = self.g - diag[:, None]
+        move = self.g - diag[:, None] if moves else None
         return swap, move
+
+
+class _SwapTable:
+    """The swap deltas of :class:`_SlotCosts` (entry ``(i, j)``: swap the slots of i and j;
+    ``inf`` on the diagonal and between slots of different labels) kept as a (k, k) table
+    with the minimum of every row (first column on ties), for placements without free
+    slots.
+
+    Swapping i and j changes the slot costs of their neighbours only (:meth:`_SlotCosts.move`)
+    and the slots of i and j, so only the rows and columns of R = {i, j} and their
+    neighbours change: they are recomputed by the formula of :meth:`_SlotCosts.deltas`
+    (the same floating-point operations in the same order, so the same numbers), a row
+    outside R compares its minimum with its new entries in R's columns, and only a row
+    whose minimum was in one of them is scanned again. O(|R| k + dirty rows * k) a round
+    instead of O(k^2); the best swap is the first minimum in row-major order, as
+    ``argmin`` over the full table takes it."""
+
+    def __init__(self, costs: _SlotCosts, placement: np.ndarray,
+                 lp: np.ndarray | None) -> None:
+        self.costs = costs
+        self.p = placement  # the caller's array, updated in place by it
+        self.nbr = costs.s.tocsr()
+        self.other = None if lp is None else lp[:, None] != lp[None, :]
+        self.k = placement.size
+        self.full()
+
+    def full(self) -> None:
+        swap, _ = self.costs.deltas(self.p, moves=False)
+        if self.other is not None:
+            swap[self.other] = np.inf
+        np.fill_diagonal(swap, np.inf)
+        self.t = swap
+        self.arg = np.argmin(swap, axis=1)
+        self.low = swap[np.arange(self.k), self.arg]
+
+    def best(self) -> tuple[int, int, float]:
+        i = int(np.argmin(self.low))
+        return i, int(self.arg[i]), float(self.low[i])
+
+    def _corr(self, r: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The neighbours of the components ``r`` (as (position in r, neighbour)) and what
+        the edges between them put back: ``w (M[p_x, p_y] + M[p_y, p_x])``."""
+        s, m, p = self.nbr, self.costs.cost, self.p
+        length = s.indptr[r + 1] - s.indptr[r]
+        idx = np.arange(int(length.sum())) + np.repeat(s.indptr[r] - (np.cumsum(length)
+                                                                      - length), length)
+        pos = np.repeat(np.arange(r.size), length)
+        y = s.indices[idx]
+        x = r[pos]
+        return pos, y, s.data[idx] * (m[p[x], p[y]] + m[p[y], p[x]])
+
+    def update(self, r: np.ndarray) -> None:
+        """Recompute after the slot costs and slots of ``r`` (sorted, unique) changed."""
+        g, p, t, k = self.costs.g, self.p, self.t, self.k
+        d = g[np.arange(k), p]
+        g_r = g[r][:, p]  # f[x, y] for x in r
+        g_c = g[:, p[r]]  # f[y, x] for x in r
+        rows = g_r + g_c.T
+        rows -= d[r][:, None]
+        rows -= d[None, :]
+        cols = g_c + g_r.T
+        cols -= d[:, None]
+        cols -= d[r][None, :]
+        pos, y, w = self._corr(r)
+        if w.size:  # each (x, y) once: the neighbour lists have no repeats
+            rows[pos, y] += w
+            cols[y, pos] += w
+        if self.other is not None:
+            rows[self.other[r]] = np.inf
+            cols[self.other[:, r]] = np.inf
+        t[r, :] = rows
+        t[:, r] = cols
+        t[r, r] = np.inf
+        # Row minima: R's rows afresh; the others against their new entries in R's columns.
+        in_r = np.zeros(k, dtype=bool)
+        in_r[r] = True
+        dirty = in_r | in_r[self.arg]
+        rest = np.flatnonzero(~dirty)
+        if rest.size:
+            sub = cols[rest]  # t[rest][:, r], as just written
+            j = np.argmin(sub, axis=1)
+            val = sub[np.arange(rest.size), j]
+            col = r[j]
+            low, arg = self.low[rest], self.arg[rest]
+            take = (val < low) | ((val == low) & (col < arg))
+            self.low[rest[take]] = val[take]
+            self.arg[rest[take]] = col[take]
+        redo = np.flatnonzero(dirty)
+        self.arg[redo] = np.argmin(t[redo], axis=1)
+        self.low[redo] = t[redo, self.arg[redo]]
+
+    def neighbours(self, c: int) -> np.ndarray:
+        s = self.nbr
+        return s.indices[s.indptr[c]:s.indptr[c + 1]]
 
 
 #: Rounds after which the kept slot costs are recomputed from scratch (no float drift).
 _REFRESH_ROUNDS = 256
 #: Up to this k^2 D, a round's deltas are recomputed densely (:func:`slot_swap_deltas`).
 _DENSE_WORK = 1 << 25
+#: Above the dense regime and without free slots, from this k on the swap deltas are kept
+#: in a :class:`_SwapTable` instead of recomputed every round (the same swaps).
+_TABLE_MIN_K = 2
 
 
 def improve_placement(problem: Problem, assignment: np.ndarray, placement: np.ndarray,
@@ -544,7 +661,11 @@ def improve_placement(problem: Problem, assignment: np.ndarray, placement: np.nd
     # Small instances recompute the deltas densely each round (cheap there, and the same
     # float sums, so the same choices on exact ties, as before the incremental form).
     dense = problem.comm_matrix(assignment) if k * k * d <= _DENSE_WORK else None
-    costs = None if dense is not None else _SlotCosts(a, problem.cost, placement)
+    costs = None if dense is not None else _SlotCosts(a, problem.cost, placement,
+                                                      problem.symmetric)
+    if costs is not None and d == k and k >= _TABLE_MIN_K:
+        return _table_rounds(costs, placement, None if uniform else label[placement], eps,
+                             max_rounds or 4 * k, deadline)
     improved = False
     for rounds in range(max_rounds or 4 * k):
         if deadline is not None and time.monotonic() >= deadline:
@@ -586,6 +707,35 @@ def improve_placement(problem: Problem, assignment: np.ndarray, placement: np.nd
     return placement, improved
 
 
+def _table_rounds(costs: _SlotCosts, placement: np.ndarray, lp: np.ndarray | None,
+                  eps: float, max_rounds: int, deadline: float | None
+                  ) -> tuple[np.ndarray, bool]:
+    """The rounds of :func:`improve_placement` when every slot holds a component (swaps
+    only), the swap deltas kept in a :class:`_SwapTable`: the same swaps in the same order,
+    O(|R| k) a round instead of O(k^2)."""
+    table: _SwapTable | None = None
+    improved = False
+    for rounds in range(max_rounds):
+        if deadline is not None and time.monotonic() >= deadline:
+            break
+        if table is None:
+            table = _SwapTable(costs, placement, lp)
+        elif rounds % _REFRESH_ROUNDS == 0:
+            costs.reset(placement)
+            table.full()
+        i, j, best = table.best()
+        if best >= -eps:
+            break
+        pi, pj = int(placement[i]), int(placement[j])
+        costs.move(i, pi, pj)
+        costs.move(j, pj, pi)
+        placement[i], placement[j] = pj, pi
+        improved = True
+        table.update(np.unique(np.concatenate(([i, j], table.neighbours(i),
+                                               table.neighbours(j)))))
+    return placement, improved
+
+
 # ---------------------------------------------------------------------- local search
 @dataclass
 class _State:
@@ -595,45 +745,184 @@ class _State:
     size: np.ndarray  # per component
 
 
+def _ranges(lo: np.ndarray, length: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The index ranges ``[lo_i, lo_i + length_i)`` concatenated, and where each begins in
+    the result (every length at least 1). O(R + total)."""
+    ends = np.cumsum(length)
+    begins = ends - length
+    return np.arange(int(ends[-1])) + np.repeat(lo - begins, length), begins
+
+
+def _padded(ptr: np.ndarray, nbr: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """CSR lists with a sentinel entry ``n`` put first in every list (so that no list is
+    empty and sums over a list start from the sentinel's zero). O(n + m)."""
+    xptr = ptr + np.arange(n + 1)
+    out = np.full(nbr.size + n, n, dtype=np.int64)
+    out[np.arange(nbr.size) + np.repeat(np.arange(n), np.diff(ptr)) + 1] = nbr
+    return xptr, out
+
+
+@dataclass(frozen=True, eq=False)
+class _Adjacency:
+    """A problem's successor and predecessor lists with a sentinel first in each
+    (:func:`_padded`), whether its cost matrix is symmetric, and whether the weights allow
+    the pass's screening (none negative). Built once per :func:`local_search`."""
+
+    sptr: np.ndarray
+    succ: np.ndarray
+    pptr: np.ndarray
+    pred: np.ndarray
+    symmetric: bool
+    nonnegative: bool
+    entries: float  # mean list length with the sentinel, successors plus predecessors
+
+    @classmethod
+    def of(cls, problem: Problem) -> _Adjacency:
+        n = problem.n
+        sptr, succ = _padded(problem.succ_ptr, problem.succ, n)
+        pptr, pred = _padded(problem.pred_ptr, problem.pred, n)
+        return cls(sptr, succ, pptr, pred, problem.symmetric,
+                   bool(np.all(problem.weight >= 0)),
+                   (succ.size + pred.size) / max(n, 1))
+
+
+#: Components from which a pass screens nodes by a lower bound of their best move's delta
+#: before evaluating all k moves (below, evaluating all of them is as cheap).
+_SCREEN_K = 32
+#: Node moves evaluated together: at most this many (node, component) entries of summed
+#: cost rows at a time, and at most :data:`_CHUNK_MAX` nodes a step.
+_CHUNK_ENTRIES, _CHUNK_MIN, _CHUNK_MAX = 1 << 20, 16, 4096
+
+
 def _node_pass(problem: Problem, st: _State, order: np.ndarray, eps: float,
-               deadline: float | None) -> tuple[int, bool]:
-    """One pass of single-node moves (best target component per node). Returns (moves,
-    timed_out). O(sum of degree * k) NumPy work."""
+               deadline: float | None, adj: _Adjacency | None = None,
+               screen: bool | None = None) -> tuple[int, bool]:
+    """One pass of single-node moves in ``order``: each node moves to the component of the
+    most negative cost delta when that is below ``-eps``. Returns (moves, timed_out).
+
+    The same moves as visiting the nodes one by one, vectorised: the deltas of a chunk of
+    the order are evaluated together against the current state (as ``(rows, k)`` arrays),
+    and the first node of the chunk that moves is moved; the nodes before it saw the same
+    state as one-by-one visits would have, and the next chunk starts after it. Moves are
+    rare once a partition is near a local optimum, so chunks grow (doubling up to
+    :data:`_CHUNK_MAX` nodes) while none moves and shrink after a move. With ``screen``
+    (default: k at least :data:`_SCREEN_K`), a node's k deltas are evaluated only when a
+    lower bound of them, O(degree) to compute, is below ``-eps`` (it then may move):
+
+        delta_b >= w^2 min_x s_x + 2 w min_x s_x (W_x - T_x)
+                   + n_c min_{x != y} M'_xy + (deg - n_c) min(0, min M')
+                   + s_c w (w - 2 (W_c - T_c)) - cut_c
+
+    for every b != c (n_c of its deg edges lead into its component c, whose edges cost
+    ``cut_c`` now; M' the cost among the placed slots), less a rounding margin. The
+    deadline is checked before every chunk. O(sum of (degree + 1) * k) NumPy work for
+    the nodes evaluated in full, O(degree + 1) for the screened ones."""
     a = st.assignment
-    mp = problem.cost[np.ix_(st.placement, st.placement)]
-    tgt = problem.target[st.placement]
-    scl = problem.scale[st.placement]
-    mins = problem.min_size[st.placement]
+    k = problem.k
+    if adj is None:
+        adj = _Adjacency.of(problem)
+    if screen is None:
+        screen = k >= _SCREEN_K
+    screen = screen and adj.nonnegative
+    p = st.placement
+    # zs[x] = M'[:, x] (the costs of a successor in component x, for each component the
+    # node may join), zp[x] = M'[x, :] (a predecessor's); row k (the sentinel's) is 0.
+    zp = np.zeros((k + 1, k))
+    zp[:k] = problem.cost[np.ix_(p, p)]
+    if adj.symmetric:
+        zs = zp
+    else:
+        zs = np.zeros((k + 1, k))
+        zs[:k] = zp[:k].T
+    tgt, scl, mins = problem.target[p], problem.scale[p], problem.min_size[p]
     wts = problem.weight
-    sp, sc, pp, pc = problem.succ_ptr, problem.succ, problem.pred_ptr, problem.pred
-    moves = 0
-    for t, v in enumerate(order.tolist()):
-        if deadline is not None and (t & 127) == 0 and time.monotonic() >= deadline:
-            return moves, True
-        c = int(a[v])
-        if st.size[c] <= mins[c]:
-            continue
-        w = wts[v]
-        cs = a[sc[sp[v]:sp[v + 1]]]
-        cp = a[pc[pp[v]:pp[v + 1]]]
-        cut = mp[:, cs].sum(axis=1) + mp[cp, :].sum(axis=0)
+    a_ext = np.append(a, k)  # the sentinel's component: row k of zs and zp
+    sptr, succ, pptr, pred = adj.sptr, adj.succ, adj.pptr, adj.pred
+    rows_max = max(1, int(_CHUNK_ENTRIES // max(1.0, k * adj.entries)))
+    if screen:
+        off = zp[:k] + np.diag(np.full(k, np.inf))
+        m_off = float(off.min()) if k > 1 else 0.0
+        m_low = min(0.0, float(zp.min()))
+        m_abs = float(np.abs(zp).max())
+        s_min, s_max = float(scl.min()), float(scl.max())
+
+    def lists(vs: np.ndarray) -> tuple[np.ndarray, ...]:
+        ls, lp = sptr[vs + 1] - sptr[vs], pptr[vs + 1] - pptr[vs]
+        i_s, b_s = _ranges(sptr[vs], ls)
+        i_p, b_p = _ranges(pptr[vs], lp)
+        return a_ext[succ[i_s]], b_s, ls, a_ext[pred[i_p]], b_p, lp
+
+    def best_moves(vs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Every node's best component and its delta (the state is the pass's now)."""
+        cs, b_s, _, cp, b_p, _ = lists(vs)
+        cut = np.add.reduceat(zs[cs], b_s, axis=0)
+        cut += np.add.reduceat(zp[cp], b_p, axis=0)
+        rows = np.arange(vs.size)
+        c, w = a[vs], wts[vs]
         dev = st.weight - tgt
-        delta = scl * w * (w + 2.0 * dev) + cut
-        delta += scl[c] * w * (w - 2.0 * dev[c]) - cut[c]
-        delta[c] = np.inf
-        if problem.acyclic:
-            lo = int(cp.max()) if cp.size else 0
-            hi = int(cs.min()) if cs.size else problem.k - 1
-            delta[:lo] = np.inf
-            delta[hi + 1:] = np.inf
-        b = int(np.argmin(delta))
-        if delta[b] < -eps:
-            a[v] = b
-            st.weight[c] -= w
-            st.weight[b] += w
-            st.size[c] -= 1
-            st.size[b] += 1
-            moves += 1
+        delta = (scl[None, :] * w[:, None]) * (w[:, None] + 2.0 * dev[None, :]) + cut
+        delta += (scl[c] * w * (w - 2.0 * dev[c]) - cut[rows, c])[:, None]
+        delta[rows, c] = np.inf
+        if problem.acyclic:  # from its predecessors' latest component to its successors'
+            lo = np.maximum.reduceat(np.where(cp == k, 0, cp), b_p)
+            hi = np.minimum(np.minimum.reduceat(cs, b_s), k - 1)
+            cols = np.arange(k)[None, :]
+            delta[(cols < lo[:, None]) | (cols > hi[:, None])] = np.inf
+        b = np.argmin(delta, axis=1)
+        return b, delta[rows, b]
+
+    def may_move(vs: np.ndarray) -> np.ndarray:
+        """False where no move of the node can have a delta below ``-eps`` (the bound)."""
+        cs, b_s, ls, cp, b_p, lp = lists(vs)
+        c, w = a[vs], wts[vs]
+        cr_s, cr_p = np.repeat(c, ls), np.repeat(c, lp)
+        cut_c = np.add.reduceat(zs[cs, cr_s], b_s) + np.add.reduceat(zp[cp, cr_p], b_p)
+        n_c = (np.add.reduceat((cs == cr_s).astype(np.int64), b_s)
+               + np.add.reduceat((cp == cr_p).astype(np.int64), b_p))
+        deg = ls + lp - 2
+        dev = st.weight - tgt
+        sd_min = float((scl * dev).min())
+        bound = (w * w * s_min + 2.0 * w * sd_min + n_c * m_off + (deg - n_c) * m_low
+                 + scl[c] * w * (w - 2.0 * dev[c]) - cut_c)
+        margin = 1e-9 * (s_max * w * (w + 2.0 * float(np.abs(dev).max())) + deg * m_abs)
+        return bound - margin < -eps
+
+    moves, pos, step = 0, 0, _CHUNK_MIN
+    total = order.size
+    while pos < total:
+        if deadline is not None and time.monotonic() >= deadline:
+            return moves, True
+        vs = order[pos:pos + step]
+        c = a[vs]
+        ok = st.size[c] > mins[c]
+        if screen and ok.any():
+            ok[ok] = may_move(vs[ok])
+        cand = np.flatnonzero(ok)
+        hit = None
+        for lo in range(0, cand.size, rows_max):
+            sub = cand[lo:lo + rows_max]
+            b, val = best_moves(vs[sub])
+            h = np.flatnonzero(val < -eps)
+            if h.size:
+                hit = (int(sub[h[0]]), int(b[h[0]]))
+                break
+        if hit is None:
+            pos += vs.size
+            step = min(2 * step, _CHUNK_MAX)
+            continue
+        j, to = hit
+        v = int(vs[j])
+        frm = int(a[v])
+        w = wts[v]
+        a[v] = to
+        a_ext[v] = to
+        st.weight[frm] -= w
+        st.weight[to] += w
+        st.size[frm] -= 1
+        st.size[to] += 1
+        moves += 1
+        pos += j + 1
+        step = min(max(_CHUNK_MIN, 2 * (j + 1)), _CHUNK_MAX)
     return moves, False
 
 
@@ -651,42 +940,90 @@ def swap_deltas(problem: Problem, assignment: np.ndarray, placement: np.ndarray,
     each edge between them, ``M_ab + M_ba`` (the edge stays cut but changes direction, and
     both single moves counted it as removed), and the imbalance by
     ``s_a d (d - 2 (W_a - T_a)) + s_b d (d + 2 (W_b - T_b))`` with ``d = w_v - w_u``.
-    O(n^2 + m k) time and O(n^2) memory.
+    O(n^2 + m k) time and O(n^2) memory. With ``acyclic``, only the nodes that may leave
+    their component at all (a predecessor's component before theirs or a successor's
+    after) enter the pairwise arrays; every other entry is ``inf``.
     """
+    n = problem.n
+    block, free = _swap_block(problem, assignment, placement, comp_weight)
+    if free is None:
+        return block
+    out = np.full((n, n), np.inf)
+    out[np.ix_(free, free)] = block
+    return out
+
+
+def _swap_block(problem: Problem, a: np.ndarray, placement: np.ndarray,
+                comp_weight: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    """:func:`swap_deltas` among the nodes that may be exchanged at all: the block and
+    its nodes (None: all of them, the block is the whole array)."""
     n, k = problem.n, problem.k
-    a = assignment
     mp = problem.cost[np.ix_(placement, placement)]
-    tgt = problem.target[placement]
-    scl = problem.scale[placement]
     src, dst = problem.src, problem.dst
     cnt_out = np.bincount(src * k + a[dst], minlength=n * k).reshape(n, k).astype(np.float64)
     cnt_in = np.bincount(dst * k + a[src], minlength=n * k).reshape(n, k).astype(np.float64)
     c = cnt_out @ mp.T + cnt_in @ mp
     g = c - c[np.arange(n), a][:, None]
-    x = g[:, a]  # x[v, u] = G[v, comp(u)]
-    delta = x + x.T
-    dev = comp_weight - tgt
+    if not problem.acyclic:
+        return _pair_deltas(problem, a, placement, comp_weight, mp, g, None, None, None), None
+    lo = np.zeros(n, dtype=np.int64)
+    hi = np.full(n, k - 1, dtype=np.int64)
+    np.maximum.at(lo, dst, a[src])
+    np.minimum.at(hi, src, a[dst])
+    free = np.flatnonzero((lo < a) | (hi > a))
+    if free.size == n:
+        return _pair_deltas(problem, a, placement, comp_weight, mp, g, None, lo, hi), None
+    if free.size < 2:
+        return np.full((free.size, free.size), np.inf), free
+    return _pair_deltas(problem, a, placement, comp_weight, mp, g, free, lo, hi), free
+
+
+def _pair_deltas(problem: Problem, a: np.ndarray, placement: np.ndarray,
+                 comp_weight: np.ndarray, mp: np.ndarray, g: np.ndarray,
+                 nodes: np.ndarray | None, lo: np.ndarray | None,
+                 hi: np.ndarray | None) -> np.ndarray:
+    """:func:`swap_deltas` among ``nodes`` (all when None): the same operations, entry for
+    entry, on the rows and columns of those nodes only; ``lo``/``hi``: the acyclic
+    bounds of every node (None: no constraint)."""
+    src, dst = problem.src, problem.dst
     w = problem.weight
-    d = w[:, None] - w[None, :]
-    delta += scl[a][:, None] * d * (d - 2.0 * dev[a][:, None])
-    delta += scl[a][None, :] * d * (d + 2.0 * dev[a][None, :])
-    cut = a[src] != a[dst]
+    if nodes is None:
+        an, gn, wn = a, g, w
+        es, ed = src, dst
+    else:
+        an, gn, wn = a[nodes], g[nodes], w[nodes]
+        local = np.full(problem.n, -1, dtype=np.int64)
+        local[nodes] = np.arange(nodes.size)
+        inside = (local[src] >= 0) & (local[dst] >= 0)
+        es, ed = local[src[inside]], local[dst[inside]]
+    x = gn[:, an]  # x[v, u] = G[v, comp(u)]
+    delta = x + x.T
+    dev2 = 2.0 * (comp_weight - problem.target[placement])
+    sa = problem.scale[placement][an]
+    d = wn[:, None] - wn[None, :]
+    term = sa[:, None] * d
+    term *= d - dev2[an][:, None]
+    delta += term
+    np.multiply(sa[None, :], d, out=term)
+    d += dev2[an][None, :]
+    term *= d
+    delta += term
+    cut = an[es] != an[ed]
     if np.any(cut):
-        s_, d_ = src[cut], dst[cut]
-        corr = mp[a[s_], a[d_]] + mp[a[d_], a[s_]]
+        s_, d_ = es[cut], ed[cut]
+        corr = mp[an[s_], an[d_]] + mp[an[d_], an[s_]]
         np.add.at(delta, (s_, d_), corr)
         np.add.at(delta, (d_, s_), corr)
-    delta[a[:, None] == a[None, :]] = np.inf
-    if problem.acyclic:  # v may take u's component and u v's; neighbours are not exchanged
-        lo = np.zeros(n, dtype=np.int64)
-        hi = np.full(n, k - 1, dtype=np.int64)
-        np.maximum.at(lo, dst, a[src])
-        np.minimum.at(hi, src, a[dst])
-        ok = (lo[:, None] <= a[None, :]) & (a[None, :] <= hi[:, None])
+    bad = an[:, None] == an[None, :]
+    if lo is not None and hi is not None:
+        # v may take u's component and u v's; neighbours are not exchanged
+        ln, hn = (lo, hi) if nodes is None else (lo[nodes], hi[nodes])
+        ok = (ln[:, None] <= an[None, :]) & (an[None, :] <= hn[:, None])
         ok &= ok.T
-        ok[src, dst] = False
-        ok[dst, src] = False
-        delta[~ok] = np.inf
+        ok[es, ed] = False
+        ok[ed, es] = False
+        bad |= ~ok
+    np.putmask(delta, bad, np.inf)
     return delta
 
 
@@ -696,13 +1033,17 @@ def _swap_round(problem: Problem, st: _State, eps: float) -> bool:
     n, k = problem.n, problem.k
     a = st.assignment
     w = problem.weight
-    delta = swap_deltas(problem, a, st.placement, st.weight)
+    block, free = _swap_block(problem, a, st.placement, st.weight)
     # Apply a batch: the best exchanges whose deltas do not interact (distinct component
     # pairs, nodes not adjacent to a node already exchanged in this round).
-    cand = np.flatnonzero(delta.ravel() < -eps)
+    flat = block.ravel()
+    cand = np.flatnonzero(flat < -eps)
     if cand.size == 0:
         return False
-    cand = cand[np.argsort(delta.ravel()[cand], kind="stable")][:4 * k]
+    cand = cand[np.argsort(flat[cand], kind="stable")][:4 * k]
+    if free is not None:  # positions in the block -> in the (n, n) array, order kept
+        row, col = np.divmod(cand, free.size)
+        cand = free[row] * n + free[col]
     touched_comp = np.zeros(k, dtype=bool)
     touched_node = np.zeros(n, dtype=bool)
     sp, sc, pp, pc = problem.succ_ptr, problem.succ, problem.pred_ptr, problem.pred
@@ -759,21 +1100,29 @@ def local_search(problem: Problem, assignment: np.ndarray, placement: np.ndarray
                 np.bincount(assignment, weights=problem.weight, minlength=k).astype(np.float64),
                 np.bincount(assignment, minlength=k))
     eps = _eps(problem)
+    adj = _Adjacency.of(problem)
     zero = time.monotonic() if clock_zero is None else clock_zero
     trace = [(time.monotonic() - zero, problem.objective(st.assignment, st.placement))]
     passes = 0
     timed_out = False
+    settled = False  # improve_placement found no better placement for this assignment
     swap_seconds = 0.0
     while passes < max_iterations:
         if deadline is not None and time.monotonic() >= deadline:
             timed_out = True
             break
-        moves, timed_out = _node_pass(problem, st, rng.permutation(problem.n), eps, deadline)
+        moves, timed_out = _node_pass(problem, st, rng.permutation(problem.n), eps, deadline,
+                                      adj)
         passes += 1
         placed = False
-        if optimize_placement and not timed_out:
+        if moves:
+            settled = False
+        # A placement found settled for this very assignment stays settled: skip the call
+        # (it would return the same; a round costs O(k^2) on thousands of devices).
+        if optimize_placement and not timed_out and not settled:
             st.placement, placed = improve_placement(problem, st.assignment, st.placement, eps,
                                                      deadline=deadline)
+            settled = not placed and (deadline is None or time.monotonic() < deadline)
         # Recompute from scratch each pass: no drift in the incremental weights.
         st.weight = np.bincount(st.assignment, weights=problem.weight,
                                 minlength=k).astype(np.float64)
@@ -796,6 +1145,7 @@ def local_search(problem: Problem, assignment: np.ndarray, placement: np.ndarray
                 swap_seconds = time.monotonic() - now
                 rounds += 1
             if rounds:
+                settled = False
                 trace.append((time.monotonic() - zero,
                               problem.objective(st.assignment, st.placement)))
             if timed_out or rounds == 0:
@@ -991,20 +1341,25 @@ def run_restarts(problem: Problem, *, start: str, seed: int, restarts: int, work
                  deadline: float | None, max_iterations: int,
                  progress: Callable[[str, float, float], None] | None = None,
                  clock_zero: float | None = None, swaps: bool = True,
-                 coarsen: bool = False, ray: str | None = None) -> RestartsSummary:
+                 coarsen: bool = False, ray: str | None = None,
+                 begin_by: float | None = None) -> RestartsSummary:
     """Run ``restarts`` restarts on ``workers`` processes (in this process when 1) and keep
     the best by (cost, restart index): the same for any worker count or scheduling when no
     deadline cuts the search short. Restarts not begun by the deadline are dropped; running
-    ones stop at their next check (every 128 nodes) and report their best state. ``ray``:
-    the restarts run as tasks on that Ray cluster (:class:`shardplan._workers.RayExecutor`),
-    their deadline sent as seconds left."""
+    ones stop at their next check (before every chunk of a node pass) and report their best
+    state. ``ray``: the restarts run as tasks on that Ray cluster
+    (:class:`shardplan._workers.RayExecutor`), their deadline sent as seconds left.
+    ``begin_by``: no restart after the first begins later than this (``time.monotonic``;
+    a share of the time left, see :mod:`.hierarchical`); skipped restarts make the summary
+    ``timed_out``."""
     zero = time.monotonic() if clock_zero is None else clock_zero
     results: list[RestartResult] = []
     skipped = 0
     workers = max(1, min(workers, restarts))
     if workers == 1 and ray is None:
         for r in range(restarts):
-            if r > 0 and deadline is not None and time.monotonic() >= deadline:
+            if r > 0 and any(t is not None and time.monotonic() >= t
+                             for t in (deadline, begin_by)):
                 skipped = restarts - r
                 break
             results.append(run_restart(problem, start, seed, r, deadline, max_iterations, zero,
@@ -1020,6 +1375,8 @@ def run_restarts(problem: Problem, *, start: str, seed: int, restarts: int, work
             while True:
                 late = deadline is not None and time.monotonic() >= deadline
                 while not late and begun < restarts and len(pending) < 2 * workers:
+                    if begun and begin_by is not None and time.monotonic() >= begin_by:
+                        break
                     if ray is None:
                         pending.add(pool.submit(_pooled_restart, problem, start, seed, begun,
                                                 deadline, max_iterations, zero, swaps,

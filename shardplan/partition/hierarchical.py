@@ -35,6 +35,11 @@ DEFAULTS: Mapping[str, Any] = {"stages": None, "restarts": 4, "start": "metis",
                                **SETTING_DEFAULTS}
 
 
+#: With a time limit and ``refine``, the share of the time the splits' extra restarts
+#: leave to the refinement (a split's first restart always runs).
+_REFINE_SHARE = 0.2
+
+
 def hierarchy_groups(topology: Topology) -> list[list[tuple[int, ...]]]:
     """The topology's ``levels`` (outermost first) followed by the devices themselves, each
     level as a list of device groups; levels that would not split anything are dropped."""
@@ -53,12 +58,19 @@ def hierarchy_groups(topology: Topology) -> list[list[tuple[int, ...]]]:
 
 def _group_means(m: np.ndarray, groups: list[tuple[int, ...]]) -> np.ndarray:
     """``out[a, b]`` = mean of ``m`` over the device pairs of groups a and b (0 on the
-    diagonal), shape (k, k). With S the (k, D) group indicator, the block sums are
-    ``S M S^T``: O(D^2 + k D) instead of a Python loop over k^2 blocks (16 million of them
-    on a flat topology of 4096 devices)."""
-    k, d = len(groups), m.shape[0]
+    diagonal), shape (k, k). With S the (k, P) group indicator over the P devices of the
+    groups, the block sums are ``S M_P S^T`` (M_P: M among those devices): O(P^2 + k P)
+    instead of a Python loop over k^2 blocks (16 million of them on a flat topology of
+    4096 devices), and on a level below the top only the parent's block of M (the sums
+    run over the same devices in the same order as over the whole matrix)."""
+    k = len(groups)
     sizes = np.array([len(g) for g in groups], dtype=np.float64)
     members = np.fromiter((x for g in groups for x in g), dtype=np.int64)
+    devices = np.unique(members)
+    d = devices.size
+    if d < m.shape[0]:
+        m = m[np.ix_(devices, devices)]
+    members = np.searchsorted(devices, members)
     owner = np.repeat(np.arange(k), [len(g) for g in groups])
     ind = sp.csr_matrix((np.ones(members.size), (owner, members)), shape=(k, d))
     sums = np.asarray((ind @ np.asarray(ind @ m).T).T)
@@ -71,67 +83,101 @@ class _Recursion:
     def __init__(self, graph: Graph, topology: Topology, levels: list[list[tuple[int, ...]]],
                  *, restarts: int, start: str, max_iter: int, seed: int,
                  deadline: float | None, clock_zero: float, progress: Progress | None,
-                 swaps: bool, coarsen: bool, acyclic: bool = False) -> None:
+                 swaps: bool, coarsen: bool, acyclic: bool = False,
+                 cost: np.ndarray | None = None,
+                 means: dict[tuple[tuple[int, ...], ...], np.ndarray] | None = None,
+                 restart_until: float | None = None) -> None:
         self.g, self.levels = graph, levels
-        self.m = topology.cost_matrix
+        self.m = topology.cost_matrix if cost is None else cost
+        self.means = {} if means is None else means  # group means by split, shared by runs
         self.restarts, self.start, self.max_iter = restarts, start, max_iter
         self.seed, self.deadline, self.zero, self.progress = seed, deadline, clock_zero, progress
         self.swaps, self.coarsen, self.acyclic = swaps, coarsen, acyclic
         self.rank, self.depth = graph.topological_rank, graph.levels
         self.device_of = np.full(graph.num_nodes, -1, dtype=np.int64)
+        self.local = np.full(graph.num_nodes, -1, dtype=np.int64)  # scratch: ids in a split
+        self.leads = [{grp[0]: j for j, grp in enumerate(lv)} for lv in levels]
         self.device_order: list[int] = []  # devices in the order the recursion leaves them
         self.timed_out = False
         self.solved = 0
         self.total = 1 + sum(len(lv) for lv in levels[:-1])
         self.calls = 0
+        # Work left, in nodes still to split (every level splits every node once): with a
+        # deadline, a split's restarts after its first begin only within its share of the
+        # time left, so that a slow start does not leave the last splits no time at all.
+        self.work_left = graph.num_nodes * len(levels)
+        self.restart_until = deadline if restart_until is None else restart_until
 
-    def solve(self, nodes: np.ndarray, devices: tuple[int, ...], depth: int) -> None:
+    def solve(self, nodes: np.ndarray, devices: tuple[int, ...], depth: int,
+              edges: np.ndarray | None = None) -> None:
+        """Place ``nodes`` on ``devices`` (a group of level ``depth - 1``); ``edges``: the
+        ids of the graph's edges among them, in order (None: every edge)."""
         if len(devices) == 1:
             self.device_of[nodes] = devices[0]
             self.device_order.append(devices[0])
             return
-        dev_set = set(devices)
-        children = [g for g in self.levels[depth] if g[0] in dev_set]
+        if edges is None:
+            edges = np.arange(self.g.src.size)
+        lead = self.leads[depth]  # the level's groups by their first device
+        children = [self.levels[depth][j] for j in sorted(lead[d] for d in devices
+                                                           if d in lead)]
         assert sum(len(c) for c in children) == len(devices)
         if len(children) == 1:
-            self.solve(nodes, devices, depth + 1)
+            self.solve(nodes, devices, depth + 1, edges)
             return
-        part, order = self._split(nodes, children)
+        part, order, es, ed = self._split(nodes, children, edges)
         self.solved += 1
         if self.progress is not None:
             self.progress("subproblems", self.solved, self.total)
+        pe = np.where(part[es] == part[ed], part[es], -1)  # the group an edge stays in
         for i in order:  # acyclic: upstream groups first, so devices end in pipeline order
-            self.solve(nodes[part == i], children[i], depth + 1)
+            self.solve(nodes[part == i], children[i], depth + 1, edges[pe == i])
 
-    def _split(self, nodes: np.ndarray, children: list[tuple[int, ...]]
-               ) -> tuple[np.ndarray, list[int]]:
+    def _split(self, nodes: np.ndarray, children: list[tuple[int, ...]],
+               edges: np.ndarray | None = None
+               ) -> tuple[np.ndarray, list[int], np.ndarray, np.ndarray]:
         """Split ``nodes`` among ``children`` (groups of devices) by the local search, one
         slot per group: M between groups is the mean over their device pairs, target weight
         proportional to the group's devices, imbalance scaled by 1 / |group|, at least
-        |group| nodes per group. Returns the group of every node and the groups in component
-        order (with ``acyclic``, edges among the nodes run from earlier groups to later)."""
+        |group| nodes per group. Returns the group of every node, the groups in component
+        order (with ``acyclic``, edges among the nodes run from earlier groups to later) and
+        the ``edges``' ends as positions in ``nodes`` (``edges``: the ids of the edges among
+        ``nodes``, None: found here in O(N + M)). O(n + m) besides the search, for the n
+        nodes and m edges of the split."""
         g = self.g
         k = len(children)
         sizes = np.array([len(c) for c in children], dtype=np.float64)
-        local = np.full(g.num_nodes, -1, dtype=np.int64)
+        local = self.local
         local[nodes] = np.arange(nodes.size)
-        keep = (local[g.src] >= 0) & (local[g.dst] >= 0)
-        mg = _group_means(self.m, children)
+        if edges is None:
+            edges = np.flatnonzero((local[g.src] >= 0) & (local[g.dst] >= 0))
+        es, ed = local[g.src[edges]], local[g.dst[edges]]
+        local[nodes] = -1
+        key = tuple(children)
+        if key not in self.means:
+            self.means[key] = _group_means(self.m, children)
+        mg = self.means[key]
         w = g.weight[nodes]
         problem = Problem.build(
-            w, local[g.src[keep]], local[g.dst[keep]], self.rank[nodes], self.depth[nodes], mg,
+            w, es, ed, self.rank[nodes], self.depth[nodes], mg,
             k, target=float(w.sum()) * sizes / sizes.sum(), scale=1.0 / sizes,
             min_size=sizes.astype(np.int64), initial_placement=np.arange(k),
             acyclic=self.acyclic)
         self.calls += 1
+        begin_by = None
+        if self.restart_until is not None:
+            now = time.monotonic()
+            begin_by = now + (self.restart_until - now) * nodes.size / max(self.work_left,
+                                                                           nodes.size)
+        self.work_left -= nodes.size
         summary = run_restarts(problem, start=self.start, seed=self.seed * 1_000_003 + self.calls,
                                restarts=self.restarts, workers=1, deadline=self.deadline,
                                max_iterations=self.max_iter, clock_zero=self.zero,
-                               swaps=self.swaps, coarsen=self.coarsen)
+                               swaps=self.swaps, coarsen=self.coarsen, begin_by=begin_by)
         self.timed_out |= summary.timed_out
         out = summary.best.outcome
         # Component i sits on slot placement[i]: report the slot of every node.
-        return out.placement[out.assignment], [int(x) for x in out.placement]
+        return out.placement[out.assignment], [int(x) for x in out.placement], es, ed
 
 
 @register("partition", "hierarchical")
@@ -161,7 +207,11 @@ def hierarchical(graph: Graph, topology: Topology, *, options: Mapping[str, Any]
     time_limit : float or None
         Subproblems stop at it and the plan is completed from their best states, status
         ``timed_out``. With ``acyclic``, the constrained recursion has the first half, the
-        comparison the second.
+        comparison the second. Within that, a subproblem's restarts after its first begin
+        only within its share of the time left (its nodes against the nodes still to
+        split; with ``refine``, of the time less a fifth kept for the refinement), so that
+        slow early splits do not leave the last ones only their starts; the plan is then
+        ``timed_out`` too.
 
     Returns
     -------
@@ -183,11 +233,14 @@ def hierarchical(graph: Graph, topology: Topology, *, options: Mapping[str, Any]
     nodes so that no device ends empty. With k = O(1) children per level, the local search
     costs O(N n^2) overall against O(N (Kn)^2) flat (the paper's analysis); our passes are
     O(m k) each. The final refinement is our addition: one flat local search over all K
-    devices, started from the hierarchical partition, which only lowers the cost. Its
-    placement rounds keep every component's cost on every device up to date as components
-    swap devices (O(K^2 + K D) a round, not O(K^2 D): 4096 devices took 12.9 s a round) and
-    check the deadline every round, as the node passes do every 128 nodes: every phase stops
-    at the time limit.
+    devices, started from the hierarchical partition, which only lowers the cost. Its node
+    passes evaluate all K moves only of the nodes a lower bound does not rule out (near the
+    hierarchical partition, few), and its placement rounds keep the table of swap deltas up
+    to date as components swap devices (O(K x the rows that changed) a round, not O(K^2 D):
+    4096 devices took 12.9 s a round, then 0.9 s with the slot costs kept, now milliseconds)
+    and check the deadline every round, as the node passes do before every chunk: every
+    phase stops at the time limit. ``benchmarks/paper000_hierarchical.py --scale`` runs
+    10^5 nodes onto 4096 devices (4 x 8 x 16 x 8).
 
     With ``acyclic``, each split is monotone in its groups' component order (see
     :mod:`.heuristic`) and the recursion visits the groups in that order, so numbering the
@@ -211,12 +264,17 @@ def hierarchical(graph: Graph, topology: Topology, *, options: Mapping[str, Any]
     t0 = time.monotonic()
     deadline, end = split_deadline(t0, time_limit, acyclic)
     levels = hierarchy_groups(topology)
+    cost = topology.cost_matrix  # once: an implicit topology computes it on every access
+    means: dict[tuple[tuple[int, ...], ...], np.ndarray] = {}  # both runs split alike
 
     def run(constrained: bool, until: float | None, report: Progress | None
             ) -> tuple[np.ndarray, np.ndarray, float, bool, int]:
         rec = _Recursion(graph, topology, levels, restarts=restarts, start=start,
                          max_iter=max_iter, seed=seed, deadline=until, clock_zero=t0,
-                         progress=report, swaps=swaps, coarsen=coarsen, acyclic=constrained)
+                         progress=report, swaps=swaps, coarsen=coarsen, acyclic=constrained,
+                         cost=cost, means=means,
+                         restart_until=None if until is None or not refine
+                         else until - _REFINE_SHARE * (until - t0))
         rec.solve(np.arange(graph.num_nodes), tuple(range(topology.num_devices)), 0)
         if constrained:  # components numbered in the order the recursion left the devices
             placement = np.asarray(rec.device_order, dtype=np.int64)
@@ -226,7 +284,7 @@ def hierarchical(graph: Graph, topology: Topology, *, options: Mapping[str, Any]
         else:
             assignment = rec.device_of.copy()
             placement = np.arange(topology.num_devices)
-        problem = flat_problem(graph, topology, k, acyclic=constrained)
+        problem = flat_problem(graph, topology, k, acyclic=constrained, cost=cost)
         assert not constrained or problem.is_monotone(assignment)
         before = problem.objective(assignment, placement)
         timed_out = rec.timed_out

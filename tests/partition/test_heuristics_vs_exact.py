@@ -239,7 +239,7 @@ def test_outer_level_splits_in_proportion_to_unequal_groups(acyclic: bool) -> No
     levels = hierarchy_groups(t)
     assert levels[0] == [(0, 1, 2), (3,)]
     nodes = np.arange(12)
-    part, order = _recursion(g, t, acyclic)._split(nodes, levels[0])
+    part, order, *_ = _recursion(g, t, acyclic)._split(nodes, levels[0])
     assert np.bincount(part, minlength=2).tolist() == [9, 3]
     assert int(np.sum(part[:-1] != part[1:])) == 1
     if acyclic:
@@ -256,7 +256,7 @@ def test_inner_level_splits_a_region_over_boxes_of_two_and_one(acyclic: bool) ->
     g, t = _chain(w), _unequal()
     children = [(0, 1), (2,)]
     nodes = np.arange(9)
-    part, order = _recursion(g, t, acyclic)._split(nodes, children)
+    part, order, *_ = _recursion(g, t, acyclic)._split(nodes, children)
     loads = np.bincount(part, weights=w, minlength=2).tolist()
     assert loads == [12.0, 6.0]
     if acyclic:
@@ -276,7 +276,7 @@ def test_level_weighting_is_what_makes_the_split_unequal() -> None:
     children = [(0, 1), (2,)]
     nodes = np.arange(6)
     for acyclic in (True, False):
-        part, _ = _recursion(g, t, acyclic)._split(nodes, children)
+        part, *_ = _recursion(g, t, acyclic)._split(nodes, children)
         assert _level_cost(g, nodes, part, t.cost_matrix, children) == pytest.approx(
             _best_level_cost(g, nodes, t.cost_matrix, children, acyclic))
 
