@@ -108,6 +108,13 @@ class Deadline:
     def expired(self) -> bool:
         return self.limit is not None and self.elapsed() >= self.limit
 
+    def monotonic(self) -> float | None:
+        """The deadline as a ``time.monotonic()`` reading (what the simulator takes), or
+        None without a limit."""
+        if self.limit is None:
+            return None
+        return time.monotonic() + (self.limit - self.elapsed())
+
 
 def placement(num_stages: int, num_replicas: int) -> np.ndarray:
     """Consecutive placement: stage s, replica r on device ``s * R + r``; shape (S, R)."""

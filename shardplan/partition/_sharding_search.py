@@ -667,6 +667,7 @@ def improve_placement(problem: Problem, assignment: np.ndarray, placement: np.nd
         return _table_rounds(costs, placement, None if uniform else label[placement], eps,
                              max_rounds or 4 * k, deadline)
     improved = False
+    move: np.ndarray | None
     for rounds in range(max_rounds or 4 * k):
         if deadline is not None and time.monotonic() >= deadline:
             break
@@ -685,6 +686,7 @@ def improve_placement(problem: Problem, assignment: np.ndarray, placement: np.nd
         best_swap = swap[i, j]
         best_move = np.inf
         if d > k:
+            assert move is not None  # with free devices the deltas include moves
             used = np.zeros(d, dtype=bool)
             used[placement] = True
             ok = ~used[None, :] if uniform else (lp[:, None] == label[None, :]) & ~used[None, :]
@@ -1047,8 +1049,8 @@ def _swap_round(problem: Problem, st: _State, eps: float) -> bool:
     touched_comp = np.zeros(k, dtype=bool)
     touched_node = np.zeros(n, dtype=bool)
     sp, sc, pp, pc = problem.succ_ptr, problem.succ, problem.pred_ptr, problem.pred
-    for flat in cand.tolist():
-        v, u = divmod(flat, n)
+    for pos in cand.tolist():
+        v, u = divmod(pos, n)
         av, au = int(a[v]), int(a[u])
         if touched_comp[av] or touched_comp[au] or touched_node[v] or touched_node[u]:
             continue

@@ -63,7 +63,7 @@ from typing import Any
 import numpy as np
 
 from shardplan.cost import CostModel
-from shardplan.errors import InfeasibleError, ShardplanError
+from shardplan.errors import InfeasibleError, ShardplanError, TimeLimitError
 from shardplan.ir import ExecutionSettings, Graph, Topology
 from shardplan.partition._pipeline_cluster import Clusterer
 from shardplan.partition._pipeline_common import (
@@ -213,14 +213,21 @@ def partition_shape(graph: Graph, topology: Topology, model: CostModel,
     return cands, stats
 
 
-def _simulated(plan: Any, graph: Graph, topology: Topology) -> float:
-    """The simulated iteration seconds of a plan (its own settings); inf if it cannot run."""
+def _simulated(plan: Any, graph: Graph, topology: Topology,
+               deadline: Deadline | None = None) -> tuple[float, bool]:
+    """The simulated iteration seconds of a plan (its own settings), inf if it cannot run;
+    and True when the time limit stopped the simulation (then inf: the candidates are
+    ranked by their objective instead)."""
     from shardplan.simulate import simulate
 
+    end = None if deadline is None else deadline.monotonic()
     try:
-        return float(simulate(plan, graph, topology, timeline=False).iteration_seconds)
+        return float(simulate(plan, graph, topology, timeline=False,
+                              deadline=end).iteration_seconds), False
+    except TimeLimitError:
+        return float("inf"), True
     except ShardplanError:
-        return float("inf")
+        return float("inf"), False
 
 
 @register("partition", "parmesan")
@@ -257,6 +264,7 @@ def parmesan_partition(graph: Graph, topology: Topology, *, options: Mapping[str
     best: tuple[float, float, int, Result] | None = None
     tried: list[dict[str, Any]] = []
     reasons: list[str] = []
+    unjudged = False  # the time limit stopped a simulation judging a candidate
     for i, (s, r) in enumerate(shapes):
         if progress is not None:
             progress("parmesan (S, R)", i, len(shapes))
@@ -275,7 +283,8 @@ def parmesan_partition(graph: Graph, topology: Topology, *, options: Mapping[str
             except InfeasibleError as exc:
                 reasons.append(str(exc))
                 continue
-            sim = _simulated(res.plan, graph, topology)
+            sim, cut = _simulated(res.plan, graph, topology, deadline)
+            unjudged = unjudged or cut
             sims[name] = sim if np.isfinite(sim) else None
             value = res.plan.objective.value
             rank = (sim, value) if view == "overlap" else (value, sim)
@@ -310,7 +319,7 @@ def parmesan_partition(graph: Graph, topology: Topology, *, options: Mapping[str
     result = best[3]
     if len(shapes) > 1:
         result.plan.meta["search"]["shapes"] = tried
-    if len(tried) < len(shapes) and result.plan.status != "timed_out":
+    if (len(tried) < len(shapes) or unjudged) and result.plan.status != "timed_out":
         result = build_plan(graph, topology, algorithm="parmesan",
                             assignment=result.plan.assignment(n),
                             num_replicas=result.plan.num_replicas, settings=settings,

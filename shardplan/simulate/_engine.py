@@ -306,6 +306,8 @@ class _Sim:
         self._link_bw = {key: -v[1] for key, v in best.items()}
         self.net = _Network([])
         self._paths: dict[tuple[int, int], tuple[int, ...]] = {}
+        self._latency: dict[tuple[int, int], float] = {}
+        self._ring_disjoint: dict[int, bool] = {}
         self.send_q: dict[int, deque[_Message]] = {d: deque() for d in self.devices}
         self.sending: dict[int, bool] = {d: False for d in self.devices}
         self.computing: dict[int, bool] = {d: False for d in self.devices}
@@ -537,7 +539,7 @@ class _Sim:
         if src == dst:
             on_arrival()
             return
-        lat = float(self.topology.latency[src, dst]) * float(tensors) if seconds is None \
+        lat = self.pair_latency(src, dst) * float(tensors) if seconds is None \
             else float(seconds)
         self.send_q[src].append(_Message(src, dst, float(nbytes), lat, kind, stage, mb,
                                          on_arrival))
@@ -566,6 +568,15 @@ class _Sim:
             return
         msg.links = self.path(msg.src, msg.dst)
         self.net.add(msg, self.t)
+
+    def pair_latency(self, src: int, dst: int) -> float:
+        """The topology's latency from ``src`` to ``dst``, looked up once per pair (a pair
+        model computes it on demand: a ring all-reduce over 1280 devices asks 3.6 M times)."""
+        key = (src, dst)
+        lat = self._latency.get(key)
+        if lat is None:
+            lat = self._latency[key] = float(self.topology.latency[src, dst])
+        return lat
 
     def path(self, src: int, dst: int) -> tuple[int, ...]:
         key = (src, dst)
@@ -690,10 +701,26 @@ class _Sim:
     def ring_private(self, s: int) -> bool:
         """Whether stage s's ring owns its devices and links until it ends (see
         :mod:`._ring`): direct links, idle empty send queues, every worker on the ring's
-        devices past its last action and every other stage on them synchronised."""
-        if not self.direct_links:
-            return False
+        devices past its last action and every other stage on them synchronised (a plan of
+        one stage under overlap: only nothing in flight, whatever its workers do). On routed
+        links (meshes, tori, a topology's physical ``links``) the ring's paths must share
+        no link, and nothing else may be in flight or still to run anywhere (any message
+        could cross the ring's links): then every ring message streams at its path's
+        bottleneck alone, as on direct links."""
         ring = self.dev[s, :int(self.reps[s])].tolist()
+        if len(self.reps) == 1 and self.overlap:
+            # one stage: its collectives, one at a time, are all the traffic there is, and
+            # with overlap its computing holds no message back
+            return (self.direct_links or self.ring_paths_disjoint(s)) \
+                and not self.net.flows and not any(self.sending[d] or self.send_q[d]
+                                                   for d in ring)
+        if not self.direct_links:
+            return self.ring_paths_disjoint(s) and not self.net.flows and not any(
+                self.sending[d] or self.send_q[d] for d in self.devices) and all(
+                w.done or (not w.busy and w.pos >= len(w.actions)) for w in self.workers) \
+                and all(s2 == s or not (self.coll_running[s2] or self.coll_queue[s2]
+                                        or math.isnan(self.ar_done[s2]))
+                        for s2 in range(len(self.reps)))
         for d in ring:
             if self.sending[d] or self.send_q[d]:
                 return False
@@ -706,6 +733,17 @@ class _Sim:
                     return False
         return True
 
+    def ring_paths_disjoint(self, s: int) -> bool:
+        """Whether the links of stage s's ring paths (each replica to the next) are all
+        different. O(R x path length), once per stage."""
+        got = self._ring_disjoint.get(s)
+        if got is None:
+            ring = self.dev[s, :int(self.reps[s])].tolist()
+            links = [lk for a, b in zip(ring, ring[1:] + ring[:1], strict=True)
+                     for lk in self.path(a, b)]
+            got = self._ring_disjoint[s] = len(set(links)) == len(links)
+        return got
+
     def ring_closed(self, s: int, key: Any, steps_left: int) -> None:
         """The remaining ``steps_left`` steps of stage s's private ring at once: the same
         arrivals as the stepwise path (:func:`._ring.ring_arrivals`), its intervals kept
@@ -713,8 +751,7 @@ class _Sim:
         r = int(self.reps[s])
         ring = self.dev[s, :r].tolist()
         nxt = ring[1:] + ring[:1]
-        lat = np.array([float(self.topology.latency[a, b]) * 1.0
-                        for a, b in zip(ring, nxt, strict=True)])
+        lat = np.array([self.pair_latency(a, b) for a, b in zip(ring, nxt, strict=True)])
         rate = np.array([min(self.net.capacity[lk] for lk in self.path(a, b))
                          for a, b in zip(ring, nxt, strict=True)])
         chunk = key[4] / r

@@ -126,11 +126,73 @@ def test_closed_form_on_a_hierarchy_with_many_replicas(monkeypatch: pytest.Monke
     assert quiet.iteration_seconds == fast.iteration_seconds
 
 
-def test_routed_links_take_the_stepwise_path(monkeypatch: pytest.MonkeyPatch) -> None:
-    """On a mesh (physical links shared by routes) the ring is never taken in closed form."""
-    g = layered(101, seed=2, params_per_weight=1e4)
-    topo = build("mesh2d", shape=(2, 4))
-    plan = partition(g, topo, algorithm="uniform", stages=2, replicas=4)
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 10_000), st.sampled_from(["mesh2d", "torus2d", "dgx1"]),
+       st.sampled_from([(1, 8), (2, 4), (4, 2)]), st.integers(1, 4),
+       st.sampled_from(["gpipe", "1f1b"]), st.sampled_from(["end", "bucketed", "sharded"]),
+       st.booleans())
+def test_closed_form_on_routed_links_equals_stepwise(seed: int, kind: str, sr: tuple[int, int],
+                                                     m: int, schedule: str, sync: str,
+                                                     overlap: bool) -> None:
+    """Meshes, tori and DGX-1's physical links (routes share links): where the closed form
+    is taken (disjoint ring paths, nothing else left to run), the result is the stepwise
+    one."""
+    s, r = sr
+    rng = np.random.default_rng(seed)
+    g = layered(int(rng.integers(4 * s, 12 * s)), width=int(rng.integers(1, 4)), seed=seed,
+                skip_probability=0.2, params_per_weight=1e4)
+    topo = build(kind, boxes=1) if kind == "dgx1" else \
+        build(kind, shape=(2, 4) if kind == "mesh2d" else (4, 4))
+    r = topo.num_devices // s
+    plan = partition(g, topo, algorithm="uniform", stages=s, replicas=r)
+    kw = dict(schedule=schedule, microbatches=m, gradient_sync=sync, overlap=overlap,
+              bucket_bytes=int(rng.integers(1, 4)) * 100_000)
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        calls = _counting(monkeypatch)
+        fast = simulate(plan, g, topo, **kw)
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        slow = _stepwise(monkeypatch, plan, g, topo, **kw)
+    _same(fast, slow)
+    if s == 1 and sync == "end" and kind != "dgx1":  # one ring, alone, neighbours adjacent
+        assert calls, "the closed form was never taken"
+
+
+def test_routed_rings_whose_paths_cross_stay_stepwise(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ring on a line of 8 devices in the order 0 4 1 5 2 6 3 7: its paths share links,
+    so it runs step by step; in order 0..7 the paths are disjoint and it is closed."""
+    from shardplan.ir import Objective, Plan, Stage
+
+    g = layered(40, seed=2, params_per_weight=1e4)
+    topo = build("mesh2d", shape=(1, 8))
+
+    def dp(order):
+        return Plan(g.name, topo.name, "hand", (Stage(tuple(range(g.num_nodes)), order),),
+                    Objective("x", 0.0))
+
     calls = _counting(monkeypatch)
-    simulate(plan, g, topo, microbatches=2)
+    crossed = simulate(dp((0, 4, 1, 5, 2, 6, 3, 7)), g, topo, microbatches=2)
     assert calls == []
+    with pytest.MonkeyPatch.context() as inner:
+        _same(crossed, _stepwise(inner, dp((0, 4, 1, 5, 2, 6, 3, 7)), g, topo,
+                                 microbatches=2))
+    line = simulate(dp(tuple(range(8))), g, topo, microbatches=2)
+    assert calls
+    assert line.iteration_seconds < crossed.iteration_seconds
+
+
+@pytest.mark.parametrize("m", [1, 2, 4])
+def test_two_rings_that_cross_each_other(monkeypatch: pytest.MonkeyPatch, m: int) -> None:
+    """Two stages on a line of 8, on the even and the odd devices: each ring's paths are
+    disjoint, but the two rings share links, so neither may be closed while the other runs;
+    the result is the stepwise one."""
+    from shardplan.ir import Objective, Plan, Stage
+
+    g = layered(40, seed=5, params_per_weight=1e4)
+    topo = build("mesh2d", shape=(1, 8))
+    order = g.topological_order.tolist()
+    plan = Plan(g.name, topo.name, "hand",
+                (Stage(tuple(order[:20]), (0, 2, 4, 6)), Stage(tuple(order[20:]), (1, 3, 5, 7))),
+                Objective("x", 0.0))
+    fast = simulate(plan, g, topo, microbatches=m)
+    with pytest.MonkeyPatch.context() as inner:
+        _same(fast, _stepwise(inner, plan, g, topo, microbatches=m))
