@@ -324,5 +324,6 @@ def parmesan_partition(graph: Graph, topology: Topology, *, options: Mapping[str
                             assignment=result.plan.assignment(n),
                             num_replicas=result.plan.num_replicas, settings=settings,
                             options=opts, seed=seed, deadline=deadline, status="timed_out",
-                            stats={**result.stats, "shapes": tried}, model=model, view=view)
+                            stats={**result.plan.meta.get("search", result.stats),
+                                   "shapes": tried}, model=model, view=view)
     return result

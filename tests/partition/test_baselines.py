@@ -188,3 +188,32 @@ def test_cli_partition_then_cost(tmp_path, capsys):
     assert math.isclose(out["value"], plan.objective.value, rel_tol=1e-12)
     assert run_cli(["partition", str(gp), str(tp), "--algorithm", "parmesan", "--stages",
                     "99", "--json"]) == 2
+
+
+def test_parmesan_judge_cut_by_its_time_limit(monkeypatch):
+    """When the time limit stops the simulations that judge Parmesan's candidates, the
+    candidates are ranked by their objective and the plan says it timed out."""
+    from shardplan import simulate as simulate_pkg
+    from shardplan.errors import TimeLimitError
+
+    g = _graph()
+    topo = build("hierarchical", shape=(2, 2))
+    free = registry.run("partition", "parmesan", g, topo, stages=2, replicas=2).plan
+    real = simulate_pkg.simulate
+
+    def cut(*args, deadline=None, **kw):
+        if deadline is not None:
+            raise TimeLimitError("the simulation ran past its deadline")
+        return real(*args, **kw)
+
+    monkeypatch.setattr(simulate_pkg, "simulate", cut)
+    res = registry.run("partition", "parmesan", g, topo, stages=2, replicas=2,
+                       time_limit=3600).plan
+    assert res.status == "timed_out"
+    sims = res.meta["search"]["simulated"]
+    assert sims and all(v is None for v in sims.values())
+    # ranked by objective instead: the same candidates, none below the one kept (the
+    # simulator's choice among them included)
+    assert res.objective.value <= free.objective.value * (1 + 1e-12)
+    assert free.status != "timed_out" and all(v is not None for v in
+                                              free.meta["search"]["simulated"].values())
