@@ -73,6 +73,9 @@ class _TimingInterpreter(torch.fx.Interpreter):
 
     def run_node(self, n: torch.fx.Node) -> Any:
         if n.op != "call_function" or n.name not in self.index:
+            if n.op != "placeholder":  # (getitem of a split, ...): a gradient flows through
+                self.grad_env[n.name] = any(self.grad_env.get(a.name, False)
+                                            for a in n.all_input_nodes)
             with torch.no_grad():
                 return super().run_node(n)
         i = self.index[n.name]

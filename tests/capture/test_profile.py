@@ -30,6 +30,18 @@ def test_profile_module_level_sums_seconds() -> None:
     assert bool(np.all(graph.bwd_seconds > 0))
 
 
+def test_profile_times_the_backward_behind_a_getitem() -> None:
+    """Operators fed through nodes that are not operators (the getitem of a split, ...)
+    still carry the gradient: attention's backward was profiled as 0 s because its q, k, v
+    come out of an unbind."""
+    graph = capture_spec("transformer,num_layers=1", batch_size=2, seq_len=16, profile=True)
+    attn = [i for i, op in enumerate(graph.ops) if "attention" in op]
+    assert attn and bool(np.all(graph.bwd_seconds[attn] > 0))
+    # only operators fed by data alone (the positions' arange) have no backward
+    zero = [graph.ops[i] for i in np.flatnonzero(graph.bwd_seconds == 0)]
+    assert zero and set(zero) <= {"arange", "embedding"}, zero
+
+
 def test_profile_does_not_touch_model_buffers() -> None:
     from shardplan.capture import build_model, capture
 
