@@ -380,6 +380,9 @@ def _metis(problem: Problem, rng: np.random.Generator,
     n, k = problem.n, problem.k
     if k == 1:
         return np.zeros(n, dtype=np.int64)
+    if n == 0:  # METIS would print an error of its own on stdout; the seed's draw is kept
+        rng.integers(2**31 - 1)  # so the later restarts draw what they always drew
+        return np.zeros(0, dtype=np.int64)
     u = np.concatenate((problem.src, problem.dst))
     v = np.concatenate((problem.dst, problem.src))
     keep = u != v

@@ -820,7 +820,8 @@ def strategy_stage_seconds(plan: Plan, graph: Graph, topology: Topology,
         part = Topology(name=f"{topology.name}/stage{s}",
                         devices=tuple(topology.devices[d] for d in devs.tolist()),
                         bandwidth=topology.bandwidth[np.ix_(devs, devs)],
-                        latency=topology.latency[np.ix_(devs, devs)])
+                        latency=topology.latency[np.ix_(devs, devs)],
+                        meta={k: v for k, v in topology.meta.items() if k == "collectives"})
         pase = DefaultCostModel(part, int(devs.size))
         comm_units = Units(mac=0.0, word=pase.units.word, allreduce=pase.units.allreduce)
         nf, nb = cm.node_seconds(int(devs[0]))

@@ -9,6 +9,8 @@ Differences from :mod:`shardplan.strategy._cost_pase` (paper 004 equation 1 as r
 * bandwidth and latency from the topology: a collective over P devices runs at the slowest
   link among devices 0..P-1 (the contiguous block a P-way split would use first) and pays
   2 (P - 1) latencies; a re-shard pays the slowest link of all N devices plus one latency;
+* an all-reduce over P devices takes the measured curve's time for its bytes when the
+  topology has one for P (``topology measure``), instead of the ring formula;
 * every edge is counted: an edge whose consumer does not describe the tensor falls back to a
   ``(batch, rest)`` tensor split by each side's batch dimension;
 * a memory limit per device rules configurations out (cost infinity): a layer's parameters
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from shardplan.cost._collectives import measured_seconds
 from shardplan.ir import Topology
 from shardplan.strategy._cost_pase import Units, edge_cost, layer_cost
 from shardplan.strategy.spaces import Space
@@ -76,6 +79,12 @@ class DefaultCostModel:
         if not np.isfinite(self.link_bw):
             self.link_bw = float("inf")
 
+        # all-reduce curves `topology measure` recorded, by group size: they replace the ring
+        # formula for their group sizes (a CPU's gloo all-reduce costs far more per call
+        # than 2 (P - 1) point-to-point latencies)
+        curves = [q for q in range(2, devices + 1)
+                  if topology.collective_curve("allreduce", q) is not None]
+
         def ar(w: np.ndarray, p: np.ndarray, space: Space) -> np.ndarray:
             p = np.asarray(p, dtype=np.float64)
             pi = np.clip(p.astype(np.int64), 1, len(self._bw) - 1)
@@ -83,6 +92,15 @@ class DefaultCostModel:
             t = 2.0 * (p - 1.0) / p * np.asarray(w, dtype=np.float64) * space.dtype_bytes
             with np.errstate(invalid="ignore", divide="ignore"):
                 out = np.where(p > 1, t / bwp + 2.0 * (p - 1.0) * self._lat[pi], 0.0)
+            if curves:
+                out = np.array(out, dtype=np.float64)
+                whole = np.broadcast_to(np.asarray(w, dtype=np.float64) * space.dtype_bytes,
+                                        out.shape)
+                pp = np.broadcast_to(p, out.shape)
+                for q in curves:
+                    mask = pp == q
+                    if np.any(mask):
+                        out[mask] = measured_seconds(topology, "allreduce", q, whole[mask])
             return out
 
         self.units = Units(mac=2.0 / flops,

@@ -248,3 +248,18 @@ def test_begin_by_lets_only_the_first_restart_begin_late(workers: int) -> None:
     full = run_restarts(problem, **common)
     assert [r.restart for r in full.results] == [0, 1, 2] and not full.timed_out
     assert late.results[0].outcome.cost == full.results[0].outcome.cost
+
+
+def test_metis_start_of_no_nodes_is_silent(capfd: pytest.CaptureFixture[str]) -> None:
+    """A split left with no nodes: no METIS call (METIS prints 'Cannot bisect a graph with 0
+    vertices!' on stdout, which `shardplan plan` showed), and the seed's draw is kept."""
+    empty = np.zeros(0, dtype=np.int64)
+    cost = np.ones((3, 3)) - np.eye(3)
+    problem = Problem.build(np.zeros(0), empty, empty, empty, empty, cost, 3)
+    rng = np.random.default_rng(7)
+    out = search._metis(problem, rng, np.arange(3))
+    assert out.shape == (0,)
+    assert "Cannot" not in capfd.readouterr().out
+    fresh = np.random.default_rng(7)
+    fresh.integers(2**31 - 1)
+    assert rng.integers(1000) == fresh.integers(1000)

@@ -307,3 +307,32 @@ def test_cli_import_tables_without_a_graph(tmp_path: Path, capsys) -> None:
         assert err.count("\n") == 1 and match in err
     assert run_cli(["strategy", "--devices", "4", "--json"]) == 2
     assert "give GRAPH" in capsys.readouterr().err
+
+
+def test_default_cost_prices_allreduce_by_the_measured_curve() -> None:
+    """A topology with a measured all-reduce curve for 2 devices: PaSE's default cost model
+    (the search and the simulator's strategy stages) takes the curve's time for groups of 2,
+    interpolated in the whole tensor's bytes, and keeps the ring formula for other sizes."""
+    import numpy as np
+
+    from shardplan.ir import Topology
+    from shardplan.strategy._cost_default import DefaultCostModel
+    from shardplan.strategy.spaces import Space
+    from shardplan.topology import build
+
+    flat = build("flat", num_devices=4, bandwidth=1e10, latency=1e-6)
+    curve = {"allreduce": {"2": [[1e3, 1e-3], [1e6, 3e-3]]}}
+    measured = Topology(name="m", devices=flat.devices, bandwidth=flat.bandwidth,
+                        latency=flat.latency, meta={"collectives": curve})
+    space = Space("elementwise", ("b", "n"), (8, 16))
+    ring = DefaultCostModel(flat, 4).units.allreduce
+    meas = DefaultCostModel(measured, 4).units.allreduce
+    w = np.array([250.0, 250_000.0, 1000.0, 1000.0])
+    p = np.array([2.0, 2.0, 4.0, 1.0])
+    got = meas(w, p, space)
+    whole = w[:2] * space.dtype_bytes
+    expected = np.interp(whole, [1e3, 1e6], [1e-3, 3e-3])
+    assert got[:2] == pytest.approx(expected, rel=1e-12)
+    assert got[2:] == pytest.approx(ring(w, p, space)[2:], rel=1e-12)
+    assert got[3] == 0.0
+    assert not np.allclose(ring(w, p, space)[:2], got[:2])
