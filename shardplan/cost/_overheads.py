@@ -53,6 +53,15 @@ def _pair(device: Any, key: str) -> tuple[float, float]:
     return max(f, 0.0), max(b, 0.0)
 
 
+def _largest(topology: Topology | None, key: str, devices: Sequence[int]) -> float:
+    """The largest of ``devices``' scalar ``key`` (every rank waits for the slowest); 0
+    where absent."""
+    if topology is None:
+        return 0.0
+    return max([0.0, *(float(topology.devices[int(d)].extra.get(key) or 0.0)
+                       for d in devices)])
+
+
 def _median_pair(topology: Topology | None, key: str,
                  devices: Sequence[int] | None = None) -> tuple[float, float]:
     if topology is None or topology.num_devices == 0:
@@ -91,11 +100,7 @@ def dtensor_op_overhead(topology: Topology | None,
 def fsdp_gather_overhead(topology: Topology | None, devices: Sequence[int]) -> float:
     """Extra seconds per FSDP unit all-gather over ``devices``: the largest of their
     ``fsdp_gather_overhead_seconds`` (every rank waits for the slowest); 0 where absent."""
-    if topology is None:
-        return 0.0
-    vals = [float(topology.devices[int(d)].extra.get("fsdp_gather_overhead_seconds") or 0.0)
-            for d in devices]
-    return max([0.0, *vals])
+    return _largest(topology, "fsdp_gather_overhead_seconds", devices)
 
 
 def busy_slowdown(topology: Topology | None, devices: Sequence[int]) -> float:
@@ -226,27 +231,15 @@ def gradient_seconds_per_byte(topology: Topology | None, devices: Sequence[int],
     one-replica figure); 0 where absent."""
     if topology is None:
         return 0.0
-    best = 0.0
-    for d in devices:
-        value = topology.devices[int(d)].extra.get("gradient_seconds_per_byte")
-        if not isinstance(value, (list, tuple)):
-            continue
-        try:
-            one, many = (float(v) for v in value)
-        except (TypeError, ValueError):
-            continue
-        best = max(best, many if replicated else one)
-    return best
+    which = 1 if replicated else 0
+    return max([0.0, *(_pair(topology.devices[int(d)], "gradient_seconds_per_byte")[which]
+                       for d in devices)])
 
 
 def pipeline_action_overhead(topology: Topology | None, devices: Sequence[int]) -> float:
     """Seconds the pipelining schedule adds per action on ``devices`` (the largest of their
     ``pipeline_action_overhead_seconds``); 0 where absent."""
-    if topology is None:
-        return 0.0
-    vals = [float(topology.devices[int(d)].extra.get("pipeline_action_overhead_seconds")
-                  or 0.0) for d in devices]
-    return max([0.0, *vals])
+    return _largest(topology, "pipeline_action_overhead_seconds", devices)
 
 
 def charge_run_overheads(st: Any, topology: Topology, gradient_sync: str,
