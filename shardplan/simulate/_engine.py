@@ -712,26 +712,23 @@ class _Sim:
             # one stage: its collectives, one at a time, are all the traffic there is, and
             # with overlap its computing holds no message back
             return (self.direct_links or self.ring_paths_disjoint(s)) \
-                and not self.net.flows and not any(self.sending[d] or self.send_q[d]
-                                                   for d in ring)
-        if not self.direct_links:
-            return self.ring_paths_disjoint(s) and not self.net.flows and not any(
-                self.sending[d] or self.send_q[d] for d in self.devices) and all(
-                w.done or (not w.busy and w.pos >= len(w.actions)) for w in self.workers) \
-                and all(s2 == s or not (self.coll_running[s2] or self.coll_queue[s2]
-                                        or math.isnan(self.ar_done[s2]))
-                        for s2 in range(len(self.reps)))
-        for d in ring:
-            if self.sending[d] or self.send_q[d]:
-                return False
-            for w in self.workers_on.get(d, ()):
-                if w.busy or w.pos < len(w.actions):
-                    return False
-            for s2 in self.stages_on[d]:
-                if s2 != s and (self.coll_running[s2] or self.coll_queue[s2]
-                                or math.isnan(self.ar_done[s2])):
-                    return False
-        return True
+                and not self.net.flows and all(self.quiet(d) for d in ring)
+        if self.direct_links:  # only the ring's own devices can touch its links
+            devices: Any = ring
+            workers: Any = (w for d in ring for w in self.workers_on.get(d, ()))
+            stages: Any = (s2 for d in ring for s2 in self.stages_on[d])
+        elif self.ring_paths_disjoint(s) and not self.net.flows:
+            devices, workers, stages = self.devices, self.workers, range(len(self.reps))
+        else:
+            return False
+        return all(self.quiet(d) for d in devices) \
+            and all(not w.busy and w.pos >= len(w.actions) for w in workers) \
+            and all(s2 == s or not (self.coll_running[s2] or self.coll_queue[s2]
+                                    or math.isnan(self.ar_done[s2])) for s2 in stages)
+
+    def quiet(self, d: int) -> bool:
+        """Device d sends nothing and has nothing queued to send."""
+        return not (self.sending[d] or self.send_q[d])
 
     def ring_paths_disjoint(self, s: int) -> bool:
         """Whether the links of stage s's ring paths (each replica to the next) are all
