@@ -140,30 +140,38 @@ def _simulate(plan: Plan, ctx: Context) -> tuple[float, float, bool]:
     from shardplan.simulate import simulate
 
     res = simulate(plan, ctx.graph, ctx.topology, timeline=False,
-                   deadline=_TASK_DEADLINE.get())
+                   deadline=_deadline())
     peak = max(res.peak_memory_bytes)
     return res.iteration_seconds, peak, bool(res.fits_memory)
 
 
-#: The deadline of the task running in this process (``time.monotonic()``), set by
-#: :func:`run_task` from :attr:`Task.left`.
-_TASK_DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar(
-    "shardplan_task_deadline", default=None)
+@dataclass
+class _TaskClock:
+    """The deadline of the task running in this process (``time.monotonic()``, None: no
+    limit), set by :func:`run_task` from :attr:`Task.left`, and whether it left variants
+    out."""
+
+    end: float | None
+    cut: bool = False
 
 
-#: Set by :func:`_variants` when the deadline left variants out.
-_TASK_CUT: contextvars.ContextVar[list[bool] | None] = contextvars.ContextVar(
-    "shardplan_task_cut", default=None)
+_TASK: contextvars.ContextVar[_TaskClock | None] = contextvars.ContextVar(
+    "shardplan_task", default=None)
+
+
+def _deadline() -> float | None:
+    clock = _TASK.get()
+    return None if clock is None else clock.end
 
 
 def _mark_cut() -> None:
-    cut = _TASK_CUT.get()
-    if cut is not None:
-        cut[0] = True
+    clock = _TASK.get()
+    if clock is not None:
+        clock.cut = True
 
 
 def _past_deadline() -> bool:
-    end = _TASK_DEADLINE.get()
+    end = _deadline()
     return end is not None and time.monotonic() > end
 
 
@@ -323,14 +331,12 @@ _RUNNERS: dict[str, Callable[[Context, Task], list[Evaluated]]] = {
 def run_task(ctx: Context, task: Task) -> tuple[list[Evaluated], str, bool]:
     """Build and simulate the task's plans; an error becomes the second value (one line);
     the third is True when the task's deadline (:attr:`Task.left`) left variants out."""
-    end = None if task.left is None else time.monotonic() + task.left
-    cut = [False]
-    token, token_cut = _TASK_DEADLINE.set(end), _TASK_CUT.set(cut)
+    clock = _TaskClock(None if task.left is None else time.monotonic() + task.left)
+    token = _TASK.set(clock)
     try:
-        return _RUNNERS[task.family](ctx, task), "", cut[0]
+        return _RUNNERS[task.family](ctx, task), "", clock.cut
     except ShardplanError as exc:
-        return [], f"{task.label}: {exc}", cut[0]
+        return [], f"{task.label}: {exc}", clock.cut
     finally:
-        _TASK_DEADLINE.reset(token)
-        _TASK_CUT.reset(token_cut)
+        _TASK.reset(token)
 
