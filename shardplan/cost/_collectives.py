@@ -15,8 +15,8 @@ import numpy as np
 from shardplan.cost._formulas import ring_allreduce_seconds
 from shardplan.ir import Topology
 
-__all__ = ["COLLECTIVES", "collective_seconds", "measured_seconds", "ring_collectives",
-           "ring_steps"]
+__all__ = ["COLLECTIVES", "collective_seconds", "curve_seconds", "measured_seconds",
+           "ring_collectives", "ring_steps"]
 
 COLLECTIVES = ("allreduce", "allgather", "reducescatter")
 
@@ -41,6 +41,12 @@ def measured_seconds(topology: Topology, kind: str, group_size: int,
         curve = topology.collective_curve("allgather", group_size)  # the same traffic
     if curve is None:
         return None
+    return curve_seconds(curve, nbytes)
+
+
+def curve_seconds(curve: tuple[np.ndarray, np.ndarray], nbytes: Any) -> Any:
+    """A measured ``(bytes, seconds)`` curve's time for ``nbytes`` (see
+    :func:`measured_seconds`). O(log points) per value."""
     b, t = curve
     x = np.asarray(nbytes, dtype=np.float64)
     slope = (t[-1] - t[-2]) / (b[-1] - b[-2]) if b.size > 1 else t[-1] / b[-1]

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from shardplan.cost._collectives import measured_seconds
+from shardplan.cost._collectives import curve_seconds
 from shardplan.ir import Topology
 from shardplan.strategy._cost_pase import Units, edge_cost, layer_cost
 from shardplan.strategy.spaces import Space
@@ -82,8 +82,8 @@ class DefaultCostModel:
         # all-reduce curves `topology measure` recorded, by group size: they replace the ring
         # formula for their group sizes (a CPU's gloo all-reduce costs far more per call
         # than 2 (P - 1) point-to-point latencies)
-        curves = [q for q in range(2, devices + 1)
-                  if topology.collective_curve("allreduce", q) is not None]
+        curves = {q: c for q in range(2, devices + 1)
+                  if (c := topology.collective_curve("allreduce", q)) is not None}
 
         def ar(w: np.ndarray, p: np.ndarray, space: Space) -> np.ndarray:
             p = np.asarray(p, dtype=np.float64)
@@ -97,10 +97,10 @@ class DefaultCostModel:
                 whole = np.broadcast_to(np.asarray(w, dtype=np.float64) * space.dtype_bytes,
                                         out.shape)
                 pp = np.broadcast_to(p, out.shape)
-                for q in curves:
+                for q, curve in curves.items():
                     mask = pp == q
                     if np.any(mask):
-                        out[mask] = measured_seconds(topology, "allreduce", q, whole[mask])
+                        out[mask] = curve_seconds(curve, whole[mask])
             return out
 
         self.units = Units(mac=2.0 / flops,
