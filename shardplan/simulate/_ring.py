@@ -16,6 +16,12 @@ When the ring is *private* from a step boundary on, the remaining steps are dete
   before the ring ends: every worker on those devices has finished its actions (only the
   optimizer step, which waits for this ring, is left), and every other stage placed on
   them has finished its gradient synchronisation with nothing queued or running.
+- on routed links (meshes, tori, a topology's physical ``links``): the ring's paths share no
+  link, nothing is in flight, and the conditions above hold for every device, worker and
+  stage (any message could cross the ring's links); each message then streams alone at its
+  path's bottleneck;
+- a plan of one stage under overlap: its collectives, one at a time, are all the traffic
+  there is, so an empty network and idle send queues suffice, whatever its workers compute.
 
 Then replica i's message of each step starts at the step's start ``t``, waits its latency
 ``l_i`` and streams its chunk ``c`` alone on its link at the link's capacity ``b_i``,
@@ -24,10 +30,10 @@ there. :func:`ring_arrivals` evaluates exactly that recurrence (the same floatin
 operations the stepwise path performs, vectorised over the replicas), so the result is the
 stepwise simulation's to rounding (its event loop delivers arrivals within 1e-12 relative
 of each other together); ``tests/simulate/test_ring.py`` compares the two on random cases.
-Anything else (a shared or routed link, a busy queue, a worker still computing, a measured
-collective curve) takes the stepwise path; the simulator checks again at every step
-boundary, so a ring whose devices are still sending their last gradients switches to the
-closed form once they are done.
+Anything else (links shared by the ring's own paths, a busy queue, a worker still
+computing, a measured collective curve) takes the stepwise path; the simulator checks again
+at every step boundary, so a ring whose devices are still sending their last gradients
+switches to the closed form once they are done.
 
 Complexity: O(steps x R) floating-point work in numpy, against O(steps x R log E) events.
 """
