@@ -1,0 +1,45 @@
+"""Measured collective curves: :func:`shardplan.cost._collectives.curve_seconds` by hand."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from shardplan.cost._collectives import curve_seconds
+
+
+def _curve(points):
+    arr = np.asarray(points, dtype=np.float64)
+    return arr[:, 0], arr[:, 1]
+
+
+def test_interpolates_between_and_clamps_below() -> None:
+    c = _curve([[10.0, 1.0], [20.0, 3.0], [40.0, 4.0]])
+    assert curve_seconds(c, 15.0) == pytest.approx(2.0)
+    assert curve_seconds(c, 30.0) == pytest.approx(3.5)
+    assert curve_seconds(c, 40.0) == pytest.approx(4.0)
+    assert curve_seconds(c, 5.0) == pytest.approx(1.0)  # below: the smallest size's time
+    assert curve_seconds(c, 0.0) == 0.0 and curve_seconds(c, -3.0) == 0.0
+    assert curve_seconds(c, 0.5) == pytest.approx(1.0)  # any bytes pay the floor
+
+
+def test_extrapolates_with_the_last_segment_slope() -> None:
+    c = _curve([[10.0, 1.0], [20.0, 3.0], [40.0, 4.0]])  # last slope 1/20 s per byte
+    assert curve_seconds(c, 60.0) == pytest.approx(5.0)
+    assert curve_seconds(c, 140.0) == pytest.approx(9.0)
+    falling = _curve([[10.0, 2.0], [20.0, 1.0]])  # noise: never faster for more bytes
+    assert curve_seconds(falling, 100.0) == pytest.approx(1.0)
+
+
+def test_one_point_curve_is_a_bandwidth() -> None:
+    c = _curve([[100.0, 2.0]])
+    assert curve_seconds(c, 50.0) == pytest.approx(2.0)
+    assert curve_seconds(c, 300.0) == pytest.approx(6.0)
+
+
+def test_arrays_and_scalars() -> None:
+    c = _curve([[10.0, 1.0], [20.0, 3.0]])
+    out = curve_seconds(c, np.array([0.0, 15.0, 30.0]))
+    assert isinstance(out, np.ndarray) and out.tolist() == pytest.approx([0.0, 2.0, 5.0])
+    one = curve_seconds(c, 15)
+    assert isinstance(one, float) and one == pytest.approx(2.0)
