@@ -89,6 +89,16 @@ def _terminate(pool: ProcessPoolExecutor) -> None:
     # Futures the caller cancelled must leave the pool's queue first: when the workers die,
     # Python 3.11's pool sets an error on every queued future, and one already cancelled
     # raises InvalidStateError in the pool's thread (a traceback on stderr).
+    # The pool's thread (taken now: ``shutdown`` forgets it) must also leave the interpreter's
+    # exit hook, which would write to that thread's wake-up pipe while the thread, its
+    # workers gone, closes it (an OSError traceback after Ctrl-C's one line, Python 3.11).
+    import concurrent.futures.process as cf_process
+
+    thread = getattr(pool, "_executor_manager_thread", None)
+    wakeups = getattr(cf_process, "_threads_wakeups", None)
+    if thread is not None and wakeups is not None:
+        with contextlib.suppress(Exception):
+            wakeups.pop(thread, None)
     items = getattr(pool, "_pending_work_items", None)
     if isinstance(items, dict):
         for key, item in list(items.items()):
@@ -110,16 +120,6 @@ def _terminate(pool: ProcessPoolExecutor) -> None:
             lock.release()
         with contextlib.suppress(Exception):
             pool.shutdown(wait=False, cancel_futures=True)
-    # Its workers are gone, so the pool's thread ends by itself; the interpreter's exit hook
-    # must not write to that thread's wake-up pipe, which the shutdown may have closed (an
-    # OSError traceback after Ctrl-C's one line, seen on Python 3.11).
-    import concurrent.futures.process as cf_process
-
-    thread = getattr(pool, "_executor_manager_thread", None)
-    wakeups = getattr(cf_process, "_threads_wakeups", None)
-    if thread is not None and wakeups is not None:
-        with contextlib.suppress(Exception):
-            wakeups.pop(thread, None)
 
 
 @contextlib.contextmanager
@@ -133,10 +133,10 @@ def process_pool(workers: int, *, initializer: Callable[..., Any] | None = None,
                                initargs=(os.getpid(), initializer, initargs))
     try:
         yield pool
+        pool.shutdown(wait=True, cancel_futures=True)  # (an interrupt here terminates too)
     except BaseException:
         _terminate(pool)
         raise
-    pool.shutdown(wait=True, cancel_futures=True)
 
 
 # --------------------------------------------------------------------------------- Ray
