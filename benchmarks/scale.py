@@ -92,7 +92,8 @@ def child(spec: dict) -> dict:
     elif planner == "parmesan":  # one (S, R): the search over shapes multiplies the work
         stages = min(8, topo.num_devices)
         family, name, opts = "partition", planner, {
-            "stages": stages, "replicas": topo.num_devices // stages}
+            "stages": stages, "replicas": topo.num_devices // stages,
+            "descent": bool(spec.get("descent", True))}
     elif planner == "heuristic":
         family, name, opts = "partition", planner, {"workers": 1, "restarts": 1}
     else:
@@ -288,13 +289,18 @@ def targets(limit: float | None) -> list[dict]:
         r = run_one(spec)
         value, bound = r.get("value"), r.get("lower_bound")
         ratio = value / bound if value is not None and bound else None
-        rows.append({**spec, "target": t["limit"], **r, "ratio": ratio})
+        # the same run without boundary descent (the paper's refinement alone), side by side
+        plain = run_one({**spec, "descent": False, "breakdown": False})
+        rows.append({**spec, "target": t["limit"], **r, "ratio": ratio,
+                     "plain_value": plain.get("value"), "plain_seconds": plain["seconds"]})
         print(f"parmesan nodes {t['nodes']:7d} devices {devices:5d} "
               f"({'x'.join(map(str, t['shape']))}) {r['seconds']:8.2f} s "
               f"{r['cpu_seconds']:8.2f} s cpu  {r['status']}  value {_fmt(value, '.4g')} "
               f"bound {_fmt(bound, '.4g')} value/bound {_fmt(ratio, '.3g')}  slowest stage: "
               f"compute {_fmt(r.get('compute'), '.3g')} send {_fmt(r.get('send'), '.3g')} "
-              f"all-reduce/F {_fmt(r.get('allreduce'), '.3g')}", flush=True)
+              f"all-reduce/F {_fmt(r.get('allreduce'), '.3g')}  without descent: value "
+              f"{_fmt(plain.get('value'), '.4g')} in {_fmt(plain['seconds'], '.2f')} s",
+              flush=True)
     return rows
 
 
@@ -308,11 +314,14 @@ def write_targets(path: Path, rows: list[dict], load: tuple) -> None:
              "gradient all-reduce no split avoids; point-to-point sends are not in it, see "
              "`pipeline_lower_bound`). The slowest stage's value is `max(compute, send) + "
              "all-reduce / F` (per micro-batch, its slowest replica; F = M + S - 1): the "
-             "last three columns. Load average "
+             "last three columns. `without descent`: the same run with `descent=false` (the "
+             "paper's refinement alone, no boundary descent): its value and seconds. "
+             "Load average "
              f"{load[0]:.1f} before, {os.getloadavg()[0]:.1f} after (2 cores).", "",
              "| operators | devices | shape | target s | seconds | CPU seconds | peak MiB | "
-             "status | value | lower bound | value / bound | compute | send | all-reduce / F |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "status | value | lower bound | value / bound | compute | send | all-reduce / F | "
+             "without descent: value | without descent: seconds |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['nodes']} | {r['devices']} | {'x'.join(map(str, r['shape']))} | "
                      f"{r['target']:g} | {_fmt(r['seconds'], '.2f')} | "
@@ -320,7 +329,8 @@ def write_targets(path: Path, rows: list[dict], load: tuple) -> None:
                      f"{r['status']} | {_fmt(r.get('value'), '.4g')} | "
                      f"{_fmt(r.get('lower_bound'), '.4g')} | {_fmt(r.get('ratio'), '.3g')} | "
                      f"{_fmt(r.get('compute'), '.4g')} | {_fmt(r.get('send'), '.4g')} | "
-                     f"{_fmt(r.get('allreduce'), '.4g')} |")
+                     f"{_fmt(r.get('allreduce'), '.4g')} | {_fmt(r.get('plain_value'), '.4g')} | "
+                     f"{_fmt(r.get('plain_seconds'), '.2f')} |")
     from shardplan.ir import write_atomic
     write_atomic(path, "\n".join(lines) + "\n")
     print(f"wrote {path}")

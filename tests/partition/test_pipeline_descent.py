@@ -1,0 +1,126 @@
+"""Boundary descent: block moves of stage boundaries along a topological order."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shardplan import registry
+from shardplan.cost import CostModel, stage_times
+from shardplan.errors import ShardplanError
+from shardplan.generate import chain, layered
+from shardplan.ir import ExecutionSettings
+from shardplan.partition._pipeline_common import is_monotone, placement
+from shardplan.partition._pipeline_descent import descend
+from shardplan.topology import build
+
+
+def _topo():
+    return build("hierarchical", shape=(2, 4), level_names=("box", "device"),
+                 bandwidth=(1e9, 1e10), latency=(1e-5, 1e-6), memory_bytes=2e10)
+
+
+def _value(model, a, dev, view):
+    k = dev.shape[0]
+    return stage_times(model, a, dev, num_stages=k, order=range(k)).value(view)
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 1000), k=st.integers(2, 4), r=st.integers(1, 2),
+       cuts=st.lists(st.floats(0.0, 1.0), min_size=3, max_size=3),
+       view=st.sampled_from(["overlap", "eq3", "p2p"]))
+def test_descent_keeps_a_valid_split_and_never_worsens(seed, k, r, cuts, view):
+    g = layered(num_nodes=40, width=5, seed=seed, skip_probability=0.3)
+    topo = _topo()
+    model = CostModel.from_settings(g, topo, ExecutionSettings(microbatches=3))
+    n = g.num_nodes
+    # a lopsided contiguous split of the topological order (every stage non-empty)
+    b = sorted({1 + int(c * (n - k)) for c in cuts[:k - 1]})
+    while len(b) < k - 1:
+        b.append(b[-1] + 1 if b else 1)
+    b = sorted(b)
+    for i in range(1, len(b)):
+        b[i] = max(b[i], b[i - 1] + 1)
+    a = np.empty(n, dtype=np.int64)
+    a[g.topological_order] = np.searchsorted(np.array(b), np.arange(n), side="right")
+    dev = placement(k, r)
+    out, stats = descend(model, a, dev, view)
+    assert is_monotone(g, out)
+    assert np.bincount(out, minlength=k).min() >= 1 and out.max() == k - 1
+    before, after = _value(model, a, dev, view), _value(model, out, dev, view)
+    assert after <= before
+    assert stats["descent_start"] == before and stats["descent_end"] == after
+    if stats["descent_moves"] == 0:
+        assert np.array_equal(out, a)
+
+
+def test_descent_reaches_the_optimum_of_a_uniform_chain_from_the_worst_split():
+    """All operators but one per later stage start in stage 0; the best split of a chain of
+    equal operators (by enumeration of every split) is where descent ends."""
+    g = chain(24, weight_low=5, weight_high=5)
+    topo = build("flat", num_devices=3, bandwidth=1e10, latency=1e-5)
+    model = CostModel.from_settings(g, topo, ExecutionSettings(microbatches=4))
+    n, k = g.num_nodes, 3
+    dev = placement(k, 1)
+    order = g.topological_order
+    a = np.zeros(n, dtype=np.int64)
+    a[order[-2]], a[order[-1]] = 1, 2
+    out, stats = descend(model, a, dev, "overlap")
+    best = min(_value(model, _split(order, (i, j)), dev, "overlap")
+               for i, j in itertools.combinations(range(1, n), 2))
+    assert _value(model, out, dev, "overlap") == best
+    assert stats["descent_moves"] > 0
+
+
+def _split(order, bounds):
+    a = np.empty(order.size, dtype=np.int64)
+    a[order] = np.searchsorted(np.array(bounds), np.arange(order.size), side="right")
+    return a
+
+
+def test_descent_stops_at_the_deadline_with_the_split_it_has():
+    g = layered(num_nodes=60, width=5, seed=1, skip_probability=0.2)
+    model = CostModel.from_settings(g, _topo(), ExecutionSettings(microbatches=3))
+    a = np.empty(g.num_nodes, dtype=np.int64)
+    a[g.topological_order] = np.arange(g.num_nodes) * 3 // g.num_nodes
+    out, stats = descend(model, a, placement(3, 2), "overlap", check=lambda: True)
+    assert stats["descent_evaluated"] == 0 and np.array_equal(out, a)
+
+
+def test_parmesan_descends_from_its_refined_starts_and_keeps_them():
+    """The refined starts go through descent; a descended plan that moved is one more
+    candidate the simulator judges, beside its start."""
+    g = layered(num_nodes=300, width=10, seed=3, skip_probability=0.2)
+    res = registry.run("partition", "parmesan", g, _topo(), seed=0, stages=4, replicas=2,
+                       refine_steps=3)
+    stats = res.plan.meta["search"]
+    names = [k[len("descent_end_"):] for k in stats if k.startswith("descent_end_")]
+    assert len(names) >= 3
+    for name in names:
+        assert stats[f"descent_end_{name}"] <= stats[f"descent_start_{name}"]
+        assert name in stats["simulated"]
+        assert (f"{name}_descent" in stats["simulated"]) == (stats[f"descent_moves_{name}"] > 0)
+    assert any(stats[f"descent_end_{name}"] < stats[f"descent_start_{name}"] * (1 - 1e-9)
+               for name in names)
+    sims = [v for v in stats["simulated"].values() if v is not None]
+    assert min(sims) == stats["simulated"][stats["kept"]]
+
+
+def test_parmesan_without_descent_is_the_papers_flow():
+    g = layered(num_nodes=300, width=10, seed=3, skip_probability=0.2)
+    res = registry.run("partition", "parmesan", g, _topo(), seed=0, stages=4, replicas=2,
+                       refine_steps=3, descent=False)
+    stats = res.plan.meta["search"]
+    assert not any(k.startswith("descent_") for k in stats)
+    assert not any(name.endswith("_descent") for name in stats["simulated"])
+
+
+def test_parmesan_descent_option_must_be_a_bool():
+    g = layered(num_nodes=30, width=5, seed=3)
+    with pytest.raises(ShardplanError, match="descent must be true or false"):
+        registry.run("partition", "parmesan", g, _topo(), seed=0, stages=2, replicas=2,
+                     descent="yes")
