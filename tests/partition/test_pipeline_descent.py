@@ -13,7 +13,7 @@ from shardplan import registry
 from shardplan.cost import CostModel, stage_times
 from shardplan.errors import ShardplanError
 from shardplan.generate import chain, layered
-from shardplan.ir import ExecutionSettings
+from shardplan.ir import ExecutionSettings, Graph
 from shardplan.partition._pipeline_common import is_monotone, placement
 from shardplan.partition._pipeline_descent import descend
 from shardplan.topology import build
@@ -145,3 +145,38 @@ def test_parmesan_descent_option_must_be_a_bool():
     with pytest.raises(ShardplanError, match="descent must be true or false"):
         registry.run("partition", "parmesan", g, _topo(), seed=0, stages=2, replicas=2,
                      descent="yes")
+
+
+def _weighted_chain(flops):
+    n = len(flops)
+    return Graph.from_arrays(name="weighted-chain", fwd_flops=[float(f) for f in flops],
+                             src=list(range(n - 1)), dst=list(range(1, n)),
+                             output_bytes=[1000] * n)
+
+
+@pytest.mark.parametrize("flops,k", [
+    ([1] * 10, 2),                           # two stages: the last boundary alone moves
+    ([200] + [10] * 11, 3),                  # the optimum keeps the heavy first node alone
+    ([10] * 11 + [200], 3),                  # ... the heavy last node alone
+    ([10] * 5 + [200] + [10] * 6, 3),        # ... the heavy middle node alone
+    ([10] * 4 + [200] + [10] * 3 + [200] + [10] * 3, 4),
+])
+@pytest.mark.parametrize("start", ["first", "last"])
+def test_descent_reaches_the_best_split_of_a_weighted_chain(flops, k, start):
+    """From the split with every spare operator in the first (or last) stage, descent ends
+    at the best of all contiguous splits (enumerated): stages of one heavy operator, at the
+    ends and inside, and two stages, where only the last boundary moves."""
+    g = _weighted_chain(np.array(flops) * 1e9)
+    topo = build("flat", num_devices=k, bandwidth=1e10, latency=1e-6)
+    model = CostModel.from_settings(g, topo, ExecutionSettings(microbatches=4))
+    n = g.num_nodes
+    dev = placement(k, 1)
+    order = g.topological_order
+    heavy = (n - k + 1,) + (1,) * (k - 1) if start == "first" else (1,) * (k - 1) + (
+        n - k + 1,)
+    a = np.repeat(np.arange(k), heavy)[np.argsort(order)]
+    out, _ = descend(model, a, dev, "overlap")
+    best = min(_value(model, _split(order, b), dev, "overlap")
+               for b in itertools.combinations(range(1, n), k - 1))
+    assert np.bincount(out, minlength=k).min() >= 1
+    assert _value(model, out, dev, "overlap") == pytest.approx(best, rel=1e-12)
