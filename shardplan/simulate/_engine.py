@@ -76,7 +76,7 @@ from typing import Any
 
 import numpy as np
 
-from shardplan.cost import CostModel, _overheads, stage_times
+from shardplan.cost import CostModel, _overheads, loss_charge, stage_times
 from shardplan.cost._collectives import measured_seconds, ring_steps
 from shardplan.cost._pipeline import replica_pairs
 from shardplan.errors import ShardplanError, TimeLimitError
@@ -823,6 +823,8 @@ def strategy_stage_seconds(plan: Plan, graph: Graph, topology: Topology,
         comm_units = Units(mac=0.0, word=pase.units.word, allreduce=pase.units.allreduce)
         nf, nb = cm.node_seconds(int(devs[0]))
         of, ob = _overheads.op_overhead(topology, devs.tolist())
+        # the loss runs on the whole output on every device (the program returns it whole)
+        loss = loss_charge(cm.graph)
         config: dict[int, np.ndarray] = {}
         comp_f = comp_b = comm = 0.0
         for v in nodes:
@@ -838,6 +840,9 @@ def strategy_stage_seconds(plan: Plan, graph: Graph, topology: Topology,
             if share > 1:  # each device still pays the operator's dispatch in full
                 comp_f += min(float(nf[v]), of) * (1.0 - 1.0 / share)
                 comp_b += min(float(nb[v]), ob) * (1.0 - 1.0 / share)
+                if loss is not None and loss[0] == v:
+                    comp_f += loss[1] * (1.0 - 1.0 / share)
+                    comp_b += loss[2] * (1.0 - 1.0 / share)
             with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
                 comm += float(layer_cost(spaces[v], c, comm_units)[0])
         # the runtime runs every node on DTensors: their measured per-operator overhead

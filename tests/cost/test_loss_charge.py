@@ -79,3 +79,15 @@ def test_the_simulator_charges_the_loss_every_microbatch_on_the_last_stage() -> 
     r = simulate(two.with_settings(settings), _graph(LOSS), topo, timeline=True)
     last = [iv.end - iv.start for iv in r.intervals if iv.kind == "F" and iv.device == 1]
     assert last == pytest.approx([3e-3 + LF] * 3)
+
+
+def test_a_strategy_computes_the_whole_loss_on_every_device() -> None:
+    """A strategy stage splits its nodes' work over its devices, but the program returns
+    the whole output to every device, each of which computes the whole loss."""
+    topo = _topo(2)
+    settings = ExecutionSettings(microbatches=3, optimizer="sgd", efficiency=1.0)
+    plan = Plan("g", "t", "pase", (Stage((0, 1, 2), (0, 1)),), Objective("x", 0.0),
+                strategy={"0": [2], "1": [2], "2": [2]}).with_settings(settings)
+    base = simulate(plan, _graph(), topo).iteration_seconds
+    more = simulate(plan, _graph(LOSS), topo).iteration_seconds
+    assert more - base == pytest.approx(3 * (LF + LB))
