@@ -18,7 +18,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-__all__ = ["run"]
+__all__ = ["run", "slowdown_ratios"]
 
 #: Tiny layer blocks per timed run, and graph operators per block (the per-operator
 #: overheads).
@@ -252,8 +252,9 @@ def _overheads(rank: int, world: int, cfg: dict[str, Any], dev: Any,
     - ``busy_slowdown``: ``{g: t_g / t_1}``, g = 1..N: the seconds until the last of g
       ranks running a fixed compute kernel at once (matrix products and elementwise passes
       over 4 MiB, tens of milliseconds: longer than a scheduler's time slice) is done, over
-      one rank alone. Above 1 when the ranks share cores or memory (more processes than
-      cores: about g / cores).
+      one rank alone, the median of ratios taken within rounds that time every g in turn
+      (:func:`slowdown_ratios`). Above 1 when the ranks share cores or memory (more
+      processes than cores: about g / cores).
     """
     import torch
     import torch.distributed as dist
@@ -361,27 +362,45 @@ def _overheads(rank: int, world: int, cfg: dict[str, Any], dev: Any,
                 a @ a
             big.mul_(1.0)
 
-    slow: dict[str, float] = {}
-    alone = 0.0
-    for g in range(1, world + 1):
-        times = []
-        for it in range(warmup + repeats):
+    rounds: list[dict[int, float]] = []
+    for it in range(warmup + repeats):  # every round times each g once: see slowdown_ratios
+        times: dict[int, float] = {}
+        for g in range(1, world + 1):
             dist.barrier()
             t0 = time.perf_counter()
             if rank < g:
                 kernel()
                 sync()
             dist.barrier()  # until the last of the g ranks is done: their common rate
-            if it >= warmup:
-                times.append(time.perf_counter() - t0)
-        times.sort()
-        t = times[len(times) // 2]
-        if g == 1:
-            alone = t
-        if rank == 0:
-            slow[str(g)] = t / alone if alone > 0 else 1.0
-    out["busy_slowdown"] = slow
+            times[g] = time.perf_counter() - t0
+        if it >= warmup:
+            rounds.append(times)
+    if rank == 0:
+        out["busy_slowdown"] = slowdown_ratios(rounds)
     dist.barrier()
+    return out
+
+
+def slowdown_ratios(rounds: list[dict[int, float]]) -> dict[str, float]:
+    """``{g: median over rounds of t_g / t_1}`` from rounds of timings ``{g: t_g}`` taken one
+    right after another (g = 1 alone first).
+
+    Each ratio compares timings of the same round, seconds apart, so load from other
+    processes that comes and goes between rounds (a shared machine) cancels out, where
+    medians of whole series taken one g after another compare different moments. O(rounds
+    x world).
+
+    Examples
+    --------
+    >>> slowdown_ratios([{1: 1.0, 2: 1.2}, {1: 2.0, 2: 2.4}, {1: 1.0, 2: 1.3}])
+    {'1': 1.0, '2': 1.2}
+    """
+    import statistics
+
+    out: dict[str, float] = {}
+    for g in sorted({g for r in rounds for g in r}):
+        ratios = [r[g] / r[1] for r in rounds if g in r and r.get(1, 0.0) > 0]
+        out[str(g)] = statistics.median(ratios) if ratios else 1.0
     return out
 
 

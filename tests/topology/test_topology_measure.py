@@ -148,3 +148,17 @@ def test_measure_four_processes_under_a_minute() -> None:
     off = ~np.eye(4, dtype=bool)
     assert np.all(topo.bandwidth[off] > 0) and np.all(topo.latency[off] > 0)
     assert topo.summary()["unreachable_pairs"] == 0
+
+
+def test_busy_slowdown_compares_timings_of_the_same_round() -> None:
+    """Other processes' load that comes and goes between rounds cancels out of the busy
+    slowdown: every round times g = 1 and g = 2 back to back. Medians of whole series taken
+    one g after another (the old measurement) read a load that arrived while g = 2 was
+    timed as a 2x slowdown."""
+    from shardplan.topology._measure_worker import slowdown_ratios
+
+    load = [1.0, 1.0, 2.0, 2.0, 2.0]  # another session starts computing after round 2
+    rounds = [{1: 0.03 * f, 2: 0.033 * f, 3: 0.06 * f} for f in load]
+    got = slowdown_ratios(rounds)
+    assert got == {"1": 1.0, "2": pytest.approx(1.1), "3": pytest.approx(2.0)}
+    assert slowdown_ratios([{1: 0.0, 2: 1.0}]) == {"1": 1.0, "2": 1.0}  # nothing to divide
