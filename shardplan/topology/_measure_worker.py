@@ -238,8 +238,9 @@ def _overheads(rank: int, world: int, cfg: dict[str, Any], dev: Any,
       recording the graph and one backward through it: dispatch and autograd
       bookkeeping, what an operator costs however little it computes;
     - ``dtensor_op_overhead_seconds``: ``[forward, backward]`` extra seconds per operator
-      when the same blocks run on DTensors replicated over all ranks (sharding
-      propagation and wrapping; no communication);
+      when the same blocks run as the runtime runs a DTensor program, replicated over all
+      ranks (its interpreter, sharding propagation and wrapping; no communication:
+      :func:`_dtensor_program`);
     - ``pipeline_action_overhead_seconds``: seconds torch's pipelining schedule adds per
       forward or backward action (:func:`_pipeline_action`);
     - ``fsdp_gather_overhead_seconds``: extra seconds per parameter all-gather of an FSDP2
@@ -260,20 +261,16 @@ def _overheads(rank: int, world: int, cfg: dict[str, Any], dev: Any,
     import torch.distributed as dist
     import torch.nn.functional as F
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import Replicate, distribute_tensor
 
     # 3 to 7 timed runs each: medians steady enough, a few seconds in all
     repeats, warmup = min(max(int(cfg["repeats"]), 3), 7), max(int(cfg["warmup"]), 1)
     out: dict[str, Any] = {}
     mesh = init_device_mesh(dev.type, (world,))
 
-    def blocks_per_op(wrap: bool) -> tuple[float, float]:
+    def blocks_per_op() -> tuple[float, float]:
         params = [torch.full((16, 16), 0.01, device=dev), torch.zeros(16, device=dev),
                   torch.ones(16, device=dev), torch.zeros(16, device=dev)]
         x0 = torch.ones(4, 16, device=dev)
-        if wrap:
-            params = [distribute_tensor(p, mesh, [Replicate()]) for p in params]
-            x0 = distribute_tensor(x0, mesh, [Replicate()])
         for p in params:
             p.requires_grad_(True)
         w, b, lw, lb = params
@@ -300,11 +297,10 @@ def _overheads(rank: int, world: int, cfg: dict[str, Any], dev: Any,
         ops = BLOCKS * BLOCK_OPS
         return fs[len(fs) // 2] / ops, bs[len(bs) // 2] / ops
 
-    plain = blocks_per_op(False)
+    plain = blocks_per_op()
     out["op_overhead_seconds"] = [plain[0], plain[1]]
-    dt = blocks_per_op(True)
-    out["dtensor_op_overhead_seconds"] = [max(dt[0] - plain[0], 0.0),
-                                          max(dt[1] - plain[1], 0.0)]
+    out["dtensor_op_overhead_seconds"] = _dtensor_program(torch, dist, dev, sync, mesh,
+                                                          repeats, warmup)
 
     from torch import nn
     from torch.distributed.fsdp import fully_shard
@@ -402,6 +398,78 @@ def slowdown_ratios(rounds: list[dict[int, float]]) -> dict[str, float]:
         ratios = [r[g] / r[1] for r in rounds if g in r and r.get(1, 0.0) > 0]
         out[str(g)] = statistics.median(ratios) if ratios else 1.0
     return out
+
+
+def _dtensor_program(torch: Any, dist: Any, dev: Any, sync: Callable[[], None], mesh: Any,
+                     repeats: int, warmup: int) -> list[float]:
+    """``[forward, backward]`` extra seconds per graph operator of running a program on
+    DTensors as the runtime does: :data:`BLOCKS` tiny pre-norm transformer blocks (layer
+    norms, linear layers, a split into heads, attention, GELU, residual adds) exported and
+    cut like a stage (:func:`shardplan.runtime._split.split_program`),
+    run as a :class:`~shardplan.runtime._dtensor.ShardedProgram` replicated over the mesh of
+    all ranks (no communication: no layout splits anything) against the same program run
+    plainly, divided by the graph's operators (:func:`shardplan.capture._export.graph_ops`,
+    the nodes the simulator charges). The runtime's interpreter (layouts looked up per
+    operator, tensors wrapped) and DTensor's dispatch and sharding propagation are in it.
+    Bare DTensor operators of simple layers in a Python loop (the measurement before)
+    measured a third of what a transformer's program pays per operator on this machine."""
+    import numpy as np
+    import torch.nn.functional as F
+    from torch import nn
+
+    from shardplan.capture._export import graph_ops
+    from shardplan.runtime._dtensor import ShardedProgram
+    from shardplan.runtime._split import split_program
+
+    class Blocks(nn.Module):  # pre-norm transformer blocks: 4 samples, 4 positions, 16 wide
+        def __init__(self) -> None:
+            super().__init__()
+            self.norm = nn.ModuleList(nn.LayerNorm(16) for _ in range(2 * BLOCKS))
+            self.qkv = nn.ModuleList(nn.Linear(16, 48) for _ in range(BLOCKS))
+            self.proj = nn.ModuleList(nn.Linear(16, 16) for _ in range(BLOCKS))
+            self.up = nn.ModuleList(nn.Linear(16, 32) for _ in range(BLOCKS))
+            self.down = nn.ModuleList(nn.Linear(32, 16) for _ in range(BLOCKS))
+
+        def forward(self, x: Any) -> Any:
+            for i in range(BLOCKS):
+                q, k, v = (t.view(4, 4, 2, 8).transpose(1, 2)
+                           for t in self.qkv[i](self.norm[2 * i](x)).split(16, dim=-1))
+                a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+                x = x + self.proj[i](a.transpose(1, 2).reshape(4, 4, 16))
+                x = x + self.down[i](F.gelu(self.up[i](self.norm[2 * i + 1](x))))
+            return x
+
+    torch.manual_seed(0)
+    model = Blocks().to(dev)
+    x0 = torch.ones(4, 4, 16, device=dev)
+    ep = torch.export.export(model, (x0,), strict=False)
+    names = [name for name, _, _ in graph_ops(ep)]
+
+    def program() -> Any:
+        return split_program(model, ep, [names], [0])[0].module
+
+    def times(mod: Any) -> tuple[float, float]:
+        fs, bs = [], []
+        for it in range(warmup + repeats):
+            dist.barrier()
+            t0 = time.perf_counter()
+            y = mod(x0)
+            y = y[0] if isinstance(y, (tuple, list)) else y
+            sync()
+            t1 = time.perf_counter()
+            y.sum().backward()
+            sync()
+            t2 = time.perf_counter()
+            mod.zero_grad(set_to_none=True)
+            if it >= warmup:
+                fs.append(t1 - t0)
+                bs.append(t2 - t1)
+        return float(np.median(fs)), float(np.median(bs))
+
+    plain = times(program())
+    sharded = times(ShardedProgram(program(), {}, mesh))
+    ops = max(len(names), 1)
+    return [max(sharded[0] - plain[0], 0.0) / ops, max(sharded[1] - plain[1], 0.0) / ops]
 
 
 def _pipeline_action(torch: Any, dist: Any, dev: Any, sync: Callable[[], None], world: int,

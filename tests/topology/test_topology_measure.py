@@ -162,3 +162,34 @@ def test_busy_slowdown_compares_timings_of_the_same_round() -> None:
     got = slowdown_ratios(rounds)
     assert got == {"1": 1.0, "2": pytest.approx(1.1), "3": pytest.approx(2.0)}
     assert slowdown_ratios([{1: 0.0, 2: 1.0}]) == {"1": 1.0, "2": 1.0}  # nothing to divide
+
+
+@pytest.mark.torch
+def test_dtensor_overhead_is_measured_on_the_runtimes_sharded_program(monkeypatch) -> None:
+    """What DTensor adds per operator is measured running a program as the runtime does
+    (its ShardedProgram over an exported, split program of transformer blocks), per graph
+    operator of that program, not bare DTensor operators in a loop (a third of it)."""
+    torch = pytest.importorskip("torch")
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from shardplan.runtime import _dtensor
+    from shardplan.topology import _measure_worker
+
+    calls = []
+    real = _dtensor.ShardedProgram.forward
+
+    def spy(self, *args):
+        calls.append(len([n for n in self.program.graph.nodes if n.op == "call_function"]))
+        return real(self, *args)
+
+    monkeypatch.setattr(_dtensor.ShardedProgram, "forward", spy)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        got = _measure_worker._dtensor_program(torch, dist, torch.device("cpu"),
+                                               lambda: None, mesh, repeats=2, warmup=1)
+    finally:
+        dist.destroy_process_group()
+    assert len(calls) == 3 and calls[0] > 10 * _measure_worker.BLOCKS // 2
+    assert len(got) == 2 and all(0 < x < 1e-2 for x in got)
