@@ -849,6 +849,7 @@ def strategy_stage_seconds(plan: Plan, graph: Graph, topology: Topology,
         df, db = _overheads.dtensor_op_overhead(topology, devs.tolist())
         comp_f, comp_b = comp_f + len(nodes) * df, comp_b + len(nodes) * db
         inside = set(nodes)
+        comp_f += _output_gathers(cm.graph, spaces, config, inside, topology, devs)
         for e in range(graph.num_edges):
             u, v = int(graph.src[e]), int(graph.dst[e])
             if u in inside and v in inside:
@@ -863,6 +864,38 @@ def strategy_stage_seconds(plan: Plan, graph: Graph, topology: Topology,
         bwd[s] = comp_b + total_b * (1.0 - share_f)
         del total_f
     return fwd, bwd
+
+
+def _output_gathers(graph: Graph, spaces: Any, config: dict[int, np.ndarray],
+                    inside: set[int], topology: Topology, devs: np.ndarray) -> float:
+    """Forward seconds of one micro-batch's all-gathers of a strategy stage's outputs: the
+    runtime's program returns whole tensors (to the loss, or to the next stage's devices),
+    so every node of the stage whose output leaves it (an edge to another stage, or none at
+    all: the model's output) and is split over ``q > 1`` devices by its configuration is
+    all-gathered over ``q`` of the stage's devices (the measured all-gather curve of that
+    group size, else the ring over their links:
+    :func:`~shardplan.cost._collectives.collective_seconds`), at the graph's (micro-batch)
+    output bytes. Its backward takes the gradient's local slice: no communication. O(n + m).
+    """
+    from shardplan.cost._collectives import collective_seconds
+
+    leaves = {int(u) for u, v in zip(graph.src.tolist(), graph.dst.tolist(), strict=True)
+              if int(u) in inside and int(v) not in inside}
+    has_out = np.zeros(graph.num_nodes, dtype=bool)
+    has_out[graph.src] = True
+    leaves |= {v for v in inside if not has_out[v]}
+    total = 0.0
+    for v in sorted(leaves):
+        space, c = spaces[v], np.asarray(config[v], dtype=np.float64).reshape(-1)
+        split = 1.0
+        for g in space.output:
+            if g:
+                split *= float(np.prod(c[space.indices(list(g))]))
+        q = min(int(round(split)), int(devs.size))
+        nbytes = float(graph.output_bytes[v])
+        if q > 1 and nbytes > 0:
+            total += float(collective_seconds(topology, "allgather", devs[:q], nbytes))
+    return total
 
 
 def _sync_chunks(cm: CostModel, assignment: np.ndarray, k: int, settings: ExecutionSettings
