@@ -18,7 +18,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-__all__ = ["run", "slowdown_ratios"]
+__all__ = ["fsdp_gather_overhead", "run", "slowdown_ratios"]
 
 #: Tiny layer blocks per timed run, and graph operators per block (the per-operator
 #: overheads).
@@ -245,7 +245,9 @@ def _overheads(rank: int, world: int, cfg: dict[str, Any], dev: Any,
       forward or backward action (:func:`_pipeline_action`);
     - ``fsdp_gather_overhead_seconds``: extra seconds per parameter all-gather of an FSDP2
       unit (``fully_shard``, gradient sync off) beyond a bare all-gather of the same bytes:
-      :data:`UNITS` tiny linear units, ``(t_fsdp - t_plain) / (2 units) - t_allgather``;
+      :data:`UNITS` tiny linear units, ``(t_fsdp - t_plain) / (2 units) - t_allgather``,
+      the three timed back to back in each round, the median over the rounds (medians of
+      three separate series ranged from 18 us to 4.4 ms on this shared machine);
     - ``gradient_seconds_per_byte``: ``[one replica, replicas]`` seconds per byte of 16 MiB
       of gradients in 16 tensors: scaled in place (what a one-replica step does), and
       flattened into one tensor, copied back out and scaled (the runtime's flat all-reduce
@@ -315,18 +317,25 @@ def _overheads(rank: int, world: int, cfg: dict[str, Any], dev: Any,
             m(inp).sum().backward()
         return run
 
-    t_plain = _median_seconds(step(ref), sync, repeats, warmup, dist)
     for unit in model:
         fully_shard(unit, mesh=mesh)
     fully_shard(model, mesh=mesh)
     model.set_requires_gradient_sync(False)
-    t_fsdp = _median_seconds(step(model), sync, repeats, warmup, dist)
     numel = 16 * 16 + 16
     full = torch.ones(-(-numel // world) * world, device=dev)
     part = torch.ones(full.numel() // world, device=dev)
-    t_ag = _median_seconds(lambda: dist.all_gather_into_tensor(full, part), sync, repeats,
-                           warmup, dist)
-    out["fsdp_gather_overhead_seconds"] = max((t_fsdp - t_plain) / (2 * UNITS) - t_ag, 0.0)
+    # the three timed back to back in every round, the overhead taken per round (load
+    # that comes and goes between rounds cancels out, as in slowdown_ratios), then the
+    # median over the rounds
+    rounds = []
+    for it in range(warmup + max(repeats, 5)):
+        t_plain = _median_seconds(step(ref), sync, 1, 0, dist)
+        t_fsdp = _median_seconds(step(model), sync, 1, 0, dist)
+        t_ag = _median_seconds(lambda: dist.all_gather_into_tensor(full, part), sync, 1, 0,
+                               dist)
+        if it >= warmup:
+            rounds.append((t_plain, t_fsdp, t_ag))
+    out["fsdp_gather_overhead_seconds"] = fsdp_gather_overhead(rounds, 2 * UNITS)
 
     out["pipeline_action_overhead_seconds"] = _pipeline_action(torch, dist, dev, sync, world,
                                                                 rank, repeats, warmup, ref)
@@ -375,6 +384,24 @@ def _overheads(rank: int, world: int, cfg: dict[str, Any], dev: Any,
         out["busy_slowdown"] = slowdown_ratios(rounds)
     dist.barrier()
     return out
+
+
+def fsdp_gather_overhead(rounds: list[tuple[float, float, float]], gathers: int) -> float:
+    """Seconds an FSDP unit's all-gather costs beyond a bare all-gather: from rounds of
+    ``(plain step, FSDP step, bare all-gather)`` seconds timed back to back, the median over
+    rounds of ``(fsdp - plain) / gathers - all-gather``, at least 0. O(rounds log rounds).
+
+    Examples
+    --------
+    >>> fsdp_gather_overhead([(1.0, 3.0, 0.1), (2.0, 6.0, 0.2), (1.0, 3.4, 0.1)], 4)
+    0.4
+    """
+    import statistics
+
+    if not rounds:
+        return 0.0
+    per = [(f - p) / gathers - a for p, f, a in rounds]
+    return max(float(statistics.median(per)), 0.0)
 
 
 def slowdown_ratios(rounds: list[dict[int, float]]) -> dict[str, float]:
