@@ -11,6 +11,9 @@ slowdown at 1, exactly as before. Fields of a device entry:
 - ``dtensor_op_overhead_seconds``: ``[forward, backward]`` seconds per operator that
   running it on DTensors adds: charged per node of plans that run as DTensor programs
   (PaSE strategies and hybrids).
+- ``dtensor_step_overhead_seconds``: extra seconds per parameter-holding layer of an
+  optimizer step on DTensor parameters: charged per node holding parameters to the
+  optimizer step of plans whose parameters are DTensors (strategies, hybrids, FSDP).
 - ``fsdp_gather_overhead_seconds``: seconds an FSDP unit's parameter all-gather costs beyond
   the bare all-gather: charged per unit and micro-batch, forward and backward, under
   ``gradient_sync: sharded``.
@@ -38,7 +41,7 @@ import numpy as np
 from shardplan.ir import Graph, Topology
 
 __all__ = ["busy_slowdown", "charge_run_overheads", "dtensor_op_overhead",
-           "fsdp_gather_overhead", "fsdp_unit_chunks", "fsdp_unit_keys",
+           "dtensor_step_overhead", "fsdp_gather_overhead", "fsdp_unit_chunks", "fsdp_unit_keys",
            "gradient_seconds_per_byte", "op_overhead", "pipeline_action_overhead"]
 
 
@@ -95,6 +98,12 @@ def dtensor_op_overhead(topology: Topology | None,
     """``(forward, backward)`` extra seconds per operator run on DTensors over ``devices``
     (the median of their ``dtensor_op_overhead_seconds``); ``(0, 0)`` where absent."""
     return _median_pair(topology, "dtensor_op_overhead_seconds", devices)
+
+
+def dtensor_step_overhead(topology: Topology | None, devices: Sequence[int]) -> float:
+    """Extra optimizer-step seconds per parameter-holding layer on DTensor parameters over
+    ``devices``: the largest of their ``dtensor_step_overhead_seconds``; 0 where absent."""
+    return _largest(topology, "dtensor_step_overhead_seconds", devices)
 
 
 def fsdp_gather_overhead(topology: Topology | None, devices: Sequence[int]) -> float:
@@ -244,7 +253,8 @@ def pipeline_action_overhead(topology: Topology | None, devices: Sequence[int]) 
 
 def charge_run_overheads(st: Any, topology: Topology, gradient_sync: str,
                          used: Sequence[int], units: tuple[list, list] | None = None, *,
-                         pipelined: bool = False) -> Any:
+                         pipelined: bool = False, dtensor_layers: Any = None,
+                         dtensor_stages: Any = None) -> Any:
     """A :class:`~shardplan.cost._pipeline.StageTimes` with the run's fixed costs charged.
 
     - Under ``gradient_sync == "sharded"``, a stage with replicas pays
@@ -257,6 +267,10 @@ def charge_run_overheads(st: Any, topology: Topology, gradient_sync: str,
       copied back and scaled; one replica: scaled).
     - With ``pipelined`` (the pipeline runtime runs the plan), every forward and backward
       of a micro-batch pays :func:`pipeline_action_overhead`.
+    - A stage whose parameters are DTensors (``dtensor_stages[s]`` true: a strategy's
+      stage; or, under ``sharded`` sync, a stage with replicas: FSDP) pays
+      :func:`dtensor_step_overhead` per parameter-holding layer (``dtensor_layers[s]``
+      of them) in its optimizer step.
     - Every forward, backward and optimizer time is then multiplied by
       :func:`busy_slowdown` of the ``used`` devices (all of the plan's, every rank
       computing at once).
@@ -276,6 +290,13 @@ def charge_run_overheads(st: Any, topology: Topology, gradient_sync: str,
             fwd[s, :r] += act
             bwd[s, :r] += act
             changed = True
+        on_dtensors = (dtensor_stages is not None and bool(dtensor_stages[s])) or \
+            (gradient_sync == "sharded" and r > 1)
+        if on_dtensors and dtensor_layers is not None and float(dtensor_layers[s]) > 0:
+            c = dtensor_step_overhead(topology, devs)
+            if c > 0:
+                opt[s, :r] += c * float(dtensor_layers[s])
+                changed = True
         if gradient_sync == "sharded" and r > 1:
             c = fsdp_gather_overhead(topology, devs) if units is not None else 0.0
             if c > 0 and units is not None and units[0][s]:

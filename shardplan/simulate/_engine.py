@@ -1194,9 +1194,13 @@ def simulate(plan: Plan, graph: Graph, topology: Topology,
     buckets, units = _sync_chunks(cm, a_pos, k, settings)
     # measured fixed costs (0 and 1 on topologies without them): busy ranks, FSDP gathers,
     # gradient handling, the pipeline runtime's actions (not under DDP, FSDP, strategies)
+    layers = np.bincount(a_pos, weights=(graph.param_bytes > 0).astype(np.float64),
+                         minlength=k)
     st = _overheads.charge_run_overheads(st, topology, settings.gradient_sync, used, units,
                                          pipelined=k > 1 or (groups is None and
-                                                             settings.gradient_sync == "end"))
+                                                             settings.gradient_sync == "end"),
+                                         dtensor_layers=layers,
+                                         dtensor_stages=np.full(k, groups is not None))
     share = None
     if sch.split_backward:
         if settings.gradient_sync == "sharded":

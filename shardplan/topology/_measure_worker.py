@@ -241,6 +241,8 @@ def _overheads(rank: int, world: int, cfg: dict[str, Any], dev: Any,
       when the same blocks run as the runtime runs a DTensor program, replicated over all
       ranks (its interpreter, sharding propagation and wrapping; no communication:
       :func:`_dtensor_program`);
+    - ``dtensor_step_overhead_seconds``: extra seconds per parameter-holding layer of an
+      Adam step on DTensor parameters (:func:`_dtensor_step`);
     - ``pipeline_action_overhead_seconds``: seconds torch's pipelining schedule adds per
       forward or backward action (:func:`_pipeline_action`);
     - ``fsdp_gather_overhead_seconds``: extra seconds per parameter all-gather of an FSDP2
@@ -337,6 +339,8 @@ def _overheads(rank: int, world: int, cfg: dict[str, Any], dev: Any,
             rounds.append((t_plain, t_fsdp, t_ag))
     out["fsdp_gather_overhead_seconds"] = fsdp_gather_overhead(rounds, 2 * UNITS)
 
+    out["dtensor_step_overhead_seconds"] = _dtensor_step(torch, dist, dev, sync, mesh,
+                                                         repeats, warmup)
     out["pipeline_action_overhead_seconds"] = _pipeline_action(torch, dist, dev, sync, world,
                                                                 rank, repeats, warmup, ref)
     grads = [torch.rand(1 << 18, device=dev) for _ in range(16)]  # 16 MiB, 16 tensors
@@ -497,6 +501,40 @@ def _dtensor_program(torch: Any, dist: Any, dev: Any, sync: Callable[[], None], 
     sharded = times(ShardedProgram(program(), {}, mesh))
     ops = max(len(names), 1)
     return [max(sharded[0] - plain[0], 0.0) / ops, max(sharded[1] - plain[1], 0.0) / ops]
+
+
+def _dtensor_step(torch: Any, dist: Any, dev: Any, sync: Callable[[], None], mesh: Any,
+                  repeats: int, warmup: int) -> float:
+    """Extra seconds per parameter-holding layer of an Adam step whose parameters are
+    DTensors (strategy plans and FSDP run so), over the same step on plain tensors:
+    :data:`UNITS` linear layers of 16 x 16 (a weight and a bias each) replicated over the
+    mesh, both steps timed back to back in each round, the median over rounds of the
+    difference per layer. Adam on DTensors dispatches every parameter's update through
+    DTensor: the fixed cost dominates a small model's step on a CPU."""
+    import statistics
+
+    from torch import nn
+    from torch.distributed.tensor import Replicate, distribute_tensor
+
+    def adam(wrap: bool) -> Any:
+        torch.manual_seed(0)
+        layers = nn.Sequential(*(nn.Linear(16, 16) for _ in range(UNITS))).to(dev)
+        params = [p.detach().clone() for p in layers.parameters()]
+        if wrap:
+            params = [distribute_tensor(p, mesh, [Replicate()]) for p in params]
+        params = [nn.Parameter(p) for p in params]
+        for p in params:
+            p.grad = torch.ones_like(p)
+        return torch.optim.Adam(params, lr=1e-3)
+
+    plain, wrapped = adam(False), adam(True)
+    per = []
+    for it in range(warmup + max(repeats, 5)):
+        t_plain = _median_seconds(plain.step, sync, 1, 0, dist)
+        t_dt = _median_seconds(wrapped.step, sync, 1, 0, dist)
+        if it >= warmup:
+            per.append((t_dt - t_plain) / UNITS)
+    return max(float(statistics.median(per)), 0.0)
 
 
 def _pipeline_action(torch: Any, dist: Any, dev: Any, sync: Callable[[], None], world: int,

@@ -233,3 +233,26 @@ def test_dispatch_does_not_shrink_when_replicas_split_the_micro_batch() -> None:
     assert st.backward[0].tolist() == pytest.approx([2.025 + 0.225] * 2)
     one = stage_times(CostModel(g, t), np.zeros(3, dtype=np.int64), [[0]], num_stages=1)
     assert one.forward[0, 0] == pytest.approx(2.05) and one.backward[0, 0] == pytest.approx(4.05)
+
+
+def test_dtensor_step_overhead_is_charged_per_layer_where_parameters_are_dtensors() -> None:
+    """Strategies, hybrids and FSDP keep their parameters as DTensors: their optimizer step
+    pays the measured per-layer overhead for every node holding parameters; DDP, plain
+    pipelines and topologies without the field pay nothing (as before)."""
+    g = _graph(True, params=4)  # 4 nodes holding parameters
+    layers = int(np.count_nonzero(g.param_bytes))
+    free, costly = _topo(2), _topo(2, dtensor_step_overhead_seconds=0.5)
+
+    def diff(plan: Plan, sync: str) -> float:
+        s = ExecutionSettings(microbatches=2, optimizer="sgd", gradient_sync=sync)
+        return (simulate(plan.with_settings(s), g, costly).iteration_seconds
+                - simulate(plan.with_settings(s), g, free).iteration_seconds)
+
+    dp = _plan([[0, 1, 2, 3]], [[0, 1]])
+    assert diff(dp, "sharded") == pytest.approx(0.5 * layers)  # FSDP
+    assert diff(dp, "bucketed") == 0.0 and diff(dp, "end") == 0.0  # DDP, flat all-reduce
+    pipe = _plan([[0, 1], [2, 3]], [[0], [1]])
+    assert diff(pipe, "end") == 0.0
+    pase = Plan("g", "t", "pase", (Stage((0, 1, 2, 3), (0, 1)),), Objective("x", 0.0),
+                strategy={str(v): [2] for v in range(4)})
+    assert diff(pase, "end") == pytest.approx(0.5 * layers)  # a strategy: DTensors
