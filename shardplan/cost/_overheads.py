@@ -25,7 +25,10 @@ slowdown at 1, exactly as before. Fields of a device entry:
   FSDP or one-stage strategies).
 - ``busy_slowdown``: ``{g: factor}``: how much longer a process computes while g ranks of
   the host compute at once than alone (the profile of ``capture --profile`` is taken
-  alone); every compute time of a plan using g devices is multiplied by it.
+  alone); every compute time of a plan using g devices is multiplied by it. The fixed costs
+  above were measured with all N ranks of the measurement busy: their readers divide the
+  factor of N out (an overhead measured on 4 ranks sharing 2 cores already ran 2-3x
+  slower, and was charged that again).
 
 Everything here is O(n) or O(devices).
 """
@@ -56,13 +59,22 @@ def _pair(device: Any, key: str) -> tuple[float, float]:
     return max(f, 0.0), max(b, 0.0)
 
 
+def _measured_busy(topology: Topology) -> float:
+    """The busy slowdown the fixed costs were measured under: ``topology measure`` times
+    them with all of its ranks computing at once, so each already holds
+    :func:`busy_slowdown` of all the topology's devices; readers divide it out, as every
+    charge is multiplied by the slowdown of the plan's own devices
+    (:func:`charge_run_overheads`). 1 without the measurement."""
+    return busy_slowdown(topology, range(topology.num_devices))
+
+
 def _largest(topology: Topology | None, key: str, devices: Sequence[int]) -> float:
-    """The largest of ``devices``' scalar ``key`` (every rank waits for the slowest); 0
-    where absent."""
+    """The largest of ``devices``' scalar ``key`` (every rank waits for the slowest), alone
+    (:func:`_measured_busy`); 0 where absent."""
     if topology is None:
         return 0.0
     return max([0.0, *(float(topology.devices[int(d)].extra.get(key) or 0.0)
-                       for d in devices)])
+                       for d in devices)]) / _measured_busy(topology)
 
 
 def _median_pair(topology: Topology | None, key: str,
@@ -73,7 +85,7 @@ def _median_pair(topology: Topology | None, key: str,
     pairs = np.array([_pair(topology.devices[int(d)], key) for d in ids], dtype=np.float64)
     if pairs.size == 0:
         return 0.0, 0.0
-    f, b = np.median(pairs, axis=0)
+    f, b = np.median(pairs, axis=0) / _measured_busy(topology)
     return float(f), float(b)
 
 
@@ -242,7 +254,7 @@ def gradient_seconds_per_byte(topology: Topology | None, devices: Sequence[int],
         return 0.0
     which = 1 if replicated else 0
     return max([0.0, *(_pair(topology.devices[int(d)], "gradient_seconds_per_byte")[which]
-                       for d in devices)])
+                       for d in devices)]) / _measured_busy(topology)
 
 
 def pipeline_action_overhead(topology: Topology | None, devices: Sequence[int]) -> float:

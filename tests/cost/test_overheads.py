@@ -17,6 +17,7 @@ from shardplan.cost._overheads import (
     fsdp_unit_chunks,
     fsdp_unit_keys,
     op_overhead,
+    pipeline_action_overhead,
 )
 from shardplan.ir import Device, ExecutionSettings, Graph, Objective, Plan, Stage, Topology
 from shardplan.simulate import simulate
@@ -256,3 +257,20 @@ def test_dtensor_step_overhead_is_charged_per_layer_where_parameters_are_dtensor
     pase = Plan("g", "t", "pase", (Stage((0, 1, 2, 3), (0, 1)),), Objective("x", 0.0),
                 strategy={str(v): [2] for v in range(4)})
     assert diff(pase, "end") == pytest.approx(0.5 * layers)  # a strategy: DTensors
+
+
+def test_fixed_costs_measured_under_load_are_not_slowed_twice() -> None:
+    """``topology measure`` times the fixed costs with all its ranks busy, so they already
+    hold that busy slowdown; the simulator multiplies a plan's compute by the slowdown of
+    its devices, so the readers divide the measured one out: a plan on all the measured
+    ranks is charged each overhead as measured (the old readers charged it 2x here)."""
+    g = _graph(True)
+    slow = {"busy_slowdown": {"1": 1.0, "2": 2.0}}
+    plain, costly = _topo(2, **slow), _topo(2, pipeline_action_overhead_seconds=0.1, **slow)
+    assert pipeline_action_overhead(costly, [0, 1]) == pytest.approx(0.05)  # alone
+    s = ExecutionSettings(microbatches=2, optimizer="sgd", gradient_sync="end")
+    dp = _plan([[0, 1, 2, 3]], [[0, 1]]).with_settings(s)  # run by the pipeline runtime
+    diff = simulate(dp, g, costly).iteration_seconds - simulate(dp, g, plain).iteration_seconds
+    assert diff == pytest.approx(2 * 2 * 0.1)  # 2 micro-batches x (F + B), as measured
+    assert op_overhead(_topo(2, op_overhead_seconds=[4e-6, 8e-6], **slow)) == \
+        pytest.approx((2e-6, 4e-6))
