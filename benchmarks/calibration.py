@@ -17,8 +17,9 @@ end, DDP's overlapped buckets and FSDP's sharding, a PaSE strategy over 2 proces
 and a hybrid: 2 stages of 2 processes whose layers PaSE splits (4 processes).
 
 The measured topology also carries the fixed costs a run pays (per-operator dispatch, what
-DTensors add per operator, FSDP's per-unit all-gather overhead, the gradient handling before
-the step, and how much slower a process computes while g ranks compute at once:
+DTensors add per operator and per layer of an optimizer step, FSDP's per-unit all-gather
+overhead, the gradient handling before the step, and how much slower a process computes
+while g ranks compute at once:
 :mod:`shardplan.cost._overheads`), which the simulator charges. This machine has 2 cores:
 the 4-process hybrid oversubscribes them (two processes per core); ``topology measure
 --nproc 4`` records that as the busy slowdown of 4 ranks, and the row is kept out of the
@@ -104,10 +105,12 @@ def _overheads_text(topo) -> str:
 
     of, ob = x.get("op_overhead_seconds", (0.0, 0.0))
     df, db = x.get("dtensor_op_overhead_seconds", (0.0, 0.0))
+    step = x.get("dtensor_step_overhead_seconds", 0.0)
     g1, gr = x.get("gradient_seconds_per_byte", (0.0, 0.0))
     busy = ", ".join(f"{g}: {float(v):.2f}" for g, v in x.get("busy_slowdown", {}).items())
     return (f"operator {us(of)} / {us(ob)} us (forward / backward), DTensor adds "
-            f"{us(df)} / {us(db)} us, FSDP gather {us(x.get('fsdp_gather_overhead_seconds', 0))}"
+            f"{us(df)} / {us(db)} us (and {us(step)} us per layer to a step on DTensors), "
+            f"FSDP gather {us(x.get('fsdp_gather_overhead_seconds', 0))}"
             f" us, pipeline action {us(x.get('pipeline_action_overhead_seconds', 0))} us, "
             f"gradient handling {float(g1) * 1e9:.3f} / {float(gr) * 1e9:.3f} ns per byte "
             f"(one replica / replicas), busy slowdown {{{busy}}}")
@@ -179,7 +182,8 @@ def main(argv: list[str] | None = None) -> int:
         "(`topology measure --nproc 2` and `--nproc 4`: pairs, collective curves and the "
         "fixed costs the simulator charges: per-operator and DTensor overheads, FSDP "
         "gathers, gradient handling, busy slowdown); graphs captured with "
-        f"`--profile` at the micro-batch size. Every plan: {MICRO} micro-batches, Adam, the "
+        "`--profile` at the micro-batch size (operators and the runtime's loss). Every "
+        f"plan: {MICRO} micro-batches, Adam, the "
         "same global batch; the prediction's samples, micro-batches and schedule are checked "
         "equal to the run's before timing. Measured: median of "
         f"{steps - warmup} steps after {warmup} warm-up. `runtime` is what ran (pipeline, ddp, "
