@@ -17,6 +17,9 @@ slowdown at 1, exactly as before. Fields of a device entry:
 - ``fsdp_gather_overhead_seconds``: seconds an FSDP unit's parameter all-gather costs beyond
   the bare all-gather: charged per unit and micro-batch, forward and backward, under
   ``gradient_sync: sharded``.
+- ``fsdp_gather_seconds_per_byte``: what an FSDP unit's all-gather costs beyond the bare
+  collective per byte of the unit's parameters (copying the shards in and the gathered
+  parameters out): charged with ``fsdp_gather_overhead_seconds``, per unit gathered.
 - ``gradient_seconds_per_byte``: ``[one replica, replicas]`` seconds per parameter byte of
   the runtime's gradient handling before the optimizer step (scaling; with replicas also
   flattening for the all-reduce and copying back), charged once per iteration.
@@ -270,9 +273,9 @@ def charge_run_overheads(st: Any, topology: Topology, gradient_sync: str,
     """A :class:`~shardplan.cost._pipeline.StageTimes` with the run's fixed costs charged.
 
     - Under ``gradient_sync == "sharded"``, a stage with replicas pays
-      :func:`fsdp_gather_overhead` per all-gather of its ``units`` (forward and backward
-      segment lists per stage, :func:`fsdp_unit_chunks`) in every micro-batch's forward and
-      backward.
+      :func:`fsdp_gather_overhead`, plus ``fsdp_gather_seconds_per_byte`` times the unit's
+      parameter bytes, per all-gather of its ``units`` (forward and backward segment lists
+      per stage, :func:`fsdp_unit_chunks`) in every micro-batch's forward and backward.
     - Otherwise every replica's optimizer step is preceded by the runtime's gradient
       handling, :func:`gradient_seconds_per_byte` per parameter byte of its stage (with
       replicas: the gradients flattened for the all-reduce or copied into DDP's buckets,
@@ -310,11 +313,14 @@ def charge_run_overheads(st: Any, topology: Topology, gradient_sync: str,
                 opt[s, :r] += c * float(dtensor_layers[s])
                 changed = True
         if gradient_sync == "sharded" and r > 1:
-            c = fsdp_gather_overhead(topology, devs) if units is not None else 0.0
-            if c > 0 and units is not None and units[0][s]:
-                fwd[s, :r] += c * len(units[0][s])
-                bwd[s, :r] += c * len(units[1][s])
-                changed = True
+            if units is not None and units[0][s]:
+                c = fsdp_gather_overhead(topology, devs)
+                per_byte = _largest(topology, "fsdp_gather_seconds_per_byte", devs)
+                for t, segs in ((fwd, units[0][s]), (bwd, units[1][s])):
+                    extra = c * len(segs) + per_byte * sum(float(b) for b, _ in segs)
+                    if extra > 0:
+                        t[s, :r] += extra
+                        changed = True
             continue
         per_byte = gradient_seconds_per_byte(topology, devs, r > 1)
         if per_byte > 0 and float(st.param_bytes[s]) > 0:

@@ -267,6 +267,7 @@ def measure(nproc: int, *, backend: str = "auto", sizes: Sequence[int] = DEFAULT
 #: Measured device fields copied into a topology's device entries (see ``overheads``).
 OVERHEAD_FIELDS = ("op_overhead_seconds", "dtensor_op_overhead_seconds",
                    "dtensor_step_overhead_seconds", "fsdp_gather_overhead_seconds",
+                   "fsdp_gather_seconds_per_byte",
                    "gradient_seconds_per_byte", "pipeline_action_overhead_seconds")
 
 

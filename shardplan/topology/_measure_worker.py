@@ -26,6 +26,8 @@ BLOCKS = 4
 BLOCK_OPS = 7
 #: FSDP units of the per-gather overhead's model.
 UNITS = 4
+#: Features of the wide FSDP units (256 KiB of parameters each), for the per-byte cost.
+FSDP_WIDE = 256
 #: Micro-batches of the pipelining per-action overhead's schedule.
 PIPE_MICROBATCHES = 8
 
@@ -250,6 +252,9 @@ def _overheads(rank: int, world: int, cfg: dict[str, Any], dev: Any,
       :data:`UNITS` tiny linear units, ``(t_fsdp - t_plain) / (2 units) - t_allgather``,
       the three timed back to back in each round, the median over the rounds (medians of
       three separate series ranged from 18 us to 4.4 ms on this shared machine);
+    - ``fsdp_gather_seconds_per_byte``: the same overhead measured on units of
+      :data:`FSDP_WIDE` features, less the tiny units', per byte of a unit's parameters
+      (copying shards in and gathered parameters out);
     - ``gradient_seconds_per_byte``: ``[one replica, replicas]`` seconds per byte of 16 MiB
       of gradients in 16 tensors: scaled in place (what a one-replica step does), and
       flattened into one tensor, copied back out and scaled (the runtime's flat all-reduce
@@ -309,35 +314,44 @@ def _overheads(rank: int, world: int, cfg: dict[str, Any], dev: Any,
     from torch import nn
     from torch.distributed.fsdp import fully_shard
 
-    torch.manual_seed(0)
-    model = nn.Sequential(*(nn.Linear(16, 16) for _ in range(UNITS))).to(dev)
-    ref = nn.Sequential(*(nn.Linear(16, 16) for _ in range(UNITS))).to(dev)
-    inp = torch.ones(4, 16, device=dev)
+    def fsdp_rounds(width: int) -> tuple[list[tuple[float, float, float]], Any, float]:
+        """Rounds of (plain step, FSDP step, bare all-gather) for UNITS linear units of
+        ``width`` features (the three timed back to back in every round: load that comes
+        and goes between rounds is outvoted by the median), the plain model, and a unit's
+        parameter bytes."""
+        torch.manual_seed(0)
+        model = nn.Sequential(*(nn.Linear(width, width) for _ in range(UNITS))).to(dev)
+        plain = nn.Sequential(*(nn.Linear(width, width) for _ in range(UNITS))).to(dev)
+        inp = torch.ones(4, width, device=dev)
 
-    def step(m: Any) -> Callable[[], None]:
-        def run() -> None:
-            m(inp).sum().backward()
-        return run
+        def step(m: Any) -> Callable[[], None]:
+            def run() -> None:
+                m(inp).sum().backward()
+            return run
 
-    for unit in model:
-        fully_shard(unit, mesh=mesh)
-    fully_shard(model, mesh=mesh)
-    model.set_requires_gradient_sync(False)
-    numel = 16 * 16 + 16
-    full = torch.ones(-(-numel // world) * world, device=dev)
-    part = torch.ones(full.numel() // world, device=dev)
-    # the three timed back to back in every round, the overhead taken per round (load
-    # that comes and goes between rounds cancels out, as in slowdown_ratios), then the
-    # median over the rounds
-    rounds = []
-    for it in range(warmup + max(repeats, 5)):
-        t_plain = _median_seconds(step(ref), sync, 1, 0, dist)
-        t_fsdp = _median_seconds(step(model), sync, 1, 0, dist)
-        t_ag = _median_seconds(lambda: dist.all_gather_into_tensor(full, part), sync, 1, 0,
-                               dist)
-        if it >= warmup:
-            rounds.append((t_plain, t_fsdp, t_ag))
-    out["fsdp_gather_overhead_seconds"] = fsdp_gather_overhead(rounds, 2 * UNITS)
+        for unit in model:
+            fully_shard(unit, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        model.set_requires_gradient_sync(False)
+        numel = width * width + width
+        full = torch.ones(-(-numel // world) * world, device=dev)
+        part = torch.ones(full.numel() // world, device=dev)
+        rounds = []
+        for it in range(warmup + max(repeats, 5)):
+            t_plain = _median_seconds(step(plain), sync, 1, 0, dist)
+            t_fsdp = _median_seconds(step(model), sync, 1, 0, dist)
+            t_ag = _median_seconds(lambda: dist.all_gather_into_tensor(full, part), sync, 1,
+                                   0, dist)
+            if it >= warmup:
+                rounds.append((t_plain, t_fsdp, t_ag))
+        return rounds, plain, 4.0 * numel
+
+    small, ref, small_bytes = fsdp_rounds(16)
+    fixed = fsdp_gather_overhead(small, 2 * UNITS)
+    out["fsdp_gather_overhead_seconds"] = fixed
+    large, _, large_bytes = fsdp_rounds(FSDP_WIDE)
+    wide = fsdp_gather_overhead(large, 2 * UNITS)
+    out["fsdp_gather_seconds_per_byte"] = max(wide - fixed, 0.0) / (large_bytes - small_bytes)
 
     out["dtensor_step_overhead_seconds"] = _dtensor_step(torch, dist, dev, sync, mesh,
                                                          repeats, warmup)
