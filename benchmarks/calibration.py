@@ -17,8 +17,9 @@ end, DDP's overlapped buckets and FSDP's sharding, a PaSE strategy over 2 proces
 and a hybrid: 2 stages of 2 processes whose layers PaSE splits (4 processes).
 
 The measured topology also carries the fixed costs a run pays (per-operator dispatch, what
-DTensors add per operator, FSDP's per-unit all-gather overhead, the gradient handling before
-the step, and how much slower a process computes while g ranks compute at once:
+DTensors add per operator and per layer of an optimizer step, FSDP's per-unit all-gather
+overhead, the gradient handling before the step, and how much slower a process computes
+while g ranks compute at once:
 :mod:`shardplan.cost._overheads`), which the simulator charges. This machine has 2 cores:
 the 4-process hybrid oversubscribes them (two processes per core); ``topology measure
 --nproc 4`` records that as the busy slowdown of 4 ranks, and the row is kept out of the
@@ -26,6 +27,11 @@ the 4-process hybrid oversubscribes them (two processes per core); ``topology me
 the load average at the start and the end. Goal: predicted / measured within 0.8-1.25 for
 every kind (a benchmark: reported, not a test). On a GPU machine the same script runs
 unchanged (NCCL, one process per GPU).
+
+Other sessions share this machine and their load comes and goes within minutes: by default
+the topology is measured again right before each multi-process row's run and that row is
+predicted with it (``--measure-once``: every row with the topology measured at the start),
+and the table shows the busy slowdown each row's measurement saw.
 
 Usage::
 
@@ -104,10 +110,12 @@ def _overheads_text(topo) -> str:
 
     of, ob = x.get("op_overhead_seconds", (0.0, 0.0))
     df, db = x.get("dtensor_op_overhead_seconds", (0.0, 0.0))
+    step = x.get("dtensor_step_overhead_seconds", 0.0)
     g1, gr = x.get("gradient_seconds_per_byte", (0.0, 0.0))
     busy = ", ".join(f"{g}: {float(v):.2f}" for g, v in x.get("busy_slowdown", {}).items())
     return (f"operator {us(of)} / {us(ob)} us (forward / backward), DTensor adds "
-            f"{us(df)} / {us(db)} us, FSDP gather {us(x.get('fsdp_gather_overhead_seconds', 0))}"
+            f"{us(df)} / {us(db)} us (and {us(step)} us per layer to a step on DTensors), "
+            f"FSDP gather {us(x.get('fsdp_gather_overhead_seconds', 0))}"
             f" us, pipeline action {us(x.get('pipeline_action_overhead_seconds', 0))} us, "
             f"gradient handling {float(g1) * 1e9:.3f} / {float(gr) * 1e9:.3f} ns per byte "
             f"(one replica / replicas), busy slowdown {{{busy}}}")
@@ -129,8 +137,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="mlp only, fewer steps")
     ap.add_argument("--no-hybrid", action="store_true",
                     help="skip the 4-process hybrid (2 cores: oversubscribed)")
+    ap.add_argument("--measure-once", action="store_true",
+                    help="predict every row with the topology measured at the start (default: "
+                         "measured again right before each multi-process row's run)")
     args = ap.parse_args(argv)
     from shardplan.capture import capture_spec
+    from shardplan.cost._overheads import busy_slowdown
     from shardplan.simulate import simulate
     from shardplan.topology import build
 
@@ -140,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     topo2 = build("measure", nproc=2, repeats=5)
     topo4 = None if args.no_hybrid else build("measure", nproc=4, repeats=3)
     rows = []
+    slow: dict[tuple[str, str], float] = {}
     models = ["mlp"] if args.quick else list(MODELS)
     for label in models:
         spec, mbs = MODELS[label]
@@ -149,7 +162,11 @@ def main(argv: list[str] | None = None) -> int:
             optimizer="adam", schedule="gpipe")
         for kind, plan, note in _plans(graph, topo2, topo4, settings):
             used = {d for st in plan.stages for d in st.devices}
-            topo = topo4 if len(used) > 2 else topo2
+            n = 4 if len(used) > 2 else 2
+            topo = topo4 if n == 4 else topo2
+            if len(used) > 1 and not args.measure_once:  # the load right now (see above)
+                topo = build("measure", nproc=n, repeats=3)
+                slow[(label, kind)] = busy_slowdown(topo, sorted(used))
             try:
                 sim = simulate(plan, graph, topo, timeline=False)
                 cfg, res = _run(plan, graph, spec, steps)
@@ -178,29 +195,37 @@ def main(argv: list[str] | None = None) -> int:
         f"{os.getloadavg()[0]:.2f} at the end). Topology measured in the same run "
         "(`topology measure --nproc 2` and `--nproc 4`: pairs, collective curves and the "
         "fixed costs the simulator charges: per-operator and DTensor overheads, FSDP "
-        "gathers, gradient handling, busy slowdown); graphs captured with "
-        f"`--profile` at the micro-batch size. Every plan: {MICRO} micro-batches, Adam, the "
+        "gathers, gradient handling, busy slowdown"
+        + ("" if args.measure_once else
+           "; measured again right before each multi-process row's run, whose prediction "
+           "uses it: other sessions' load on this machine changes within minutes; `busy` "
+           "is the slowdown of the row's processes computing at once it measured")
+        + "); graphs captured with "
+        "`--profile` at the micro-batch size (operators and the runtime's loss). Every "
+        f"plan: {MICRO} micro-batches, Adam, the "
         "same global batch; the prediction's samples, micro-batches and schedule are checked "
         "equal to the run's before timing. Measured: median of "
         f"{steps - warmup} steps after {warmup} warm-up. `runtime` is what ran (pipeline, ddp, "
         "fsdp, strategy).",
         "",
-        "| model | plan | runtime | predicted ms/sample | measured ms/sample | "
+        "| model | plan | runtime | busy | predicted ms/sample | measured ms/sample | "
         "predicted / measured | note |",
-        "|---|---|---|---:|---:|---:|---|",
+        "|---|---|---|---:|---:|---:|---:|---|",
     ]
     for label, kind, pred, meas, ran, note in rows:
+        busy = f"{slow[(label, kind)]:.2f}" if (label, kind) in slow else "-"
         if pred is None:
-            lines.append(f"| {label} | {kind} | - | - | - | - | {note} |")
+            lines.append(f"| {label} | {kind} | - | {busy} | - | - | - | {note} |")
             continue
-        lines.append(f"| {label} | {kind} | {ran} | {pred * 1e3:.3f} | {meas * 1e3:.3f} | "
-                     f"{pred / meas:.2f} | {note} |")
+        lines.append(f"| {label} | {kind} | {ran} | {busy} | {pred * 1e3:.3f} | "
+                     f"{meas * 1e3:.3f} | {pred / meas:.2f} | {note} |")
     ratios = [p / m for _, _, p, m, _, n in rows if p is not None and not n]
     if ratios:
         inside = sum(0.8 <= r <= 1.25 for r in ratios)
         lines += ["", f"{inside} of {len(ratios)} rows on 2 processes are within 0.8-1.25 "
                       f"(range {min(ratios):.2f}-{max(ratios):.2f})."]
-    lines += ["", "Fixed costs measured in this run (rank 0; the simulator charges them):", ""]
+    lines += ["", "Fixed costs measured at the start of this run (rank 0; the simulator "
+                  "charges them):", ""]
     lines += [f"- `--nproc {t.num_devices}`: {_overheads_text(t)}"
               for t in (topo2, topo4) if t is not None]
     text = "\n".join(lines) + "\n"

@@ -55,6 +55,7 @@ def capture(
     mode: str = "train",
     batch_size: int | None = None,
     progress: Progress | None = None,
+    loss: str = "",
 ) -> Graph:
     """Capture the computation graph of ``model`` called on ``example_inputs``.
 
@@ -80,6 +81,11 @@ def capture(
         Recorded in the graph (default: leading dimension of the first tensor input).
     progress : callable, optional
         ``progress(stage, done, total)`` while FLOPs are counted and operators profiled.
+    loss : str
+        The model spec whose training loss ``profile`` also times
+        (:func:`shardplan.runtime._data.loss_fn_for`; ``""``: cross-entropy on logits),
+        recorded in ``meta["loss"]`` (:mod:`shardplan.capture._loss`) and charged to the node
+        producing the model's output by the cost model.
 
     Returns
     -------
@@ -128,10 +134,16 @@ def capture(
         ep = export_model(model, inputs, name=name)
         cap = capture_ops(model, ep, module_prefix=prefix, progress=progress)
         seconds = None
+        loss_cost = None
         if profile:
             from shardplan.capture._profile import profile_ops
 
             seconds = profile_ops(ep, cap, model, inputs, progress=progress)
+            if cap.outputs:
+                from shardplan.capture._loss import profile_loss
+
+                loss_cost = profile_loss(model, inputs, cap.names[cap.outputs[0][0]],
+                                         spec=loss, batch_size=batch_size)
     finally:
         model.train(was_training)
     param_total = sum(p.numel() * p.element_size() for p in model.parameters())
@@ -144,6 +156,8 @@ def capture(
     }
     if cap.flop_methods:
         meta["flop_fallbacks"] = cap.flop_methods
+    if loss_cost is not None:
+        meta["loss"] = loss_cost
     graph = ops_to_graph(cap, name=name, batch_size=batch_size, meta=meta, seconds=seconds)
     captured = int(graph.param_bytes.sum())
     if captured != param_total:  # parameters no operator reads (unused modules)
@@ -180,7 +194,8 @@ def capture_spec(
     is_file = ":" in spec and spec.rsplit(":", 1)[0].endswith(".py")
     graph = capture(model, inputs, name=name or default_name, granularity=granularity,
                     atomic=atomic_names, profile=profile, mode=mode,
-                    batch_size=None if is_file else batch_size, progress=progress)
+                    batch_size=None if is_file else batch_size, progress=progress,
+                    loss=spec)
     return graph.replace(meta={"model": spec, **graph.meta})
 
 

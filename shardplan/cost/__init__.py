@@ -24,6 +24,7 @@ Everything is NumPy: a whole partition is a few ``np.bincount`` over its assignm
 """
 
 from shardplan.cost._compute import (
+    loss_charge,
     node_seconds,
     partition_compute_seconds,
     roofline_seconds,
@@ -78,7 +79,8 @@ from shardplan.cost._transfer import (
 
 __all__ = [
     "OPTIMIZER_STATE", "SCHEDULES", "CostModel", "allreduce_seconds", "cut_tensors",
-    "in_flight_microbatches", "inverse_bandwidth", "lower_bound_seconds", "node_seconds",
+    "in_flight_microbatches", "inverse_bandwidth", "loss_charge", "lower_bound_seconds",
+    "node_seconds",
     "optimizer_state_factor", "partition_compute_seconds", "partition_memory_breakdown",
     "partition_memory_bytes", "plan_arrays", "split_work", "stage_compute_seconds",
     "stage_memory_bytes", "stage_traffic", "stage_transfer_seconds", "transfer_seconds",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -12,8 +12,9 @@ from shardplan.cost._checks import check_assignment, check_nodes, check_positive
 from shardplan.cost._formulas import work_seconds
 from shardplan.ir import Graph
 
-__all__ = ["MATMUL_OPS", "is_matmul", "node_seconds", "partition_compute_seconds",
-           "roofline_seconds", "split_work", "stage_compute_seconds"]
+__all__ = ["MATMUL_OPS", "is_matmul", "loss_charge", "node_seconds",
+           "partition_compute_seconds", "roofline_seconds", "split_work",
+           "stage_compute_seconds"]
 
 #: Operators whose FLOPs are matrix products (tensor-core work): convolutions, linear layers,
 #: matrix multiplies, einsums, attention. Matched on a node's ``op`` (aten or module name).
@@ -69,15 +70,58 @@ def roofline_seconds(graph: Graph, flops: float, fp32_flops: float, bandwidth: f
     return np.nan_to_num(fwd), np.nan_to_num(bwd)
 
 
+def loss_charge(graph: Graph) -> tuple[int, float, float] | None:
+    """``(node, forward seconds, backward seconds)`` of the training loss the graph records
+    (``meta["loss"]``, measured by ``capture --profile``: :mod:`shardplan.capture._loss`),
+    at the graph's batch size, on the node producing the model's output; None when the
+    graph records no loss or does not hold that node (a subgraph without the output).
+
+    The node is the one named ``meta["loss"]["output"]``, or, in a module-level graph, the
+    one whose operators (``ops`` of its ``extra``) include it. The seconds are scaled from
+    the loss's ``batch_size`` to the graph's linearly, as :meth:`Graph.at_batch_size` scales
+    measured seconds. O(n) (O(operators) for a module-level graph).
+
+    Examples
+    --------
+    >>> g = Graph.from_arrays(name="g", batch_size=4, fwd_flops=[1.0, 1.0], src=[0], dst=[1],
+    ...                       names=["fc", "head"])
+    >>> g = g.replace(meta={"loss": {"output": "head", "batch_size": 2,
+    ...                              "fwd_seconds": 1e-3, "bwd_seconds": 2e-3}})
+    >>> loss_charge(g)
+    (1, 0.002, 0.004)
+    """
+    info = (graph.meta or {}).get("loss")
+    if not isinstance(info, Mapping):
+        return None
+    try:
+        name = str(info["output"])
+        f, b = float(info["fwd_seconds"]), float(info["bwd_seconds"])
+        scale = graph.batch_size / float(info.get("batch_size") or graph.batch_size)
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+        return None
+    if not (np.isfinite(f) and np.isfinite(b) and np.isfinite(scale)) or min(f, b) < 0:
+        return None
+    node = next((v for v, nm in enumerate(graph.names) if nm == name), None)
+    if node is None and graph.node_extra is not None:
+        node = next((v for v, extra in enumerate(graph.node_extra)
+                     if any(isinstance(op, (list, tuple)) and len(op) > 1 and op[1] == name
+                            for op in extra.get("ops", ()) or ())), None)
+    if node is None:
+        return None
+    return node, f * scale, b * scale
+
+
 def split_work(graph: Graph) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Each node's forward and backward work, split into measured seconds and FLOPs.
 
     Returns ``(fwd_measured, fwd_flops, bwd_measured, bwd_flops)``, arrays of shape (n,). A
     node with a measured ``fwd_seconds`` (not NaN) has that in ``fwd_measured`` and 0 in
-    ``fwd_flops``; one without has 0 and its ``fwd_flops``. Likewise backward. The time of
-    the work on a device of peak ``F`` at ``efficiency`` and measured-time ``speed`` is then
-    ``measured / speed + flops / (F * efficiency)``, linear in each part, so sums over
-    stages can be taken before the device is known. O(n).
+    ``fwd_flops``; one without has 0 and its ``fwd_flops``. Likewise backward. The training
+    loss a profiled graph records (:func:`loss_charge`) is added to the measured seconds of
+    the node producing the model's output: the stage holding that node computes it every
+    micro-batch. The time of the work on a device of peak ``F`` at ``efficiency`` and
+    measured-time ``speed`` is then ``measured / speed + flops / (F * efficiency)``, linear
+    in each part, so sums over stages can be taken before the device is known. O(n).
     """
 
     def part(seconds: np.ndarray | None, flops: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -88,6 +132,12 @@ def split_work(graph: Graph) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nda
 
     fm, ff = part(graph.fwd_seconds, graph.fwd_flops)
     bm, bf = part(graph.bwd_seconds, graph.bwd_flops)
+    loss = loss_charge(graph)
+    if loss is not None:
+        v, lf, lb = loss
+        fm, bm = fm.astype(np.float64, copy=True), bm.astype(np.float64, copy=True)
+        fm[v] += lf
+        bm[v] += lb
     return fm, ff, bm, bf
 
 

@@ -11,9 +11,15 @@ slowdown at 1, exactly as before. Fields of a device entry:
 - ``dtensor_op_overhead_seconds``: ``[forward, backward]`` seconds per operator that
   running it on DTensors adds: charged per node of plans that run as DTensor programs
   (PaSE strategies and hybrids).
+- ``dtensor_step_overhead_seconds``: extra seconds per parameter-holding layer of an
+  optimizer step on DTensor parameters: charged per node holding parameters to the
+  optimizer step of plans whose parameters are DTensors (strategies, hybrids, FSDP).
 - ``fsdp_gather_overhead_seconds``: seconds an FSDP unit's parameter all-gather costs beyond
   the bare all-gather: charged per unit and micro-batch, forward and backward, under
   ``gradient_sync: sharded``.
+- ``fsdp_gather_seconds_per_byte``: what an FSDP unit's all-gather costs beyond the bare
+  collective per byte of the unit's parameters (copying the shards in and the gathered
+  parameters out): charged with ``fsdp_gather_overhead_seconds``, per unit gathered.
 - ``gradient_seconds_per_byte``: ``[one replica, replicas]`` seconds per parameter byte of
   the runtime's gradient handling before the optimizer step (scaling; with replicas also
   flattening for the all-reduce and copying back), charged once per iteration.
@@ -22,7 +28,10 @@ slowdown at 1, exactly as before. Fields of a device entry:
   FSDP or one-stage strategies).
 - ``busy_slowdown``: ``{g: factor}``: how much longer a process computes while g ranks of
   the host compute at once than alone (the profile of ``capture --profile`` is taken
-  alone); every compute time of a plan using g devices is multiplied by it.
+  alone); every compute time of a plan using g devices is multiplied by it. The fixed costs
+  above were measured with all N ranks of the measurement busy: their readers divide the
+  factor of N out (an overhead measured on 4 ranks sharing 2 cores already ran 2-3x
+  slower, and was charged that again).
 
 Everything here is O(n) or O(devices).
 """
@@ -38,7 +47,7 @@ import numpy as np
 from shardplan.ir import Graph, Topology
 
 __all__ = ["busy_slowdown", "charge_run_overheads", "dtensor_op_overhead",
-           "fsdp_gather_overhead", "fsdp_unit_chunks", "fsdp_unit_keys",
+           "dtensor_step_overhead", "fsdp_gather_overhead", "fsdp_unit_chunks", "fsdp_unit_keys",
            "gradient_seconds_per_byte", "op_overhead", "pipeline_action_overhead"]
 
 
@@ -53,13 +62,22 @@ def _pair(device: Any, key: str) -> tuple[float, float]:
     return max(f, 0.0), max(b, 0.0)
 
 
+def _measured_busy(topology: Topology) -> float:
+    """The busy slowdown the fixed costs were measured under: ``topology measure`` times
+    them with all of its ranks computing at once, so each already holds
+    :func:`busy_slowdown` of all the topology's devices; readers divide it out, as every
+    charge is multiplied by the slowdown of the plan's own devices
+    (:func:`charge_run_overheads`). 1 without the measurement."""
+    return busy_slowdown(topology, range(topology.num_devices))
+
+
 def _largest(topology: Topology | None, key: str, devices: Sequence[int]) -> float:
-    """The largest of ``devices``' scalar ``key`` (every rank waits for the slowest); 0
-    where absent."""
+    """The largest of ``devices``' scalar ``key`` (every rank waits for the slowest), alone
+    (:func:`_measured_busy`); 0 where absent."""
     if topology is None:
         return 0.0
     return max([0.0, *(float(topology.devices[int(d)].extra.get(key) or 0.0)
-                       for d in devices)])
+                       for d in devices)]) / _measured_busy(topology)
 
 
 def _median_pair(topology: Topology | None, key: str,
@@ -70,7 +88,7 @@ def _median_pair(topology: Topology | None, key: str,
     pairs = np.array([_pair(topology.devices[int(d)], key) for d in ids], dtype=np.float64)
     if pairs.size == 0:
         return 0.0, 0.0
-    f, b = np.median(pairs, axis=0)
+    f, b = np.median(pairs, axis=0) / _measured_busy(topology)
     return float(f), float(b)
 
 
@@ -95,6 +113,12 @@ def dtensor_op_overhead(topology: Topology | None,
     """``(forward, backward)`` extra seconds per operator run on DTensors over ``devices``
     (the median of their ``dtensor_op_overhead_seconds``); ``(0, 0)`` where absent."""
     return _median_pair(topology, "dtensor_op_overhead_seconds", devices)
+
+
+def dtensor_step_overhead(topology: Topology | None, devices: Sequence[int]) -> float:
+    """Extra optimizer-step seconds per parameter-holding layer on DTensor parameters over
+    ``devices``: the largest of their ``dtensor_step_overhead_seconds``; 0 where absent."""
+    return _largest(topology, "dtensor_step_overhead_seconds", devices)
 
 
 def fsdp_gather_overhead(topology: Topology | None, devices: Sequence[int]) -> float:
@@ -233,7 +257,7 @@ def gradient_seconds_per_byte(topology: Topology | None, devices: Sequence[int],
         return 0.0
     which = 1 if replicated else 0
     return max([0.0, *(_pair(topology.devices[int(d)], "gradient_seconds_per_byte")[which]
-                       for d in devices)])
+                       for d in devices)]) / _measured_busy(topology)
 
 
 def pipeline_action_overhead(topology: Topology | None, devices: Sequence[int]) -> float:
@@ -244,19 +268,24 @@ def pipeline_action_overhead(topology: Topology | None, devices: Sequence[int]) 
 
 def charge_run_overheads(st: Any, topology: Topology, gradient_sync: str,
                          used: Sequence[int], units: tuple[list, list] | None = None, *,
-                         pipelined: bool = False) -> Any:
+                         pipelined: bool = False, dtensor_layers: Any = None,
+                         dtensor_stages: Any = None) -> Any:
     """A :class:`~shardplan.cost._pipeline.StageTimes` with the run's fixed costs charged.
 
     - Under ``gradient_sync == "sharded"``, a stage with replicas pays
-      :func:`fsdp_gather_overhead` per all-gather of its ``units`` (forward and backward
-      segment lists per stage, :func:`fsdp_unit_chunks`) in every micro-batch's forward and
-      backward.
+      :func:`fsdp_gather_overhead`, plus ``fsdp_gather_seconds_per_byte`` times the unit's
+      parameter bytes, per all-gather of its ``units`` (forward and backward segment lists
+      per stage, :func:`fsdp_unit_chunks`) in every micro-batch's forward and backward.
     - Otherwise every replica's optimizer step is preceded by the runtime's gradient
       handling, :func:`gradient_seconds_per_byte` per parameter byte of its stage (with
       replicas: the gradients flattened for the all-reduce or copied into DDP's buckets,
       copied back and scaled; one replica: scaled).
     - With ``pipelined`` (the pipeline runtime runs the plan), every forward and backward
       of a micro-batch pays :func:`pipeline_action_overhead`.
+    - A stage whose parameters are DTensors (``dtensor_stages[s]`` true: a strategy's
+      stage; or, under ``sharded`` sync, a stage with replicas: FSDP) pays
+      :func:`dtensor_step_overhead` per parameter-holding layer (``dtensor_layers[s]``
+      of them) in its optimizer step.
     - Every forward, backward and optimizer time is then multiplied by
       :func:`busy_slowdown` of the ``used`` devices (all of the plan's, every rank
       computing at once).
@@ -276,12 +305,22 @@ def charge_run_overheads(st: Any, topology: Topology, gradient_sync: str,
             fwd[s, :r] += act
             bwd[s, :r] += act
             changed = True
-        if gradient_sync == "sharded" and r > 1:
-            c = fsdp_gather_overhead(topology, devs) if units is not None else 0.0
-            if c > 0 and units is not None and units[0][s]:
-                fwd[s, :r] += c * len(units[0][s])
-                bwd[s, :r] += c * len(units[1][s])
+        on_dtensors = (dtensor_stages is not None and bool(dtensor_stages[s])) or \
+            (gradient_sync == "sharded" and r > 1)
+        if on_dtensors and dtensor_layers is not None and float(dtensor_layers[s]) > 0:
+            c = dtensor_step_overhead(topology, devs)
+            if c > 0:
+                opt[s, :r] += c * float(dtensor_layers[s])
                 changed = True
+        if gradient_sync == "sharded" and r > 1:
+            if units is not None and units[0][s]:
+                c = fsdp_gather_overhead(topology, devs)
+                per_byte = _largest(topology, "fsdp_gather_seconds_per_byte", devs)
+                for t, segs in ((fwd, units[0][s]), (bwd, units[1][s])):
+                    extra = c * len(segs) + per_byte * sum(float(b) for b, _ in segs)
+                    if extra > 0:
+                        t[s, :r] += extra
+                        changed = True
             continue
         per_byte = gradient_seconds_per_byte(topology, devs, r > 1)
         if per_byte > 0 and float(st.param_bytes[s]) > 0:

@@ -29,7 +29,10 @@ objective, ``shardplan cost`` and the simulator price the same compute and the s
   gradients of the same size go back after the backward of the receiver. The forward of a
   replica waits for every message addressed to it, the backward for every gradient. Stages
   joined only by zero-byte edges still wait for each other (free messages). Messages
-  between stages on one device are free.
+  between stages on one device are free. A message between pipeline neighbours starts only
+  once its receiver has posted the receive, where torch's pipelining runtime posts it
+  (:func:`recv_positions`: after the compute actions that precede the receive in the
+  lowered schedule); gloo's and NCCL's point-to-point transfers need both ends.
 - **Network.** A device sends one message at a time (FIFO). With the settings' ``overlap``
   (default) it computes meanwhile (a separate communication stream); without it, a message
   starts only when neither end is computing and neither end starts computing while one of
@@ -76,7 +79,7 @@ from typing import Any
 
 import numpy as np
 
-from shardplan.cost import CostModel, _overheads, stage_times
+from shardplan.cost import CostModel, _overheads, loss_charge, stage_times
 from shardplan.cost._collectives import measured_seconds, ring_steps
 from shardplan.cost._pipeline import replica_pairs
 from shardplan.errors import ShardplanError, TimeLimitError
@@ -127,6 +130,8 @@ class _Worker:
     done: bool = False
     stages: tuple[int, ...] = ()
     waiting: str = ""
+    completed: int = 0  # compute actions finished (receives posted: recv_positions)
+    held: list[tuple[int, Callable[[], None]]] = field(default_factory=list)
 
 
 @dataclass
@@ -244,6 +249,74 @@ class _Network:
             f.rate = r
 
 
+def recv_positions(schedule: Schedule) -> dict[tuple[str, int, int], int]:
+    """When each rank posts the receive of every stage-to-stage message: ``(kind, stage,
+    micro-batch) -> n``, the receive of the activation (``kind`` ``F``) or gradient (``B``)
+    that ``stage``'s action on that micro-batch consumes is posted once its rank has
+    finished its first ``n`` compute actions (sub-actions of an ``OVERLAP_F_B`` counted one
+    by one).
+
+    torch's pipelining runtime lowers a compute-only schedule by
+    ``torch.distributed.pipelining.schedules._add_send_recv``: it walks the ranks' lists
+    round-robin, appending each rank's next compute action once its inputs are sent, and
+    the matching receive to the receiving rank's list at that moment; a rank runs its list
+    in order, so a receive is posted after every compute action before it. This function
+    walks the same way. Transports that move a message only once both ends have posted
+    (gloo's and NCCL's point-to-point) start it then: under GPipe the next micro-batch's
+    receive is posted only after the current one is computed, which exposes one message per
+    micro-batch that 1F1B hides behind its other pass. O(actions x ranks).
+    """
+    last = schedule.num_stages - 1
+    rank_of = schedule.stage_rank
+    todo = {r: list(acts) for r, acts in enumerate(schedule.ranks)}
+    prev: dict[int, set[tuple[str, int, int | None]]] = {r: set() for r in todo}
+    done = dict.fromkeys(todo, 0)
+    out: dict[tuple[str, int, int], int] = {}
+
+    def comm(a: Any) -> tuple[str, int] | None:  # (kind received, receiving stage)
+        if a.op == FORWARD and a.stage != last and rank_of[a.stage + 1] != rank_of[a.stage]:
+            return FORWARD, a.stage + 1
+        if a.op in (BACKWARD, BACKWARD_INPUT) and a.stage != 0 and \
+                rank_of[a.stage - 1] != rank_of[a.stage]:
+            return BACKWARD, a.stage - 1
+        return None
+
+    def ready(a: Any, seen: set[tuple[str, int, int | None]]) -> bool:
+        if a.op == FORWARD and a.stage != 0:
+            return ("RECV_F", a.stage, a.microbatch) in seen or \
+                (FORWARD, a.stage - 1, a.microbatch) in seen
+        if a.op in (BACKWARD, BACKWARD_INPUT) and a.stage != last:
+            return ("RECV_B", a.stage, a.microbatch) in seen or any(
+                (op, a.stage + 1, a.microbatch) in seen for op in (BACKWARD_INPUT, BACKWARD))
+        return True
+
+    while todo:
+        progress = False
+        for r in sorted(todo):
+            act = todo[r][0]
+            if act.op != REDUCE_GRAD:
+                leaves = act.leaves()
+                if not all(ready(a, prev[r]) for a in leaves):
+                    continue
+                for a in leaves:
+                    prev[r].add((a.op, a.stage, a.microbatch))
+                    c = comm(a)
+                    if c is not None:
+                        kind, stage = c
+                        dst = rank_of[stage]
+                        prev[dst].add(("RECV_F" if kind == FORWARD else "RECV_B", stage,
+                                       a.microbatch))
+                        out[(kind, stage, int(a.microbatch))] = done[dst]
+                done[r] += len(leaves)
+            todo[r].pop(0)
+            if not todo[r]:
+                del todo[r]
+            progress = True
+        if not progress:  # not a schedule torch can lower: messages go when sent
+            return out
+    return out
+
+
 class _Sim:
     def __init__(self, view: PipelineView, st: Any, static_mem: np.ndarray,
                  per_mb: np.ndarray, topology: Topology, overlap: bool, sync: str = "end",
@@ -319,6 +392,8 @@ class _Sim:
                     stages=tuple(s for s in range(k) if sch.stage_rank[s] == p))
             for p in range(sch.num_ranks) for i in range(len(view.rank_devices[p]))]
         self.worker_of = {(w.rank, w.replica): w for w in self.workers}
+        self.recv_at = recv_positions(sch)
+        self.held_from: dict[int, int] = {}  # messages per sender waiting for a receive
         self.workers_on: dict[int, list[_Worker]] = {d: [] for d in self.devices}
         for w in self.workers:
             self.workers_on.setdefault(w.device, []).append(w)
@@ -482,6 +557,8 @@ class _Sim:
             self.computing[w.device] = False
             self.intervals.append(Interval(w.device, start, self.t, act.op, act.stage,
                                            act.microbatch))
+            w.completed += 1
+            self.post_receives(w)
             if act.op == FORWARD:
                 self.sent_forward(act.stage, w.replica, act.microbatch)
             else:
@@ -523,13 +600,44 @@ class _Sim:
 
     def sent_forward(self, s: int, i: int, m: int) -> None:
         for b, j, nb, tn in self.out_msgs.get((s, i), ()):
-            self.send(int(self.dev[s, i]), int(self.dev[b, j]), nb, tn, "activation", s, m,
-                      functools.partial(self.wake, FORWARD, b, j, m))
+            src = int(self.dev[s, i])
+            self.when_posted((FORWARD, b, m), j, src, functools.partial(
+                self.send, src, int(self.dev[b, j]), nb, tn, "activation", s, m,
+                functools.partial(self.wake, FORWARD, b, j, m)))
 
     def sent_backward(self, s: int, j: int, m: int) -> None:
         for a, i, nb, tn in self.in_msgs.get((s, j), ()):
-            self.send(int(self.dev[s, j]), int(self.dev[a, i]), nb, tn, "gradient", s, m,
-                      functools.partial(self.wake, BACKWARD, a, i, m))
+            src = int(self.dev[s, j])
+            self.when_posted((BACKWARD, a, m), i, src, functools.partial(
+                self.send, src, int(self.dev[a, i]), nb, tn, "gradient", s, m,
+                functools.partial(self.wake, BACKWARD, a, i, m)))
+
+    def when_posted(self, key: tuple[str, int, int], replica: int, src: int,
+                    go: Callable[[], None]) -> None:
+        """Send now, or once the receiving worker has posted the receive (after its first
+        ``recv_at[key]`` compute actions: :func:`recv_positions`); until then ``src`` has
+        the message to send (it is not quiet)."""
+        n = self.recv_at.get(key)
+        w = self.worker_of[(self.schedule.stage_rank[key[1]], replica)]
+        if n is None or w.completed >= n:
+            go()
+            return
+        self.held_from[src] = self.held_from.get(src, 0) + 1
+
+        def release() -> None:
+            self.held_from[src] -= 1
+            go()
+
+        w.held.append((n, release))
+
+    def post_receives(self, w: _Worker) -> None:
+        if not w.held:
+            return
+        now = [go for n, go in w.held if w.completed >= n]
+        if now:
+            w.held = [(n, go) for n, go in w.held if w.completed < n]
+            for go in now:
+                go()
 
     def send(self, src: int, dst: int, nbytes: float, tensors: float, kind: str, stage: int,
              mb: int | None, on_arrival: Callable[[], None],
@@ -727,8 +835,8 @@ class _Sim:
                                     or math.isnan(self.ar_done[s2])) for s2 in stages)
 
     def quiet(self, d: int) -> bool:
-        """Device d sends nothing and has nothing queued to send."""
-        return not (self.sending[d] or self.send_q[d])
+        """Device d sends nothing and has nothing queued or held to send."""
+        return not (self.sending[d] or self.send_q[d] or self.held_from.get(d, 0))
 
     def ring_paths_disjoint(self, s: int) -> bool:
         """Whether the links of stage s's ring paths (each replica to the next) are all
@@ -823,6 +931,8 @@ def strategy_stage_seconds(plan: Plan, graph: Graph, topology: Topology,
         comm_units = Units(mac=0.0, word=pase.units.word, allreduce=pase.units.allreduce)
         nf, nb = cm.node_seconds(int(devs[0]))
         of, ob = _overheads.op_overhead(topology, devs.tolist())
+        # the loss runs on the whole output on every device (the program returns it whole)
+        loss = loss_charge(cm.graph)
         config: dict[int, np.ndarray] = {}
         comp_f = comp_b = comm = 0.0
         for v in nodes:
@@ -838,12 +948,16 @@ def strategy_stage_seconds(plan: Plan, graph: Graph, topology: Topology,
             if share > 1:  # each device still pays the operator's dispatch in full
                 comp_f += min(float(nf[v]), of) * (1.0 - 1.0 / share)
                 comp_b += min(float(nb[v]), ob) * (1.0 - 1.0 / share)
+                if loss is not None and loss[0] == v:
+                    comp_f += loss[1] * (1.0 - 1.0 / share)
+                    comp_b += loss[2] * (1.0 - 1.0 / share)
             with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
                 comm += float(layer_cost(spaces[v], c, comm_units)[0])
         # the runtime runs every node on DTensors: their measured per-operator overhead
         df, db = _overheads.dtensor_op_overhead(topology, devs.tolist())
         comp_f, comp_b = comp_f + len(nodes) * df, comp_b + len(nodes) * db
         inside = set(nodes)
+        gathers = _output_gathers(cm.graph, spaces, config, inside, topology, devs)
         for e in range(graph.num_edges):
             u, v = int(graph.src[e]), int(graph.dst[e])
             if u in inside and v in inside:
@@ -854,10 +968,42 @@ def strategy_stage_seconds(plan: Plan, graph: Graph, topology: Topology,
                     comm += float(np.asarray(m).reshape(-1)[0])
         total_f, total_b = comp_f + comp_b, comm * scale
         share_f = comp_f / (comp_f + comp_b) if comp_f + comp_b > 0 else 1.0 / 3.0
-        fwd[s] = comp_f + total_b * share_f
+        fwd[s] = comp_f + total_b * share_f + gathers
         bwd[s] = comp_b + total_b * (1.0 - share_f)
         del total_f
     return fwd, bwd
+
+
+def _output_gathers(graph: Graph, spaces: Any, config: dict[int, np.ndarray],
+                    inside: set[int], topology: Topology, devs: np.ndarray) -> float:
+    """Forward seconds of one micro-batch's all-gathers of a strategy stage's outputs: the
+    runtime's program returns whole tensors (to the loss, or to the next stage's devices),
+    so every node of the stage whose output leaves it (an edge to another stage, or none at
+    all: the model's output) and is split over ``q > 1`` devices by its configuration is
+    all-gathered over ``q`` of the stage's devices (the measured all-gather curve of that
+    group size, else the ring over their links:
+    :func:`~shardplan.cost._collectives.collective_seconds`), at the graph's (micro-batch)
+    output bytes. Its backward takes the gradient's local slice: no communication. O(n + m).
+    """
+    from shardplan.cost._collectives import collective_seconds
+
+    leaves = {int(u) for u, v in zip(graph.src.tolist(), graph.dst.tolist(), strict=True)
+              if int(u) in inside and int(v) not in inside}
+    has_out = np.zeros(graph.num_nodes, dtype=bool)
+    has_out[graph.src] = True
+    leaves |= {v for v in inside if not has_out[v]}
+    total = 0.0
+    for v in sorted(leaves):
+        space, c = spaces[v], np.asarray(config[v], dtype=np.float64).reshape(-1)
+        split = 1.0
+        for g in space.output:
+            if g:
+                split *= float(np.prod(c[space.indices(list(g))]))
+        q = min(int(round(split)), int(devs.size))
+        nbytes = float(graph.output_bytes[v])
+        if q > 1 and nbytes > 0:
+            total += float(collective_seconds(topology, "allgather", devs[:q], nbytes))
+    return total
 
 
 def _sync_chunks(cm: CostModel, assignment: np.ndarray, k: int, settings: ExecutionSettings
@@ -1048,9 +1194,13 @@ def simulate(plan: Plan, graph: Graph, topology: Topology,
     buckets, units = _sync_chunks(cm, a_pos, k, settings)
     # measured fixed costs (0 and 1 on topologies without them): busy ranks, FSDP gathers,
     # gradient handling, the pipeline runtime's actions (not under DDP, FSDP, strategies)
+    layers = np.bincount(a_pos, weights=(graph.param_bytes > 0).astype(np.float64),
+                         minlength=k)
     st = _overheads.charge_run_overheads(st, topology, settings.gradient_sync, used, units,
                                          pipelined=k > 1 or (groups is None and
-                                                             settings.gradient_sync == "end"))
+                                                             settings.gradient_sync == "end"),
+                                         dtensor_layers=layers,
+                                         dtensor_stages=np.full(k, groups is not None))
     share = None
     if sch.split_backward:
         if settings.gradient_sync == "sharded":

@@ -167,10 +167,12 @@ def measure(nproc: int, *, backend: str = "auto", sizes: Sequence[int] = DEFAULT
         messages' bytes, into every device's entry (without ``device``; see
         :mod:`shardplan.cost._overheads`, which charges them): ``op_overhead_seconds``
         (forward and backward seconds per operator of a tiny operator under autograd),
-        ``dtensor_op_overhead_seconds`` (what running it on a DTensor adds),
-        ``fsdp_gather_overhead_seconds`` (what an FSDP2 unit's parameter all-gather costs
-        beyond the bare all-gather), ``pipeline_action_overhead_seconds`` (what torch's
-        pipelining schedule adds per forward or backward action),
+        ``dtensor_op_overhead_seconds`` (what running it in the runtime's DTensor program
+        adds), ``dtensor_step_overhead_seconds`` (what an optimizer step on DTensor
+        parameters adds per layer), ``fsdp_gather_overhead_seconds`` (what an FSDP2
+        unit's parameter all-gather costs beyond the bare all-gather),
+        ``pipeline_action_overhead_seconds`` (what torch's pipelining schedule adds per
+        forward or backward action),
         ``gradient_seconds_per_byte`` (the gradient handling
         around a step, per parameter byte) and ``busy_slowdown`` (``{g: factor}``: how much
         slower a process computes while g ranks compute at once than alone; rank 0's
@@ -264,8 +266,9 @@ def measure(nproc: int, *, backend: str = "auto", sizes: Sequence[int] = DEFAULT
 
 #: Measured device fields copied into a topology's device entries (see ``overheads``).
 OVERHEAD_FIELDS = ("op_overhead_seconds", "dtensor_op_overhead_seconds",
-                   "fsdp_gather_overhead_seconds", "gradient_seconds_per_byte",
-                   "pipeline_action_overhead_seconds")
+                   "dtensor_step_overhead_seconds", "fsdp_gather_overhead_seconds",
+                   "fsdp_gather_seconds_per_byte",
+                   "gradient_seconds_per_byte", "pipeline_action_overhead_seconds")
 
 
 def _device(res: dict[str, Any], n: int, preset: str | None, memory_bytes: float | None,

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-__all__ = ["run"]
+__all__ = ["fsdp_gather_overhead", "run", "slowdown_ratios"]
 
 #: Tiny layer blocks per timed run, and graph operators per block (the per-operator
 #: overheads).
@@ -26,6 +26,8 @@ BLOCKS = 4
 BLOCK_OPS = 7
 #: FSDP units of the per-gather overhead's model.
 UNITS = 4
+#: Features of the wide FSDP units (256 KiB of parameters each), for the per-byte cost.
+FSDP_WIDE = 256
 #: Micro-batches of the pipelining per-action overhead's schedule.
 PIPE_MICROBATCHES = 8
 
@@ -238,13 +240,21 @@ def _overheads(rank: int, world: int, cfg: dict[str, Any], dev: Any,
       recording the graph and one backward through it: dispatch and autograd
       bookkeeping, what an operator costs however little it computes;
     - ``dtensor_op_overhead_seconds``: ``[forward, backward]`` extra seconds per operator
-      when the same blocks run on DTensors replicated over all ranks (sharding
-      propagation and wrapping; no communication);
+      when the same blocks run as the runtime runs a DTensor program, replicated over all
+      ranks (its interpreter, sharding propagation and wrapping; no communication:
+      :func:`_dtensor_program`);
+    - ``dtensor_step_overhead_seconds``: extra seconds per parameter-holding layer of an
+      Adam step on DTensor parameters (:func:`_dtensor_step`);
     - ``pipeline_action_overhead_seconds``: seconds torch's pipelining schedule adds per
       forward or backward action (:func:`_pipeline_action`);
     - ``fsdp_gather_overhead_seconds``: extra seconds per parameter all-gather of an FSDP2
       unit (``fully_shard``, gradient sync off) beyond a bare all-gather of the same bytes:
-      :data:`UNITS` tiny linear units, ``(t_fsdp - t_plain) / (2 units) - t_allgather``;
+      :data:`UNITS` tiny linear units, ``(t_fsdp - t_plain) / (2 units) - t_allgather``,
+      the three timed back to back in each round, the median over the rounds (medians of
+      three separate series ranged from 18 us to 4.4 ms on this shared machine);
+    - ``fsdp_gather_seconds_per_byte``: the same overhead measured on units of
+      :data:`FSDP_WIDE` features, less the tiny units', per byte of a unit's parameters
+      (copying shards in and gathered parameters out);
     - ``gradient_seconds_per_byte``: ``[one replica, replicas]`` seconds per byte of 16 MiB
       of gradients in 16 tensors: scaled in place (what a one-replica step does), and
       flattened into one tensor, copied back out and scaled (the runtime's flat all-reduce
@@ -252,27 +262,24 @@ def _overheads(rank: int, world: int, cfg: dict[str, Any], dev: Any,
     - ``busy_slowdown``: ``{g: t_g / t_1}``, g = 1..N: the seconds until the last of g
       ranks running a fixed compute kernel at once (matrix products and elementwise passes
       over 4 MiB, tens of milliseconds: longer than a scheduler's time slice) is done, over
-      one rank alone. Above 1 when the ranks share cores or memory (more processes than
-      cores: about g / cores).
+      one rank alone, the median of ratios taken within rounds that time every g in turn
+      (:func:`slowdown_ratios`). Above 1 when the ranks share cores or memory (more
+      processes than cores: about g / cores).
     """
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import Replicate, distribute_tensor
 
     # 3 to 7 timed runs each: medians steady enough, a few seconds in all
     repeats, warmup = min(max(int(cfg["repeats"]), 3), 7), max(int(cfg["warmup"]), 1)
     out: dict[str, Any] = {}
     mesh = init_device_mesh(dev.type, (world,))
 
-    def blocks_per_op(wrap: bool) -> tuple[float, float]:
+    def blocks_per_op() -> tuple[float, float]:
         params = [torch.full((16, 16), 0.01, device=dev), torch.zeros(16, device=dev),
                   torch.ones(16, device=dev), torch.zeros(16, device=dev)]
         x0 = torch.ones(4, 16, device=dev)
-        if wrap:
-            params = [distribute_tensor(p, mesh, [Replicate()]) for p in params]
-            x0 = distribute_tensor(x0, mesh, [Replicate()])
         for p in params:
             p.requires_grad_(True)
         w, b, lw, lb = params
@@ -299,38 +306,55 @@ def _overheads(rank: int, world: int, cfg: dict[str, Any], dev: Any,
         ops = BLOCKS * BLOCK_OPS
         return fs[len(fs) // 2] / ops, bs[len(bs) // 2] / ops
 
-    plain = blocks_per_op(False)
+    plain = blocks_per_op()
     out["op_overhead_seconds"] = [plain[0], plain[1]]
-    dt = blocks_per_op(True)
-    out["dtensor_op_overhead_seconds"] = [max(dt[0] - plain[0], 0.0),
-                                          max(dt[1] - plain[1], 0.0)]
+    out["dtensor_op_overhead_seconds"] = _dtensor_program(torch, dist, dev, sync, mesh,
+                                                          repeats, warmup)
 
     from torch import nn
     from torch.distributed.fsdp import fully_shard
 
-    torch.manual_seed(0)
-    model = nn.Sequential(*(nn.Linear(16, 16) for _ in range(UNITS))).to(dev)
-    ref = nn.Sequential(*(nn.Linear(16, 16) for _ in range(UNITS))).to(dev)
-    inp = torch.ones(4, 16, device=dev)
+    def fsdp_rounds(width: int) -> tuple[list[tuple[float, float, float]], Any, float]:
+        """Rounds of (plain step, FSDP step, bare all-gather) for UNITS linear units of
+        ``width`` features (the three timed back to back in every round: load that comes
+        and goes between rounds is outvoted by the median), the plain model, and a unit's
+        parameter bytes."""
+        torch.manual_seed(0)
+        model = nn.Sequential(*(nn.Linear(width, width) for _ in range(UNITS))).to(dev)
+        plain = nn.Sequential(*(nn.Linear(width, width) for _ in range(UNITS))).to(dev)
+        inp = torch.ones(4, width, device=dev)
 
-    def step(m: Any) -> Callable[[], None]:
-        def run() -> None:
-            m(inp).sum().backward()
-        return run
+        def step(m: Any) -> Callable[[], None]:
+            def run() -> None:
+                m(inp).sum().backward()
+            return run
 
-    t_plain = _median_seconds(step(ref), sync, repeats, warmup, dist)
-    for unit in model:
-        fully_shard(unit, mesh=mesh)
-    fully_shard(model, mesh=mesh)
-    model.set_requires_gradient_sync(False)
-    t_fsdp = _median_seconds(step(model), sync, repeats, warmup, dist)
-    numel = 16 * 16 + 16
-    full = torch.ones(-(-numel // world) * world, device=dev)
-    part = torch.ones(full.numel() // world, device=dev)
-    t_ag = _median_seconds(lambda: dist.all_gather_into_tensor(full, part), sync, repeats,
-                           warmup, dist)
-    out["fsdp_gather_overhead_seconds"] = max((t_fsdp - t_plain) / (2 * UNITS) - t_ag, 0.0)
+        for unit in model:
+            fully_shard(unit, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        model.set_requires_gradient_sync(False)
+        numel = width * width + width
+        full = torch.ones(-(-numel // world) * world, device=dev)
+        part = torch.ones(full.numel() // world, device=dev)
+        rounds = []
+        for it in range(warmup + max(repeats, 5)):
+            t_plain = _median_seconds(step(plain), sync, 1, 0, dist)
+            t_fsdp = _median_seconds(step(model), sync, 1, 0, dist)
+            t_ag = _median_seconds(lambda: dist.all_gather_into_tensor(full, part), sync, 1,
+                                   0, dist)
+            if it >= warmup:
+                rounds.append((t_plain, t_fsdp, t_ag))
+        return rounds, plain, 4.0 * numel
 
+    small, ref, small_bytes = fsdp_rounds(16)
+    fixed = fsdp_gather_overhead(small, 2 * UNITS)
+    out["fsdp_gather_overhead_seconds"] = fixed
+    large, _, large_bytes = fsdp_rounds(FSDP_WIDE)
+    wide = fsdp_gather_overhead(large, 2 * UNITS)
+    out["fsdp_gather_seconds_per_byte"] = max(wide - fixed, 0.0) / (large_bytes - small_bytes)
+
+    out["dtensor_step_overhead_seconds"] = _dtensor_step(torch, dist, dev, sync, mesh,
+                                                         repeats, warmup)
     out["pipeline_action_overhead_seconds"] = _pipeline_action(torch, dist, dev, sync, world,
                                                                 rank, repeats, warmup, ref)
     grads = [torch.rand(1 << 18, device=dev) for _ in range(16)]  # 16 MiB, 16 tensors
@@ -361,28 +385,170 @@ def _overheads(rank: int, world: int, cfg: dict[str, Any], dev: Any,
                 a @ a
             big.mul_(1.0)
 
-    slow: dict[str, float] = {}
-    alone = 0.0
-    for g in range(1, world + 1):
-        times = []
-        for it in range(warmup + repeats):
+    rounds: list[dict[int, float]] = []
+    for it in range(warmup + repeats):  # every round times each g once: see slowdown_ratios
+        times: dict[int, float] = {}
+        for g in range(1, world + 1):
             dist.barrier()
             t0 = time.perf_counter()
             if rank < g:
                 kernel()
                 sync()
             dist.barrier()  # until the last of the g ranks is done: their common rate
-            if it >= warmup:
-                times.append(time.perf_counter() - t0)
-        times.sort()
-        t = times[len(times) // 2]
-        if g == 1:
-            alone = t
-        if rank == 0:
-            slow[str(g)] = t / alone if alone > 0 else 1.0
-    out["busy_slowdown"] = slow
+            times[g] = time.perf_counter() - t0
+        if it >= warmup:
+            rounds.append(times)
+    if rank == 0:
+        out["busy_slowdown"] = slowdown_ratios(rounds)
     dist.barrier()
     return out
+
+
+def fsdp_gather_overhead(rounds: list[tuple[float, float, float]], gathers: int) -> float:
+    """Seconds an FSDP unit's all-gather costs beyond a bare all-gather: from rounds of
+    ``(plain step, FSDP step, bare all-gather)`` seconds timed back to back, the median over
+    rounds of ``(fsdp - plain) / gathers - all-gather``, at least 0. O(rounds log rounds).
+
+    Examples
+    --------
+    >>> fsdp_gather_overhead([(1.0, 3.0, 0.1), (2.0, 6.0, 0.2), (1.0, 3.4, 0.1)], 4)
+    0.4
+    """
+    import statistics
+
+    if not rounds:
+        return 0.0
+    per = [(f - p) / gathers - a for p, f, a in rounds]
+    return max(float(statistics.median(per)), 0.0)
+
+
+def slowdown_ratios(rounds: list[dict[int, float]]) -> dict[str, float]:
+    """``{g: median over rounds of t_g / t_1}`` from rounds of timings ``{g: t_g}`` taken one
+    right after another (g = 1 alone first).
+
+    Each ratio compares timings of the same round, seconds apart, so load from other
+    processes that comes and goes between rounds (a shared machine) cancels out, where
+    medians of whole series taken one g after another compare different moments. O(rounds
+    x world).
+
+    Examples
+    --------
+    >>> slowdown_ratios([{1: 1.0, 2: 1.2}, {1: 2.0, 2: 2.4}, {1: 1.0, 2: 1.3}])
+    {'1': 1.0, '2': 1.2}
+    """
+    import statistics
+
+    out: dict[str, float] = {}
+    for g in sorted({g for r in rounds for g in r}):
+        ratios = [r[g] / r[1] for r in rounds if g in r and r.get(1, 0.0) > 0]
+        out[str(g)] = statistics.median(ratios) if ratios else 1.0
+    return out
+
+
+def _dtensor_program(torch: Any, dist: Any, dev: Any, sync: Callable[[], None], mesh: Any,
+                     repeats: int, warmup: int) -> list[float]:
+    """``[forward, backward]`` extra seconds per graph operator of running a program on
+    DTensors as the runtime does: :data:`BLOCKS` tiny pre-norm transformer blocks (layer
+    norms, linear layers, a split into heads, attention, GELU, residual adds) exported and
+    cut like a stage (:func:`shardplan.runtime._split.split_program`),
+    run as a :class:`~shardplan.runtime._dtensor.ShardedProgram` replicated over the mesh of
+    all ranks (no communication: no layout splits anything) against the same program run
+    plainly, divided by the graph's operators (:func:`shardplan.capture._export.graph_ops`,
+    the nodes the simulator charges). The runtime's interpreter (layouts looked up per
+    operator, tensors wrapped) and DTensor's dispatch and sharding propagation are in it.
+    Bare DTensor operators of simple layers in a Python loop (the measurement before)
+    measured a third of what a transformer's program pays per operator on this machine."""
+    import numpy as np
+    import torch.nn.functional as F
+    from torch import nn
+
+    from shardplan.capture._export import graph_ops
+    from shardplan.runtime._dtensor import ShardedProgram
+    from shardplan.runtime._split import split_program
+
+    class Blocks(nn.Module):  # pre-norm transformer blocks: 4 samples, 4 positions, 16 wide
+        def __init__(self) -> None:
+            super().__init__()
+            self.norm = nn.ModuleList(nn.LayerNorm(16) for _ in range(2 * BLOCKS))
+            self.qkv = nn.ModuleList(nn.Linear(16, 48) for _ in range(BLOCKS))
+            self.proj = nn.ModuleList(nn.Linear(16, 16) for _ in range(BLOCKS))
+            self.up = nn.ModuleList(nn.Linear(16, 32) for _ in range(BLOCKS))
+            self.down = nn.ModuleList(nn.Linear(32, 16) for _ in range(BLOCKS))
+
+        def forward(self, x: Any) -> Any:
+            for i in range(BLOCKS):
+                q, k, v = (t.view(4, 4, 2, 8).transpose(1, 2)
+                           for t in self.qkv[i](self.norm[2 * i](x)).split(16, dim=-1))
+                a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+                x = x + self.proj[i](a.transpose(1, 2).reshape(4, 4, 16))
+                x = x + self.down[i](F.gelu(self.up[i](self.norm[2 * i + 1](x))))
+            return x
+
+    torch.manual_seed(0)
+    model = Blocks().to(dev)
+    x0 = torch.ones(4, 4, 16, device=dev)
+    ep = torch.export.export(model, (x0,), strict=False)
+    names = [name for name, _, _ in graph_ops(ep)]
+
+    def program() -> Any:
+        return split_program(model, ep, [names], [0])[0].module
+
+    def times(mod: Any) -> tuple[float, float]:
+        fs, bs = [], []
+        for it in range(warmup + repeats):
+            dist.barrier()
+            t0 = time.perf_counter()
+            y = mod(x0)
+            y = y[0] if isinstance(y, (tuple, list)) else y
+            sync()
+            t1 = time.perf_counter()
+            y.sum().backward()
+            sync()
+            t2 = time.perf_counter()
+            mod.zero_grad(set_to_none=True)
+            if it >= warmup:
+                fs.append(t1 - t0)
+                bs.append(t2 - t1)
+        return float(np.median(fs)), float(np.median(bs))
+
+    plain = times(program())
+    sharded = times(ShardedProgram(program(), {}, mesh))
+    ops = max(len(names), 1)
+    return [max(sharded[0] - plain[0], 0.0) / ops, max(sharded[1] - plain[1], 0.0) / ops]
+
+
+def _dtensor_step(torch: Any, dist: Any, dev: Any, sync: Callable[[], None], mesh: Any,
+                  repeats: int, warmup: int) -> float:
+    """Extra seconds per parameter-holding layer of an Adam step whose parameters are
+    DTensors (strategy plans and FSDP run so), over the same step on plain tensors:
+    :data:`UNITS` linear layers of 16 x 16 (a weight and a bias each) replicated over the
+    mesh, both steps timed back to back in each round, the median over rounds of the
+    difference per layer. Adam on DTensors dispatches every parameter's update through
+    DTensor: the fixed cost dominates a small model's step on a CPU."""
+    import statistics
+
+    from torch import nn
+    from torch.distributed.tensor import Replicate, distribute_tensor
+
+    def adam(wrap: bool) -> Any:
+        torch.manual_seed(0)
+        layers = nn.Sequential(*(nn.Linear(16, 16) for _ in range(UNITS))).to(dev)
+        params = [p.detach().clone() for p in layers.parameters()]
+        if wrap:
+            params = [distribute_tensor(p, mesh, [Replicate()]) for p in params]
+        params = [nn.Parameter(p) for p in params]
+        for p in params:
+            p.grad = torch.ones_like(p)
+        return torch.optim.Adam(params, lr=1e-3)
+
+    plain, wrapped = adam(False), adam(True)
+    per = []
+    for it in range(warmup + max(repeats, 5)):
+        t_plain = _median_seconds(plain.step, sync, 1, 0, dist)
+        t_dt = _median_seconds(wrapped.step, sync, 1, 0, dist)
+        if it >= warmup:
+            per.append((t_dt - t_plain) / UNITS)
+    return max(float(statistics.median(per)), 0.0)
 
 
 def _pipeline_action(torch: Any, dist: Any, dev: Any, sync: Callable[[], None], world: int,

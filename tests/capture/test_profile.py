@@ -68,5 +68,40 @@ def test_profile_times_with_the_benchmark_timer(monkeypatch: pytest.MonkeyPatch)
 
     monkeypatch.setattr(_profile.benchmark, "Timer", spy)
     graph = capture_spec("mlp", batch_size=4, profile=True)
-    assert len(made) == 2 * graph.num_nodes  # a forward and a backward per operator
+    # a forward and a backward per operator, and the loss's (shardplan.capture._loss)
+    assert len(made) == 2 * graph.num_nodes + 2
     assert bool(np.all(graph.fwd_seconds > 0))
+
+
+def test_profile_times_the_runtime_loss_on_the_output_node() -> None:
+    """The loss a run computes is no operator of the model; ``--profile`` measures it (the
+    runtime's loss: nll on the MLP's probabilities, cross-entropy on logits) and names the
+    node producing the output, which the cost model charges (``split_work``)."""
+    from shardplan.cost import loss_charge, split_work
+
+    mlp = capture_spec("mlp", batch_size=16, profile=True)
+    info = mlp.meta["loss"]
+    assert info["function"] == "nll" and info["output"] == mlp.names[-1] == "softmax"
+    assert info["batch_size"] == 16 and info["fwd_seconds"] > 0 and info["bwd_seconds"] > 0
+    tfm = capture_spec("transformer,num_layers=1,vocab_size=512", batch_size=2, seq_len=16,
+                       profile=True)
+    info = tfm.meta["loss"]
+    assert info["function"] == "cross_entropy"
+    node = tfm.names.index(info["output"])
+    assert tfm.ops[node] == "linear" and not np.any(tfm.src == node)  # the head: a sink
+    again = type(tfm).from_dict(tfm.to_dict())  # kept through the file
+    assert loss_charge(again) == (node, info["fwd_seconds"], info["bwd_seconds"])
+    fm, _, bm, _ = split_work(again)
+    assert fm[node] == pytest.approx(tfm.fwd_seconds[node] + info["fwd_seconds"])
+    assert bm[node] == pytest.approx(tfm.bwd_seconds[node] + info["bwd_seconds"])
+    assert "loss" not in capture_spec("mlp", batch_size=16).meta  # measured only
+
+
+def test_profile_loss_of_a_module_level_graph_is_charged_to_the_holding_node() -> None:
+    from shardplan.cost import loss_charge
+
+    graph = capture_spec("transformer,num_layers=1,vocab_size=512", batch_size=2, seq_len=16,
+                         profile=True, granularity="module", atomic="Linear")
+    node, f, b = loss_charge(graph)
+    ops = [op[1] for op in graph.node_extra[node]["ops"]]
+    assert graph.meta["loss"]["output"] in ops and f > 0 and b > 0

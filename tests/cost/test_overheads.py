@@ -17,6 +17,7 @@ from shardplan.cost._overheads import (
     fsdp_unit_chunks,
     fsdp_unit_keys,
     op_overhead,
+    pipeline_action_overhead,
 )
 from shardplan.ir import Device, ExecutionSettings, Graph, Objective, Plan, Stage, Topology
 from shardplan.simulate import simulate
@@ -233,3 +234,65 @@ def test_dispatch_does_not_shrink_when_replicas_split_the_micro_batch() -> None:
     assert st.backward[0].tolist() == pytest.approx([2.025 + 0.225] * 2)
     one = stage_times(CostModel(g, t), np.zeros(3, dtype=np.int64), [[0]], num_stages=1)
     assert one.forward[0, 0] == pytest.approx(2.05) and one.backward[0, 0] == pytest.approx(4.05)
+
+
+def test_dtensor_step_overhead_is_charged_per_layer_where_parameters_are_dtensors() -> None:
+    """Strategies, hybrids and FSDP keep their parameters as DTensors: their optimizer step
+    pays the measured per-layer overhead for every node holding parameters; DDP, plain
+    pipelines and topologies without the field pay nothing (as before)."""
+    g = _graph(True, params=4)  # 4 nodes holding parameters
+    layers = int(np.count_nonzero(g.param_bytes))
+    free, costly = _topo(2), _topo(2, dtensor_step_overhead_seconds=0.5)
+
+    def diff(plan: Plan, sync: str) -> float:
+        s = ExecutionSettings(microbatches=2, optimizer="sgd", gradient_sync=sync)
+        return (simulate(plan.with_settings(s), g, costly).iteration_seconds
+                - simulate(plan.with_settings(s), g, free).iteration_seconds)
+
+    dp = _plan([[0, 1, 2, 3]], [[0, 1]])
+    assert diff(dp, "sharded") == pytest.approx(0.5 * layers)  # FSDP
+    assert diff(dp, "bucketed") == 0.0 and diff(dp, "end") == 0.0  # DDP, flat all-reduce
+    pipe = _plan([[0, 1], [2, 3]], [[0], [1]])
+    assert diff(pipe, "end") == 0.0
+    pase = Plan("g", "t", "pase", (Stage((0, 1, 2, 3), (0, 1)),), Objective("x", 0.0),
+                strategy={str(v): [2] for v in range(4)})
+    assert diff(pase, "end") == pytest.approx(0.5 * layers)  # a strategy: DTensors
+
+
+def test_fixed_costs_measured_under_load_are_not_slowed_twice() -> None:
+    """``topology measure`` times the fixed costs with all its ranks busy, so they already
+    hold that busy slowdown; the simulator multiplies a plan's compute by the slowdown of
+    its devices, so the readers divide the measured one out: a plan on all the measured
+    ranks is charged each overhead as measured (the old readers charged it 2x here)."""
+    g = _graph(True)
+    slow = {"busy_slowdown": {"1": 1.0, "2": 2.0}}
+    plain, costly = _topo(2, **slow), _topo(2, pipeline_action_overhead_seconds=0.1, **slow)
+    assert pipeline_action_overhead(costly, [0, 1]) == pytest.approx(0.05)  # alone
+    s = ExecutionSettings(microbatches=2, optimizer="sgd", gradient_sync="end")
+    dp = _plan([[0, 1, 2, 3]], [[0, 1]]).with_settings(s)  # run by the pipeline runtime
+    diff = simulate(dp, g, costly).iteration_seconds - simulate(dp, g, plain).iteration_seconds
+    assert diff == pytest.approx(2 * 2 * 0.1)  # 2 micro-batches x (F + B), as measured
+    assert op_overhead(_topo(2, op_overhead_seconds=[4e-6, 8e-6], **slow)) == \
+        pytest.approx((2e-6, 4e-6))
+
+
+def test_fsdp_gather_per_byte_cost_is_charged_per_unit_bytes() -> None:
+    """The copies around an FSDP unit's all-gather grow with its parameters: the measured
+    per-byte cost is charged per unit gathered, by the unit's bytes."""
+    mods = ["blocks.0.fc", "blocks.1.fc", "blocks.2.fc", "head"]
+    g = Graph.from_arrays(name="g", fwd_flops=np.zeros(4), src=[0, 1, 2], dst=[1, 2, 3],
+                          fwd_seconds=np.full(4, 1.0), bwd_seconds=np.full(4, 2.0),
+                          param_bytes=[40, 40, 40, 0], modules=mods)
+    settings = ExecutionSettings(microbatches=2, schedule="gpipe", optimizer="sgd",
+                                 gradient_sync="sharded")
+    plan = _plan([[0, 1, 2, 3]], [[0, 1]]).with_settings(settings)
+    free = _topo(2)
+    free = dataclasses.replace(free, bandwidth=np.where(free.bandwidth > 0, 1e30, 0.0),
+                               latency=np.zeros((2, 2)))
+    costly = Topology(name="t", devices=tuple(
+        Device(d.name, d.memory_bytes, d.flops, {"fsdp_gather_seconds_per_byte": 0.01})
+        for d in free.devices), bandwidth=free.bandwidth, latency=free.latency)
+    a = simulate(plan, g, free).iteration_seconds
+    b = simulate(plan, g, costly).iteration_seconds
+    # 3 units of 40 bytes, gathered in each forward and each backward, 2 micro-batches
+    assert b - a == pytest.approx(2 * 2 * 3 * 40 * 0.01)
