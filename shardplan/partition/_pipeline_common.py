@@ -273,8 +273,9 @@ def pipeline_lower_bound(model: CostModel, num_stages: int, num_replicas: int,
     here: the linear relaxation of "a fronted subgraph holding between lo and hi of the
     memory (or parameters)" contains the uniform fractional subgraph, every node at the
     same fraction, which cuts no edge; Lagrangian multipliers on those limits reach at best
-    that relaxation (closure polytopes are integral), so they too bound the sends by 0. ``0`` terms where the topology has measured
-    collective curves (they need not be linear in the bytes). The all-reduce terms are
+    that relaxation (closure polytopes are integral), so they too bound the sends by 0.
+    ``0`` terms where the topology has measured collective curves (they need not be linear
+    in the bytes). The all-reduce terms are
     rounded down by 1e-12 relative (the plan's value sums them in another order). Not from
     the papers. O(n + S R).
     """

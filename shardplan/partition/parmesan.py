@@ -225,18 +225,18 @@ def partition_shape(graph: Graph, topology: Topology, model: CostModel,
         def devices(a: np.ndarray) -> np.ndarray:  # a start may have fewer stages than S
             return placement(int(a.max()) + 1, num_replicas)
 
-        def value(a: np.ndarray) -> float:
+        def objective_of(a: np.ndarray) -> float:
             k = int(a.max()) + 1
             return stage_times(model, a, devices(a), num_stages=k, order=range(k)).value(view)
 
-        ranked = sorted((c for c in cands if c[1].max() > 0), key=lambda c: value(c[1]))
+        ranked = sorted((c for c in cands if c[1].max() > 0), key=lambda c: objective_of(c[1]))
         for name, a in ranked[:DESCENT_STARTS]:
             if check():
                 break
-            out, more = descend(model, a, devices(a), view, check=check)
+            descended, more = descend(model, a, devices(a), view, check=check)
             stats.update({f"{k}_{name}": v for k, v in more.items()})
             if more["descent_moves"]:
-                cands.append((f"{name}_descent", out))
+                cands.append((f"{name}_descent", descended))
     if not cands:
         stats["dp"] = "timed_out"
         order = graph.topological_order

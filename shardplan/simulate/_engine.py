@@ -304,9 +304,10 @@ def recv_positions(schedule: Schedule) -> dict[tuple[str, int, int], int]:
                     if c is not None:
                         kind, stage = c
                         dst = rank_of[stage]
-                        prev[dst].add(("RECV_F" if kind == FORWARD else "RECV_B", stage,
-                                       a.microbatch))
-                        out[(kind, stage, int(a.microbatch))] = done[dst]
+                        mb = a.microbatch
+                        assert mb is not None  # compute actions name their micro-batch
+                        prev[dst].add(("RECV_F" if kind == FORWARD else "RECV_B", stage, mb))
+                        out[(kind, stage, int(mb))] = done[dst]
                 done[r] += len(leaves)
             todo[r].pop(0)
             if not todo[r]:
