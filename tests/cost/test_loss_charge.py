@@ -91,3 +91,25 @@ def test_a_strategy_computes_the_whole_loss_on_every_device() -> None:
     base = simulate(plan, _graph(), topo).iteration_seconds
     more = simulate(plan, _graph(LOSS), topo).iteration_seconds
     assert more - base == pytest.approx(3 * (LF + LB))
+
+
+@pytest.mark.parametrize("field,value", [("fwd_seconds", float("nan")),
+                                         ("bwd_seconds", float("inf")),
+                                         ("fwd_seconds", -1e-3), ("bwd_seconds", -1e-3),
+                                         ("batch_size", 1e-320)])  # scale overflows
+def test_a_loss_with_a_bad_number_is_not_charged(field, value) -> None:
+    assert loss_charge(_graph({**LOSS, field: value})) is None
+
+
+def test_a_free_loss_is_charged_as_zero() -> None:
+    assert loss_charge(_graph({**LOSS, "fwd_seconds": 0.0, "bwd_seconds": 0.0})) == (
+        2, 0.0, 0.0)
+
+
+def test_a_module_level_graph_without_the_output_operator_charges_nothing() -> None:
+    g = _graph(LOSS).replace(names=["a", "b", "c"], node_extra=[
+        {"ops": [[0, "x", "aten.mm", "m"]]}, {"ops": []}, {}])
+    assert loss_charge(g) is None
+    g = g.replace(node_extra=[{"ops": [[0, "x", "aten.mm", "m"]]}, {},
+                              {"ops": [[1, "head", "aten.mm", "m"]]}])
+    assert loss_charge(g) == (2, LF, LB)
