@@ -138,11 +138,13 @@ def test_fsdp_units_follow_the_runtime_wrapping() -> None:
     assert b == [(4.0, pytest.approx(3 / 7)), (5.0, 1.0)]
 
 
-def test_fsdp_gather_overhead_is_charged_per_unit_and_micro_batch() -> None:
+def _fsdp_extra_seconds(unit_bytes: int, field: str, value: float) -> float:
+    """Simulated seconds a measured FSDP field adds to one replicated stage of three FSDP
+    units of ``unit_bytes`` parameter bytes each (GPipe, 2 micro-batches, free links)."""
     mods = ["blocks.0.fc", "blocks.1.fc", "blocks.2.fc", "head"]
     g = Graph.from_arrays(name="g", fwd_flops=np.zeros(4), src=[0, 1, 2], dst=[1, 2, 3],
                           fwd_seconds=np.full(4, 1.0), bwd_seconds=np.full(4, 2.0),
-                          param_bytes=[4, 4, 4, 0], modules=mods)
+                          param_bytes=[unit_bytes] * 3 + [0], modules=mods)
     settings = ExecutionSettings(microbatches=2, schedule="gpipe", optimizer="sgd",
                                  gradient_sync="sharded")
     plan = _plan([[0, 1, 2, 3]], [[0, 1]]).with_settings(settings)
@@ -150,12 +152,15 @@ def test_fsdp_gather_overhead_is_charged_per_unit_and_micro_batch() -> None:
     free = dataclasses.replace(free, bandwidth=np.where(free.bandwidth > 0, 1e30, 0.0),
                                latency=np.zeros((2, 2)))
     costly = Topology(name="t", devices=tuple(
-        Device(d.name, d.memory_bytes, d.flops, {"fsdp_gather_overhead_seconds": 0.25})
+        Device(d.name, d.memory_bytes, d.flops, {field: value})
         for d in free.devices), bandwidth=free.bandwidth, latency=free.latency)
-    a = simulate(plan, g, free).iteration_seconds
-    b = simulate(plan, g, costly).iteration_seconds
+    return simulate(plan, g, costly).iteration_seconds - simulate(plan, g, free).iteration_seconds
+
+
+def test_fsdp_gather_overhead_is_charged_per_unit_and_micro_batch() -> None:
     # 3 units: 3 gathers in each forward and 3 in each backward, 2 micro-batches
-    assert b - a == pytest.approx(2 * (3 + 3) * 0.25)
+    assert _fsdp_extra_seconds(4, "fsdp_gather_overhead_seconds", 0.25) == pytest.approx(
+        2 * (3 + 3) * 0.25)
 
 
 def test_dtensor_overhead_is_charged_per_node_of_strategy_plans_only() -> None:
@@ -279,20 +284,6 @@ def test_fixed_costs_measured_under_load_are_not_slowed_twice() -> None:
 def test_fsdp_gather_per_byte_cost_is_charged_per_unit_bytes() -> None:
     """The copies around an FSDP unit's all-gather grow with its parameters: the measured
     per-byte cost is charged per unit gathered, by the unit's bytes."""
-    mods = ["blocks.0.fc", "blocks.1.fc", "blocks.2.fc", "head"]
-    g = Graph.from_arrays(name="g", fwd_flops=np.zeros(4), src=[0, 1, 2], dst=[1, 2, 3],
-                          fwd_seconds=np.full(4, 1.0), bwd_seconds=np.full(4, 2.0),
-                          param_bytes=[40, 40, 40, 0], modules=mods)
-    settings = ExecutionSettings(microbatches=2, schedule="gpipe", optimizer="sgd",
-                                 gradient_sync="sharded")
-    plan = _plan([[0, 1, 2, 3]], [[0, 1]]).with_settings(settings)
-    free = _topo(2)
-    free = dataclasses.replace(free, bandwidth=np.where(free.bandwidth > 0, 1e30, 0.0),
-                               latency=np.zeros((2, 2)))
-    costly = Topology(name="t", devices=tuple(
-        Device(d.name, d.memory_bytes, d.flops, {"fsdp_gather_seconds_per_byte": 0.01})
-        for d in free.devices), bandwidth=free.bandwidth, latency=free.latency)
-    a = simulate(plan, g, free).iteration_seconds
-    b = simulate(plan, g, costly).iteration_seconds
     # 3 units of 40 bytes, gathered in each forward and each backward, 2 micro-batches
-    assert b - a == pytest.approx(2 * 2 * 3 * 40 * 0.01)
+    assert _fsdp_extra_seconds(40, "fsdp_gather_seconds_per_byte", 0.01) == pytest.approx(
+        2 * 2 * 3 * 40 * 0.01)
