@@ -121,18 +121,17 @@ def child(spec: dict) -> dict:
 
         plan = res.plan
         k, r = plan.num_stages, plan.num_replicas
-        st = stage_times(CostModel.from_settings(graph, topo, plan.settings),
-                         plan.assignment(graph.num_nodes), placement(k, r), num_stages=k,
-                         order=range(k))
+        model = CostModel.from_settings(graph, topo, plan.settings)
+        a = plan.assignment(graph.num_nodes)
+        st = stage_times(model, a, placement(k, r), num_stages=k, order=range(k))
         worst = int(st.stage_seconds("overlap").argmax())
         out.update(compute=float(st.compute[worst].max()), send=float(st.send[worst].max()),
                    allreduce=float(st.allreduce[worst] / st.factor))
         # the same split with each replica's stages on neighbouring devices (device r S + s):
         # what a mapping could make of it, in the same model
         rmajor = np.arange(k * r, dtype=np.int64).reshape(r, k).T
-        out["replica_major"] = float(stage_times(
-            CostModel.from_settings(graph, topo, plan.settings), plan.assignment(
-                graph.num_nodes), rmajor, num_stages=k, order=range(k)).value("overlap"))
+        out["replica_major"] = float(stage_times(model, a, rmajor, num_stages=k,
+                                                 order=range(k)).value("overlap"))
     return out
 
 
