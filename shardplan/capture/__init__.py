@@ -73,7 +73,10 @@ def capture(
         Module class names (``"Linear,TransformerEncoderLayer"``); module granularity only.
     profile : bool
         Also measure every node's forward and backward seconds on this machine (real compute,
-        about eight training steps of the model).
+        about fourteen training steps of the model): operators timed one at a time
+        (:func:`~shardplan.capture._profile.profile_ops`), scaled per pass to the whole
+        model's forward and backward (:func:`~shardplan.capture._profile.scale_to_model`;
+        the factors in ``meta["profile_scale"]``).
     mode : {"train", "eval"}
         The model mode traced: train (dropout, batch statistics; what the planner plans) or
         eval.
@@ -135,10 +138,14 @@ def capture(
         cap = capture_ops(model, ep, module_prefix=prefix, progress=progress)
         seconds = None
         loss_cost = None
+        profile_scale = None
         if profile:
-            from shardplan.capture._profile import profile_ops
+            from shardplan.capture._profile import model_step_seconds, profile_ops, scale_to_model
 
-            seconds = profile_ops(ep, cap, model, inputs, progress=progress)
+            fwd_s, bwd_s = profile_ops(ep, cap, model, inputs, progress=progress)
+            fwd_s, bwd_s, profile_scale = scale_to_model(
+                fwd_s, bwd_s, *model_step_seconds(model, inputs))
+            seconds = (fwd_s, bwd_s)
             if cap.outputs:
                 from shardplan.capture._loss import profile_loss
 
@@ -158,6 +165,8 @@ def capture(
         meta["flop_fallbacks"] = cap.flop_methods
     if loss_cost is not None:
         meta["loss"] = loss_cost
+    if profile_scale is not None:
+        meta["profile_scale"] = profile_scale
     graph = ops_to_graph(cap, name=name, batch_size=batch_size, meta=meta, seconds=seconds)
     captured = int(graph.param_bytes.sum())
     if captured != param_total:  # parameters no operator reads (unused modules)

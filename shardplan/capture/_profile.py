@@ -16,13 +16,14 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 from torch.utils import _pytree as pytree
 from torch.utils import benchmark
 
 from shardplan.capture._export import OpCapture
 
-__all__ = ["profile_ops"]
+__all__ = ["model_step_seconds", "profile_ops", "scale_to_model"]
 
 
 def _program_args(ep: torch.export.ExportedProgram, example_inputs: Sequence[Any]
@@ -173,3 +174,106 @@ def profile_ops(ep: torch.export.ExportedProgram, cap: OpCapture, model: torch.n
         return interp.fwd, interp.bwd
     finally:
         torch.set_num_threads(old_threads)
+
+
+def model_step_seconds(model: torch.nn.Module, example_inputs: Sequence[Any], *,
+                       repeats: int = 5) -> tuple[float, float]:
+    """Forward and backward seconds of the whole model, run as a training step runs it.
+
+    Each of ``repeats + 1`` steps (the first a warm-up) clears the parameters' gradients
+    (untimed, as an optimizer's ``zero_grad`` does), runs the forward with autograd
+    recording, then the backward of the model's floating outputs (a gradient of ones) into
+    fresh ``.grad`` tensors, the inputs not needing a gradient: a run's order and cache
+    state, which operators timed one at a time on warm caches miss. Each pass is timed by
+    ``time.perf_counter`` with CUDA synchronised around it; the medians are kept. One
+    intra-op thread, as :func:`profile_ops`.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        The captured model, in the mode it was captured in. Its buffers (train-mode
+        statistics), parameter gradients and random state are restored afterwards.
+    example_inputs : sequence
+        The capture's inputs.
+    repeats : int
+        Timed steps.
+
+    Returns
+    -------
+    (float, float)
+        Forward seconds, and backward seconds (0 when no output carries a gradient).
+
+    Notes
+    -----
+    Why (``benchmarks/calibration_breakdown.py``): operators timed one at a time sum to
+    less than the model's forward (paper 000's MLP at 64 samples: 1.7 against 1.9 ms; a
+    small transformer: 4.3 against 5.0 ms) and, each backward a separate ``autograd.grad``
+    call, to more than its backward (4.6 against 3.1 ms; 10.2 against 8.8 ms).
+    :func:`shardplan.capture.capture` scales the operators' times to these totals
+    (:func:`scale_to_model`), keeping their proportions. Cost: ``repeats + 1`` training
+    steps of the model, without the optimizer.
+    """
+    import time
+
+    buffers = [(b, b.detach().clone()) for b in model.buffers()]
+    grads = [(p, p.grad) for p in model.parameters()]
+    params = [p for p in model.parameters() if p.requires_grad]
+    inputs = tuple(t.detach() if isinstance(t, torch.Tensor) else t for t in example_inputs)
+    cuda = any(p.is_cuda for p in model.parameters()) or any(
+        isinstance(t, torch.Tensor) and t.is_cuda for t in inputs)
+
+    def now() -> float:
+        if cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+    fwd: list[float] = []
+    bwd: list[float] = []
+    old_threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    with torch.random.fork_rng(devices=[]):
+        try:
+            for step in range(max(int(repeats), 1) + 1):
+                for p in params:
+                    p.grad = None
+                t0 = now()
+                out = model(*inputs)
+                t1 = now()
+                outs = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)
+                        and t.is_floating_point() and t.requires_grad]
+                ones = [torch.ones_like(t) for t in outs]
+                t2 = now()
+                if outs:
+                    torch.autograd.backward(outs, ones)
+                t3 = now()
+                if step:  # the first step warms up
+                    fwd.append(t1 - t0)
+                    bwd.append(t3 - t2 if outs else 0.0)
+                del out, outs, ones
+        finally:
+            with torch.no_grad():
+                for b, saved in buffers:
+                    b.copy_(saved)
+            for p, g in grads:
+                p.grad = g
+            torch.set_num_threads(old_threads)
+    return float(np.median(fwd)), float(np.median(bwd))
+
+
+def scale_to_model(fwd: Sequence[float], bwd: Sequence[float], model_fwd: float,
+                   model_bwd: float) -> tuple[list[float], list[float], dict[str, float]]:
+    """The operators' seconds scaled so that each pass sums to the whole model's
+    (:func:`model_step_seconds`), keeping their proportions; a pass whose operators sum to
+    0 or whose model time is not positive is left as it is (factor 1).
+
+    Returns ``(fwd, bwd, record)``, ``record`` the graph's ``meta["profile_scale"]``:
+    ``{"fwd": factor, "bwd": factor, "model_fwd_seconds", "model_bwd_seconds"}``. O(n).
+    """
+    def factor(parts: Sequence[float], total: float) -> float:
+        s = float(sum(parts))
+        return total / s if s > 0 and total > 0 else 1.0
+
+    ff, fb = factor(fwd, model_fwd), factor(bwd, model_bwd)
+    return ([t * ff for t in fwd], [t * fb for t in bwd],
+            {"fwd": ff, "bwd": fb, "model_fwd_seconds": float(model_fwd),
+             "model_bwd_seconds": float(model_bwd)})

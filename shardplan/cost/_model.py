@@ -231,6 +231,31 @@ class CostModel:
         return fm, np.where(ff > 0, tf * peak[ref], 0.0), bm, \
             np.where(bf > 0, tb * peak[ref], 0.0)
 
+    @cached_property
+    def accumulation_seconds(self) -> np.ndarray:
+        """Per node, the seconds a backward spends adding its parameters' gradients into
+        those of the iteration's earlier micro-batches, averaged over the settings'
+        micro-batches, shape (n,): every backward but a device's first of an iteration adds
+        in place (autograd accumulates into ``.grad``; the first one's result is kept as it
+        is), reading both and writing one, ``3 P / memory_bandwidth`` for ``P`` parameter
+        bytes at the slowest device's bandwidth, so ``3 P (m - 1) / (m bandwidth)`` per
+        micro-batch. Paper 000's MLP on one CPU core: a backward of 64 samples takes 2.6 ms
+        into fresh gradients and 3.1 ms accumulating (7.4 MB of them, 15 GB/s). Zeros without
+        a memory bandwidth or with one micro-batch. Not part of the node's work (the
+        planners' own models, PipeDream's, leave it out): :func:`shardplan.cost.stage_times`,
+        the mapping and Parmesan's refinement add it to every replica's backward in full
+        (each replica accumulates all its gradients). O(n)."""
+        n = self.graph.num_nodes
+        topo = self.topology
+        m = int(self.settings.microbatches)
+        if topo is None or topo.num_devices == 0 or m <= 1:
+            return np.zeros(n)
+        membw = topo.device_memory_bandwidth
+        known = np.isfinite(membw) & (membw > 0)
+        if not known.any():
+            return np.zeros(n)
+        return 3.0 * self.graph.param_bytes * (m - 1) / (m * float(membw[known].min()))
+
     def _topo(self) -> Topology:
         if self.topology is None:
             raise ShardplanError("this cost needs a topology")
@@ -267,6 +292,47 @@ class CostModel:
         fwd = work_seconds(fm, ff, speed, rate)
         bwd = work_seconds(bm, bf, speed, rate)
         return fwd, (bwd + fwd if self.recompute else bwd)
+
+    @cached_property
+    def replica_fixed(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per node, the forward and backward seconds that do not shrink when a stage's R
+        replicas split the micro-batch, shape (n,) each: a replica computes its share
+        ``1 / R`` of the rest and all of these (``shardplan.cost.stage_times``, the mapping
+        and Parmesan's refinement read them here). Per node, at most its time on the fastest
+        device (the roofline's reference):
+
+        - the topology's measured per-operator overhead (:func:`op_overhead`: dispatch and
+          autograd, paid once per operator whatever the batch);
+        - reading its parameters at the devices' memory bandwidth (``memory_bandwidth``, the
+          slowest device's), once in the forward and twice in the backward (the input
+          gradient reads them, the weight gradient writes as many bytes): a share of the
+          batch still reads every weight. Paper 000's MLP on one CPU core: 1.85 ms forward
+          at 64 samples and 1.23 ms at 32, against 0.93 if all of it shrank with the share.
+
+        The backward part leaves out a recomputed forward (the forward's part counts
+        twice then). Zeros without either measurement. O(n).
+        """
+        n = self.graph.num_nodes
+        topo = self.topology
+        if topo is None or topo.num_devices == 0:
+            return np.zeros(n), np.zeros(n)
+        of, ob = op_overhead(topo)
+        membw = topo.device_memory_bandwidth
+        known = np.isfinite(membw) & (membw > 0)
+        if of <= 0 and ob <= 0 and not known.any():
+            return np.zeros(n), np.zeros(n)
+        nf, nb = self.node_seconds(int(np.argmax(topo.device_flops)))
+        if self.recompute:
+            nb = nb - nf
+        read = self.graph.param_bytes / float(membw[known].min()) if known.any() \
+            else np.zeros(n)
+        return np.minimum(nf, of + read), np.minimum(nb, ob + 2.0 * read)
+
+    def replica_fixed_total(self) -> np.ndarray:
+        """Per node, :attr:`replica_fixed`'s forward plus backward seconds (the forward
+        twice under recomputation), shape (n,). O(n)."""
+        ff, fb = self.replica_fixed
+        return ff * (2.0 if self.recompute else 1.0) + fb
 
     def stage_compute_seconds(self, nodes: Sequence[int] | np.ndarray,
                               device: int) -> tuple[float, float]:

@@ -382,9 +382,11 @@ def stage_times(model: Any, assignment: Sequence[int] | np.ndarray, stage_device
     share = 1.0 / reps[:, None]
     fwd = work_seconds(fm[:, None], ff[:, None], speed, rate) * share
     bwd = work_seconds(bm[:, None], bf[:, None], speed, rate) * share
-    fixed_f, fixed_b = _fixed_per_stage(model, a, k, d0[:, 0], reps)
-    fwd = fwd + fixed_f[:, None] * (1.0 - share)  # dispatch does not shrink with the share
+    fixed_f, fixed_b = (np.bincount(a, weights=w, minlength=k) for w in model.replica_fixed)
+    fwd = fwd + fixed_f[:, None] * (1.0 - share)  # dispatch, weight reads: not shared
     bwd = bwd + fixed_b[:, None] * (1.0 - share)
+    # every replica accumulates all its gradients over the micro-batches
+    bwd = bwd + np.bincount(a, weights=model.accumulation_seconds, minlength=k)[:, None]
     if model.recompute:
         bwd = bwd + fwd
     fwd, bwd = np.where(mask, fwd, 0.0), np.where(mask, bwd, 0.0)
@@ -444,30 +446,6 @@ def stage_times(model: Any, assignment: Sequence[int] | np.ndarray, stage_device
         optimizer=opt, memory=mem, capacity=cap, in_flight=flight, traffic_bytes=tb,
         traffic_tensors=tt, param_bytes=params, messages=msgs,
         microbatches=int(settings.microbatches), num_ranks=int(num_ranks))
-
-
-def _fixed_per_stage(model: Any, a: np.ndarray, k: int, first: np.ndarray,
-                     reps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per stage, the forward and backward seconds of its nodes that do not shrink when
-    replicas split the micro-batch: each node's time up to the topology's measured
-    per-operator overhead (:func:`~shardplan.cost._overheads.op_overhead`: dispatch and
-    autograd, paid once per operator whatever the batch), on the stage's first device.
-    Zeros without the measurement or without replicas. O(n) per distinct device."""
-    from shardplan.cost._overheads import op_overhead
-
-    fixed_f, fixed_b = np.zeros(k), np.zeros(k)
-    of, ob = op_overhead(model.topology)
-    if (of <= 0 and ob <= 0) or not np.any(reps > 1):
-        return fixed_f, fixed_b
-    for d in np.unique(first).tolist():
-        nf, nb = model.node_seconds(int(d))
-        if model.recompute:  # the backward's own time, without the recomputed forward
-            nb = nb - nf
-        rows = first == d
-        f = np.bincount(a, weights=np.minimum(nf, of), minlength=k)
-        b = np.bincount(a, weights=np.minimum(nb, ob), minlength=k)
-        fixed_f[rows], fixed_b[rows] = f[rows], b[rows]
-    return fixed_f, fixed_b
 
 
 def pipeline_positions(graph: Any, assignment: np.ndarray, k: int) -> tuple[int, ...]:

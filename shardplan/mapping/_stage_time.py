@@ -44,7 +44,9 @@ search's partial times stay lower bounds. ``allreduce`` charges no transfers: co
 changes nothing there and is off. The objective name then ends in ``_contention``.
 
 ``C[s, d]`` is the replica's share (1/R) of the stage's forward + backward seconds on device
-d, ``M[s, s']`` the bytes per replica of the tensors between the two stages (each tensor
+d, plus what does not shrink with the share and the gradient accumulation
+(:attr:`~shardplan.cost.CostModel.replica_fixed`,
+:attr:`~shardplan.cost.CostModel.accumulation_seconds`, as ``stage_times``), ``M[s, s']`` the bytes per replica of the tensors between the two stages (each tensor
 once per receiving stage, both directions), ``T`` their count, ``P(s)`` the stage's parameter
 bytes, the ring the replicas in order ``s_0 .. s_R-1, s_0``. A replica on a device without
 the memory its stage needs takes ``inf``. Decisions where the paper is silent: equation 6
@@ -90,7 +92,8 @@ class MappingProblem:
     Attributes
     ----------
     compute : ndarray, shape (S, D)
-        A replica's forward + backward seconds for stage s on device d (its 1/R share).
+        A replica's forward + backward seconds for stage s on device d (its 1/R share, and
+        the parts that do not shrink with it: module docstring).
     stage_bytes : ndarray, shape (S, S)
         Symmetric: bytes per replica of the tensors between stages s and s' (either
         direction).
@@ -274,7 +277,9 @@ def build_problem(plan: Plan, graph: Graph, topology: Topology, *,
     cm = CostModel.from_settings(graph, topology, settings)
     g = cm.graph
     a = plan.assignment(graph.num_nodes)
-    compute = cm.compute_matrix(a, s_count) / r
+    fixed = np.bincount(a, weights=cm.replica_fixed_total(), minlength=s_count)
+    accumulate = np.bincount(a, weights=cm.accumulation_seconds, minlength=s_count)
+    compute = cm.compute_matrix(a, s_count) / r + (fixed * (1.0 - 1.0 / r) + accumulate)[:, None]
     b, t = stage_traffic(g, a, s_count)
     adj = graph.stage_adjacency(a, s_count)
     params = np.bincount(a, weights=g.param_bytes.astype(np.float64), minlength=s_count)

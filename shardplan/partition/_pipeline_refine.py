@@ -66,6 +66,10 @@ class StageState:
             bm, bf = bm + fm, bf + ff
         self.meas = fm + bm
         self.flops = ff + bf
+        # not shared by replicas: part of the node's time (dispatch, weight reads), and the
+        # gradient accumulation every replica adds in full
+        self.fixed = model.replica_fixed_total() * (1.0 - 1.0 / self.r) \
+            + model.accumulation_seconds
         self.params = graph.param_bytes.astype(np.float64)
         self.outb = graph.output_bytes.astype(np.float64)
         self.inb = np.where(graph.in_degree == 0, self.outb, 0.0)
@@ -74,6 +78,7 @@ class StageState:
         a = self.a
         self.s_meas = np.bincount(a, weights=self.meas, minlength=k)
         self.s_flops = np.bincount(a, weights=self.flops, minlength=k)
+        self.s_fixed = np.bincount(a, weights=self.fixed, minlength=k)
         self.s_params = np.bincount(a, weights=self.params, minlength=k)
         self.s_extra = np.bincount(a, weights=self.extra, minlength=k)
         self.s_out = np.bincount(a, weights=self.outb, minlength=k)
@@ -129,7 +134,7 @@ class StageState:
         """The view's stage times of the current partition, ``inf`` when not fitting."""
         r = self.r
         comp = work_seconds(self.s_meas[:, None], self.s_flops[:, None], self.speed,
-                            self.rate) / r  # (k, U)
+                            self.rate) / r + self.s_fixed[:, None]  # (k, U)
         send, recv = self.comm()  # (U, k)
         s = self.settings
         sharded = s.gradient_sync == "sharded"
@@ -235,13 +240,14 @@ class StageState:
             sums = []
             for arr, w in ((self.s_meas, self.meas), (self.s_flops, self.flops),
                            (self.s_out, self.outb), (self.s_params, self.params),
-                           (self.s_extra, self.extra), (self.s_in, self.inb)):
+                           (self.s_extra, self.extra), (self.s_in, self.inb),
+                           (self.s_fixed, self.fixed)):
                 x: np.ndarray = np.repeat(arr[None], c, axis=0)
                 x[ci, src] -= w[vs]
                 x[ci, dst] += w[vs]
                 sums.append(x)
-            meas, flops, out, params, extra, inb = sums
-            secs = self._batch_seconds(bm, tm, meas, flops, out, params, extra, inb)
+            meas, flops, out, params, extra, inb, fixed = sums
+            secs = self._batch_seconds(bm, tm, meas, flops, out, params, extra, inb, fixed)
             worst = secs.max(axis=1)
             total = bm.sum(axis=(1, 2))
             keys.extend(zip(worst.tolist(), total.tolist(), strict=True))
@@ -249,11 +255,12 @@ class StageState:
 
     def _batch_seconds(self, bm: np.ndarray, tm: np.ndarray, meas: np.ndarray,
                        flops: np.ndarray, out: np.ndarray, params: np.ndarray,
-                       extra: np.ndarray, inb: np.ndarray) -> np.ndarray:
+                       extra: np.ndarray, inb: np.ndarray, fixed: np.ndarray) -> np.ndarray:
         """:meth:`stage_seconds` of a batch of states (leading axis), shape (C, k)."""
         r = self.r
         comp = work_seconds(meas[:, :, None], flops[:, :, None], self.speed[None],
-                            self.rate[None]) / r  # (C, k, U)
+                            self.rate[None]) / r \
+            + fixed[:, :, None]  # (C, k, U)
         b = (bm / r)[:, None]
         tt = tm[:, None]
         f = message_seconds(tt, self.lat[None], b, self.ib[None])  # (C, U, k, k)
@@ -313,7 +320,8 @@ class StageState:
             self._contrib(v, t, 1.0)
         for arr, w in ((self.s_meas, self.meas[v]), (self.s_flops, self.flops[v]),
                        (self.s_out, self.outb[v]), (self.s_params, self.params[v]),
-                       (self.s_extra, self.extra[v]), (self.s_in, self.inb[v])):
+                       (self.s_extra, self.extra[v]), (self.s_in, self.inb[v]),
+                       (self.s_fixed, self.fixed[v])):
             arr[src] -= w
             arr[dst] += w
         self.count[src] -= 1

@@ -105,3 +105,48 @@ def test_profile_loss_of_a_module_level_graph_is_charged_to_the_holding_node() -
     node, f, b = loss_charge(graph)
     ops = [op[1] for op in graph.node_extra[node]["ops"]]
     assert graph.meta["loss"]["output"] in ops and f > 0 and b > 0
+
+
+def test_profile_sums_to_the_whole_model_step() -> None:
+    """Operators timed one at a time are scaled, per pass, to the whole model's forward and
+    backward timed as a training step runs them; the factors are recorded."""
+    graph = capture_spec("mlp", batch_size=16, profile=True)
+    scale = graph.meta["profile_scale"]
+    assert scale["model_fwd_seconds"] > 0 and scale["model_bwd_seconds"] > 0
+    assert graph.fwd_seconds.sum() == pytest.approx(scale["model_fwd_seconds"], rel=1e-9)
+    assert graph.bwd_seconds.sum() == pytest.approx(scale["model_bwd_seconds"], rel=1e-9)
+    assert scale["fwd"] > 0 and scale["bwd"] > 0
+    again = type(graph).from_dict(graph.to_dict())
+    assert again.meta["profile_scale"] == scale
+
+
+def test_scale_to_model_keeps_proportions_and_leaves_empty_passes() -> None:
+    from shardplan.capture._profile import scale_to_model
+
+    fwd, bwd, rec = scale_to_model([1.0, 3.0], [0.0, 0.0], 8.0, 5.0)
+    assert fwd == pytest.approx([2.0, 6.0]) and bwd == [0.0, 0.0]
+    assert rec == {"fwd": 2.0, "bwd": 1.0, "model_fwd_seconds": 8.0, "model_bwd_seconds": 5.0}
+    fwd, _, rec = scale_to_model([1.0, 3.0], [1.0], 0.0, 2.0)
+    assert fwd == [1.0, 3.0] and rec["fwd"] == 1.0 and rec["bwd"] == 2.0
+
+
+def test_model_step_restores_the_model() -> None:
+    """Timing the whole model's step leaves its buffers, gradients and the random state as
+    they were, and times a backward only where an output carries a gradient."""
+    from shardplan.capture import build_model
+    from shardplan.capture._profile import model_step_seconds
+
+    model, inputs, _ = build_model("torchvision:resnet18", batch_size=2, image_size=32)
+    model.train()
+    before = model.bn1.running_mean.clone()
+    model.fc.weight.grad = torch.ones_like(model.fc.weight)
+    state = torch.random.get_rng_state()
+    fwd, bwd = model_step_seconds(model, inputs, repeats=1)
+    assert fwd > 0 and bwd > 0
+    assert torch.equal(model.bn1.running_mean, before)
+    assert torch.equal(model.fc.weight.grad, torch.ones_like(model.fc.weight))
+    assert model.conv1.weight.grad is None
+    assert torch.equal(torch.random.get_rng_state(), state)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    assert model_step_seconds(model, inputs, repeats=1)[1] == 0.0

@@ -241,6 +241,79 @@ def test_dispatch_does_not_shrink_when_replicas_split_the_micro_batch() -> None:
     assert one.forward[0, 0] == pytest.approx(2.05) and one.backward[0, 0] == pytest.approx(4.05)
 
 
+@pytest.mark.parametrize("recompute", [False, True])
+def test_weight_reads_do_not_shrink_when_replicas_split_the_micro_batch(recompute) -> None:
+    """A replica's share of the batch still reads every weight: per node, its parameter
+    bytes at the memory bandwidth in the forward and twice that in the backward, with the
+    per-operator overhead, at most the node's time, are paid in full by every replica."""
+    from shardplan.cost import stage_times
+
+    g = Graph.from_arrays(name="g", fwd_flops=np.zeros(3), src=[0, 1], dst=[1, 2],
+                          fwd_seconds=[1.0, 0.05, 1.0], bwd_seconds=[2.0, 0.05, 2.0],
+                          param_bytes=[300, 0, 5000])
+    t = _topo(2, op_overhead_seconds=[0.1, 0.2], memory_bandwidth=1000.0)
+    cm = CostModel(g, t, recompute=recompute)
+    ff, fb = cm.replica_fixed
+    # node 0: 0.1 + 0.3 forward, 0.2 + 0.6 backward; node 1 capped at its 0.05; node 2:
+    # 5 s of reads capped at its 1 and 2 s
+    assert ff.tolist() == pytest.approx([0.4, 0.05, 1.0])
+    assert fb.tolist() == pytest.approx([0.8, 0.05, 2.0])
+    assert cm.replica_fixed_total().tolist() == pytest.approx(
+        (ff * (2 if recompute else 1) + fb).tolist())
+    st = stage_times(cm, np.zeros(3, dtype=np.int64), [[0, 1]], num_stages=1)
+    fwd = 2.05 / 2 + 1.45 / 2
+    # and each replica accumulates all its gradients: 7 of the default 8 micro-batches'
+    # backwards read two copies of 5,300 bytes and write one
+    accumulate = 3 * 5300 * 7 / 8 / 1000.0
+    assert cm.accumulation_seconds.sum() == pytest.approx(accumulate)
+    bwd = 4.05 / 2 + 2.85 / 2 + accumulate + (fwd if recompute else 0.0)
+    assert st.forward[0].tolist() == pytest.approx([fwd] * 2)
+    assert st.backward[0].tolist() == pytest.approx([bwd] * 2)
+    # without a bandwidth, the overhead alone; with neither, nothing is fixed
+    none = CostModel(g, _topo(2, op_overhead_seconds=[0.1, 0.2]), recompute=recompute)
+    assert none.replica_fixed[0].tolist() == pytest.approx([0.1, 0.05, 0.1])
+    assert not CostModel(g, _topo(2)).replica_fixed[1].any()
+
+
+@pytest.mark.parametrize("micro", [1, 4])
+def test_gradient_accumulation_is_charged_to_every_backward_and_replica(micro) -> None:
+    """Every backward of an iteration but the first adds its gradients into the earlier
+    ones (3 P bytes at the memory bandwidth); replicas each accumulate all of theirs, and
+    the simulated iteration pays it once per later micro-batch."""
+    from shardplan.cost import stage_times
+
+    g = Graph.from_arrays(name="g", fwd_flops=np.zeros(2), src=[0], dst=[1],
+                          fwd_seconds=[1.0, 1.0], bwd_seconds=[2.0, 2.0],
+                          param_bytes=[400, 200])
+    t = _topo(2, memory_bandwidth=1000.0)
+    settings = ExecutionSettings(microbatches=micro, optimizer="sgd")
+    cm = CostModel.from_settings(g, t, settings)
+    per_mb = 3 * 600 * (micro - 1) / micro / 1000.0
+    assert cm.accumulation_seconds.sum() == pytest.approx(per_mb)
+    one = stage_times(cm, np.zeros(2, dtype=np.int64), [[0]], num_stages=1)
+    assert one.backward[0, 0] == pytest.approx(4.0 + per_mb)
+    two = stage_times(cm, np.zeros(2, dtype=np.int64), [[0, 1]], num_stages=1)
+    read = 2 * 600 / 1000.0  # the backward's weight reads, not shrinking either
+    assert two.backward[0].tolist() == pytest.approx([2.0 + read / 2 + per_mb] * 2)
+    sim = simulate(_plan([[0, 1]], [[0]]), g, t, schedule="gpipe", num_microbatches=micro,
+                   optimizer="sgd")
+    free = simulate(_plan([[0, 1]], [[0]]), g, _topo(2), schedule="gpipe",
+                    num_microbatches=micro, optimizer="sgd")
+    assert sim.iteration_seconds - free.iteration_seconds == pytest.approx(
+        micro * per_mb + sim.optimizer_seconds - free.optimizer_seconds)
+
+
+def test_slowest_memory_reads_the_weights() -> None:
+    """Devices of different memory bandwidths: the slowest one's reads are charged."""
+    g = Graph.from_arrays(name="g", fwd_flops=np.zeros(2), src=[0], dst=[1],
+                          fwd_seconds=[1.0, 1.0], bwd_seconds=[2.0, 2.0],
+                          param_bytes=[100, 0])
+    t = _topo(2, memory_bandwidth=1000.0)
+    t = dataclasses.replace(t, devices=(t.devices[0], dataclasses.replace(
+        t.devices[1], extra={"memory_bandwidth": 500.0})))
+    assert CostModel(g, t).replica_fixed[0].tolist() == pytest.approx([0.2, 0.0])
+
+
 def test_dtensor_step_overhead_is_charged_per_layer_where_parameters_are_dtensors() -> None:
     """Strategies, hybrids and FSDP keep their parameters as DTensors: their optimizer step
     pays the measured per-layer overhead for every node holding parameters; DDP, plain
