@@ -298,34 +298,47 @@ class CostModel:
         """Per node, the forward and backward seconds that do not shrink when a stage's R
         replicas split the micro-batch, shape (n,) each: a replica computes its share
         ``1 / R`` of the rest and all of these (``shardplan.cost.stage_times``, the mapping
-        and Parmesan's refinement read them here). Per node, at most its time on the fastest
-        device (the roofline's reference):
+        and Parmesan's refinement read them here): :meth:`unshared_seconds` on the whole
+        topology. O(n)."""
+        return self.unshared_seconds()
 
-        - the topology's measured per-operator overhead (:func:`op_overhead`: dispatch and
-          autograd, paid once per operator whatever the batch);
-        - reading its parameters at the devices' memory bandwidth (``memory_bandwidth``, the
-          slowest device's), once in the forward and twice in the backward (the input
-          gradient reads them, the weight gradient writes as many bytes): a share of the
-          batch still reads every weight. Paper 000's MLP on one CPU core: 1.85 ms forward
-          at 64 samples and 1.23 ms at 32, against 0.93 if all of it shrank with the share.
+    def unshared_seconds(self, weight_split: np.ndarray | float = 1.0,
+                         devices: Sequence[int] | None = None
+                         ) -> tuple[np.ndarray, np.ndarray]:
+        """Per node, the forward and backward seconds a device pays in full when it runs a
+        share of the node's batch, shape (n,) each, at most the node's time:
 
-        The backward part leaves out a recomputed forward (the forward's part counts
-        twice then). Zeros without either measurement. O(n).
+        - the measured per-operator overhead (:func:`op_overhead`: dispatch and autograd,
+          paid once per operator whatever the batch);
+        - reading the parameters it holds (its node's bytes over ``weight_split``, the
+          devices a split of the weight spreads it over: 1 for replicas) at the memory
+          bandwidth (``memory_bandwidth``, the slowest device's), once in the forward and
+          twice in the backward (the input gradient reads them, the weight gradient writes
+          as many bytes): a share of the batch still reads every weight it holds. Paper
+          000's MLP on one CPU core: 1.85 ms forward at 64 samples and 1.23 ms at 32,
+          against 0.93 if all of it shrank with the share.
+
+        ``devices``: the devices that run the nodes (default: every device, the node's time
+        on the fastest, the roofline's reference; else on the first of them). The backward
+        part leaves out a recomputed forward (the forward's part counts twice then). Zeros
+        without either measurement. O(n).
         """
         n = self.graph.num_nodes
         topo = self.topology
         if topo is None or topo.num_devices == 0:
             return np.zeros(n), np.zeros(n)
-        of, ob = op_overhead(topo)
-        membw = topo.device_memory_bandwidth
+        devs = np.arange(topo.num_devices) if devices is None else np.asarray(devices)
+        of, ob = op_overhead(topo, None if devices is None else devs.tolist())
+        membw = topo.device_memory_bandwidth[devs]
         known = np.isfinite(membw) & (membw > 0)
         if of <= 0 and ob <= 0 and not known.any():
             return np.zeros(n), np.zeros(n)
-        nf, nb = self.node_seconds(int(np.argmax(topo.device_flops)))
+        ref = int(np.argmax(topo.device_flops)) if devices is None else int(devs[0])
+        nf, nb = self.node_seconds(ref)
         if self.recompute:
             nb = nb - nf
-        read = self.graph.param_bytes / float(membw[known].min()) if known.any() \
-            else np.zeros(n)
+        read = self.graph.param_bytes / (float(membw[known].min()) * weight_split) \
+            if known.any() else np.zeros(n)
         return np.minimum(nf, of + read), np.minimum(nb, ob + 2.0 * read)
 
     def replica_fixed_total(self) -> np.ndarray:

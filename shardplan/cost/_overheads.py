@@ -23,6 +23,11 @@ slowdown at 1, exactly as before. Fields of a device entry:
 - ``gradient_seconds_per_byte``: ``[one replica, replicas]`` seconds per parameter byte of
   the runtime's gradient handling before the optimizer step (scaling; with replicas also
   flattening for the all-reduce and copying back), charged once per iteration.
+- ``optimizer_seconds_per_byte``: ``{optimizer: seconds}`` per parameter byte of one step
+  of each optimizer as the runtime builds it; where present for the settings' optimizer it
+  replaces the roofline's :func:`~shardplan.cost._formulas.optimizer_seconds` (torch's
+  per-tensor Adam on a CPU makes several passes over the state, about 2.7 times the
+  roofline's bytes).
 - ``pipeline_action_overhead_seconds``: seconds torch's pipelining schedule adds per forward
   or backward action: charged per micro-batch to plans the pipeline runtime runs (not DDP,
   FSDP or one-stage strategies).
@@ -48,7 +53,8 @@ from shardplan.ir import Graph, Topology
 
 __all__ = ["busy_slowdown", "charge_run_overheads", "dtensor_op_overhead",
            "dtensor_step_overhead", "fsdp_gather_overhead", "fsdp_unit_chunks", "fsdp_unit_keys",
-           "gradient_seconds_per_byte", "op_overhead", "pipeline_action_overhead"]
+           "gradient_seconds_per_byte", "op_overhead", "optimizer_seconds_per_byte",
+           "pipeline_action_overhead"]
 
 
 def _pair(device: Any, key: str) -> tuple[float, float]:
@@ -258,6 +264,23 @@ def gradient_seconds_per_byte(topology: Topology | None, devices: Sequence[int],
     which = 1 if replicated else 0
     return max([0.0, *(_pair(topology.devices[int(d)], "gradient_seconds_per_byte")[which]
                        for d in devices)]) / _measured_busy(topology)
+
+
+def optimizer_seconds_per_byte(topology: Topology | None, optimizer: str) -> np.ndarray:
+    """Every device's measured seconds per parameter byte of a step of ``optimizer``
+    (``optimizer_seconds_per_byte``, alone: :func:`_measured_busy` divided out), shape (D,);
+    0 where not measured (the roofline prices it then). O(D)."""
+    if topology is None:
+        return np.zeros(0)
+    out = np.zeros(topology.num_devices)
+    for d, dev in enumerate(topology.devices):
+        table = dev.extra.get("optimizer_seconds_per_byte")
+        if isinstance(table, dict):
+            try:
+                out[d] = max(float(table.get(optimizer) or 0.0), 0.0)
+            except (TypeError, ValueError):
+                out[d] = 0.0
+    return out / _measured_busy(topology) if out.any() else out
 
 
 def pipeline_action_overhead(topology: Topology | None, devices: Sequence[int]) -> float:

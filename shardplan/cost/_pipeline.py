@@ -69,6 +69,7 @@ from shardplan.cost._collectives import ring_collectives
 from shardplan.cost._contention import link_contention, link_table, route_links
 from shardplan.cost._formulas import message_seconds, optimizer_seconds, work_seconds
 from shardplan.cost._memory import in_flight_microbatches
+from shardplan.cost._overheads import optimizer_seconds_per_byte
 from shardplan.cost._transfer import stage_traffic
 from shardplan.errors import ShardplanError
 
@@ -438,8 +439,12 @@ def stage_times(model: Any, assignment: Sequence[int] | np.ndarray, stage_device
     cap = np.where(mask, topology.device_memory[d0], np.inf).min(axis=1)
     shard = reps[:, None] if sharded else 1  # each replica steps its shard
     membw = topology.device_memory_bandwidth[d0]
-    opt = np.where(mask, optimizer_seconds(params[:, None] / shard, model.optimizer, rate,
-                                           membw), 0.0)
+    opt = optimizer_seconds(params[:, None] / shard, model.optimizer, rate, membw)
+    measured = optimizer_seconds_per_byte(topology, model.optimizer)  # topology measure's
+    if measured.any():
+        per_byte = measured[d0]
+        opt = np.where(per_byte > 0, params[:, None] / shard * per_byte, opt)
+    opt = np.where(mask, opt, 0.0)
     return StageTimes(
         devices=dev, replicas=reps, forward=fwd, backward=bwd,
         send=send.reshape(k, width), recv=recv.reshape(k, width), allreduce=ar,

@@ -902,7 +902,11 @@ def strategy_stage_seconds(plan: Plan, graph: Graph, topology: Topology,
 
     Compute is the shared cost model's (:class:`~shardplan.cost.CostModel` at the settings'
     micro-batch size: measured times, the roofline or the settings' efficiency), each node's
-    split over the devices its configuration uses (the product of its split factors); the
+    split over the devices its configuration uses (the product of its split factors),
+    except what a device pays in full (:meth:`~shardplan.cost.CostModel.unshared_seconds`:
+    dispatch, and reading the part of the weight it holds: the weight is spread over the
+    product of the factors of the space's ``weight`` dimensions), plus the accumulation of
+    its part of the gradients (:attr:`~shardplan.cost.CostModel.accumulation_seconds`); the
     collectives a configuration needs (activations reduced over a split reduction dimension,
     weight gradients over batch-like splits) and the re-shards between layers are PaSE's
     (:mod:`shardplan.strategy._cost_default`: ring all-reduces and transfers over the
@@ -931,24 +935,31 @@ def strategy_stage_seconds(plan: Plan, graph: Graph, topology: Topology,
         pase = DefaultCostModel(part, int(devs.size))
         comm_units = Units(mac=0.0, word=pase.units.word, allreduce=pase.units.allreduce)
         nf, nb = cm.node_seconds(int(devs[0]))
-        of, ob = _overheads.op_overhead(topology, devs.tolist())
         # the loss runs on the whole output on every device (the program returns it whole)
         loss = loss_charge(cm.graph)
         config: dict[int, np.ndarray] = {}
-        comp_f = comp_b = comm = 0.0
+        split = np.ones(cm.graph.num_nodes)  # devices each node's weight is spread over
         for v in nodes:
             try:
-                c = np.asarray([plan.strategy[str(v)]], dtype=np.int64)
+                config[v] = np.asarray([plan.strategy[str(v)]], dtype=np.int64)
             except KeyError:
                 raise ShardplanError(f"the plan's strategy has no configuration for node "
                                      f"{v}") from None
-            config[v] = c
+            if spaces[v].weight:
+                split[v] = float(np.prod(config[v][0, spaces[v].indices(spaces[v].weight)]))
+        # each device pays the operator's dispatch and reads the weight it holds in full,
+        # and accumulates its part of the gradients
+        fixed_f, fixed_b = cm.unshared_seconds(split, devs.tolist())
+        accumulate = cm.accumulation_seconds / split
+        comp_f = comp_b = comm = 0.0
+        for v in nodes:
+            c = config[v]
             share = float(np.prod(c))
             comp_f += float(nf[v]) / share
-            comp_b += float(nb[v]) / share
-            if share > 1:  # each device still pays the operator's dispatch in full
-                comp_f += min(float(nf[v]), of) * (1.0 - 1.0 / share)
-                comp_b += min(float(nb[v]), ob) * (1.0 - 1.0 / share)
+            comp_b += float(nb[v]) / share + float(accumulate[v])
+            if share > 1:
+                comp_f += float(fixed_f[v]) * (1.0 - 1.0 / share)
+                comp_b += float(fixed_b[v]) * (1.0 - 1.0 / share)
                 if loss is not None and loss[0] == v:
                     comp_f += loss[1] * (1.0 - 1.0 / share)
                     comp_b += loss[2] * (1.0 - 1.0 / share)

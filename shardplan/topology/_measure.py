@@ -174,7 +174,8 @@ def measure(nproc: int, *, backend: str = "auto", sizes: Sequence[int] = DEFAULT
         ``pipeline_action_overhead_seconds`` (what torch's pipelining schedule adds per
         forward or backward action),
         ``gradient_seconds_per_byte`` (the gradient handling
-        around a step, per parameter byte) and ``busy_slowdown`` (``{g: factor}``: how much
+        around a step, per parameter byte), ``optimizer_seconds_per_byte`` (one step of
+        each optimizer, per parameter byte) and ``busy_slowdown`` (``{g: factor}``: how much
         slower a process computes while g ranks compute at once than alone; rank 0's
         measurement, given to every device of this host). A few seconds.
 
@@ -268,7 +269,8 @@ def measure(nproc: int, *, backend: str = "auto", sizes: Sequence[int] = DEFAULT
 OVERHEAD_FIELDS = ("op_overhead_seconds", "dtensor_op_overhead_seconds",
                    "dtensor_step_overhead_seconds", "fsdp_gather_overhead_seconds",
                    "fsdp_gather_seconds_per_byte",
-                   "gradient_seconds_per_byte", "pipeline_action_overhead_seconds")
+                   "gradient_seconds_per_byte", "pipeline_action_overhead_seconds",
+                   "optimizer_seconds_per_byte")
 
 
 def _device(res: dict[str, Any], n: int, preset: str | None, memory_bytes: float | None,

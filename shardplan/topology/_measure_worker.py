@@ -259,6 +259,8 @@ def _overheads(rank: int, world: int, cfg: dict[str, Any], dev: Any,
       of gradients in 16 tensors: scaled in place (what a one-replica step does), and
       flattened into one tensor, copied back out and scaled (the runtime's flat all-reduce
       around the collective itself);
+    - ``optimizer_seconds_per_byte``: ``{optimizer: seconds per parameter byte}`` of one
+      step of each optimizer the runtime builds (:func:`_optimizer_steps`);
     - ``busy_slowdown``: ``{g: t_g / t_1}``, g = 1..N: the seconds until the last of g
       ranks running a fixed compute kernel at once (matrix products and elementwise passes
       over 4 MiB, tens of milliseconds: longer than a scheduler's time slice) is done, over
@@ -375,6 +377,9 @@ def _overheads(rank: int, world: int, cfg: dict[str, Any], dev: Any,
     out["gradient_seconds_per_byte"] = [
         _median_seconds(scale, sync, repeats, warmup, dist) / nbytes,
         _median_seconds(flat, sync, repeats, warmup, dist) / nbytes]
+
+    out["optimizer_seconds_per_byte"] = _optimizer_steps(torch, dist, dev, sync, repeats,
+                                                         warmup)
 
     a = torch.rand(256, 256, device=dev)
     big = torch.rand(1 << 20, device=dev)
@@ -515,6 +520,31 @@ def _dtensor_program(torch: Any, dist: Any, dev: Any, sync: Callable[[], None], 
     sharded = times(ShardedProgram(program(), {}, mesh))
     ops = max(len(names), 1)
     return [max(sharded[0] - plain[0], 0.0) / ops, max(sharded[1] - plain[1], 0.0) / ops]
+
+
+def _optimizer_steps(torch: Any, dist: Any, dev: Any, sync: Callable[[], None],
+                     repeats: int, warmup: int) -> dict[str, float]:
+    """Seconds per parameter byte of one step of each optimizer the settings name
+    (:data:`shardplan.cost._formulas.OPTIMIZER_BYTES`' keys), built as the runtime builds it
+    (:func:`shardplan.runtime._worker.make_optimizer`: torch's default implementation for
+    the device), over 16 MiB of parameters in 16 tensors with gradients, every rank stepping
+    at once: the median over ``repeats`` steps after ``warmup``. The roofline's bytes per
+    parameter assume one pass over each tensor; torch's per-tensor implementation on a CPU
+    makes several (Adam: about 2.7 times the roofline here)."""
+    from torch import nn
+
+    from shardplan.cost._formulas import OPTIMIZER_BYTES
+    from shardplan.runtime._worker import make_optimizer
+
+    params = [nn.Parameter(torch.rand(1 << 18, device=dev)) for _ in range(16)]
+    for p in params:
+        p.grad = torch.rand_like(p)
+    nbytes = float(sum(p.numel() * p.element_size() for p in params))
+    out = {}
+    for name in OPTIMIZER_BYTES:
+        opt = make_optimizer(name, params, 1e-3)
+        out[name] = _median_seconds(opt.step, sync, repeats, warmup, dist) / nbytes
+    return out
 
 
 def _dtensor_step(torch: Any, dist: Any, dev: Any, sync: Callable[[], None], mesh: Any,

@@ -189,6 +189,46 @@ def test_dtensor_overhead_is_charged_per_node_of_strategy_plans_only() -> None:
     assert simulate(p, g, over).iteration_seconds == simulate(p, g, base).iteration_seconds
 
 
+def test_strategy_devices_read_and_accumulate_the_weight_they_hold() -> None:
+    """On a strategy stage each device reads, in every forward and backward, the part of a
+    node's weight its configuration leaves it (the weight spread over the product of the
+    factors of the space's weight dimensions), whatever share of the batch it computes, and
+    accumulates that part's gradients over the later micro-batches."""
+    from shardplan.generate import generate
+    from shardplan.simulate._engine import strategy_stage_seconds
+    from shardplan.strategy import hybrid_plan
+    from shardplan.strategy.tables import graph_spaces
+
+    g = generate("alexnet")
+    order = [int(v) for v in g.topological_order]
+    half = len(order) // 2
+    pipe = Plan(g.name, "", "contiguous", (Stage(tuple(sorted(order[:half])), (0, 1)),
+                                            Stage(tuple(sorted(order[half:])), (2, 3))),
+                Objective("max_stage_seconds", 1.0))
+    base = _topo(4)
+    plan = hybrid_plan(pipe, g, base)
+    bw = 1e15  # fast enough that no node's read reaches its time (no cap)
+    s = plan.settings.resolve(g)
+    f0, b0 = strategy_stage_seconds(plan, g, base, s)
+    f1, b1 = strategy_stage_seconds(plan, g, _topo(4, memory_bandwidth=bw), s)
+    spaces = graph_spaces(g)
+    m = s.microbatches
+    want_f, want_b = np.zeros(2), np.zeros(2)
+    for i, st in enumerate(plan.stages):
+        for v in st.nodes:
+            c = list(plan.strategy[str(v)])
+            sp = spaces[v]
+            held = g.param_bytes[v] / np.prod([c[sp.dims.index(d)] for d in sp.weight])
+            rest = 1 - 1 / np.prod(c)
+            want_f[i] += held / bw * rest
+            want_b[i] += 2 * held / bw * rest + 3 * held * (m - 1) / m / bw
+    assert want_b.min() > 0
+    # (the stage's communication is split between its forward and backward in proportion
+    # to their compute: compare the sums)
+    assert ((f1 + b1) - (f0 + b0)).tolist() == pytest.approx((want_f + want_b).tolist(),
+                                                             rel=1e-6)
+
+
 @pytest.mark.parametrize("sync, devices, per_byte", [
     ("end", [0, 1], 3e-9), ("bucketed", [0, 1], 3e-9), ("end", [0], 1e-9),
     ("sharded", [0, 1], 0.0)])
@@ -301,6 +341,39 @@ def test_gradient_accumulation_is_charged_to_every_backward_and_replica(micro) -
                     num_microbatches=micro, optimizer="sgd")
     assert sim.iteration_seconds - free.iteration_seconds == pytest.approx(
         micro * per_mb + sim.optimizer_seconds - free.optimizer_seconds)
+
+
+def test_measured_optimizer_step_replaces_the_roofline() -> None:
+    """A device's measured seconds per parameter byte of the settings' optimizer price its
+    step (the measurement's busy slowdown divided out); another optimizer, or a device
+    without the field, keeps the roofline."""
+    from shardplan.cost import stage_times
+    from shardplan.cost._formulas import optimizer_seconds
+
+    g = Graph.from_arrays(name="g", fwd_flops=np.zeros(2), src=[0], dst=[1],
+                          fwd_seconds=[1.0, 1.0], bwd_seconds=[2.0, 2.0],
+                          param_bytes=[4000, 2000])
+    a = np.array([0, 1])
+    measured = {"optimizer_seconds_per_byte": {"adam": 1e-6, "sgd": 2e-7},
+                "busy_slowdown": {"1": 1.0, "2": 2.0}}
+    t = _topo(2, memory_bandwidth=1e6, **measured)
+    adam = stage_times(CostModel(g, t, optimizer="adam"), a, [[0], [1]], num_stages=2)
+    assert adam.optimizer[:, 0].tolist() == pytest.approx([4000 * 1e-6 / 2, 2000 * 1e-6 / 2])
+    sgd = stage_times(CostModel(g, t, optimizer="sgd"), a, [[0], [1]], num_stages=2)
+    assert sgd.optimizer[:, 0].tolist() == pytest.approx([4000 * 2e-7 / 2, 2000 * 2e-7 / 2])
+    roof = stage_times(CostModel(g, t, optimizer="adamw"), a, [[0], [1]], num_stages=2)
+    want = optimizer_seconds(np.array([4000.0, 2000.0]), "adamw", 1e12, 1e6)
+    assert roof.optimizer[:, 0].tolist() == pytest.approx(want.tolist())
+    # a device without the measurement keeps the roofline; FSDP steps each replica's shard
+    half = dataclasses.replace(t, devices=(t.devices[0], dataclasses.replace(
+        t.devices[1], extra={"memory_bandwidth": 1e6})))
+    mixed = stage_times(CostModel(g, half, optimizer="adam"), a, [[0], [1]], num_stages=2)
+    assert mixed.optimizer[:, 0].tolist() == pytest.approx(
+        [4000 * 1e-6 / 2, float(optimizer_seconds(2000.0, "adam", 1e12, 1e6))])
+    sharded = CostModel.from_settings(g, t, ExecutionSettings(gradient_sync="sharded",
+                                                              optimizer="adam"))
+    both = stage_times(sharded, np.zeros(2, dtype=np.int64), [[0, 1]], num_stages=1)
+    assert both.optimizer[0].tolist() == pytest.approx([6000 / 2 * 1e-6 / 2] * 2)
 
 
 def test_slowest_memory_reads_the_weights() -> None:

@@ -88,6 +88,10 @@ def test_measure_two_processes(tmp_path) -> None:
         assert 0 <= d.extra["pipeline_action_overhead_seconds"] < 1.0
         one, many = d.extra["gradient_seconds_per_byte"]
         assert 0 < one < 1e-6 and 0 < many < 1e-6  # seconds per byte: GB/s, not bytes/s
+        steps = d.extra["optimizer_seconds_per_byte"]
+        assert set(steps) == {"sgd", "sgd-momentum", "momentum", "adam", "adamw"}
+        assert all(0 < x < 1e-6 for x in steps.values())
+        assert steps["adam"] > steps["sgd"]  # Adam passes over its two moments too
         assert set(d.extra["busy_slowdown"]) == {"1", "2"}
         assert d.extra["busy_slowdown"]["1"] == 1.0 and d.extra["busy_slowdown"]["2"] > 0
     assert op_overhead(back)[0] > 0 and dtensor_op_overhead(back)[0] >= 0
