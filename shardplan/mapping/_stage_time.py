@@ -46,7 +46,8 @@ changes nothing there and is off. The objective name then ends in ``_contention`
 ``C[s, d]`` is the replica's share (1/R) of the stage's forward + backward seconds on device
 d, plus what does not shrink with the share and the gradient accumulation
 (:attr:`~shardplan.cost.CostModel.replica_fixed`,
-:attr:`~shardplan.cost.CostModel.accumulation_seconds`, as ``stage_times``), ``M[s, s']`` the bytes per replica of the tensors between the two stages (each tensor
+:attr:`~shardplan.cost.CostModel.accumulation_seconds`, as ``stage_times``),
+``M[s, s']`` the bytes per replica of the tensors between the two stages (each tensor
 once per receiving stage, both directions), ``T`` their count, ``P(s)`` the stage's parameter
 bytes, the ring the replicas in order ``s_0 .. s_R-1, s_0``. A replica on a device without
 the memory its stage needs takes ``inf``. Decisions where the paper is silent: equation 6
