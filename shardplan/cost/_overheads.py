@@ -26,8 +26,8 @@ slowdown at 1, exactly as before. Fields of a device entry:
 - ``optimizer_seconds_per_byte``: ``{optimizer: seconds}`` per parameter byte of one step
   of each optimizer as the runtime builds it; where present for the settings' optimizer it
   replaces the roofline's :func:`~shardplan.cost._formulas.optimizer_seconds` (torch's
-  per-tensor Adam on a CPU makes several passes over the state, about 2.7 times the
-  roofline's bytes).
+  per-tensor Adam on a CPU makes several passes over the state: 1.4 to 2 times the
+  roofline on this machine).
 - ``pipeline_action_overhead_seconds``: seconds torch's pipelining schedule adds per forward
   or backward action: charged per micro-batch to plans the pipeline runtime runs (not DDP,
   FSDP or one-stage strategies).
