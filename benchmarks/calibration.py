@@ -118,7 +118,9 @@ def _overheads_text(topo) -> str:
             f"FSDP gather {us(x.get('fsdp_gather_overhead_seconds', 0))}"
             f" us, pipeline action {us(x.get('pipeline_action_overhead_seconds', 0))} us, "
             f"gradient handling {float(g1) * 1e9:.3f} / {float(gr) * 1e9:.3f} ns per byte "
-            f"(one replica / replicas), busy slowdown {{{busy}}}")
+            f"(one replica / replicas), Adam step "
+            f"{float(x.get('optimizer_seconds_per_byte', {}).get('adam', 0.0)) * 1e9:.3f} ns "
+            f"per parameter byte, busy slowdown {{{busy}}}")
 
 
 def _opts(settings: ExecutionSettings) -> dict:
