@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{os.getloadavg()[0]:.2f} at the end). Topology measured in the same run "
         "(`topology measure --nproc 2` and `--nproc 4`: pairs, collective curves and the "
         "fixed costs the simulator charges: per-operator and DTensor overheads, FSDP "
-        "gathers, gradient handling, busy slowdown"
+        "gathers, gradient handling, optimizer steps, busy slowdown"
         + ("" if args.measure_once else
            "; measured again right before each multi-process row's run, whose prediction "
            "uses it: other sessions' load on this machine changes within minutes; `busy` "
