@@ -343,6 +343,42 @@ def test_gradient_accumulation_is_charged_to_every_backward_and_replica(micro) -
         micro * per_mb + sim.optimizer_seconds - free.optimizer_seconds)
 
 
+def test_unshared_seconds_on_a_subset_of_devices() -> None:
+    """Given the devices that run the nodes, the rule reads their per-operator overhead and
+    slowest memory, and the nodes' time on the first of them; without, every device's and
+    the fastest device's time. A weight split over q devices is read q times faster."""
+    g = Graph.from_arrays(name="g", fwd_flops=np.array([4e9, 4e9]), src=[0], dst=[1],
+                          param_bytes=[600, 0])
+    slow = Device("s", 1e12, 1e12, {"op_overhead_seconds": [3e-4, 4e-4],
+                                    "memory_bandwidth": 2e6})
+    fast = Device("f", 1e12, 4e12, {"op_overhead_seconds": [1e-4, 2e-4],
+                                    "memory_bandwidth": 1e6})
+    slow2 = Device("s2", 1e12, 1e12, {"op_overhead_seconds": [5e-4, 6e-4],
+                                      "memory_bandwidth": 2e6})
+    bw = np.full((3, 3), 1e9)
+    np.fill_diagonal(bw, 0)
+    t = Topology(name="t", devices=(slow, fast, slow2), bandwidth=bw,
+                 latency=np.zeros((3, 3)))
+    cm = CostModel(g, t)
+    # every device: median overhead 3e-4 / 4e-4, slowest memory 1e6 (600 bytes: 6e-4 s)
+    f, b = cm.unshared_seconds()
+    assert f.tolist() == pytest.approx([3e-4 + 6e-4, 3e-4])
+    assert b.tolist() == pytest.approx([4e-4 + 12e-4, 4e-4])
+    # the slow devices alone: their median overhead 4e-4 / 5e-4, their memory (3e-4 s)
+    f, b = cm.unshared_seconds(devices=[0, 2])
+    assert f.tolist() == pytest.approx([4e-4 + 3e-4, 4e-4])
+    assert b.tolist() == pytest.approx([5e-4 + 6e-4, 5e-4])
+    f, _ = cm.unshared_seconds(weight_split=np.array([3.0, 1.0]), devices=[0])
+    assert f.tolist() == pytest.approx([3e-4 + 1e-4, 3e-4])
+    # 6 ms of reads are capped by the node's time: on the fastest device by default, else on
+    # the first given one (1 ms or 4 ms of FLOPs, with the 0.3 ms dispatch a FLOP-priced
+    # node carries)
+    big = CostModel(g.replace(param_bytes=np.array([6e3, 0])), t)
+    assert big.unshared_seconds()[0][0] == pytest.approx(1.3e-3)
+    assert big.unshared_seconds(devices=[1, 0])[0][0] == pytest.approx(1.3e-3)
+    assert big.unshared_seconds(devices=[0, 1])[0][0] == pytest.approx(4.3e-3)
+
+
 def test_measured_optimizer_step_replaces_the_roofline() -> None:
     """A device's measured seconds per parameter byte of the settings' optimizer price its
     step (the measurement's busy slowdown divided out); another optimizer, or a device
@@ -370,6 +406,11 @@ def test_measured_optimizer_step_replaces_the_roofline() -> None:
     mixed = stage_times(CostModel(g, half, optimizer="adam"), a, [[0], [1]], num_stages=2)
     assert mixed.optimizer[:, 0].tolist() == pytest.approx(
         [4000 * 1e-6 / 2, float(optimizer_seconds(2000.0, "adam", 1e12, 1e6))])
+    # an unreadable entry is not a measurement: the roofline
+    bad = _topo(2, memory_bandwidth=1e6, optimizer_seconds_per_byte={"adam": "fast"})
+    kept = stage_times(CostModel(g, bad, optimizer="adam"), a, [[0], [1]], num_stages=2)
+    assert kept.optimizer[:, 0].tolist() == pytest.approx(
+        optimizer_seconds(np.array([4000.0, 2000.0]), "adam", 1e12, 1e6).tolist())
     sharded = CostModel.from_settings(g, t, ExecutionSettings(gradient_sync="sharded",
                                                               optimizer="adam"))
     both = stage_times(sharded, np.zeros(2, dtype=np.int64), [[0, 1]], num_stages=1)
