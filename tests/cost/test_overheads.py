@@ -163,9 +163,10 @@ def test_fsdp_gather_overhead_is_charged_per_unit_and_micro_batch() -> None:
         2 * (3 + 3) * 0.25)
 
 
-def test_dtensor_overhead_is_charged_per_node_of_strategy_plans_only() -> None:
+def _alexnet_hybrid() -> tuple[Graph, Plan, Plan]:
+    """AlexNet in two halves on two devices each, and PaSE's hybrid of that split (on a
+    topology without measured fixed costs): ``(graph, pipeline, hybrid)``."""
     from shardplan.generate import generate
-    from shardplan.simulate._engine import strategy_stage_seconds
     from shardplan.strategy import hybrid_plan
 
     g = generate("alexnet")
@@ -174,8 +175,14 @@ def test_dtensor_overhead_is_charged_per_node_of_strategy_plans_only() -> None:
     pipe = Plan(g.name, "", "contiguous", (Stage(tuple(sorted(order[:half])), (0, 1)),
                                             Stage(tuple(sorted(order[half:])), (2, 3))),
                 Objective("max_stage_seconds", 1.0))
+    return g, pipe, hybrid_plan(pipe, g, _topo(4))
+
+
+def test_dtensor_overhead_is_charged_per_node_of_strategy_plans_only() -> None:
+    from shardplan.simulate._engine import strategy_stage_seconds
+
+    g, pipe, plan = _alexnet_hybrid()
     base = _topo(4)
-    plan = hybrid_plan(pipe, g, base)
     over = _topo(4, dtensor_op_overhead_seconds=[1e-3, 2e-3])
     s = plan.settings.resolve(g)
     f0, b0 = strategy_stage_seconds(plan, g, base, s)
@@ -194,19 +201,11 @@ def test_strategy_devices_read_and_accumulate_the_weight_they_hold() -> None:
     node's weight its configuration leaves it (the weight spread over the product of the
     factors of the space's weight dimensions), whatever share of the batch it computes, and
     accumulates that part's gradients over the later micro-batches."""
-    from shardplan.generate import generate
     from shardplan.simulate._engine import strategy_stage_seconds
-    from shardplan.strategy import hybrid_plan
     from shardplan.strategy.tables import graph_spaces
 
-    g = generate("alexnet")
-    order = [int(v) for v in g.topological_order]
-    half = len(order) // 2
-    pipe = Plan(g.name, "", "contiguous", (Stage(tuple(sorted(order[:half])), (0, 1)),
-                                            Stage(tuple(sorted(order[half:])), (2, 3))),
-                Objective("max_stage_seconds", 1.0))
+    g, _, plan = _alexnet_hybrid()
     base = _topo(4)
-    plan = hybrid_plan(pipe, g, base)
     bw = 1e15  # fast enough that no node's read reaches its time (no cap)
     s = plan.settings.resolve(g)
     f0, b0 = strategy_stage_seconds(plan, g, base, s)
