@@ -347,6 +347,15 @@ class CostModel:
         ff, fb = self.replica_fixed
         return ff * (2.0 if self.recompute else 1.0) + fb
 
+    def replica_extra_seconds(self, replicas: int) -> np.ndarray:
+        """Per node, what one of ``replicas`` replicas computes beyond its ``1 / R`` share
+        of the node's forward + backward seconds, shape (n,): :attr:`replica_fixed` (paid
+        in full, so ``1 - 1 / R`` of it on top of the share) and the gradient accumulation
+        (:attr:`accumulation_seconds`, in no node's work). The mapping and Parmesan's
+        refinement, whose stages all have R replicas, add it as ``stage_times`` does. O(n).
+        """
+        return self.replica_fixed_total() * (1.0 - 1.0 / replicas) + self.accumulation_seconds
+
     def stage_compute_seconds(self, nodes: Sequence[int] | np.ndarray,
                               device: int) -> tuple[float, float]:
         """Forward and backward seconds of one node set on ``device``. O(n)."""

@@ -278,9 +278,8 @@ def build_problem(plan: Plan, graph: Graph, topology: Topology, *,
     cm = CostModel.from_settings(graph, topology, settings)
     g = cm.graph
     a = plan.assignment(graph.num_nodes)
-    fixed = np.bincount(a, weights=cm.replica_fixed_total(), minlength=s_count)
-    accumulate = np.bincount(a, weights=cm.accumulation_seconds, minlength=s_count)
-    compute = cm.compute_matrix(a, s_count) / r + (fixed * (1.0 - 1.0 / r) + accumulate)[:, None]
+    extra = np.bincount(a, weights=cm.replica_extra_seconds(r), minlength=s_count)
+    compute = cm.compute_matrix(a, s_count) / r + extra[:, None]
     b, t = stage_traffic(g, a, s_count)
     adj = graph.stage_adjacency(a, s_count)
     params = np.bincount(a, weights=g.param_bytes.astype(np.float64), minlength=s_count)

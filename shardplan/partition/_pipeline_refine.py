@@ -66,10 +66,8 @@ class StageState:
             bm, bf = bm + fm, bf + ff
         self.meas = fm + bm
         self.flops = ff + bf
-        # not shared by replicas: part of the node's time (dispatch, weight reads), and the
-        # gradient accumulation every replica adds in full
-        self.fixed = model.replica_fixed_total() * (1.0 - 1.0 / self.r) \
-            + model.accumulation_seconds
+        # what a replica computes beyond its share (dispatch, weight reads, accumulation)
+        self.fixed = model.replica_extra_seconds(self.r)
         self.params = graph.param_bytes.astype(np.float64)
         self.outb = graph.output_bytes.astype(np.float64)
         self.inb = np.where(graph.in_degree == 0, self.outb, 0.0)
