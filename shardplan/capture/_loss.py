@@ -16,16 +16,10 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from torch.utils import benchmark
+
+from shardplan.capture._profile import _mean_seconds
 
 __all__ = ["profile_loss"]
-
-
-def _seconds(prepare: Any, run: Any, repeats: int) -> float:
-    timer = benchmark.Timer(stmt="run(state)", setup="state = prepare()",
-                            globals={"prepare": prepare, "run": run},
-                            num_threads=torch.get_num_threads())
-    return float(timer.timeit(max(int(repeats), 1)).median)
 
 
 def profile_loss(model: torch.nn.Module, example_inputs: Sequence[Any], output_name: str,
@@ -100,8 +94,8 @@ def profile_loss(model: torch.nn.Module, example_inputs: Sequence[Any], output_n
     old = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        fwd = _seconds(forward_state, forward, repeats)
-        bwd = _seconds(backward_state, backward, repeats)
+        fwd = _mean_seconds(forward_state, forward, repeats)
+        bwd = _mean_seconds(backward_state, backward, repeats)
     finally:
         torch.set_num_threads(old)
     name = getattr(loss_fn, "__name__", "loss")
