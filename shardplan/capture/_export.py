@@ -131,6 +131,8 @@ class OpCapture:
         Per op: the module stack, outermost first, as ``(fqn, class name)``; the root module
         is ``("", ClassName)``.
     fwd_flops, bwd_flops, param_bytes, param_count, output_bytes : list of int
+    param_tensors : list of int
+        Per op: the parameter tensors it owns (the first op to read a parameter owns it).
     shared_params : list of list of str
         Per op: parameters it reads that an earlier op already owns (tied weights).
     uses : list of TensorUse
@@ -152,6 +154,7 @@ class OpCapture:
     bwd_flops: list[int] = field(default_factory=list)
     param_bytes: list[int] = field(default_factory=list)
     param_count: list[int] = field(default_factory=list)
+    param_tensors: list[int] = field(default_factory=list)
     output_bytes: list[int] = field(default_factory=list)
     shared_params: list[list[str]] = field(default_factory=list)
     uses: list[TensorUse] = field(default_factory=list)
@@ -342,7 +345,7 @@ def capture_ops(
         cap.output_bytes.append(tensor_bytes(n.meta.get("val")))
 
         # Inputs: parameters read, tensors from other ops.
-        pbytes = pcount = 0
+        pbytes = pcount = ptensors = 0
         shared: list[str] = []
         seen_keys: set[tuple[int, tuple[int, ...]]] = set()
         templates: dict[int, bool] = {}
@@ -360,6 +363,7 @@ def capture_ops(
                     esize = p.element_size() if p is not None else val.element_size()
                     pbytes += numel * esize
                     pcount += numel
+                    ptensors += 1
                 elif owner[key] != i:
                     shared.append(_strip(param_of[arg.name], module_prefix))
                 continue
@@ -370,6 +374,7 @@ def capture_ops(
             cap.uses.append(TensorUse(src[0], src[1], tensor_bytes(val), i))
         cap.param_bytes.append(pbytes)
         cap.param_count.append(pcount)
+        cap.param_tensors.append(ptensors)
         cap.shared_params.append(shared)
 
         used_fn = _used_outputs(n, getitem_users.get(n.name, set()))
@@ -461,6 +466,7 @@ def ops_to_graph(cap: OpCapture, *, name: str, batch_size: int,
         fwd_flops=np.array(cap.fwd_flops, dtype=np.float64),
         bwd_flops=np.array(cap.bwd_flops, dtype=np.float64),
         param_bytes=np.array(cap.param_bytes, dtype=np.int64),
+        param_tensors=np.array(cap.param_tensors, dtype=np.float64),
         output_bytes=np.array(cap.output_bytes, dtype=np.int64),
         weight=np.array(cap.param_count, dtype=np.float64),
         src=src, dst=dst, edge_bytes=eb,

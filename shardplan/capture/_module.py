@@ -301,6 +301,8 @@ def fold_modules(cap: OpCapture, op_graph: Graph, atomic: Sequence[str]) -> Grap
         optional["fwd_seconds"] = total(op_graph.fwd_seconds)
     if op_graph.bwd_seconds is not None:
         optional["bwd_seconds"] = total(op_graph.bwd_seconds)
+    if op_graph.param_tensors is not None:
+        optional["param_tensors"] = total(op_graph.param_tensors)
     meta = dict(op_graph.meta)
     meta.update({"granularity": "module", "atomic": sorted({_norm_type(a) for a in atomic}),
                  "edge_hops": edge_hops, "op_nodes": n,

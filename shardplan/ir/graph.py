@@ -31,7 +31,7 @@ MAX_BYTES = float(2**53)
 
 _FLOAT_COLUMNS = ("fwd_flops", "bwd_flops", "weight")
 _INT_COLUMNS = ("param_bytes", "output_bytes")
-_OPTIONAL_FLOAT_COLUMNS = ("fwd_seconds", "bwd_seconds", "memory_bytes")
+_OPTIONAL_FLOAT_COLUMNS = ("fwd_seconds", "bwd_seconds", "memory_bytes", "param_tensors")
 _NODE_KEYS = {"id", "name", "op", "module", "space", *_FLOAT_COLUMNS, *_INT_COLUMNS,
               *_OPTIONAL_FLOAT_COLUMNS}
 
@@ -52,6 +52,7 @@ class Node:
     fwd_seconds: float | None = None
     bwd_seconds: float | None = None
     memory_bytes: float | None = None
+    param_tensors: float | None = None
     space: Mapping[str, Any] | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
 
@@ -102,6 +103,9 @@ class Graph:
     param_bytes, output_bytes : ndarray of int64, shape (n,)
     fwd_seconds, bwd_seconds, memory_bytes : ndarray of float64 or None
         Optional columns; ``NaN`` marks a node without the value.
+    param_tensors : ndarray of float64 or None
+        Optional column: how many parameter tensors the node's ``param_bytes`` are (what an
+        optimizer steps one at a time); ``NaN`` where not known.
     spaces : tuple of (dict or None) or None
         PaSE iteration spaces, per node.
     src, dst, edge_bytes : ndarray of int64, shape (m,)
@@ -124,6 +128,7 @@ class Graph:
     fwd_seconds: np.ndarray | None = None
     bwd_seconds: np.ndarray | None = None
     memory_bytes: np.ndarray | None = None
+    param_tensors: np.ndarray | None = None
     spaces: tuple[Mapping[str, Any] | None, ...] | None = None
     node_extra: tuple[Mapping[str, Any], ...] | None = None
     meta: Mapping[str, Any] = field(default_factory=dict)
@@ -308,7 +313,7 @@ class Graph:
             weight=np.array([nd.weight for nd in nodes], dtype=np.float64),
             src=e_arr[:, 0], dst=e_arr[:, 1], edge_bytes=e_arr[:, 2],
             fwd_seconds=opt("fwd_seconds"), bwd_seconds=opt("bwd_seconds"),
-            memory_bytes=opt("memory_bytes"),
+            memory_bytes=opt("memory_bytes"), param_tensors=opt("param_tensors"),
             spaces=None if all(s is None for s in spaces) else spaces,
             node_extra=None if not any(extras) else extras,
             meta=dict(meta or {}),
@@ -382,6 +387,7 @@ class Graph:
             src=new[self.src[keep]], dst=new[self.dst[keep]],
             edge_bytes=self.edge_bytes[keep], fwd_seconds=col(self.fwd_seconds),
             bwd_seconds=col(self.bwd_seconds), memory_bytes=col(self.memory_bytes),
+            param_tensors=col(self.param_tensors),
             spaces=None if self.spaces is None else tuple(self.spaces[v] for v in pick),
             node_extra=None if self.node_extra is None else tuple(self.node_extra[v]
                                                                   for v in pick),
@@ -419,6 +425,7 @@ class Graph:
             param_bytes=int(self.param_bytes[i]), output_bytes=int(self.output_bytes[i]),
             weight=float(self.weight[i]), fwd_seconds=opt(self.fwd_seconds),
             bwd_seconds=opt(self.bwd_seconds), memory_bytes=opt(self.memory_bytes),
+            param_tensors=opt(self.param_tensors),
             space=None if self.spaces is None else self.spaces[i],
             extra={} if self.node_extra is None else self.node_extra[i],
         )

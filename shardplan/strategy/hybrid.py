@@ -74,7 +74,8 @@ def stage_subgraph(graph: Graph, nodes: Sequence[int]) -> tuple[Graph, list[int]
         weight=req(graph.weight), src=np.asarray(src, dtype=np.int64),
         dst=np.asarray(dst, dtype=np.int64), edge_bytes=graph.edge_bytes[keep],
         fwd_seconds=col(graph.fwd_seconds), bwd_seconds=col(graph.bwd_seconds),
-        memory_bytes=col(graph.memory_bytes), spaces=spaces,
+        memory_bytes=col(graph.memory_bytes), param_tensors=col(graph.param_tensors),
+        spaces=spaces,
         node_extra=None if graph.node_extra is None else
         tuple(graph.node_extra[v] for v in ids), meta=dict(graph.meta))
     return sub, ids

@@ -72,6 +72,17 @@ def test_parameter_bytes_add_up(captured, spec: str) -> None:
 
 
 @pytest.mark.parametrize("spec", SMALL)
+def test_parameter_tensors_add_up(captured, spec: str) -> None:
+    """Every parameter tensor the optimizer steps is owned by exactly one node (a tied
+    weight by the first reader), and only parameter-holding nodes own any."""
+    graph, _, _ = captured[spec]
+    model, _, _ = build_model(spec, batch_size=2, seq_len=32)
+    assert graph.param_tensors is not None
+    assert int(graph.param_tensors.sum()) == len(list(model.parameters()))
+    assert np.array_equal(graph.param_tensors > 0, graph.param_bytes > 0)
+
+
+@pytest.mark.parametrize("spec", SMALL)
 def test_graph_is_valid(captured, spec: str) -> None:
     graph, _, _ = captured[spec]
     check_valid(graph)
@@ -85,7 +96,7 @@ def test_node_fields(captured) -> None:
     graph, _, _ = captured["torchvision:resnet18"]
     first = graph.node(0)
     assert (first.op, first.module, first.name) == ("conv2d", "conv1", "conv2d")
-    assert first.param_bytes == 64 * 3 * 7 * 7 * 4
+    assert first.param_bytes == 64 * 3 * 7 * 7 * 4 and first.param_tensors == 1  # no bias
     assert first.output_bytes == 2 * 64 * 112 * 112 * 4
     assert first.weight == 64 * 3 * 7 * 7
     assert first.fwd_flops == 2 * (2 * 64 * 112 * 112) * (3 * 7 * 7)

@@ -23,6 +23,7 @@ def totals_match(op_graph, mod_graph) -> None:
     assert mod_graph.fwd_flops.sum() == op_graph.fwd_flops.sum()
     assert mod_graph.bwd_flops.sum() == op_graph.bwd_flops.sum()
     assert mod_graph.param_bytes.sum() == op_graph.param_bytes.sum()
+    assert mod_graph.param_tensors.sum() == op_graph.param_tensors.sum()
     assert mod_graph.weight.sum() == op_graph.weight.sum()
     assert bool(np.all(mod_graph.src < mod_graph.dst))
     assert len(mod_graph.meta["edge_hops"]) == mod_graph.num_edges
@@ -51,6 +52,7 @@ def test_mlp_module_graph_by_hand() -> None:
     assert graph.ops == ("Linear", "Linear", "Linear")
     assert graph.param_bytes.tolist() == [(767 * 1024 + 1024) * 4, (1024 * 1024 + 1024) * 4,
                                           (1024 * 10 + 10) * 4]
+    assert graph.param_tensors.tolist() == [2, 2, 2]  # a weight and a bias each
     assert graph.edge_bytes.tolist() == [4 * 1024 * 4, 4 * 1024 * 4]
     assert graph.meta["edge_hops"] == [1, 1]  # one ReLU between consecutive layers
     assert graph.output_bytes.tolist() == [4 * 1024 * 4, 4 * 1024 * 4, 4 * 10 * 4]
@@ -144,6 +146,7 @@ def test_folding_contiguous_instances_never_merges(case) -> None:
         cap.bwd_flops.append(2 * flops[i])
         cap.param_bytes.append(4 * flops[i])
         cap.param_count.append(flops[i])
+        cap.param_tensors.append(1 if flops[i] else 0)
         cap.output_bytes.append(10 + i)
         cap.shared_params.append([])
     cap.uses = [TensorUse(i, (), 10 + i, j) for i, j in edges]

@@ -111,6 +111,26 @@ def test_json_round_trip_keeps_optional_and_unknown_fields() -> None:
     assert g2.node(0).space == {"dims": {"b": 4}} and g2.node(1).fwd_seconds is None
 
 
+def test_param_tensors_column_travels_with_the_nodes() -> None:
+    """The optional ``param_tensors`` column: written per node where known, read back,
+    kept by subgraphs and node records, unchanged by a new batch size; negative counts are
+    refused."""
+    g = Graph.from_arrays(name="g", batch_size=4, fwd_flops=[1.0, 2.0, 3.0], src=[0, 1],
+                          dst=[1, 2], param_bytes=[8, 0, 4],
+                          param_tensors=[2.0, np.nan, 1.0])
+    d = g.to_dict()
+    assert d["nodes"][0]["param_tensors"] == 2.0 and "param_tensors" not in d["nodes"][1]
+    back = Graph.from_dict(d)
+    assert back.to_dict() == d and back.node(0).param_tensors == 2.0
+    assert back.node(1).param_tensors is None
+    assert g.subgraph([2, 0]).param_tensors.tolist() == [1.0, 2.0]
+    assert g.at_batch_size(8).param_tensors.tolist()[::2] == [2.0, 1.0]
+    assert Graph.from_nodes(name="g", batch_size=4, nodes=g.nodes,
+                            edges=g.edges).to_dict() == d
+    with pytest.raises(InvalidFileError, match="param_tensors"):
+        g.replace(param_tensors=np.array([1.0, -1.0, 0.0]))
+
+
 def test_from_nodes_matches_from_arrays(diamond: Graph) -> None:
     g = Graph.from_nodes(name="diamond", batch_size=1, nodes=diamond.nodes, edges=diamond.edges)
     assert g.to_dict() == diamond.to_dict()
