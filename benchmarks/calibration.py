@@ -120,7 +120,9 @@ def _overheads_text(topo) -> str:
             f"gradient handling {float(g1) * 1e9:.3f} / {float(gr) * 1e9:.3f} ns per byte "
             f"(one replica / replicas), Adam step "
             f"{float(x.get('optimizer_seconds_per_byte', {}).get('adam', 0.0)) * 1e9:.3f} ns "
-            f"per parameter byte, busy slowdown {{{busy}}}")
+            f"per parameter byte and "
+            f"{us(x.get('optimizer_seconds_per_tensor', {}).get('adam', 0.0))} us per "
+            f"tensor, busy slowdown {{{busy}}}")
 
 
 def _opts(settings: ExecutionSettings) -> dict:

@@ -4,9 +4,10 @@ Two gloo processes (one thread each, as the runtime runs them) compute the same 
 products (paper 000's MLP's first layer at 64 samples); in one round they compute alone, in
 the other rank 0 sends and rank 1 receives a message of ``--kib`` KiB before every group of
 products (``isend`` / ``irecv``, waited for after the products, as torch's pipelining posts
-them). The difference is the CPU the transfers took from the computation on both ends: the
-simulator assumes (execution setting ``overlap``) that a device computes at full speed while
-its messages stream, which holds for a GPU's copy engines but not for gloo on shared cores.
+them). The difference is the CPU the transfers took from the computation on both ends:
+what ``topology measure`` records more directly as ``comm_cpu_share`` (the process's CPU
+seconds per second a message is in flight) and the simulator charges to computing ends (a
+GPU's copy engines take nothing from its compute; gloo on shared cores does).
 Rounds alternate, medians of 10 timed repetitions after 2 warm-up ones.
 
 Usage::

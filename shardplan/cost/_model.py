@@ -232,6 +232,29 @@ class CostModel:
             np.where(bf > 0, tb * peak[ref], 0.0)
 
     @cached_property
+    def param_tensors(self) -> np.ndarray:
+        """Per node, the parameter tensors an optimizer steps for it, shape (n,): the graph's
+        ``param_tensors`` where captured, else one per node holding parameters (a lower
+        bound: a layer with a bias holds two). O(n).
+
+        Examples
+        --------
+        >>> from shardplan.ir import Graph
+        >>> g = Graph.from_arrays(name="g", fwd_flops=[1, 1, 1], src=[0, 1], dst=[1, 2],
+        ...                       param_bytes=[8, 0, 4])
+        >>> CostModel(g).param_tensors.tolist()
+        [1.0, 0.0, 1.0]
+        >>> g = g.replace(param_tensors=np.array([2.0, 0.0, np.nan]))
+        >>> CostModel(g).param_tensors.tolist()
+        [2.0, 0.0, 1.0]
+        """
+        g = self.graph
+        guess = (g.param_bytes > 0).astype(np.float64)
+        if g.param_tensors is None:
+            return guess
+        return np.where(np.isnan(g.param_tensors), guess, g.param_tensors)
+
+    @cached_property
     def accumulation_seconds(self) -> np.ndarray:
         """Per node, the seconds a backward spends adding its parameters' gradients into
         those of the iteration's earlier micro-batches, averaged over the settings'

@@ -23,11 +23,16 @@ slowdown at 1, exactly as before. Fields of a device entry:
 - ``gradient_seconds_per_byte``: ``[one replica, replicas]`` seconds per parameter byte of
   the runtime's gradient handling before the optimizer step (scaling; with replicas also
   flattening for the all-reduce and copying back), charged once per iteration.
-- ``optimizer_seconds_per_byte``: ``{optimizer: seconds}`` per parameter byte of one step
-  of each optimizer as the runtime builds it; where present for the settings' optimizer it
-  replaces the roofline's :func:`~shardplan.cost._formulas.optimizer_seconds` (torch's
-  per-tensor Adam on a CPU makes several passes over the state: 1.4 to 2 times the
-  roofline on this machine).
+- ``optimizer_seconds_per_byte``, ``optimizer_seconds_per_tensor``: ``{optimizer:
+  seconds}`` per parameter byte and per parameter tensor of one step of each optimizer as
+  the runtime builds it; where the byte rate is present for the settings' optimizer, the
+  two replace the roofline's :func:`~shardplan.cost._formulas.optimizer_seconds` (torch's
+  per-tensor Adam on a CPU launches several kernels per tensor and makes several passes
+  over the state).
+- ``comm_cpu_share``: the part of a message's time in flight that its two ends' computation
+  loses while they compute (gloo on a CPU host: the transfers run on the computing cores);
+  the simulator's engine charges it (:mod:`shardplan.simulate._engine`), the static
+  stage-time views leave it out.
 - ``pipeline_action_overhead_seconds``: seconds torch's pipelining schedule adds per forward
   or backward action: charged per micro-batch to plans the pipeline runtime runs (not DDP,
   FSDP or one-stage strategies).
@@ -51,10 +56,10 @@ import numpy as np
 
 from shardplan.ir import Graph, Topology
 
-__all__ = ["busy_slowdown", "charge_run_overheads", "dtensor_op_overhead",
+__all__ = ["busy_slowdown", "charge_run_overheads", "comm_cpu_share", "dtensor_op_overhead",
            "dtensor_step_overhead", "fsdp_gather_overhead", "fsdp_unit_chunks", "fsdp_unit_keys",
            "gradient_seconds_per_byte", "op_overhead", "optimizer_seconds_per_byte",
-           "pipeline_action_overhead"]
+           "optimizer_seconds_per_tensor", "pipeline_action_overhead"]
 
 
 def _pair(device: Any, key: str) -> tuple[float, float]:
@@ -266,21 +271,49 @@ def gradient_seconds_per_byte(topology: Topology | None, devices: Sequence[int],
                        for d in devices)]) / _measured_busy(topology)
 
 
-def optimizer_seconds_per_byte(topology: Topology | None, optimizer: str) -> np.ndarray:
-    """Every device's measured seconds per parameter byte of a step of ``optimizer``
-    (``optimizer_seconds_per_byte``, alone: :func:`_measured_busy` divided out), shape (D,);
-    0 where not measured (the roofline prices it then). O(D)."""
+def _optimizer_table(topology: Topology | None, key: str, optimizer: str) -> np.ndarray:
     if topology is None:
         return np.zeros(0)
     out = np.zeros(topology.num_devices)
     for d, dev in enumerate(topology.devices):
-        table = dev.extra.get("optimizer_seconds_per_byte")
+        table = dev.extra.get(key)
         if isinstance(table, dict):
             try:
                 out[d] = max(float(table.get(optimizer) or 0.0), 0.0)
             except (TypeError, ValueError):
                 out[d] = 0.0
     return out / _measured_busy(topology) if out.any() else out
+
+
+def optimizer_seconds_per_byte(topology: Topology | None, optimizer: str) -> np.ndarray:
+    """Every device's measured seconds per parameter byte of a step of ``optimizer``
+    (``optimizer_seconds_per_byte``, alone: :func:`_measured_busy` divided out), shape (D,);
+    0 where not measured (the roofline prices it then). O(D)."""
+    return _optimizer_table(topology, "optimizer_seconds_per_byte", optimizer)
+
+
+def optimizer_seconds_per_tensor(topology: Topology | None, optimizer: str) -> np.ndarray:
+    """Every device's measured seconds per parameter tensor of a step of ``optimizer``
+    (``optimizer_seconds_per_tensor``, alone), shape (D,); 0 where not measured. Charged
+    beside :func:`optimizer_seconds_per_byte`, never instead of the roofline. O(D)."""
+    return _optimizer_table(topology, "optimizer_seconds_per_tensor", optimizer)
+
+
+def comm_cpu_share(topology: Topology | None) -> np.ndarray:
+    """Every device's ``comm_cpu_share``, shape (D,): the part of a transfer's time in
+    flight that its computation loses while it computes (0 where absent: a GPU's copy
+    engines leave the compute alone); negative or unreadable entries read as 0. A ratio of
+    two times taken under the same load, so the busy slowdown is not divided out. Read by
+    the simulator's engine. O(D)."""
+    if topology is None:
+        return np.zeros(0)
+    out = np.zeros(topology.num_devices)
+    for d, dev in enumerate(topology.devices):
+        try:
+            out[d] = max(float(dev.extra.get("comm_cpu_share") or 0.0), 0.0)
+        except (TypeError, ValueError):
+            out[d] = 0.0
+    return out
 
 
 def pipeline_action_overhead(topology: Topology | None, devices: Sequence[int]) -> float:

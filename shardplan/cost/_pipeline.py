@@ -69,7 +69,7 @@ from shardplan.cost._collectives import ring_collectives
 from shardplan.cost._contention import link_contention, link_table, route_links
 from shardplan.cost._formulas import message_seconds, optimizer_seconds, work_seconds
 from shardplan.cost._memory import in_flight_microbatches
-from shardplan.cost._overheads import optimizer_seconds_per_byte
+from shardplan.cost._overheads import optimizer_seconds_per_byte, optimizer_seconds_per_tensor
 from shardplan.cost._transfer import stage_traffic
 from shardplan.errors import ShardplanError
 
@@ -441,9 +441,12 @@ def stage_times(model: Any, assignment: Sequence[int] | np.ndarray, stage_device
     membw = topology.device_memory_bandwidth[d0]
     opt = optimizer_seconds(params[:, None] / shard, model.optimizer, rate, membw)
     measured = optimizer_seconds_per_byte(topology, model.optimizer)  # topology measure's
-    if measured.any():
+    if measured.any():  # every replica steps each of its stage's tensors (or their shards)
         per_byte = measured[d0]
-        opt = np.where(per_byte > 0, params[:, None] / shard * per_byte, opt)
+        per_tensor = optimizer_seconds_per_tensor(topology, model.optimizer)[d0]
+        tensors = np.bincount(a, weights=model.param_tensors, minlength=k)
+        opt = np.where(per_byte > 0, params[:, None] / shard * per_byte
+                       + tensors[:, None] * per_tensor, opt)
     opt = np.where(mask, opt, 0.0)
     return StageTimes(
         devices=dev, replicas=reps, forward=fwd, backward=bwd,

@@ -34,9 +34,16 @@ objective, ``shardplan cost`` and the simulator price the same compute and the s
   (:func:`recv_positions`: after the compute actions that precede the receive in the
   lowered schedule); gloo's and NCCL's point-to-point transfers need both ends.
 - **Network.** A device sends one message at a time (FIFO). With the settings' ``overlap``
-  (default) it computes meanwhile (a separate communication stream); without it, a message
-  starts only when neither end is computing and neither end starts computing while one of
-  its messages is in flight or waiting (a device computes or communicates, never both). A
+  (default) it computes meanwhile (a separate communication stream), at full speed unless
+  its topology entry says what a transfer takes from its compute (``comm_cpu_share``,
+  measured by ``topology measure``: gloo's transfers run on the same CPU cores as the
+  computation): then of the time a message is in flight while an end computes, that
+  share is added to the end's next computation (its next forward, backward segment or
+  optimizer step), at both ends of every message, measured collectives and ring steps
+  included (the closed-form ring steps, below, run while no worker there computes). Without
+  overlap a message starts only when neither end is computing and neither end starts
+  computing while one of its messages is in flight or waiting (a device computes or
+  communicates, never both). A
   message waits its latency, then streams its bytes over the routed path
   (:func:`shardplan.topology.routes_of`, physical ``links`` when the topology has them, else
   one direct link per pair); concurrent messages share every link on their paths max-min
@@ -117,6 +124,7 @@ class _Message:
     start: float = 0.0
     t_rate: float = 0.0
     finish: float = 0.0
+    busy0: tuple[float, float] = (0.0, 0.0)  # its ends' compute seconds when it started
 
 
 @dataclass
@@ -386,6 +394,13 @@ class _Sim:
         self.sending: dict[int, bool] = {d: False for d in self.devices}
         self.computing: dict[int, bool] = {d: False for d in self.devices}
         self.pending: dict[int, int] = {d: 0 for d in self.devices}
+        # what messages in flight take from their ends' compute (comm_cpu_share)
+        cpu = _overheads.comm_cpu_share(topology)
+        self.cpu_share = {d: float(cpu[d]) if cpu.size else 0.0 for d in self.devices}
+        self.debt = {d: 0.0 for d in self.devices}
+        self.busy_n = {d: 0 for d in self.devices}  # computations running
+        self.busy_acc = {d: 0.0 for d in self.devices}  # compute seconds so far
+        self.busy_since = {d: 0.0 for d in self.devices}
         # workers and bookkeeping
         self.workers = [
             _Worker(p, i, int(view.rank_devices[p][i]),
@@ -545,13 +560,15 @@ class _Sim:
                         self.retry_sends()
                     return
             self.computing[w.device] = True
+            self.busy(w.device, 1)
 
             def end() -> None:
+                self.busy(w.device, -1)
                 if after is not None:
                     self.issue(after)
                 segment(j + 1, f_end)
 
-            self.at(self.t + dur * max(f_end - prev, 0.0), end)
+            self.at(self.t + dur * max(f_end - prev, 0.0) + self.take_debt(w.device), end)
 
         def done() -> None:
             w.busy = False
@@ -578,15 +595,35 @@ class _Sim:
         w.busy = True
         start = self.t
         self.memory(w.device, self.step_mem[w.device])
+        self.busy(w.device, 1)
 
         def finish() -> None:
+            self.busy(w.device, -1)
             self.memory(w.device, -self.step_mem[w.device])
             w.busy = False
             w.done = True
             self.intervals.append(Interval(w.device, start, self.t, "OPT", min(w.stages)))
             self.finish[w.device] = self.t
 
-        self.at(self.t + self.opt_seconds[w.device], finish)
+        self.at(self.t + self.opt_seconds[w.device] + self.take_debt(w.device), finish)
+
+    def busy(self, device: int, delta: int) -> None:
+        """A computation starts (+1) or ends (-1) on ``device``: its compute seconds."""
+        if self.busy_n[device] > 0:
+            self.busy_acc[device] += self.t - self.busy_since[device]
+        self.busy_since[device] = self.t
+        self.busy_n[device] += delta
+
+    def busy_seconds(self, device: int) -> float:
+        """Seconds ``device`` has computed so far (a running computation counted to now)."""
+        run = self.t - self.busy_since[device] if self.busy_n[device] > 0 else 0.0
+        return self.busy_acc[device] + run
+
+    def take_debt(self, device: int) -> float:
+        """The compute seconds messages took from ``device`` since its last computation
+        started, charged to the one starting now."""
+        owed, self.debt[device] = self.debt[device], 0.0
+        return owed
 
     def memory(self, device: int, delta: float) -> None:
         self.mem_now[device] += delta
@@ -665,6 +702,7 @@ class _Sim:
         self.send_q[src].popleft()
         self.sending[src] = True
         msg.start = self.t
+        msg.busy0 = (self.busy_seconds(src), self.busy_seconds(msg.dst))
         self.at(self.t + msg.latency, lambda: self.stream(msg))
 
     def retry_sends(self) -> None:
@@ -711,6 +749,9 @@ class _Sim:
         self.sending[msg.src] = False
         self.pending[msg.src] -= 1
         self.pending[msg.dst] -= 1
+        for end, before in zip((msg.src, msg.dst), msg.busy0, strict=True):
+            if self.cpu_share[end] > 0:  # the CPU it took from that end's compute
+                self.debt[end] += self.cpu_share[end] * (self.busy_seconds(end) - before)
         msg.on_arrival()
         self.next_send(msg.src)
         if not self.overlap:

@@ -174,10 +174,13 @@ def measure(nproc: int, *, backend: str = "auto", sizes: Sequence[int] = DEFAULT
         ``pipeline_action_overhead_seconds`` (what torch's pipelining schedule adds per
         forward or backward action),
         ``gradient_seconds_per_byte`` (the gradient handling
-        around a step, per parameter byte), ``optimizer_seconds_per_byte`` (one step of
-        each optimizer, per parameter byte) and ``busy_slowdown`` (``{g: factor}``: how much
-        slower a process computes while g ranks compute at once than alone; rank 0's
-        measurement, given to every device of this host). A few seconds.
+        around a step, per parameter byte), ``optimizer_seconds_per_byte`` and
+        ``optimizer_seconds_per_tensor`` (one step of each optimizer, per parameter byte
+        and per parameter tensor), ``comm_cpu_share`` (what a point-to-point transfer takes
+        from the compute of its ends, per second in flight; CPU devices) and
+        ``busy_slowdown`` (``{g: factor}``: how much slower a process computes while g
+        ranks compute at once than alone; rank 0's measurement, given to every device of
+        this host). A few seconds.
 
     Returns
     -------
@@ -270,7 +273,8 @@ OVERHEAD_FIELDS = ("op_overhead_seconds", "dtensor_op_overhead_seconds",
                    "dtensor_step_overhead_seconds", "fsdp_gather_overhead_seconds",
                    "fsdp_gather_seconds_per_byte",
                    "gradient_seconds_per_byte", "pipeline_action_overhead_seconds",
-                   "optimizer_seconds_per_byte")
+                   "optimizer_seconds_per_byte", "optimizer_seconds_per_tensor",
+                   "comm_cpu_share")
 
 
 def _device(res: dict[str, Any], n: int, preset: str | None, memory_bytes: float | None,

@@ -26,10 +26,14 @@ BLOCKS = 4
 BLOCK_OPS = 7
 #: FSDP units of the per-gather overhead's model.
 UNITS = 4
-#: Features of the wide FSDP units (256 KiB of parameters each), for the per-byte cost.
-FSDP_WIDE = 256
+#: Features of the wide FSDP units (1 MiB of parameters each), for the per-byte cost (at
+#: 256 KiB the cost per byte was lost in the noise: 0 to 1.9 ns across four measurements).
+FSDP_WIDE = 512
 #: Micro-batches of the pipelining per-action overhead's schedule.
 PIPE_MICROBATCHES = 8
+#: Messages per round, and their bytes, of the CPU share of transfers.
+CPU_GROUPS = 8
+CPU_MESSAGE = 1 << 20
 
 
 def _write_json(path: str, data: Any) -> None:
@@ -259,8 +263,12 @@ def _overheads(rank: int, world: int, cfg: dict[str, Any], dev: Any,
       of gradients in 16 tensors: scaled in place (what a one-replica step does), and
       flattened into one tensor, copied back out and scaled (the runtime's flat all-reduce
       around the collective itself);
-    - ``optimizer_seconds_per_byte``: ``{optimizer: seconds per parameter byte}`` of one
-      step of each optimizer the runtime builds (:func:`_optimizer_steps`);
+    - ``comm_cpu_share``: what a point-to-point transfer takes from its ends' compute, as
+      a share of its time in flight (:func:`_comm_cpu_share`; absent on a rank without a
+      partner);
+    - ``optimizer_seconds_per_byte``, ``optimizer_seconds_per_tensor``: ``{optimizer:
+      seconds}`` per parameter byte and per parameter tensor of one step of each optimizer
+      the runtime builds (:func:`_optimizer_steps`);
     - ``busy_slowdown``: ``{g: t_g / t_1}``, g = 1..N: the seconds until the last of g
       ranks running a fixed compute kernel at once (matrix products and elementwise passes
       over 4 MiB, tens of milliseconds: longer than a scheduler's time slice) is done, over
@@ -339,7 +347,7 @@ def _overheads(rank: int, world: int, cfg: dict[str, Any], dev: Any,
         full = torch.ones(-(-numel // world) * world, device=dev)
         part = torch.ones(full.numel() // world, device=dev)
         rounds = []
-        for it in range(warmup + max(repeats, 5)):
+        for it in range(warmup + max(repeats, 9)):
             t_plain = _median_seconds(step(plain), sync, 1, 0, dist)
             t_fsdp = _median_seconds(step(model), sync, 1, 0, dist)
             t_ag = _median_seconds(lambda: dist.all_gather_into_tensor(full, part), sync, 1,
@@ -378,8 +386,11 @@ def _overheads(rank: int, world: int, cfg: dict[str, Any], dev: Any,
         _median_seconds(scale, sync, repeats, warmup, dist) / nbytes,
         _median_seconds(flat, sync, repeats, warmup, dist) / nbytes]
 
-    out["optimizer_seconds_per_byte"] = _optimizer_steps(torch, dist, dev, sync, repeats,
-                                                         warmup)
+    out["optimizer_seconds_per_byte"], out["optimizer_seconds_per_tensor"] = \
+        _optimizer_steps(torch, dist, dev, sync, repeats, warmup)
+    share = _comm_cpu_share(torch, dist, dev, sync, world, rank, repeats, warmup)
+    if share is not None and dev.type == "cpu":
+        out["comm_cpu_share"] = share
 
     a = torch.rand(256, 256, device=dev)
     big = torch.rand(1 << 20, device=dev)
@@ -523,29 +534,89 @@ def _dtensor_program(torch: Any, dist: Any, dev: Any, sync: Callable[[], None], 
 
 
 def _optimizer_steps(torch: Any, dist: Any, dev: Any, sync: Callable[[], None],
-                     repeats: int, warmup: int) -> dict[str, float]:
-    """Seconds per parameter byte of one step of each optimizer the settings name
+                     repeats: int, warmup: int) -> tuple[dict[str, float], dict[str, float]]:
+    """``({optimizer: seconds per parameter byte}, {optimizer: seconds per parameter
+    tensor})`` of one step of each optimizer the settings name
     (:data:`shardplan.cost._formulas.OPTIMIZER_BYTES`' keys), built as the runtime builds it
     (:func:`shardplan.runtime._worker.make_optimizer`: torch's default implementation for
-    the device), over 16 MiB of parameters in 16 tensors with gradients, every rank stepping
-    at once: the median over ``repeats`` steps after ``warmup``. The roofline's bytes per
-    parameter assume one pass over each tensor; torch's per-tensor implementation on a CPU
-    makes several (Adam over 16 MiB on one core here: 10 ms, 1.4 times the roofline at
-    the copy bandwidth; paper 000's MLP's 4 MiB last stage: twice it, 4.8 against 2.3 ms)."""
+    the device), every rank stepping at once.
+
+    Two steps are timed (medians over ``repeats`` after ``warmup``): over 16 MiB of
+    parameters in 4 tensors of 4 MiB (larger than a core's cache here, as most layers'
+    weights are) and over 256 tensors of 256 bytes; the pair of equations ``seconds =
+    tensors x per tensor + bytes x per byte`` gives both rates (negative solutions, from
+    noise, clipped to 0). torch's per-tensor implementation on a CPU launches several
+    kernels per tensor and makes several passes over each: Adam here costs about 18 us
+    per tensor and 0.77 ns per byte (1.6 times the roofline's one pass at the copy
+    bandwidth), every rank stepping; the small transformer's 50 tensors then cost as much
+    as 1.2 MB of weights."""
+    import numpy as np
     from torch import nn
 
     from shardplan.cost._formulas import OPTIMIZER_BYTES
     from shardplan.runtime._worker import make_optimizer
 
-    params = [nn.Parameter(torch.rand(1 << 18, device=dev)) for _ in range(16)]
-    for p in params:
-        p.grad = torch.rand_like(p)
-    nbytes = float(sum(p.numel() * p.element_size() for p in params))
-    out = {}
+    def params(count: int, numel: int) -> list[Any]:
+        out = [nn.Parameter(torch.rand(numel, device=dev)) for _ in range(count)]
+        for p in out:
+            p.grad = torch.rand_like(p)
+        return out
+
+    shapes = ((4, 1 << 20), (256, 64))  # (tensors, float32 elements each)
+    sets = [params(c, e) for c, e in shapes]
+    lhs = np.array([[float(c), float(c * e * 4)] for c, e in shapes])
+    per_byte, per_tensor = {}, {}
     for name in OPTIMIZER_BYTES:
-        opt = make_optimizer(name, params, 1e-3)
-        out[name] = _median_seconds(opt.step, sync, repeats, warmup, dist) / nbytes
-    return out
+        rhs = np.array([_median_seconds(make_optimizer(name, ps, 1e-3).step, sync, repeats,
+                                        warmup, dist) for ps in sets])
+        tensor, byte = np.linalg.solve(lhs, rhs)
+        if byte <= 0:  # noise: the large step alone prices the bytes
+            byte, tensor = rhs[0] / lhs[0, 1], 0.0
+        if tensor < 0:
+            tensor, byte = 0.0, rhs[0] / lhs[0, 1]
+        per_byte[name], per_tensor[name] = float(byte), float(tensor)
+    return per_byte, per_tensor
+
+
+def _comm_cpu_share(torch: Any, dist: Any, dev: Any, sync: Callable[[], None], world: int,
+                    rank: int, repeats: int, warmup: int) -> float | None:
+    """The CPU a point-to-point transfer takes on each end, per second it is in flight:
+    the process's CPU seconds (every thread: gloo's transfer threads and the kernel's
+    copies on their behalf) over the wall seconds of :data:`CPU_GROUPS` messages of
+    :data:`CPU_MESSAGE` bytes, each waited for before the next is posted (the time in
+    flight the simulator gives each), the median over ``warmup + repeats`` rounds; or
+    ``None`` for a rank without a partner (the last of an odd number). Ranks pair up
+    (``2j`` sends to ``2j + 1``).
+
+    While the ranks compute on every core, that CPU is taken from their computation. A
+    direct count: timing products with and without messages beside them (as
+    ``benchmarks/p2p_cpu_cost.py`` does) measures the same loss, but as a small difference
+    of two noisy times (0.2 to 3 across measurements here). On a GPU the transfers run on
+    the copy engines and NCCL's kernels: the host CPU a process spends is no loss of the
+    device's compute, so the figure only applies to CPU devices (:func:`_measure` records
+    it for them alone: the caller)."""
+    import statistics
+
+    partner = rank + 1 if rank % 2 == 0 else rank - 1
+    paired = partner < world
+    buf = torch.zeros(CPU_MESSAGE // 4, device=dev)
+
+    def post() -> Any:
+        return dist.isend(buf, partner) if rank % 2 == 0 else dist.irecv(buf, partner)
+
+    shares = []
+    for it in range(warmup + max(repeats, 5)):
+        dist.barrier()
+        if not paired:
+            continue
+        c0, t0 = time.process_time(), time.perf_counter()
+        for _ in range(CPU_GROUPS):
+            post().wait()
+        sync()
+        wall = time.perf_counter() - t0
+        if it >= warmup:
+            shares.append((time.process_time() - c0) / max(wall, 1e-9))
+    return float(statistics.median(shares)) if paired else None
 
 
 def _dtensor_step(torch: Any, dist: Any, dev: Any, sync: Callable[[], None], mesh: Any,

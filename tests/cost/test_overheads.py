@@ -416,6 +416,54 @@ def test_measured_optimizer_step_replaces_the_roofline() -> None:
     assert both.optimizer[0].tolist() == pytest.approx([6000 / 2 * 1e-6 / 2] * 2)
 
 
+def test_measured_optimizer_step_charges_every_tensor() -> None:
+    """Beside the bytes, every parameter tensor of a stage costs the measured seconds per
+    tensor (busy slowdown divided out), each replica stepping all of its stage's tensors
+    (FSDP: a shard of each); nodes without a captured count hold one tensor if they hold
+    parameters; without a byte rate, the roofline alone (the tensor rate is not charged)."""
+    from shardplan.cost import stage_times
+    from shardplan.cost._formulas import optimizer_seconds
+
+    g = Graph.from_arrays(name="g", fwd_flops=np.zeros(3), src=[0, 1], dst=[1, 2],
+                          fwd_seconds=[1.0] * 3, bwd_seconds=[2.0] * 3,
+                          param_bytes=[4000, 2000, 1000])
+    g = g.replace(param_tensors=np.array([2.0, 5.0, np.nan]))
+    a = np.array([0, 0, 1])
+    measured = {"optimizer_seconds_per_byte": {"adam": 1e-6},
+                "optimizer_seconds_per_tensor": {"adam": 1e-3, "sgd": 7.0},
+                "busy_slowdown": {"1": 1.0, "2": 2.0}}
+    t = _topo(2, memory_bandwidth=1e6, **measured)
+    st = stage_times(CostModel(g, t, optimizer="adam"), a, [[0], [1]], num_stages=2)
+    assert st.optimizer[:, 0].tolist() == pytest.approx(
+        [(6000 * 1e-6 + 7 * 1e-3) / 2, (1000 * 1e-6 + 1 * 1e-3) / 2])
+    sharded = CostModel.from_settings(g, t, ExecutionSettings(gradient_sync="sharded",
+                                                              optimizer="adam"))
+    both = stage_times(sharded, np.zeros(3, dtype=np.int64), [[0, 1]], num_stages=1)
+    assert both.optimizer[0].tolist() == pytest.approx([(7000 / 2 * 1e-6 + 8e-3) / 2] * 2)
+    sgd = stage_times(CostModel(g, t, optimizer="sgd"), a, [[0], [1]], num_stages=2)
+    assert sgd.optimizer[:, 0].tolist() == pytest.approx(
+        optimizer_seconds(np.array([6000.0, 1000.0]), "sgd", 1e12, 1e6).tolist())
+    bad = _topo(2, memory_bandwidth=1e6, optimizer_seconds_per_byte={"adam": 1e-6},
+                optimizer_seconds_per_tensor={"adam": [1]})
+    kept = stage_times(CostModel(g, bad, optimizer="adam"), a, [[0], [1]], num_stages=2)
+    assert kept.optimizer[:, 0].tolist() == pytest.approx([6000 * 1e-6, 1000 * 1e-6])
+
+
+def test_comm_cpu_share_reads_each_device() -> None:
+    """Per device, absent, negative or unreadable entries read as 0; no busy slowdown is
+    divided out (a ratio of two times under one load)."""
+    from shardplan.cost._overheads import comm_cpu_share
+
+    t = _topo(4, busy_slowdown={"1": 1.0, "4": 3.0})
+    shares = [0.7, -1.0, "x", None]
+    t = dataclasses.replace(t, devices=tuple(
+        dataclasses.replace(d, extra={**d.extra, "comm_cpu_share": v})
+        for d, v in zip(t.devices, shares, strict=True)))
+    assert comm_cpu_share(t).tolist() == [0.7, 0.0, 0.0, 0.0]
+    assert comm_cpu_share(_topo(2)).tolist() == [0.0, 0.0]
+    assert comm_cpu_share(None).size == 0
+
+
 def test_slowest_memory_reads_the_weights() -> None:
     """Devices of different memory bandwidths: the slowest one's reads are charged."""
     g = Graph.from_arrays(name="g", fwd_flops=np.zeros(2), src=[0], dst=[1],

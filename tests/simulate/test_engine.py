@@ -428,3 +428,58 @@ def test_sharded_sync_without_overlap_runs(seed: int, m: int) -> None:
         apart = simulate(plan, g, t, overlap=False, **kw)
         together = simulate(plan, g, t, overlap=True, **kw)
         assert apart.iteration_seconds >= together.iteration_seconds * (1 - 1e-12)
+
+
+def _with_share(topo: Topology, shares: list[float]) -> Topology:
+    import dataclasses
+
+    return dataclasses.replace(topo, devices=tuple(
+        dataclasses.replace(d, extra={**d.extra, "comm_cpu_share": s})
+        for d, s in zip(topo.devices, shares, strict=True)))
+
+
+def test_transfers_take_their_share_of_a_computing_ends_cpu() -> None:
+    """GPipe, 2 stages, 2 micro-batches, forward 1 s, backward 2 s, messages 0.5 s. Worked
+    by hand: the first activation streams during device 0's second forward (0.25 s owed
+    at share 0.5, paid by its next computation, the first backward: 6.5-8.75); the first
+    gradient streams during device 1's second backward (its optimizer step, 8-8.25); the
+    other two find both ends idle. Owed CPU is only charged where the device's own share
+    says so."""
+    g = _chain(2, 1.0, 2.0, out_bytes=500_000)
+    plan = _plan([[0], [1]], [[0], [1]])
+    kw = dict(schedule="gpipe", num_microbatches=2, optimizer="sgd")
+    free = simulate(plan, g, _flat(2, bandwidth=1e6), **kw)
+    assert free.iteration_seconds == pytest.approx(11.0)
+
+    def spans(res: object) -> dict[tuple[int, str, object], tuple[float, float]]:
+        return {(iv.device, iv.kind, iv.microbatch): (iv.start, iv.end)
+                for iv in res.intervals}
+
+    both = simulate(plan, g, _with_share(_flat(2, bandwidth=1e6), [0.5, 0.5]), **kw)
+    assert both.iteration_seconds == pytest.approx(11.25)
+    got = spans(both)
+    assert got[(0, "B", 0)] == pytest.approx((6.5, 8.75))
+    assert got[(1, "OPT", None)] == pytest.approx((8.0, 8.25))
+    assert got[(0, "B", 1)] == pytest.approx((9.25, 11.25))
+    one = simulate(plan, g, _with_share(_flat(2, bandwidth=1e6), [0.0, 0.5]), **kw)
+    assert one.iteration_seconds == pytest.approx(11.0)
+    assert spans(one)[(0, "B", 0)] == pytest.approx((6.5, 8.5))
+    assert spans(one)[(1, "OPT", None)] == pytest.approx((8.0, 8.25))
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(2, 4), st.integers(1, 6), st.floats(0.1, 2.0),
+       st.sampled_from([0.1, 0.5, 1.0]), st.sampled_from([0.25, 1.0, 3.0]),
+       st.sampled_from(["gpipe", "1f1b"]))
+def test_a_cpu_share_never_speeds_up(s: int, m: int, f: float, x: float, share: float,
+                                     name: str) -> None:
+    """Transfers that take CPU from computing ends never finish an iteration sooner; on a
+    chain with one micro-batch every message finds its ends idle: nothing changes."""
+    g = _chain(s, f, 2 * f, out_bytes=1_000_000)
+    plan = _plan([[i] for i in range(s)], [[i] for i in range(s)])
+    kw = dict(schedule=name, num_microbatches=m, optimizer="sgd")
+    free = simulate(plan, g, _flat(s, bandwidth=1e6 / x), **kw)
+    taxed = simulate(plan, g, _with_share(_flat(s, bandwidth=1e6 / x), [share] * s), **kw)
+    assert taxed.iteration_seconds >= free.iteration_seconds * (1 - 1e-9)
+    if m == 1:
+        assert taxed.iteration_seconds == pytest.approx(free.iteration_seconds, rel=1e-9)

@@ -92,6 +92,10 @@ def test_measure_two_processes(tmp_path) -> None:
         assert set(steps) == {"sgd", "sgd-momentum", "momentum", "adam", "adamw"}
         assert all(0 < x < 1e-6 for x in steps.values())
         assert steps["adam"] > steps["sgd"]  # Adam passes over its two moments too
+        per_tensor = d.extra["optimizer_seconds_per_tensor"]
+        assert set(per_tensor) == set(steps)
+        assert all(0 <= x < 1e-2 for x in per_tensor.values())  # microseconds per tensor
+        assert 0 < d.extra["comm_cpu_share"] < 8  # CPU seconds per second in flight
         assert set(d.extra["busy_slowdown"]) == {"1", "2"}
         assert d.extra["busy_slowdown"]["1"] == 1.0 and d.extra["busy_slowdown"]["2"] > 0
     assert op_overhead(back)[0] > 0 and dtensor_op_overhead(back)[0] >= 0
