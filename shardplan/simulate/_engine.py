@@ -621,7 +621,8 @@ class _Sim:
 
     def take_debt(self, device: int) -> float:
         """The compute seconds messages took from ``device`` since its last computation
-        started, charged to the one starting now."""
+        started, charged to the one starting now (what messages take from a device's last
+        computation of the iteration, its optimizer step, is not charged: none follows)."""
         owed, self.debt[device] = self.debt[device], 0.0
         return owed
 

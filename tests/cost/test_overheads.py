@@ -447,6 +447,9 @@ def test_measured_optimizer_step_charges_every_tensor() -> None:
                 optimizer_seconds_per_tensor={"adam": [1]})
     kept = stage_times(CostModel(g, bad, optimizer="adam"), a, [[0], [1]], num_stages=2)
     assert kept.optimizer[:, 0].tolist() == pytest.approx([6000 * 1e-6, 1000 * 1e-6])
+    from shardplan.cost._overheads import optimizer_seconds_per_tensor
+
+    assert optimizer_seconds_per_tensor(None, "adam").shape == (0,)
 
 
 def test_comm_cpu_share_reads_each_device() -> None:

@@ -483,3 +483,62 @@ def test_a_cpu_share_never_speeds_up(s: int, m: int, f: float, x: float, share: 
     assert taxed.iteration_seconds >= free.iteration_seconds * (1 - 1e-9)
     if m == 1:
         assert taxed.iteration_seconds == pytest.approx(free.iteration_seconds, rel=1e-9)
+
+
+def test_a_transfer_spanning_several_computations_owes_all_of_them() -> None:
+    """GPipe, 2 stages, 3 micro-batches, 1 s per forward and backward, 1.5 s messages: the
+    first activation (1-2.5) streams through device 0's second and third forwards, 1.5 s
+    of its compute at share 1, paid by its first backward (11-13.5, 1 s without); the first
+    gradient (9.5-11) streams through device 1's second and third backwards, paid by its
+    optimizer step (11.5-13). Messages that find an end idle (the later activations at
+    device 1) owe it nothing."""
+    g = _chain(2, 1.0, 1.0, out_bytes=1_500_000)
+    plan = _plan([[0], [1]], [[0], [1]])
+    kw = dict(schedule="gpipe", num_microbatches=3, optimizer="sgd")
+
+    def spans(shares: list[float]) -> tuple[float, dict[tuple[int, str, object], tuple]]:
+        res = simulate(plan, g, _with_share(_flat(2, bandwidth=1e6), shares), **kw)
+        return res.iteration_seconds, {(iv.device, iv.kind, iv.microbatch):
+                                       (iv.start, iv.end) for iv in res.intervals}
+
+    base, free = spans([0.0, 0.0])
+    assert base == pytest.approx(17.0) and free[(0, "B", 0)] == pytest.approx((11.0, 12.0))
+    sender, got = spans([1.0, 0.0])
+    assert sender == pytest.approx(18.5)
+    assert got[(0, "B", 0)] == pytest.approx((11.0, 13.5))
+    assert got[(1, "F", 1)] == pytest.approx((5.0, 6.0))
+    receiver, got = spans([0.0, 1.0])
+    assert receiver == pytest.approx(17.0)
+    assert got[(1, "F", 1)] == pytest.approx((5.0, 6.0))
+    assert got[(1, "F", 2)] == pytest.approx((7.5, 8.5))
+    assert got[(1, "OPT", None)] == pytest.approx((11.5, 13.0))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(2, 4), st.integers(1, 5), st.floats(0.2, 2.0), st.floats(0.1, 3.0),
+       st.lists(st.sampled_from([0.0, 0.3, 1.0]), min_size=4, max_size=4),
+       st.sampled_from(["gpipe", "1f1b"]))
+def test_owed_cpu_is_the_share_of_each_messages_overlap_with_compute(
+        s: int, m: int, f: float, x: float, shares: list[float], name: str) -> None:
+    """Read back from the finished timeline: every device computes for its computations'
+    own seconds plus its share of the time each message of its was in flight beside its
+    computations (messages delivered before its optimizer step starts: what comes later
+    has no computation left to be charged to)."""
+    g = _chain(s, f, 1.3 * f, out_bytes=1_000_000)
+    plan = _plan([[i] for i in range(s)], [[i] for i in range(s)])
+    kw = dict(schedule=name, num_microbatches=m, optimizer="sgd")
+    free = simulate(plan, g, _flat(s, bandwidth=1e6 / x), **kw)
+    res = simulate(plan, g, _with_share(_flat(s, bandwidth=1e6 / x), shares[:s]), **kw)
+    compute = ("F", "B", "OPT")
+    for d in range(s):
+        spans = [(iv.start, iv.end) for iv in res.intervals
+                 if iv.device == d and iv.kind in compute]
+        extra = sum(e - b for b, e in spans) - sum(
+            iv.end - iv.start for iv in free.intervals if iv.device == d and iv.kind in compute)
+        opt_start = next(iv.start for iv in res.intervals if iv.device == d and iv.kind == "OPT")
+        owed = 0.0
+        for iv in res.intervals:
+            if iv.kind in compute or d not in (iv.device, iv.peer) or iv.end > opt_start:
+                continue
+            owed += sum(max(0.0, min(e, iv.end) - max(b, iv.start)) for b, e in spans)
+        assert extra == pytest.approx(shares[d] * owed, rel=1e-6, abs=1e-9)
