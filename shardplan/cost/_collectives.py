@@ -46,8 +46,12 @@ def measured_seconds(topology: Topology, kind: str, group_size: int,
 
 def curve_seconds(curve: tuple[np.ndarray, np.ndarray], nbytes: Any) -> Any:
     """A measured ``(bytes, seconds)`` curve's time for ``nbytes`` (see
-    :func:`measured_seconds`). O(log points) per value."""
+    :func:`measured_seconds`). A point above the time of a larger size is taken down to it
+    (a collective of more bytes never finishes sooner: on a shared machine such a point is
+    interference; here a 1 MiB all-reduce once measured 3.7 ms against 3.1 ms for 4 MiB).
+    O(points + log points) per value."""
     b, t = curve
+    t = np.minimum.accumulate(np.asarray(t, dtype=np.float64)[::-1])[::-1]
     x = np.asarray(nbytes, dtype=np.float64)
     slope = (t[-1] - t[-2]) / (b[-1] - b[-2]) if b.size > 1 else t[-1] / b[-1]
     out = np.where(x <= b[-1], np.interp(x, b, t), t[-1] + max(slope, 0.0) * (x - b[-1]))

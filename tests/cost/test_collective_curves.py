@@ -31,6 +31,17 @@ def test_extrapolates_with_the_last_segment_slope() -> None:
     assert curve_seconds(falling, 100.0) == pytest.approx(1.0)
 
 
+def test_a_point_above_a_larger_sizes_time_is_taken_down_to_it() -> None:
+    """Noise: 20 bytes measured slower than 40; every size up to 40 then costs at most 4."""
+    c = _curve([[10.0, 1.0], [20.0, 7.0], [40.0, 4.0], [80.0, 9.0]])
+    assert curve_seconds(c, 20.0) == pytest.approx(4.0)
+    assert curve_seconds(c, 15.0) == pytest.approx(2.5)
+    assert curve_seconds(c, 30.0) == pytest.approx(4.0)
+    assert curve_seconds(c, 60.0) == pytest.approx(6.5)
+    assert curve_seconds(c, 10.0) == pytest.approx(1.0)
+    assert c[1].tolist() == [1.0, 7.0, 4.0, 9.0]  # the caller's curve is left as it is
+
+
 def test_one_point_curve_is_a_bandwidth() -> None:
     c = _curve([[100.0, 2.0]])
     assert curve_seconds(c, 50.0) == pytest.approx(2.0)
