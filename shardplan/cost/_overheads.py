@@ -271,18 +271,26 @@ def gradient_seconds_per_byte(topology: Topology | None, devices: Sequence[int],
                        for d in devices)]) / _measured_busy(topology)
 
 
-def _optimizer_table(topology: Topology | None, key: str, optimizer: str) -> np.ndarray:
+def _device_values(topology: Topology | None, read: Any) -> np.ndarray:
+    """``read(device.extra)`` of every device as a float, shape (D,): 0 where absent,
+    negative or unreadable. O(D)."""
     if topology is None:
         return np.zeros(0)
     out = np.zeros(topology.num_devices)
     for d, dev in enumerate(topology.devices):
-        table = dev.extra.get(key)
-        if isinstance(table, dict):
-            try:
-                out[d] = max(float(table.get(optimizer) or 0.0), 0.0)
-            except (TypeError, ValueError):
-                out[d] = 0.0
-    return out / _measured_busy(topology) if out.any() else out
+        try:
+            out[d] = max(float(read(dev.extra) or 0.0), 0.0)
+        except (TypeError, ValueError):
+            out[d] = 0.0
+    return out
+
+
+def _optimizer_table(topology: Topology | None, key: str, optimizer: str) -> np.ndarray:
+    out = _device_values(topology, lambda x: x[key].get(optimizer)
+                         if isinstance(x.get(key), dict) else None)
+    if topology is None or not out.any():
+        return out
+    return out / _measured_busy(topology)
 
 
 def optimizer_seconds_per_byte(topology: Topology | None, optimizer: str) -> np.ndarray:
@@ -305,15 +313,7 @@ def comm_cpu_share(topology: Topology | None) -> np.ndarray:
     engines leave the compute alone); negative or unreadable entries read as 0. A ratio of
     two times taken under the same load, so the busy slowdown is not divided out. Read by
     the simulator's engine. O(D)."""
-    if topology is None:
-        return np.zeros(0)
-    out = np.zeros(topology.num_devices)
-    for d, dev in enumerate(topology.devices):
-        try:
-            out[d] = max(float(dev.extra.get("comm_cpu_share") or 0.0), 0.0)
-        except (TypeError, ValueError):
-            out[d] = 0.0
-    return out
+    return _device_values(topology, lambda x: x.get("comm_cpu_share"))
 
 
 def pipeline_action_overhead(topology: Topology | None, devices: Sequence[int]) -> float:
