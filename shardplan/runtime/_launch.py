@@ -44,7 +44,13 @@ def _write(path: str, data: bytes) -> None:
 
 
 def rank_main(rank: int, world: int, configs: list[Any], tmpdir: str) -> None:
-    """Body of one spawned rank: join the group, run every config in turn, write results."""
+    """Body of one spawned rank: join the group, run every config in turn, write results.
+
+    Exits through ``os._exit`` once its results are written, as ``topology measure``'s
+    ranks do, so that no interpreter teardown can fail a finished run: a standalone gloo
+    script here aborted at exit (``terminate called without an active exception``), and
+    one FSDP calibration run had a rank killed by SIGABRT, which three more runs did not
+    reproduce (so where that one died is not known)."""
     os.environ["OMP_NUM_THREADS"] = "1"
     os.environ["LOCAL_RANK"] = str(rank)  # one host: CUDA device = rank modulo GPU count
     if sys.platform.startswith("linux") and os.path.exists("/sys/class/net/lo"):
@@ -87,6 +93,9 @@ def rank_main(rank: int, world: int, configs: list[Any], tmpdir: str) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(1)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def launch(configs: Sequence[Any], nproc: int, *, time_limit: float | None = None,
