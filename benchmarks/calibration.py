@@ -35,8 +35,9 @@ and the table shows the busy slowdown each row's measurement saw.
 
 Usage::
 
-    .venv/bin/python benchmarks/calibration.py            # mlp and a small transformer
+    .venv/bin/python benchmarks/calibration.py            # mlp and a small transformer, 3 rounds
     .venv/bin/python benchmarks/calibration.py --quick    # mlp only, fewer steps
+    .venv/bin/python benchmarks/calibration.py --rounds 1 # one pass (about 3 min)
 
 Writes ``benchmarks/results/calibration.md`` (``calibration_quick.md`` with ``--quick``).
 """
@@ -141,10 +142,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="mlp only, fewer steps")
     ap.add_argument("--no-hybrid", action="store_true",
                     help="skip the 4-process hybrid (2 cores: oversubscribed)")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="passes over every row (default 3): each row's run, and its "
+                         "topology measurement, repeated once per pass; the table shows "
+                         "medians and the ratio's range")
     ap.add_argument("--measure-once", action="store_true",
                     help="predict every row with the topology measured at the start (default: "
                          "measured again right before each multi-process row's run)")
     args = ap.parse_args(argv)
+    if args.rounds < 1:
+        ap.error("--rounds must be at least 1")
     from shardplan.capture import capture_spec
     from shardplan.cost._overheads import busy_slowdown
     from shardplan.simulate import simulate
@@ -155,27 +162,37 @@ def main(argv: list[str] | None = None) -> int:
     load_start = os.getloadavg()[0]
     topo2 = build("measure", nproc=2, repeats=5)
     topo4 = None if args.no_hybrid else build("measure", nproc=4, repeats=3)
-    rows = []
-    slow: dict[tuple[str, str], float] = {}
+    slow: dict[tuple[str, str], list[float]] = {}
     models = ["mlp"] if args.quick else list(MODELS)
+    work = []  # (label, kind, plan, note, graph, spec): the plans chosen once, at the start
     for label in models:
         spec, mbs = MODELS[label]
         graph = capture_spec(spec, batch_size=mbs, seq_len=SEQ, profile=True)
         settings, _ = ExecutionSettings().override(
             microbatches=MICRO, microbatch_size=mbs, global_batch=MICRO * mbs,
             optimizer="adam", schedule="gpipe")
-        for kind, plan, note in _plans(graph, topo2, topo4, settings):
+        work += [(label, kind, plan, note, graph, spec)
+                 for kind, plan, note in _plans(graph, topo2, topo4, settings)]
+    # per row: [(predicted, measured) seconds per sample of every round], what ran, errors
+    samples: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    ran: dict[tuple[str, str], str] = {}
+    errors: dict[tuple[str, str], str] = {}
+    for rnd in range(args.rounds):
+        for label, kind, plan, note, graph, spec in work:
+            key = (label, kind)
+            if key in errors:
+                continue
             used = {d for st in plan.stages for d in st.devices}
             n = 4 if len(used) > 2 else 2
             topo = topo4 if n == 4 else topo2
             if len(used) > 1 and not args.measure_once:  # the load right now (see above)
                 topo = build("measure", nproc=n, repeats=3)
-                slow[(label, kind)] = busy_slowdown(topo, sorted(used))
+                slow.setdefault(key, []).append(busy_slowdown(topo, sorted(used)))
             try:
                 sim = simulate(plan, graph, topo, timeline=False)
                 cfg, res = _run(plan, graph, spec, steps)
             except ShardplanError as exc:
-                rows.append((label, kind, None, None, None, f"{note} {exc}".strip()))
+                errors[key] = f"{note} {exc}".strip()
                 continue
             same = (sim.samples_per_iteration == cfg.global_batch
                     and sim.num_microbatches == cfg.microbatches
@@ -186,10 +203,23 @@ def main(argv: list[str] | None = None) -> int:
                                  f"{sim.num_microbatches} x {sim.schedule.name}, ran "
                                  f"{cfg.global_batch} in {cfg.microbatches} x {cfg.schedule}")
             measured = statistics.median(res.seconds_per_step[warmup:])
-            rows.append((label, kind, sim.iteration_seconds / cfg.global_batch,
-                         measured / cfg.global_batch, cfg.kind, note))
-            sys.stderr.write(f"{label} {kind}: predicted {sim.iteration_seconds * 1e3:.2f} ms"
-                             f", measured {measured * 1e3:.2f} ms\n")
+            samples.setdefault(key, []).append((sim.iteration_seconds / cfg.global_batch,
+                                                measured / cfg.global_batch))
+            ran[key] = cfg.kind
+            sys.stderr.write(f"round {rnd + 1}: {label} {kind}: predicted "
+                             f"{sim.iteration_seconds * 1e3:.2f} ms, measured "
+                             f"{measured * 1e3:.2f} ms\n")
+    rows = []
+    for label, kind, _, note, _, _ in work:
+        key = (label, kind)
+        if key in errors:
+            rows.append((label, kind, None, None, None, errors[key], ()))
+            continue
+        got = samples[key]
+        ratios = sorted(p / m for p, m in got)
+        rows.append((label, kind, statistics.median(p for p, _ in got),
+                     statistics.median(m for _, m in got), ran[key], note,
+                     (statistics.median(ratios), ratios[0], ratios[-1])))
     lines = [
         "# Simulator calibration: predicted / measured, every plan kind, the same work",
         "",
@@ -210,24 +240,32 @@ def main(argv: list[str] | None = None) -> int:
         "same global batch; the prediction's samples, micro-batches and schedule are checked "
         "equal to the run's before timing. Measured: median of "
         f"{steps - warmup} steps after {warmup} warm-up. `runtime` is what ran (pipeline, ddp, "
-        "fsdp, strategy).",
+        f"fsdp, strategy). {args.rounds} rounds: the plans are chosen once, at the start; "
+        "every round runs every row again (and measures its topology again), one row after "
+        "another, so that load that comes and goes falls on different rows in each round; "
+        "the columns are medians over the rounds (`busy` too), and `range` the lowest and "
+        "highest ratio of one round.",
         "",
         "| model | plan | runtime | busy | predicted ms/sample | measured ms/sample | "
-        "predicted / measured | note |",
-        "|---|---|---|---:|---:|---:|---:|---|",
+        "predicted / measured | range | note |",
+        "|---|---|---|---:|---:|---:|---:|---|---|",
     ]
-    for label, kind, pred, meas, ran, note in rows:
-        busy = f"{slow[(label, kind)]:.2f}" if (label, kind) in slow else "-"
+    for label, kind, pred, meas, what, note, ratio in rows:
+        busy = (f"{statistics.median(slow[(label, kind)]):.2f}" if (label, kind) in slow
+                else "-")
         if pred is None:
-            lines.append(f"| {label} | {kind} | - | {busy} | - | - | - | {note} |")
+            lines.append(f"| {label} | {kind} | - | {busy} | - | - | - | - | {note} |")
             continue
-        lines.append(f"| {label} | {kind} | {ran} | {busy} | {pred * 1e3:.3f} | "
-                     f"{meas * 1e3:.3f} | {pred / meas:.2f} | {note} |")
-    ratios = [p / m for _, _, p, m, _, n in rows if p is not None and not n]
-    if ratios:
-        inside = sum(0.8 <= r <= 1.25 for r in ratios)
-        lines += ["", f"{inside} of {len(ratios)} rows on 2 processes are within 0.8-1.25 "
-                      f"(range {min(ratios):.2f}-{max(ratios):.2f})."]
+        lines.append(f"| {label} | {kind} | {what} | {busy} | {pred * 1e3:.3f} | "
+                     f"{meas * 1e3:.3f} | {ratio[0]:.2f} | {ratio[1]:.2f}-{ratio[2]:.2f} | "
+                     f"{note} |")
+    two = [r for _, _, p, _, _, n, r in rows if p is not None and not n]
+    if two:
+        inside = sum(0.8 <= r[0] <= 1.25 for r in two)
+        lines += ["", f"{inside} of {len(two)} rows on 2 processes have a median ratio within "
+                      f"0.8-1.25 (medians {min(r[0] for r in two):.2f}-"
+                      f"{max(r[0] for r in two):.2f}; single rounds "
+                      f"{min(r[1] for r in two):.2f}-{max(r[2] for r in two):.2f})."]
     lines += ["", "Fixed costs measured at the start of this run (rank 0; the simulator "
                   "charges them):", ""]
     lines += [f"- `--nproc {t.num_devices}`: {_overheads_text(t)}"
