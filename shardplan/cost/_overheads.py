@@ -56,7 +56,8 @@ import numpy as np
 
 from shardplan.ir import Graph, Topology
 
-__all__ = ["busy_slowdown", "charge_run_overheads", "comm_cpu_share", "dtensor_op_overhead",
+__all__ = ["busy_slowdown", "charge_run_overheads", "comm_cpu_share",
+           "dtensor_collective_overhead", "dtensor_op_overhead",
            "dtensor_step_overhead", "fsdp_gather_overhead", "fsdp_unit_chunks", "fsdp_unit_keys",
            "gradient_seconds_per_byte", "op_overhead", "optimizer_seconds_per_byte",
            "optimizer_seconds_per_tensor", "pipeline_action_overhead"]
@@ -124,6 +125,15 @@ def dtensor_op_overhead(topology: Topology | None,
     """``(forward, backward)`` extra seconds per operator run on DTensors over ``devices``
     (the median of their ``dtensor_op_overhead_seconds``); ``(0, 0)`` where absent."""
     return _median_pair(topology, "dtensor_op_overhead_seconds", devices)
+
+
+def dtensor_collective_overhead(topology: Topology | None, devices: Sequence[int]) -> float:
+    """Extra seconds per collective of a DTensor program over ``devices`` beyond the
+    topology's back-to-back curve (or ring) for its bytes: the largest of their
+    ``dtensor_collective_overhead_seconds``; 0 where absent (a GPU preset). Charged per
+    all-reduce, re-shard and output gather of a strategy stage by PaSE's ``default`` cost
+    model and the simulator alike."""
+    return _largest(topology, "dtensor_collective_overhead_seconds", devices)
 
 
 def dtensor_step_overhead(topology: Topology | None, devices: Sequence[int]) -> float:

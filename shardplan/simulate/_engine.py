@@ -951,8 +951,9 @@ def strategy_stage_seconds(plan: Plan, graph: Graph, topology: Topology,
     its part of the gradients (:attr:`~shardplan.cost.CostModel.accumulation_seconds`); the
     collectives a configuration needs (activations reduced over a split reduction dimension,
     weight gradients over batch-like splits) and the re-shards between layers are PaSE's
-    (:mod:`shardplan.strategy._cost_default`: ring all-reduces and transfers over the
-    stage's own slowest link, one latency per step), priced at the graph's batch and scaled
+    (:mod:`shardplan.strategy._cost_default`: ring all-reduces, or the measured curves, and
+    transfers over the stage's own slowest link, one latency per step, each collective with
+    the devices' measured DTensor collective overhead), priced at the graph's batch and scaled
     to the micro-batch size. Ours: the weight-gradient all-reduce is charged every
     micro-batch (PaSE has none: one micro-batch per iteration prices it exactly).
     O(n + m) per stage."""
@@ -1036,8 +1037,11 @@ def _output_gathers(graph: Graph, spaces: Any, config: dict[int, np.ndarray],
     all: the model's output) and is split over ``q > 1`` devices by its configuration is
     all-gathered over ``q`` of the stage's devices (the measured all-gather curve of that
     group size, else the ring over their links:
-    :func:`~shardplan.cost._collectives.collective_seconds`), at the graph's (micro-batch)
-    output bytes. Its backward takes the gradient's local slice: no communication. O(n + m).
+    :func:`~shardplan.cost._collectives.collective_seconds`; plus the devices' measured
+    DTensor collective overhead:
+    :func:`~shardplan.cost._overheads.dtensor_collective_overhead`), at the graph's
+    (micro-batch) output bytes. Its backward takes the gradient's local slice: no
+    communication. O(n + m).
     """
     from shardplan.cost._collectives import collective_seconds
 
@@ -1056,7 +1060,8 @@ def _output_gathers(graph: Graph, spaces: Any, config: dict[int, np.ndarray],
         q = min(int(round(split)), int(devs.size))
         nbytes = float(graph.output_bytes[v])
         if q > 1 and nbytes > 0:
-            total += float(collective_seconds(topology, "allgather", devs[:q], nbytes))
+            total += float(collective_seconds(topology, "allgather", devs[:q], nbytes)) \
+                + _overheads.dtensor_collective_overhead(topology, devs[:q].tolist())
     return total
 
 

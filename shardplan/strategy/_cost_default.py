@@ -11,6 +11,9 @@ Differences from :mod:`shardplan.strategy._cost_pase` (paper 004 equation 1 as r
   2 (P - 1) latencies; a re-shard pays the slowest link of all N devices plus one latency;
 * an all-reduce over P devices takes the measured curve's time for its bytes when the
   topology has one for P (``topology measure``), instead of the ring formula;
+* on a measured topology every collective (an all-reduce, each direction of a re-shard)
+  also pays the devices' ``dtensor_collective_overhead_seconds``: what the runtime's DTensor
+  programs pay per collective between computations beyond the curve;
 * every edge is counted: an edge whose consumer does not describe the tensor falls back to a
   ``(batch, rest)`` tensor split by each side's batch dimension;
 * a memory limit per device rules configurations out (cost infinity): a layer's parameters
@@ -24,6 +27,7 @@ from __future__ import annotations
 import numpy as np
 
 from shardplan.cost._collectives import curve_seconds
+from shardplan.cost._overheads import dtensor_collective_overhead
 from shardplan.ir import Topology
 from shardplan.strategy._cost_pase import Units, edge_cost, layer_cost
 from shardplan.strategy.spaces import Space
@@ -78,6 +82,8 @@ class DefaultCostModel:
         self.link_lat = float(self._lat[min(devices, len(self._lat) - 1)])
         if not np.isfinite(self.link_bw):
             self.link_bw = float("inf")
+        self.collective_overhead = dtensor_collective_overhead(topology, range(n))
+        extra = self.collective_overhead
 
         # all-reduce curves `topology measure` recorded, by group size: they replace the ring
         # formula for their group sizes (a CPU's gloo all-reduce costs far more per call
@@ -101,7 +107,7 @@ class DefaultCostModel:
                     mask = pp == q
                     if np.any(mask):
                         out[mask] = curve_seconds(curve, whole[mask])
-            return out
+            return np.where(p > 1, out + extra, out) if extra > 0 else out
 
         self.units = Units(mac=2.0 / flops,
                            word=lambda space: space.dtype_bytes / self.link_bw,
@@ -150,4 +156,4 @@ class DefaultCostModel:
             overlap = np.prod(np.minimum(q, s), axis=-1)
             cond = np.prod(c, axis=-1)[None, :] <= np.prod(a, axis=-1)[:, None]
             m = 2.0 * word * np.maximum(0.0, np.prod(q, axis=-1) - cond * overlap)
-        return np.where(m > 0, m + 2.0 * self.link_lat, 0.0)
+        return np.where(m > 0, m + 2.0 * (self.link_lat + self.collective_overhead), 0.0)

@@ -168,7 +168,9 @@ def measure(nproc: int, *, backend: str = "auto", sizes: Sequence[int] = DEFAULT
         :mod:`shardplan.cost._overheads`, which charges them): ``op_overhead_seconds``
         (forward and backward seconds per operator of a tiny operator under autograd),
         ``dtensor_op_overhead_seconds`` (what running it in the runtime's DTensor program
-        adds), ``dtensor_step_overhead_seconds`` (what an optimizer step on DTensor
+        adds), ``dtensor_collective_overhead_seconds`` (what a DTensor program's
+        collective between computations costs beyond the back-to-back curve),
+        ``dtensor_step_overhead_seconds`` (what an optimizer step on DTensor
         parameters adds per layer), ``fsdp_gather_overhead_seconds`` (what an FSDP2
         unit's parameter all-gather costs beyond the bare all-gather),
         ``pipeline_action_overhead_seconds`` (what torch's pipelining schedule adds per
@@ -270,6 +272,7 @@ def measure(nproc: int, *, backend: str = "auto", sizes: Sequence[int] = DEFAULT
 
 #: Measured device fields copied into a topology's device entries (see ``overheads``).
 OVERHEAD_FIELDS = ("op_overhead_seconds", "dtensor_op_overhead_seconds",
+                   "dtensor_collective_overhead_seconds",
                    "dtensor_step_overhead_seconds", "fsdp_gather_overhead_seconds",
                    "fsdp_gather_seconds_per_byte",
                    "gradient_seconds_per_byte", "pipeline_action_overhead_seconds",

@@ -196,6 +196,30 @@ def test_dtensor_overhead_is_charged_per_node_of_strategy_plans_only() -> None:
     assert simulate(p, g, over).iteration_seconds == simulate(p, g, base).iteration_seconds
 
 
+def test_dtensor_collective_overhead_is_charged_per_output_gather() -> None:
+    """Every all-gather of a strategy stage's split outputs pays the measured per-collective
+    overhead once: the forward grows by a whole number of overheads, the same number for
+    any overhead, and the stages of AlexNet's hybrid gather something."""
+    from shardplan.simulate._engine import _output_gathers
+    from shardplan.strategy.tables import graph_spaces
+
+    g, _, plan = _alexnet_hybrid()
+    spaces = graph_spaces(g)
+    counts = []
+    for st in plan.stages:
+        config = {int(v): np.asarray([plan.strategy[str(v)]]) for v in st.nodes}
+        devs = np.asarray(st.devices)
+        base = _output_gathers(g, spaces, config, set(config), _topo(4), devs)
+        per = []
+        for o in (1e-3, 2.5e-3):
+            got = _output_gathers(g, spaces, config, set(config),
+                                  _topo(4, dtensor_collective_overhead_seconds=o), devs)
+            per.append((got - base) / o)
+        assert per[0] == pytest.approx(round(per[0])) and per[1] == pytest.approx(per[0])
+        counts.append(round(per[0]))
+    assert max(counts) >= 1
+
+
 def test_strategy_devices_read_and_accumulate_the_weight_they_hold() -> None:
     """On a strategy stage each device reads, in every forward and backward, the part of a
     node's weight its configuration leaves it (the weight spread over the product of the

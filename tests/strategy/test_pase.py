@@ -336,3 +336,38 @@ def test_default_cost_prices_allreduce_by_the_measured_curve() -> None:
     assert got[2:] == pytest.approx(ring(w, p, space)[2:], rel=1e-12)
     assert got[3] == 0.0
     assert not np.allclose(ring(w, p, space)[:2], got[:2])
+
+
+def test_default_cost_charges_the_measured_dtensor_collective_overhead() -> None:
+    """Devices that carry ``dtensor_collective_overhead_seconds`` (busy slowdown divided
+    out, the largest of the devices used): every all-reduce over more than one device
+    and each direction of a re-shard pay it once more; nothing else changes, and without
+    the field nothing does."""
+    import dataclasses
+
+    import numpy as np
+
+    from shardplan.ir import Topology
+    from shardplan.strategy._cost_default import DefaultCostModel
+    from shardplan.strategy.spaces import Space
+    from shardplan.topology import build
+
+    flat = build("flat", num_devices=4, bandwidth=1e10, latency=1e-6)
+    extras = [{"dtensor_collective_overhead_seconds": v, "busy_slowdown": {"1": 1.0, "4": 2.0}}
+              for v in (1e-3, 3e-3, 2e-3, 9.0)]  # the fourth device is not used
+    devices = tuple(dataclasses.replace(d, extra={**d.extra, **x})
+                    for d, x in zip(flat.devices, extras, strict=True))
+    taxed = Topology(name="t", devices=devices, bandwidth=flat.bandwidth,
+                     latency=flat.latency)
+    plain, cm = DefaultCostModel(flat, 3), DefaultCostModel(taxed, 3)
+    assert cm.collective_overhead == pytest.approx(3e-3 / 2.0)
+    space = Space("elementwise", ("b", "n"), (8, 16))
+    w, p = np.array([100.0, 100.0, 100.0]), np.array([1.0, 2.0, 3.0])
+    assert (cm.units.allreduce(w, p, space) - plain.units.allreduce(w, p, space)
+            ) == pytest.approx([0.0, 1.5e-3, 1.5e-3])
+    fs = np.array([[2, 1], [1, 1]])
+    ft = np.array([[1, 2], [2, 1]])
+    base = plain.edge_cost(space, space, 0, fs, ft, 512.0)
+    got = cm.edge_cost(space, space, 0, fs, ft, 512.0)
+    assert (base > 0).any() and (base == 0).any()
+    assert got == pytest.approx(np.where(base > 0, base + 3e-3, 0.0))

@@ -84,6 +84,7 @@ def test_measure_two_processes(tmp_path) -> None:
         assert all(0 <= x < 1e-2 for x in d.extra["dtensor_op_overhead_seconds"])
         assert 0 <= d.extra["fsdp_gather_overhead_seconds"] < 1.0
         assert 0 <= d.extra["dtensor_step_overhead_seconds"] < 1.0
+        assert 0 <= d.extra["dtensor_collective_overhead_seconds"] < 1.0
         assert 0 <= d.extra["fsdp_gather_seconds_per_byte"] < 1e-6  # GB/s, not bytes/s
         assert 0 <= d.extra["pipeline_action_overhead_seconds"] < 1.0
         one, many = d.extra["gradient_seconds_per_byte"]
