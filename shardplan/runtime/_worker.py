@@ -106,8 +106,8 @@ def seed_random(seed: int) -> None:
     Without an initialised CUDA, ``torch.manual_seed`` also queues the seed for CUDA's lazy
     initialisation, formatting the caller's stack to do so: 0.06 ms from a shallow stack and
     0.25-0.45 ms from inside a pipelining schedule on this CPU (timed around the call in a
-    2-stage mlp run), paid by every forward of every stage: a tenth of the mlp's stage
-    forward, which the simulator did not know of. Without an accelerator
+    2-stage mlp run), paid by every forward of every stage: a sixth to a third of the
+    mlp's stage forwards there, which the simulator did not know of. Without an accelerator
     the CPU's generator is the only one there is, and seeding it alone leaves the same
     random state; with one, ``torch.manual_seed`` runs (cheap once CUDA is initialised,
     as it is by the time a stage runs on it)."""
