@@ -396,7 +396,7 @@ class _Sim:
         self.pending: dict[int, int] = {d: 0 for d in self.devices}
         # what messages in flight take from their ends' compute (comm_cpu_share)
         cpu = _overheads.comm_cpu_share(topology)
-        self.cpu_share = {d: float(cpu[d]) if cpu.size else 0.0 for d in self.devices}
+        self.cpu_share = {d: float(cpu[d]) for d in self.devices}
         self.debt = {d: 0.0 for d in self.devices}
         self.busy_n = {d: 0 for d in self.devices}  # computations running
         self.busy_acc = {d: 0.0 for d in self.devices}  # compute seconds so far
