@@ -17,8 +17,8 @@ def test_profile_mlp_fills_positive_seconds() -> None:
     assert graph.fwd_seconds is not None and graph.bwd_seconds is not None
     assert bool(np.all(graph.fwd_seconds > 0))
     assert bool(np.all(graph.bwd_seconds > 0))  # every op of the MLP is behind a parameter
-    linear = [i for i, op in enumerate(graph.ops) if op == "linear"]
-    assert graph.fwd_seconds[linear].sum() > graph.fwd_seconds.sum() / 2
+    # No claim on which operators take longest: one preempted timing on a shared machine
+    # (a relu read 0.55 ms in CI) makes any such ordering flaky.
     again = type(graph).from_dict(graph.to_dict())
     assert np.array_equal(again.fwd_seconds, graph.fwd_seconds)
 

@@ -40,22 +40,23 @@ def test_fit_link_falls_back_on_a_flat_curve() -> None:
     ({"nproc": 2, "device": "tpu"}, "unknown device type"),
     ({"nproc": 2, "flops": -1.0}, "flops"),
 ])
-def test_measure_rejects_bad_options_without_starting_processes(kwargs, match) -> None:
-    t0 = time.monotonic()
+def test_measure_rejects_bad_options_without_starting_processes(
+        kwargs, match, monkeypatch: pytest.MonkeyPatch) -> None:
+    from shardplan.topology import _measure
+
+    started = []
+    monkeypatch.setattr(_measure, "_run", lambda *a, **k: started.append(a) or [])
     with pytest.raises(ShardplanError, match=match):
         build("measure", **kwargs)
-    assert time.monotonic() - t0 < 1.0
+    assert started == []
 
 
 @pytest.mark.torch
 @pytest.mark.multiprocess
 @pytest.mark.timeout(90)
 def test_measure_two_processes(tmp_path) -> None:
-    t0 = time.monotonic()
     topo = measure(2, backend="gloo", sizes=SMALL, repeats=3, timeout=40,
                    collective_sizes=COLL)
-    elapsed = time.monotonic() - t0
-    assert elapsed < 30
     assert topo.num_devices == 2
     assert topo.bandwidth[0, 1] > 1e6 and topo.bandwidth[1, 0] > 1e6
     assert 0 < topo.latency[0, 1] < 1.0 and 0 < topo.latency[1, 0] < 1.0
