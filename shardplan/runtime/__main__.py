@@ -63,8 +63,11 @@ def main(argv: list[str] | None = None) -> int:
         import torch
         import torch.distributed as dist
 
+        from shardplan._ranks import retain_freed_memory
         from shardplan.ir.io import dumps, write_json
         from shardplan.runtime._worker import init_distributed, run_config
+
+        retain_freed_memory()  # as the local launcher's ranks do
 
         torch.set_num_threads(1)
         init_distributed(timeout=cfg.timeout)
