@@ -111,12 +111,15 @@ def _overheads_text(topo) -> str:
 
     of, ob = x.get("op_overhead_seconds", (0.0, 0.0))
     df, db = x.get("dtensor_op_overhead_seconds", (0.0, 0.0))
+    pf, pb = (float(v) * 1e9 for v in x.get("dtensor_op_seconds_per_byte", (0.0, 0.0)))
     step = x.get("dtensor_step_overhead_seconds", 0.0)
     g1, gr = x.get("gradient_seconds_per_byte", (0.0, 0.0))
     busy = ", ".join(f"{g}: {float(v):.2f}" for g, v in x.get("busy_slowdown", {}).items())
     return (f"operator {us(of)} / {us(ob)} us (forward / backward), DTensor adds "
-            f"{us(df)} / {us(db)} us (and {us(step)} us per layer to a step on DTensors), "
+            f"{us(df)} / {us(db)} us per operator and {pf:.3f} / {pb:.3f} ns per output "
+            f"byte (and {us(step)} us per layer to a step on DTensors), "
             f"FSDP gather {us(x.get('fsdp_gather_overhead_seconds', 0))}"
+            f" us and reduction {us(x.get('fsdp_reduce_overhead_seconds', 0))}"
             f" us, pipeline action {us(x.get('pipeline_action_overhead_seconds', 0))} us, "
             f"gradient handling {float(g1) * 1e9:.3f} / {float(gr) * 1e9:.3f} ns per byte "
             f"(one replica / replicas), Adam step "

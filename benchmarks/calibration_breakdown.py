@@ -11,9 +11,13 @@ ones (milliseconds per iteration, medians over the timed steps):
   autograd backward without the loss's; ``pipelining``: what torch's pipelining schedule
   spends in its forward and backward actions beside the stage's own computation;
   ``p2p``: posting and waiting on stage-to-stage messages (waits include idle time: a
-  bubble shows here); ``grad sync``: the runtime's gradient reduction after the schedule;
-  ``optimizer``: the optimizer step and ``zero_grad``; ``other``: the rest of the timed
-  step (Python between phases); ``step``: the rank's timed step.
+  bubble shows here); ``redistribute``: a DTensor program's redistributions (the
+  runtime's ``_dtensor.redistribute``: reductions of partial sums, re-shards, gathers of
+  outputs; waits include the other ranks' lateness, and DTensor's collectives are
+  asynchronous: a wait can fall in the next operator, under ``forward``); ``grad sync``:
+  the runtime's gradient reduction after the schedule; ``optimizer``: the optimizer step
+  and ``zero_grad``; ``other``: the rest of the timed step (Python between phases);
+  ``step``: the rank's timed step.
 - The simulator's ``F``, ``B`` and ``OPT`` intervals of that rank's device, its messages
   (``activation``, ``gradient``, ``allreduce`` sent), its idle time before its optimizer
   finishes, and the iteration.
@@ -26,7 +30,7 @@ directory. A benchmark: timing adds a few microseconds per call.
 Usage::
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/calibration_breakdown.py \\
-        --model transformer --plans "one device,pipeline 2 x 1, GPipe (Parmesan)"
+        --model transformer --plans "one device|pipeline 2 x 1, GPipe (Parmesan)"
     .venv/bin/python benchmarks/calibration_breakdown.py --list     # the plan names
 
 Prints the tables; writes nothing else.
@@ -52,8 +56,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import calibration  # noqa: E402
 
-PHASES = ("forward", "loss", "backward", "pipelining", "p2p", "grad sync", "optimizer",
-          "other")
+PHASES = ("forward", "loss", "backward", "pipelining", "p2p", "redistribute", "grad sync",
+          "optimizer", "other")
 
 
 # ----------------------------------------------------------------- timing inside the ranks
@@ -164,6 +168,7 @@ def _install() -> None:
     _tensor_parallel.sync_stage_grads = _timed(_tensor_parallel.sync_stage_grads,
                                                "grad sync")
     _dtensor.sync_grads = _timed(_dtensor.sync_grads, "grad sync")
+    _dtensor.redistribute = _timed(_dtensor.redistribute, "redistribute")
 
     orig_opt = _worker._optimizer
 

@@ -11,6 +11,9 @@ slowdown at 1, exactly as before. Fields of a device entry:
 - ``dtensor_op_overhead_seconds``: ``[forward, backward]`` seconds per operator that
   running it on DTensors adds: charged per node of plans that run as DTensor programs
   (PaSE strategies and hybrids).
+- ``dtensor_op_seconds_per_byte``: ``[forward, backward]`` seconds per byte of an
+  operator's output (the part a device holds) that running it on DTensors adds beyond the
+  per-operator figure: charged with it.
 - ``dtensor_step_overhead_seconds``: extra seconds per parameter-holding layer of an
   optimizer step on DTensor parameters: charged per node holding parameters to the
   optimizer step of plans whose parameters are DTensors (strategies, hybrids, FSDP).
@@ -20,6 +23,11 @@ slowdown at 1, exactly as before. Fields of a device entry:
 - ``fsdp_gather_seconds_per_byte``: what an FSDP unit's all-gather costs beyond the bare
   collective per byte of the unit's parameters (copying the shards in and the gathered
   parameters out): charged with ``fsdp_gather_overhead_seconds``, per unit gathered.
+- ``fsdp_reduce_overhead_seconds``, ``fsdp_reduce_seconds_per_byte``: what an FSDP unit's
+  gradient reduction costs beyond the bare reduce-scatter (FSDP's copies in and out, the
+  scaling, the sharded gradients' accumulation), fixed and per byte of the unit's
+  parameters: charged once per unit and iteration (the runtime syncs gradients in the last
+  micro-batch only), before the optimizer step.
 - ``gradient_seconds_per_byte``: ``[one replica, replicas]`` seconds per parameter byte of
   the runtime's gradient handling before the optimizer step (scaling; with replicas also
   flattening for the all-reduce and copying back), charged once per iteration.
@@ -57,7 +65,7 @@ import numpy as np
 from shardplan.ir import Graph, Topology
 
 __all__ = ["busy_slowdown", "charge_run_overheads", "comm_cpu_share",
-           "dtensor_collective_overhead", "dtensor_op_overhead",
+           "dtensor_collective_overhead", "dtensor_op_overhead", "dtensor_op_seconds_per_byte",
            "dtensor_step_overhead", "fsdp_gather_overhead", "fsdp_unit_chunks", "fsdp_unit_keys",
            "gradient_seconds_per_byte", "op_overhead", "optimizer_seconds_per_byte",
            "optimizer_seconds_per_tensor", "pipeline_action_overhead"]
@@ -125,6 +133,14 @@ def dtensor_op_overhead(topology: Topology | None,
     """``(forward, backward)`` extra seconds per operator run on DTensors over ``devices``
     (the median of their ``dtensor_op_overhead_seconds``); ``(0, 0)`` where absent."""
     return _median_pair(topology, "dtensor_op_overhead_seconds", devices)
+
+
+def dtensor_op_seconds_per_byte(topology: Topology | None,
+                                devices: Sequence[int] | None = None) -> tuple[float, float]:
+    """``(forward, backward)`` extra seconds per byte of an operator's output run on
+    DTensors over ``devices`` (the median of their ``dtensor_op_seconds_per_byte``);
+    ``(0, 0)`` where absent."""
+    return _median_pair(topology, "dtensor_op_seconds_per_byte", devices)
 
 
 def dtensor_collective_overhead(topology: Topology | None, devices: Sequence[int]) -> float:
@@ -341,7 +357,9 @@ def charge_run_overheads(st: Any, topology: Topology, gradient_sync: str,
     - Under ``gradient_sync == "sharded"``, a stage with replicas pays
       :func:`fsdp_gather_overhead`, plus ``fsdp_gather_seconds_per_byte`` times the unit's
       parameter bytes, per all-gather of its ``units`` (forward and backward segment lists
-      per stage, :func:`fsdp_unit_chunks`) in every micro-batch's forward and backward.
+      per stage, :func:`fsdp_unit_chunks`) in every micro-batch's forward and backward;
+      and ``fsdp_reduce_overhead_seconds`` plus ``fsdp_reduce_seconds_per_byte`` times the
+      unit's bytes per unit once, with its optimizer step.
     - Otherwise every replica's optimizer step is preceded by the runtime's gradient
       handling, :func:`gradient_seconds_per_byte` per parameter byte of its stage (with
       replicas: the gradients flattened for the all-reduce or copied into DDP's buckets,
@@ -387,6 +405,13 @@ def charge_run_overheads(st: Any, topology: Topology, gradient_sync: str,
                     if extra > 0:
                         t[s, :r] += extra
                         changed = True
+                segs = units[1][s]
+                extra = _largest(topology, "fsdp_reduce_overhead_seconds", devs) * len(segs) \
+                    + _largest(topology, "fsdp_reduce_seconds_per_byte", devs) \
+                    * sum(float(b) for b, _ in segs)
+                if extra > 0:
+                    opt[s, :r] += extra
+                    changed = True
             continue
         per_byte = gradient_seconds_per_byte(topology, devs, r > 1)
         if per_byte > 0 and float(st.param_bytes[s]) > 0:

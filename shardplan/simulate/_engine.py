@@ -954,9 +954,12 @@ def strategy_stage_seconds(plan: Plan, graph: Graph, topology: Topology,
     (:mod:`shardplan.strategy._cost_default`: ring all-reduces, or the measured curves, and
     transfers over the stage's own slowest link, one latency per step, each collective with
     the devices' measured DTensor collective overhead), priced at the graph's batch and scaled
-    to the micro-batch size. Ours: the weight-gradient all-reduce is charged every
-    micro-batch (PaSE has none: one micro-batch per iteration prices it exactly).
-    O(n + m) per stage."""
+    to the micro-batch size. The runtime runs every node on DTensors: each pays the
+    devices' measured DTensor overhead per operator and per byte of the output part a
+    device holds (:func:`~shardplan.cost._overheads.dtensor_op_overhead`,
+    :func:`~shardplan.cost._overheads.dtensor_op_seconds_per_byte`). Ours: the
+    weight-gradient all-reduce is charged every micro-batch (PaSE has none: one micro-batch
+    per iteration prices it exactly). O(n + m) per stage."""
     from shardplan.strategy._cost_default import DefaultCostModel
     from shardplan.strategy._cost_pase import Units, layer_cost
     from shardplan.strategy.tables import graph_spaces
@@ -1008,9 +1011,14 @@ def strategy_stage_seconds(plan: Plan, graph: Graph, topology: Topology,
                     comp_b += loss[2] * (1.0 - 1.0 / share)
             with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
                 comm += float(layer_cost(spaces[v], c, comm_units)[0])
-        # the runtime runs every node on DTensors: their measured per-operator overhead
+        # the runtime runs every node on DTensors: their measured overhead per operator,
+        # and per byte of the output part each device holds
         df, db = _overheads.dtensor_op_overhead(topology, devs.tolist())
-        comp_f, comp_b = comp_f + len(nodes) * df, comp_b + len(nodes) * db
+        bf, bb = _overheads.dtensor_op_seconds_per_byte(topology, devs.tolist())
+        local = sum(float(cm.graph.output_bytes[v]) / _output_split(spaces[v], config[v])
+                    for v in nodes)
+        comp_f += len(nodes) * df + local * bf
+        comp_b += len(nodes) * db + local * bb
         inside = set(nodes)
         gathers = _output_gathers(cm.graph, spaces, config, inside, topology, devs)
         for e in range(graph.num_edges):
@@ -1027,6 +1035,17 @@ def strategy_stage_seconds(plan: Plan, graph: Graph, topology: Topology,
         bwd[s] = comp_b + total_b * (1.0 - share_f)
         del total_f
     return fwd, bwd
+
+
+def _output_split(space: Any, config: np.ndarray) -> float:
+    """Parts a node's output is split into by its configuration: the product of the split
+    factors of the space's dimensions its output's dimensions are made of. O(d)."""
+    c = np.asarray(config, dtype=np.float64).reshape(-1)
+    split = 1.0
+    for g in space.output:
+        if g:
+            split *= float(np.prod(c[space.indices(list(g))]))
+    return split
 
 
 def _output_gathers(graph: Graph, spaces: Any, config: dict[int, np.ndarray],
@@ -1052,12 +1071,7 @@ def _output_gathers(graph: Graph, spaces: Any, config: dict[int, np.ndarray],
     leaves |= {v for v in inside if not has_out[v]}
     total = 0.0
     for v in sorted(leaves):
-        space, c = spaces[v], np.asarray(config[v], dtype=np.float64).reshape(-1)
-        split = 1.0
-        for g in space.output:
-            if g:
-                split *= float(np.prod(c[space.indices(list(g))]))
-        q = min(int(round(split)), int(devs.size))
+        q = min(int(round(_output_split(spaces[v], config[v]))), int(devs.size))
         nbytes = float(graph.output_bytes[v])
         if q > 1 and nbytes > 0:
             total += float(collective_seconds(topology, "allgather", devs[:q], nbytes)) \

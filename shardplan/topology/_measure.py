@@ -167,12 +167,16 @@ def measure(nproc: int, *, backend: str = "auto", sizes: Sequence[int] = DEFAULT
         messages' bytes, into every device's entry (without ``device``; see
         :mod:`shardplan.cost._overheads`, which charges them): ``op_overhead_seconds``
         (forward and backward seconds per operator of a tiny operator under autograd),
-        ``dtensor_op_overhead_seconds`` (what running it in the runtime's DTensor program
-        adds), ``dtensor_collective_overhead_seconds`` (what a DTensor program's
+        ``dtensor_op_overhead_seconds`` and ``dtensor_op_seconds_per_byte`` (what running
+        operators in the runtime's DTensor program adds, per operator and per byte of their
+        outputs), ``dtensor_collective_overhead_seconds`` (what a DTensor program's
         collective between computations costs beyond the back-to-back curve),
         ``dtensor_step_overhead_seconds`` (what an optimizer step on DTensor
         parameters adds per layer), ``fsdp_gather_overhead_seconds`` (what an FSDP2
-        unit's parameter all-gather costs beyond the bare all-gather),
+        unit's parameter all-gather costs beyond the bare all-gather; with
+        ``fsdp_gather_seconds_per_byte``), ``fsdp_reduce_overhead_seconds`` and
+        ``fsdp_reduce_seconds_per_byte`` (what its gradient reduction costs beyond the bare
+        reduce-scatter),
         ``pipeline_action_overhead_seconds`` (what torch's pipelining schedule adds per
         forward or backward action),
         ``gradient_seconds_per_byte`` (the gradient handling
@@ -272,9 +276,11 @@ def measure(nproc: int, *, backend: str = "auto", sizes: Sequence[int] = DEFAULT
 
 #: Measured device fields copied into a topology's device entries (see ``overheads``).
 OVERHEAD_FIELDS = ("op_overhead_seconds", "dtensor_op_overhead_seconds",
+                   "dtensor_op_seconds_per_byte",
                    "dtensor_collective_overhead_seconds",
                    "dtensor_step_overhead_seconds", "fsdp_gather_overhead_seconds",
-                   "fsdp_gather_seconds_per_byte",
+                   "fsdp_gather_seconds_per_byte", "fsdp_reduce_overhead_seconds",
+                   "fsdp_reduce_seconds_per_byte",
                    "gradient_seconds_per_byte", "pipeline_action_overhead_seconds",
                    "optimizer_seconds_per_byte", "optimizer_seconds_per_tensor",
                    "comm_cpu_share")

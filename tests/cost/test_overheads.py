@@ -13,6 +13,7 @@ from shardplan.cost._overheads import (
     busy_slowdown,
     charge_run_overheads,
     dtensor_op_overhead,
+    dtensor_op_seconds_per_byte,
     fsdp_gather_overhead,
     fsdp_unit_chunks,
     fsdp_unit_keys,
@@ -46,7 +47,9 @@ def _plan(stages, devices) -> Plan:
 
 
 ZERO = {"op_overhead_seconds": [0.0, 0.0], "dtensor_op_overhead_seconds": [0.0, 0.0],
+        "dtensor_op_seconds_per_byte": [0.0, 0.0],
         "fsdp_gather_overhead_seconds": 0.0, "gradient_seconds_per_byte": [0.0, 0.0],
+        "fsdp_reduce_overhead_seconds": 0.0, "fsdp_reduce_seconds_per_byte": 0.0,
         "pipeline_action_overhead_seconds": 0.0,
         "busy_slowdown": {"1": 1.0, "2": 1.0}}
 
@@ -54,6 +57,10 @@ ZERO = {"op_overhead_seconds": [0.0, 0.0], "dtensor_op_overhead_seconds": [0.0, 
 def test_readers_default_to_nothing() -> None:
     t = _topo(2)
     assert op_overhead(t) == (0.0, 0.0) and dtensor_op_overhead(t) == (0.0, 0.0)
+    assert dtensor_op_seconds_per_byte(t) == (0.0, 0.0)
+    # the median over the devices asked, with the measurement's busy slowdown divided out
+    per = _topo(3, dtensor_op_seconds_per_byte=[2e-9, 4e-9], busy_slowdown={"3": 2.0})
+    assert dtensor_op_seconds_per_byte(per, [0, 2]) == pytest.approx((1e-9, 2e-9))
     assert fsdp_gather_overhead(t, [0, 1]) == 0.0 and busy_slowdown(t, [0, 1]) == 1.0
     assert op_overhead(None) == (0.0, 0.0)
     # a measured ratio below 1 is noise, and one device is never slowed by others
@@ -194,6 +201,42 @@ def test_dtensor_overhead_is_charged_per_node_of_strategy_plans_only() -> None:
     p = dataclasses.replace(pipe, stages=tuple(Stage(st.nodes, st.devices[:1])
                                                for st in pipe.stages))
     assert simulate(p, g, over).iteration_seconds == simulate(p, g, base).iteration_seconds
+
+
+def test_dtensor_overhead_per_byte_is_charged_on_the_output_part_each_device_holds() -> None:
+    """Replicated, every device holds every node's whole output; data-parallel, a quarter
+    of every output whose node has a batch dimension (others would stay whole)."""
+    from shardplan.simulate._engine import strategy_stage_seconds
+    from shardplan.strategy.data_parallel import data_parallel_split
+    from shardplan.strategy.tables import graph_spaces
+
+    g, _, _ = _alexnet_hybrid()
+    spaces = graph_spaces(g)
+    every = tuple(range(g.num_nodes))
+
+    def one_stage(split) -> Plan:
+        strategy = {str(v): tuple(int(x) for x in split(spaces[v])) for v in every}
+        return Plan(g.name, "", "test", (Stage(every, (0, 1, 2, 3)),),
+                    Objective("max_stage_seconds", 1.0), strategy=strategy)
+
+    rate = [2e-9, 5e-9]
+    batch = np.array([spaces[v].batch_dim is not None for v in every])
+    for split, parts in ((lambda sp: np.ones(len(sp.dims)), 1),
+                         (lambda sp: data_parallel_split(sp, 4), 4)):
+        plan = one_stage(split)
+        s = plan.settings.resolve(g)
+        # the micro-batch's outputs (the graph rescaled to the settings' micro-batch size)
+        out = CostModel.from_settings(g, _topo(4), s).graph.output_bytes.astype(float)
+        held = out[batch].sum() / parts + out[~batch].sum()
+        f0, b0 = strategy_stage_seconds(plan, g, _topo(4), s)
+        f1, b1 = strategy_stage_seconds(plan, g, _topo(4, dtensor_op_seconds_per_byte=rate), s)
+        # the stage's communication is shared between its passes by their compute: the
+        # two passes together grow by the charge
+        assert (f1 + b1 - f0 - b0)[0] == pytest.approx(held * sum(rate)), parts
+        if parts == 1:  # nothing communicates: each pass grows by its own
+            assert (f1 - f0)[0] == pytest.approx(held * rate[0])
+            assert (b1 - b0)[0] == pytest.approx(held * rate[1])
+    assert batch.any()
 
 
 def test_dtensor_collective_overhead_is_charged_per_output_gather() -> None:
@@ -540,6 +583,15 @@ def test_fixed_costs_measured_under_load_are_not_slowed_twice() -> None:
     assert diff == pytest.approx(2 * 2 * 0.1)  # 2 micro-batches x (F + B), as measured
     assert op_overhead(_topo(2, op_overhead_seconds=[4e-6, 8e-6], **slow)) == \
         pytest.approx((2e-6, 4e-6))
+
+
+def test_fsdp_reduce_overhead_is_charged_once_per_unit_and_iteration() -> None:
+    """The runtime reduces gradients in the last micro-batch only: 3 units, once each,
+    fixed and per byte of the unit (40 bytes), whatever the micro-batch count."""
+    assert _fsdp_extra_seconds(40, "fsdp_reduce_overhead_seconds", 0.25) == pytest.approx(
+        3 * 0.25)
+    assert _fsdp_extra_seconds(40, "fsdp_reduce_seconds_per_byte", 0.01) == pytest.approx(
+        3 * 40 * 0.01)
 
 
 def test_fsdp_gather_per_byte_cost_is_charged_per_unit_bytes() -> None:

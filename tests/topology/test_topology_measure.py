@@ -83,10 +83,13 @@ def test_measure_two_processes(tmp_path) -> None:
         f, b_ = d.extra["op_overhead_seconds"]
         assert 0 < f < 1e-2 and 0 < b_ < 1e-2  # a tiny operator: microseconds, not seconds
         assert all(0 <= x < 1e-2 for x in d.extra["dtensor_op_overhead_seconds"])
+        assert all(0 <= x < 1e-6 for x in d.extra["dtensor_op_seconds_per_byte"])
         assert 0 <= d.extra["fsdp_gather_overhead_seconds"] < 1.0
         assert 0 <= d.extra["dtensor_step_overhead_seconds"] < 1.0
         assert 0 <= d.extra["dtensor_collective_overhead_seconds"] < 1.0
         assert 0 <= d.extra["fsdp_gather_seconds_per_byte"] < 1e-6  # GB/s, not bytes/s
+        assert 0 <= d.extra["fsdp_reduce_overhead_seconds"] < 1.0
+        assert 0 <= d.extra["fsdp_reduce_seconds_per_byte"] < 1e-6
         assert 0 <= d.extra["pipeline_action_overhead_seconds"] < 1.0
         one, many = d.extra["gradient_seconds_per_byte"]
         assert 0 < one < 1e-6 and 0 < many < 1e-6  # seconds per byte: GB/s, not bytes/s
@@ -180,7 +183,8 @@ def test_busy_slowdown_compares_timings_of_the_same_round() -> None:
 def test_dtensor_overhead_is_measured_on_the_runtimes_sharded_program(monkeypatch) -> None:
     """What DTensor adds per operator is measured running a program as the runtime does
     (its ShardedProgram over an exported, split program of transformer blocks), per graph
-    operator of that program, not bare DTensor operators in a loop (a third of it)."""
+    operator of that program, not bare DTensor operators in a loop (a third of it); and
+    per byte of the operators' outputs, from the same blocks at a second size."""
     torch = pytest.importorskip("torch")
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -203,8 +207,31 @@ def test_dtensor_overhead_is_measured_on_the_runtimes_sharded_program(monkeypatc
                                                lambda: None, mesh, repeats=2, warmup=1)
     finally:
         dist.destroy_process_group()
-    assert len(calls) == 3 and calls[0] > 10 * _measure_worker.BLOCKS // 2
-    assert len(got) == 2 and all(0 < x < 1e-2 for x in got)
+    # each of the two sizes: a warm-up round and at least 5 timed ones
+    assert len(calls) == 2 * (1 + 5) and calls[0] > 10 * _measure_worker.BLOCKS // 2
+    assert set(got) == {"per_op", "per_byte"}
+    assert len(got["per_op"]) == 2 and all(0 < x < 1e-2 for x in got["per_op"])
+    assert len(got["per_byte"]) == 2 and all(0 <= x < 1e-6 for x in got["per_byte"])
+
+
+def test_dtensor_rates_solve_per_operator_and_per_byte() -> None:
+    """Two programs' extras give both rates exactly; noise that makes the per-byte rate
+    negative leaves the small program pricing operators alone, and a negative per-operator
+    rate leaves the large program's bytes carrying all of it."""
+    from shardplan.topology._measure_worker import dtensor_rates
+
+    op, byte = 40e-6, 0.06e-9
+    small, large = (28.0, 65e3), (28.0, 17.7e6)
+    got = dtensor_rates((small[0] * op + small[1] * byte, *small),
+                        (large[0] * op + large[1] * byte, *large))
+    assert got == pytest.approx((op, byte), rel=1e-9)
+    # different operator counts: still the pair of equations
+    got = dtensor_rates((10 * op + 1e3 * byte, 10.0, 1e3), (30 * op + 1e6 * byte, 30.0, 1e6))
+    assert got == pytest.approx((op, byte), rel=1e-9)
+    assert dtensor_rates((1e-3, 10.0, 1e3), (0.9e-3, 10.0, 1e6)) == (1e-4, 0.0)
+    assert dtensor_rates((-1e-3, 10.0, 1e3), (-2e-3, 10.0, 1e6)) == (0.0, 0.0)
+    assert dtensor_rates((0.0, 10.0, 1e3), (2e-3, 10.0, 1e6)) == (0.0, pytest.approx(2e-9))
+    assert dtensor_rates((-1e-3, 10.0, 1e3), (2e-3, 10.0, 1e6)) == (0.0, pytest.approx(2e-9))
 
 
 def test_fsdp_gather_overhead_compares_timings_of_the_same_round() -> None:
