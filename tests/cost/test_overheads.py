@@ -60,7 +60,12 @@ def test_readers_default_to_nothing() -> None:
     assert dtensor_op_seconds_per_byte(t) == (0.0, 0.0)
     # the median over the devices asked, with the measurement's busy slowdown divided out
     per = _topo(3, dtensor_op_seconds_per_byte=[2e-9, 4e-9], busy_slowdown={"3": 2.0})
-    assert dtensor_op_seconds_per_byte(per, [0, 2]) == pytest.approx((1e-9, 2e-9))
+    per = dataclasses.replace(per, devices=(*per.devices[:2], Device(
+        "d2", 1e12, 1e12, {"dtensor_op_seconds_per_byte": [8e-9, 8e-9],
+                           "busy_slowdown": {"3": 2.0}})))
+    assert dtensor_op_seconds_per_byte(per, [0, 1]) == pytest.approx((1e-9, 2e-9))
+    assert dtensor_op_seconds_per_byte(per, [2]) == pytest.approx((4e-9, 4e-9))
+    assert dtensor_op_seconds_per_byte(per) == pytest.approx((1e-9, 2e-9))
     assert fsdp_gather_overhead(t, [0, 1]) == 0.0 and busy_slowdown(t, [0, 1]) == 1.0
     assert op_overhead(None) == (0.0, 0.0)
     # a measured ratio below 1 is noise, and one device is never slowed by others
@@ -116,6 +121,12 @@ def test_busy_slowdown_scales_every_compute_of_a_plan_on_that_many_devices() -> 
     # one device alone computes at its own pace
     assert simulate(one, g, busy).iteration_seconds == pytest.approx(
         simulate(one, g, base).iteration_seconds)
+    # the optimizer step is computed too: slowed alike
+    held = _plan([[0, 1, 2, 3]], [[0, 1]]).with_settings(settings)
+    p = _graph(True, params=4_000_000)
+    slow, fast = simulate(held, p, busy), simulate(held, p, base)
+    assert fast.optimizer_seconds > 0
+    assert slow.optimizer_seconds == pytest.approx(1.5 * fast.optimizer_seconds)
 
 
 def test_fsdp_units_follow_the_runtime_wrapping() -> None:
@@ -237,6 +248,47 @@ def test_dtensor_overhead_per_byte_is_charged_on_the_output_part_each_device_hol
             assert (f1 - f0)[0] == pytest.approx(held * rate[0])
             assert (b1 - b0)[0] == pytest.approx(held * rate[1])
     assert batch.any()
+
+
+def test_strategy_stage_communication_is_every_layer_and_reshard_cost_shared_by_passes() -> None:
+    """A strategy stage's forward and backward together grow, from an instant network to a
+    real one, by PaSE's layer collectives and re-shards between layers (at the graph's
+    batch, scaled to the micro-batch) plus its output gathers; the backward takes the
+    share of that communication its compute has."""
+    from shardplan.simulate._engine import _output_gathers, strategy_stage_seconds
+    from shardplan.strategy._cost_default import DefaultCostModel
+    from shardplan.strategy._cost_pase import Units, layer_cost
+    from shardplan.strategy.data_parallel import data_parallel_split
+    from shardplan.strategy.tables import graph_spaces
+
+    g, _, _ = _alexnet_hybrid()
+    spaces = graph_spaces(g)
+    every = tuple(range(g.num_nodes))
+    # batch-split and replicated layers in turn: every edge between them re-shards
+    strategy = {str(v): tuple(int(x) for x in (data_parallel_split(spaces[v], 4) if v % 2
+                                              else np.ones(len(spaces[v].dims))))
+                for v in every}
+    plan = Plan(g.name, "", "test", (Stage(every, (0, 1, 2, 3)),),
+                Objective("max_stage_seconds", 1.0), strategy=strategy)
+    s = plan.settings.resolve(g)
+    slow = _topo(4)
+    fast = dataclasses.replace(slow, bandwidth=np.where(slow.bandwidth > 0, 1e30, 0.0),
+                               latency=np.zeros((4, 4)))
+    (f0,), (b0,) = strategy_stage_seconds(plan, g, fast, s)
+    (f1,), (b1,) = strategy_stage_seconds(plan, g, slow, s)
+    pase = DefaultCostModel(slow, 4)
+    units = Units(mac=0.0, word=pase.units.word, allreduce=pase.units.allreduce)
+    config = {v: np.asarray([strategy[str(v)]]) for v in every}
+    layers = sum(float(layer_cost(spaces[v], config[v], units)[0]) for v in every)
+    reshards = sum(float(np.asarray(pase.edge_cost(spaces[u], spaces[v], u, config[u],
+                                                   config[v], float(b))).reshape(-1)[0])
+                   for u, v, b in zip(g.src.tolist(), g.dst.tolist(), g.edge_bytes.tolist(),
+                                      strict=True))
+    comm = (layers + reshards) * s.batch_scale(g)
+    gathers = _output_gathers(g, spaces, config, set(every), slow, np.arange(4))
+    assert reshards > 0 and comm > 0
+    assert f1 + b1 - f0 - b0 == pytest.approx(comm + gathers, rel=1e-6)
+    assert b1 - b0 == pytest.approx(comm * b0 / (f0 + b0), rel=1e-6)
 
 
 def test_dtensor_collective_overhead_is_charged_per_output_gather() -> None:
