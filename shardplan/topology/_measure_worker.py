@@ -693,7 +693,6 @@ def _optimizer_steps(torch: Any, dist: Any, dev: Any, sync: Callable[[], None],
     per tensor and 0.77 ns per byte (1.6 times the roofline's one pass at the copy
     bandwidth), every rank stepping; the small transformer's 50 tensors then cost as much
     as 1.2 MB of weights."""
-    import numpy as np
     from torch import nn
 
     from shardplan.cost._formulas import OPTIMIZER_BYTES
