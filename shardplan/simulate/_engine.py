@@ -1029,11 +1029,10 @@ def strategy_stage_seconds(plan: Plan, graph: Graph, topology: Topology,
                                        float(graph.edge_bytes[e]))
                 if m is not None:
                     comm += float(np.asarray(m).reshape(-1)[0])
-        total_f, total_b = comp_f + comp_b, comm * scale
+        total_b = comm * scale
         share_f = comp_f / (comp_f + comp_b) if comp_f + comp_b > 0 else 1.0 / 3.0
         fwd[s] = comp_f + total_b * share_f + gathers
         bwd[s] = comp_b + total_b * (1.0 - share_f)
-        del total_f
     return fwd, bwd
 
 
