@@ -1015,7 +1015,7 @@ def strategy_stage_seconds(plan: Plan, graph: Graph, topology: Topology,
         # and per byte of the output part each device holds
         df, db = _overheads.dtensor_op_overhead(topology, devs.tolist())
         bf, bb = _overheads.dtensor_op_seconds_per_byte(topology, devs.tolist())
-        local = sum(float(cm.graph.output_bytes[v]) / _output_split(spaces[v], config[v])
+        local = sum(float(cm.graph.output_bytes[v]) / float(spaces[v].output_parts(config[v])[0])
                     for v in nodes)
         comp_f += len(nodes) * df + local * bf
         comp_b += len(nodes) * db + local * bb
@@ -1034,17 +1034,6 @@ def strategy_stage_seconds(plan: Plan, graph: Graph, topology: Topology,
         fwd[s] = comp_f + total_b * share_f + gathers
         bwd[s] = comp_b + total_b * (1.0 - share_f)
     return fwd, bwd
-
-
-def _output_split(space: Any, config: np.ndarray) -> float:
-    """Parts a node's output is split into by its configuration: the product of the split
-    factors of the space's dimensions its output's dimensions are made of. O(d)."""
-    c = np.asarray(config, dtype=np.float64).reshape(-1)
-    split = 1.0
-    for g in space.output:
-        if g:
-            split *= float(np.prod(c[space.indices(list(g))]))
-    return split
 
 
 def _output_gathers(graph: Graph, spaces: Any, config: dict[int, np.ndarray],
@@ -1070,7 +1059,7 @@ def _output_gathers(graph: Graph, spaces: Any, config: dict[int, np.ndarray],
     leaves |= {v for v in inside if not has_out[v]}
     total = 0.0
     for v in sorted(leaves):
-        q = min(int(round(_output_split(spaces[v], config[v]))), int(devs.size))
+        q = min(int(round(float(spaces[v].output_parts(config[v])[0]))), int(devs.size))
         nbytes = float(graph.output_bytes[v])
         if q > 1 and nbytes > 0:
             total += float(collective_seconds(topology, "allgather", devs[:q], nbytes)) \

@@ -125,11 +125,7 @@ class DefaultCostModel:
         else:
             weight = np.zeros(f.shape[0])
         out = float(np.prod(space.output_shape)) if space.output_shape else 0.0
-        outf = np.ones(f.shape[0])
-        for g in space.output:
-            if g:
-                outf = outf * np.prod(f[:, space.indices(list(g))], axis=1)
-        return space.dtype_bytes * (4.0 * weight + 2.0 * out / outf)
+        return space.dtype_bytes * (4.0 * weight + 2.0 * out / space.output_parts(f))
 
     def node_cost(self, space: Space, configs: np.ndarray) -> np.ndarray:
         cost = layer_cost(space, configs, self.units)

@@ -122,6 +122,17 @@ class Space:
     def indices(self, names: Sequence[str]) -> list[int]:
         return [self.dims.index(nm) for nm in names]
 
+    def output_parts(self, configs: Any) -> np.ndarray:
+        """Per configuration (a row of split factors, one per dimension), the parts the
+        output is split into: the product of the factors of the dimensions its output's
+        dimensions are made of. O(K d)."""
+        f = np.asarray(configs, dtype=np.float64).reshape(-1, len(self.dims))
+        parts = np.ones(f.shape[0])
+        for g in self.output:
+            if g:
+                parts = parts * np.prod(f[:, self.indices(list(g))], axis=1)
+        return parts
+
     @property
     def batch_dim(self) -> str | None:
         """The dimension the batch-only fallback splits (attribute ``batch_dim``, else the

@@ -87,6 +87,20 @@ def test_configurations_match_the_definition() -> None:
     assert all(r[1] in (1, 2, 3) for r in got)  # 12 / 4 = 3 is the last allowed split
 
 
+def test_output_parts_multiply_the_factors_of_the_output_dimensions() -> None:
+    """The output (b, n h) of a space split over b, n, k, h: its parts are b's factor
+    times n's and h's; the reduced k splits no output. One row or many."""
+    space = Space(kind="gemm", dims=("b", "n", "k", "h"), sizes=(8, 12, 6, 4),
+                  output=(("b",), ("n", "h")), output_shape=(8, 48),
+                  attrs={"m": ["b"], "n": ["n", "h"], "k": ["k"]})
+    rows = np.array([[1, 1, 1, 1], [2, 3, 5, 1], [1, 2, 3, 4], [4, 1, 6, 2]])
+    assert space.output_parts(rows).tolist() == [1.0, 6.0, 8.0, 8.0]
+    assert space.output_parts(rows[1]).tolist() == [6.0]
+    scalar = Space(kind="elementwise", dims=("b",), sizes=(8,), output=((),),
+                   output_shape=(1,))
+    assert scalar.output_parts(np.array([[4]])).tolist() == [1.0]
+
+
 def test_gemm_cost_by_hand() -> None:
     space = Space(kind="gemm", dims=("b", "n", "k"), sizes=(8, 16, 32),
                   output=(("b",), ("n",)), output_shape=(8, 16),
