@@ -101,6 +101,28 @@ def test_output_parts_multiply_the_factors_of_the_output_dimensions() -> None:
     assert scalar.output_parts(np.array([[4]])).tolist() == [1.0]
 
 
+def test_default_memory_by_hand() -> None:
+    """Bytes per device: 4 copies of the weight part a device holds (weights, gradients,
+    two moments; scaled by ``weight_scale``) plus 2 of its output part (the output and its
+    gradient); an opaque layer's parameters stay whole."""
+    from shardplan.strategy._cost_default import DefaultCostModel
+    from shardplan.topology import build
+
+    cm = DefaultCostModel(build("flat", num_devices=4, bandwidth=1e10, latency=1e-6), 4)
+    gemm = Space(kind="gemm", dims=("b", "n", "k"), sizes=(8, 16, 32), weight=("n", "k"),
+                 output=(("b",), ("n",)), output_shape=(8, 16),
+                 attrs={"m": ["b"], "n": ["n"], "k": ["k"], "weight_scale": 0.5})
+    got = cm.memory(gemm, np.array([[1, 1, 1], [2, 1, 2], [1, 4, 1]]))
+    want = [4 * (4 * 0.5 * 16 * 32 + 2 * 128), 4 * (4 * 0.5 * 16 * 16 + 2 * 64),
+            4 * (4 * 0.5 * 4 * 32 + 2 * 32)]
+    assert got.tolist() == want
+    opaque = Space(kind="opaque", dims=("b",), sizes=(8,), output=(("b",),),
+                   output_shape=(8,), dtype_bytes=2, attrs={"param_words": 100})
+    assert cm.memory(opaque, np.array([[1], [4]])).tolist() == [2 * (400 + 16), 2 * (400 + 4)]
+    plain = Space(kind="elementwise", dims=("b", "n"), sizes=(8, 16))  # no output given
+    assert cm.memory(plain, np.array([[2, 2]])).tolist() == [0.0]
+
+
 def test_gemm_cost_by_hand() -> None:
     space = Space(kind="gemm", dims=("b", "n", "k"), sizes=(8, 16, 32),
                   output=(("b",), ("n",)), output_shape=(8, 16),
