@@ -22,6 +22,7 @@ from shardplan.topology._devices import (
     generator_meta,
     resolve_device,
 )
+from shardplan.topology._measure_worker import typical_seconds
 
 __all__ = ["BACKENDS", "DEFAULT_SIZES", "fit_link", "measure"]
 
@@ -43,7 +44,7 @@ def fit_link(sizes: Sequence[float], one_way: Sequence[float]) -> tuple[float, f
     sizes : sequence of float
         Message sizes in bytes (at least two distinct).
     one_way : sequence of float
-        One-way seconds at each size (half the median round trip).
+        One-way seconds at each size (half the typical round trip).
 
     Returns
     -------
@@ -143,7 +144,10 @@ def measure(nproc: int, *, backend: str = "auto", sizes: Sequence[int] = DEFAULT
     sizes : sequence of int
         Message sizes in bytes, at least two distinct (default 4 B, 64 KiB, 1, 4, 16 MiB).
     repeats, warmup : int
-        Timed and untimed round trips per size and pair (defaults 10 and 1).
+        Timed and untimed round trips per size and pair (defaults 10 and 1); messages and
+        collectives are timed at least 10 times whatever ``repeats`` says (a trimmed mean
+        of fewer keeps its outliers: one preempted round trip of three made a link's
+        latency 1.3 ms instead of 0.05).
     timeout : float
         Hard limit in seconds on the whole run, process start included (default 120); also
         the process-group timeout of every blocking call.
@@ -193,7 +197,7 @@ def measure(nproc: int, *, backend: str = "auto", sizes: Sequence[int] = DEFAULT
     Topology
         Devices ``rank0..``; ``bandwidth[i][j]`` and ``latency[i][j]`` as measured with i
         initiating the ping-pong. ``meta["measurement"]`` keeps the backend, sizes, repeats,
-        wall-clock seconds and the median one-way time of every pair at every size.
+        wall-clock seconds and the typical one-way time of every pair at every size.
 
     Raises
     ------
@@ -208,9 +212,11 @@ def measure(nproc: int, *, backend: str = "auto", sizes: Sequence[int] = DEFAULT
     is: all ranks join a process group (``FileStore`` in a temporary directory, no ports),
     then for every ordered pair (i, j) in turn, the others waiting at a barrier so that pairs
     never overlap, i sends j a message of each size with a blocking ``send`` and j sends it
-    back, ``warmup + repeats`` times. The one-way time of a size is half the median round
-    trip; :func:`fit_link` turns the sizes' times into (bandwidth, latency). Both directions
-    of a pair are measured (i initiating, then j), so the matrices need not be symmetric.
+    back, ``warmup + repeats`` times. The one-way time of a size is half the typical round
+    trip (:func:`~shardplan.topology._measure_worker.typical_seconds`: a trimmed mean,
+    because a step pays the mean of its messages); :func:`fit_link` turns the sizes' times
+    into (bandwidth, latency). Both directions of a pair are measured (i initiating, then
+    j), so the matrices need not be symmetric.
     O(N^2 x len(sizes) x repeats) messages. Only this function imports torch, in the ranks.
 
     The ranks are started with the ``spawn`` method, so a script calling this function must
@@ -258,7 +264,7 @@ def measure(nproc: int, *, backend: str = "auto", sizes: Sequence[int] = DEFAULT
         i = int(res["rank"])
         for key, per_size in res["rtt"].items():
             j = int(key)
-            one_way[:, i, j] = [float(np.median(ts)) / 2 for ts in per_size]
+            one_way[:, i, j] = [typical_seconds(ts) / 2 for ts in per_size]
             bw[i, j], lat[i, j] = fit_link(size_list, one_way[:, i, j].tolist())
     shared = results[0].get("device", {}).get("busy_slowdown")
     devices = tuple(_device(res, n, device, memory_bytes, flops, shared) for res in results)

@@ -165,6 +165,24 @@ def test_measure_four_processes_under_a_minute() -> None:
     assert topo.summary()["unreachable_pairs"] == 0
 
 
+def test_typical_seconds_is_a_trimmed_mean_not_a_median() -> None:
+    """A step pays the mean of its transfers: with a slow mode in a quarter of the calls
+    (gloo's small all-reduces here) the median reads the fast mode alone; of ten
+    timings, the slowest (a preempted call) and the fastest are dropped; fewer than ten
+    keep every timing."""
+    from shardplan.topology._measure_worker import COMM_SAMPLES, typical_seconds
+
+    bimodal = [0.3e-3] * 6 + [1.8e-3] * 2
+    assert typical_seconds(bimodal) == pytest.approx(0.675e-3)
+    assert typical_seconds(bimodal) > float(np.median(bimodal)) * 2
+    ten = [1e-3] * 8 + [0.9e-3, 50e-3]
+    assert typical_seconds(ten) == pytest.approx(1e-3)
+    assert typical_seconds([1e-3, 2e-3, 6e-3]) == pytest.approx(3e-3)
+    assert COMM_SAMPLES >= 10  # enough to drop one at each end
+    with pytest.raises(ValueError):
+        typical_seconds([])
+
+
 def test_busy_slowdown_compares_timings_of_the_same_round() -> None:
     """Other processes' load that comes and goes between rounds cancels out of the busy
     slowdown: every round times g = 1 and g = 2 back to back. Medians of whole series taken
