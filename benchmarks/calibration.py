@@ -91,15 +91,23 @@ def _plans(graph, topo2, topo4, settings: ExecutionSettings) -> list[tuple[str, 
     add("data parallel 1 x 2, FSDP", dp, gradient_sync="sharded")
     pase = registry.run("strategy", "pase", graph, topo2, seed=0, time_limit=20,
                         cost_model="default").plan
-    add("PaSE strategy over 2 (DTensor)", pase)
+    add("PaSE strategy over 2 (DTensor)", pase, _split_note(pase))
     if topo4 is not None:
         pipe4 = registry.run("partition", "parmesan", graph, topo4, stages=2, replicas=2,
                              seed=0, time_limit=20, **_opts(settings)).plan
         hyb = hybrid_plan(pipe4, graph, topo4, time_limit=20,
                           options={"cost_model": "default"})
         add("hybrid 2 x 2, GPipe (Parmesan x PaSE)", hyb,
-            "4 processes on 2 cores", schedule="gpipe")
+            f"4 processes on 2 cores; {_split_note(hyb)}", schedule="gpipe")
     return out
+
+
+def _split_note(plan: Plan) -> str:
+    """How many operators a plan's strategy splits over devices (PaSE picks from the
+    measured topology: splitting nothing is a plan too)."""
+    strategy = plan.strategy or {}
+    split = sum(1 for c in strategy.values() if any(int(f) > 1 for f in c))
+    return f"{split} of {len(strategy)} operators split"
 
 
 def _overheads_text(topo) -> str:
