@@ -14,6 +14,11 @@ Differences from :mod:`shardplan.strategy._cost_pase` (paper 004 equation 1 as r
 * on a measured topology every collective (an all-reduce, each direction of a re-shard)
   also pays the devices' ``dtensor_collective_overhead_seconds``: what the runtime's DTensor
   programs pay per collective between computations beyond the curve;
+* on a measured topology a configuration also pays the devices'
+  ``dtensor_op_seconds_per_byte`` (forward and backward) on the part of the layer's output
+  each device holds: what running an operator on DTensors adds per byte, as the simulator
+  charges a strategy stage (the per-operator part is the same for every configuration and
+  is left out of the search);
 * every edge is counted: an edge whose consumer does not describe the tensor falls back to a
   ``(batch, rest)`` tensor split by each side's batch dimension;
 * a memory limit per device rules configurations out (cost infinity): a layer's parameters
@@ -27,7 +32,7 @@ from __future__ import annotations
 import numpy as np
 
 from shardplan.cost._collectives import curve_seconds
-from shardplan.cost._overheads import dtensor_collective_overhead
+from shardplan.cost._overheads import dtensor_collective_overhead, dtensor_op_seconds_per_byte
 from shardplan.ir import Topology
 from shardplan.strategy._cost_pase import Units, edge_cost, layer_cost
 from shardplan.strategy.spaces import Space
@@ -84,6 +89,7 @@ class DefaultCostModel:
             self.link_bw = float("inf")
         self.collective_overhead = dtensor_collective_overhead(topology, range(n))
         extra = self.collective_overhead
+        self.dtensor_per_byte = float(sum(dtensor_op_seconds_per_byte(topology, range(n))))
 
         # all-reduce curves `topology measure` recorded, by group size: they replace the ring
         # formula for their group sizes (a CPU's gloo all-reduce costs far more per call
@@ -129,6 +135,9 @@ class DefaultCostModel:
 
     def node_cost(self, space: Space, configs: np.ndarray) -> np.ndarray:
         cost = layer_cost(space, configs, self.units)
+        if self.dtensor_per_byte > 0 and space.output_shape:
+            whole = space.dtype_bytes * float(np.prod(space.output_shape))
+            cost = cost + self.dtensor_per_byte * whole / space.output_parts(configs)
         over = self.memory(space, configs) > self.memory_limit
         return np.where(over, np.inf, cost)
 

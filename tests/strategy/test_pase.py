@@ -407,3 +407,35 @@ def test_default_cost_charges_the_measured_dtensor_collective_overhead() -> None
     got = cm.edge_cost(space, space, 0, fs, ft, 512.0)
     assert (base > 0).any() and (base == 0).any()
     assert got == pytest.approx(np.where(base > 0, base + 3e-3, 0.0))
+
+
+def test_default_cost_charges_the_measured_dtensor_rate_per_output_byte() -> None:
+    """Devices that carry ``dtensor_op_seconds_per_byte`` (the median of the devices
+    used, forward plus backward): a configuration pays it on the part of the output each
+    device holds, as the simulator's strategy stages charge it; weight-only splits keep
+    the whole output and pay it whole; without the field nothing changes."""
+    import dataclasses
+
+    import numpy as np
+
+    from shardplan.ir import Topology
+    from shardplan.strategy._cost_default import DefaultCostModel
+    from shardplan.strategy.spaces import Space
+    from shardplan.topology import build
+
+    flat = build("flat", num_devices=4, bandwidth=1e10, latency=1e-6)
+    rates = ([1e-9, 2e-9], [1e-9, 2e-9], [3e-9, 4e-9], [50e-9, 50e-9])  # 4th unused
+    devices = tuple(dataclasses.replace(d, extra={**d.extra, "dtensor_op_seconds_per_byte": r})
+                    for d, r in zip(flat.devices, rates, strict=True))
+    taxed = Topology(name="t", devices=devices, bandwidth=flat.bandwidth,
+                     latency=flat.latency)
+    plain, cm = DefaultCostModel(flat, 3), DefaultCostModel(taxed, 3)
+    assert plain.dtensor_per_byte == 0.0 and cm.dtensor_per_byte == pytest.approx(3e-9)
+    space = Space(kind="gemm", dims=("b", "n", "k"), sizes=(8, 16, 32), weight=("n", "k"),
+                  output=(("b",), ("n",)), output_shape=(8, 16),
+                  attrs={"m": ["b"], "n": ["n"], "k": ["k"]})
+    configs = np.array([[1, 1, 1], [2, 1, 1], [1, 2, 1], [2, 2, 1], [1, 1, 2]])
+    extra = cm.node_cost(space, configs) - plain.node_cost(space, configs)
+    whole = 8 * 16 * space.dtype_bytes
+    assert extra == pytest.approx(3e-9 * whole / np.array([1, 2, 2, 4, 1]))
+    assert extra[3] < extra[1] < extra[0] == extra[4]  # splitting the output pays less
