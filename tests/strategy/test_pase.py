@@ -439,3 +439,27 @@ def test_default_cost_charges_the_measured_dtensor_rate_per_output_byte() -> Non
     whole = 8 * 16 * space.dtype_bytes
     assert extra == pytest.approx(3e-9 * whole / np.array([1, 2, 2, 4, 1]))
     assert extra[3] < extra[1] < extra[0] == extra[4]  # splitting the output pays less
+    bare = Space(kind="elementwise", dims=("b", "n"), sizes=(8, 16))  # no output described
+    two = np.array([[1, 1], [2, 1]])
+    assert cm.node_cost(bare, two).tolist() == plain.node_cost(bare, two).tolist()
+
+
+def test_default_cost_memory_limit_is_inclusive() -> None:
+    """A configuration whose bytes per device equal the limit fits (cost finite); a byte
+    more and it costs infinity (a float, not an object array)."""
+    import numpy as np
+
+    from shardplan.strategy._cost_default import DefaultCostModel
+    from shardplan.strategy.spaces import Space
+    from shardplan.topology import build
+
+    space = Space(kind="gemm", dims=("b", "n", "k"), sizes=(8, 16, 32), weight=("n", "k"),
+                  output=(("b",), ("n",)), output_shape=(8, 16),
+                  attrs={"m": ["b"], "n": ["n"], "k": ["k"]})
+    configs = np.array([[1, 1, 1], [1, 2, 1]])
+    topo = build("flat", num_devices=2, bandwidth=1e10, latency=1e-6)
+    need = DefaultCostModel(topo, 2).memory(space, configs)
+    cm = DefaultCostModel(topo, 2, memory_limit=float(need[1]))
+    got = cm.node_cost(space, configs)
+    assert got.dtype == np.float64
+    assert np.isinf(got[0]) and np.isfinite(got[1])
