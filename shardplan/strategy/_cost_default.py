@@ -20,7 +20,9 @@ Differences from :mod:`shardplan.strategy._cost_pase` (paper 004 equation 1 as r
   charges a strategy stage (the per-operator part is the same for every configuration and
   is left out of the search);
 * every edge is counted: an edge whose consumer does not describe the tensor falls back to a
-  ``(batch, rest)`` tensor split by each side's batch dimension;
+  ``(batch, rest)`` tensor split by each side's batch dimension, the producer's ``rest``
+  by its output's other splits (the consumer reads it whole: a split of the heads feeding
+  an opaque attention is gathered; without this the search split them for free);
 * a memory limit per device rules configurations out (cost infinity): a layer's parameters
   (x4: weights, gradients and two optimizer moments) plus its output and output gradient,
   per device, must fit. The limit is per layer, not summed over layers: a global sum would
@@ -154,6 +156,11 @@ class DefaultCostModel:
             c = np.ones((ft.shape[0], 2))
             if src.batch_dim:
                 a[:, 0] = fs[:, src.index(src.batch_dim)]
+            # the producer's other splits of its output: the consumer, which does not
+            # describe the tensor, reads it whole but for the batch (a split that is not
+            # the batch's is gathered: the runtime's attention gathers split heads' dims)
+            in_out = any(src.batch_dim in g for g in src.output)
+            a[:, 1] = np.maximum(src.output_parts(fs) / (a[:, 0] if in_out else 1.0), 1.0)
             if dst.batch_dim:
                 c[:, 0] = ft[:, dst.index(dst.batch_dim)]
             s = t / a[:, None, :]

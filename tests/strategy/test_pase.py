@@ -463,3 +463,32 @@ def test_default_cost_memory_limit_is_inclusive() -> None:
     got = cm.node_cost(space, configs)
     assert got.dtype == np.float64
     assert np.isinf(got[0]) and np.isfinite(got[1])
+
+
+def test_default_cost_fallback_edge_gathers_a_split_the_consumer_does_not_describe() -> None:
+    """A producer splitting its output on a dimension other than the batch, read by a
+    consumer that does not describe the tensor (an opaque attention reading split heads):
+    the consumer reads it whole, so the edge pays for the other part (both directions);
+    a batch split read with the same batch split stays free, as does a replicated
+    producer. The search split every attention's heads for free before (a transformer's
+    plan measured 2.5 times its prediction)."""
+    import numpy as np
+
+    from shardplan.strategy._cost_default import DefaultCostModel
+    from shardplan.strategy.spaces import Space
+    from shardplan.topology import build
+
+    cm = DefaultCostModel(build("flat", num_devices=2, bandwidth=1e9, latency=0.0), 2)
+    heads = Space(kind="transpose", dims=("b", "h", "s", "d"), sizes=(4, 4, 8, 16),
+                  output=(("b",), ("h",), ("s",), ("d",)), output_shape=(4, 4, 8, 16))
+    opaque = Space(kind="opaque", dims=("batch",), sizes=(4,))
+    nbytes = 4.0 * 4 * 4 * 8 * 16
+    fs = np.array([[1, 1, 1, 1], [1, 1, 1, 2], [2, 1, 1, 1], [2, 1, 1, 2]])
+    ft = np.array([[1], [2]])
+    got = cm.edge_cost(heads, opaque, 0, fs, ft, nbytes)
+    word = 4.0 / 1e9
+    words = nbytes / 4.0
+    assert got[0].tolist() == [0.0, pytest.approx(2 * word * words / 2)]  # replicated
+    assert got[1, 0] == pytest.approx(2 * word * words / 2)  # the other half of d
+    assert got[2, 1] == 0.0  # batch split read by the batch: free
+    assert got[3, 1] == pytest.approx(2 * word * words / 4)  # the batch's half of d
