@@ -103,8 +103,41 @@ def _plans(graph, topo2, topo4, settings: ExecutionSettings) -> list[tuple[str, 
         hyb = hybrid_plan(pipe4, graph, topo4, time_limit=20,
                           options={"cost_model": "default"})
         add("hybrid 2 x 2, GPipe (Parmesan x PaSE)", hyb,
-            f"4 processes on 2 cores; {_split_note(hyb)}", schedule="gpipe")
+            f"{FOUR}; {_split_note(hyb)}", schedule="gpipe")
     return out
+
+
+FOUR = "4 processes on 2 cores"  # the note of rows the summary leaves out
+
+
+def _summary(two: list[tuple[float, float, float]]) -> list[str]:
+    """The summary lines of the two-process rows' ``(median, lowest, highest)`` ratios."""
+    if not two:
+        return []
+    inside = sum(0.8 <= r[0] <= 1.25 for r in two)
+    return ["", f"{inside} of {len(two)} rows on 2 processes have a median ratio within "
+                f"0.8-1.25 (medians {min(r[0] for r in two):.2f}-"
+                f"{max(r[0] for r in two):.2f}; single rounds "
+                f"{min(r[1] for r in two):.2f}-{max(r[2] for r in two):.2f})."]
+
+
+def resummarize(path: Path) -> None:
+    """Write a results table's summary line again from its rows (``--resummarize``): the
+    rows on 2 processes, every row but those noted as 4 processes. O(rows)."""
+    text = path.read_text(encoding="utf-8").split("\n")
+    two = []
+    for line in text:
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 9 and cells[6] and cells[6][0].isdigit() \
+                and not cells[8].startswith(FOUR):
+            low, high = cells[7].split("-")
+            two.append((float(cells[6]), float(low), float(high)))
+    out = [ln for ln in text if "rows on 2 processes have" not in ln]
+    at = next(i for i, ln in enumerate(out) if ln.startswith("Fixed costs measured"))
+    head = out[:at]
+    while head and not head[-1].strip():
+        head.pop()
+    write_atomic(path, "\n".join(head + _summary(two) + [""] + out[at:]))
 
 
 def _heads_split(plan: Plan, graph) -> Plan | None:
@@ -188,7 +221,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--measure-once", action="store_true",
                     help="predict every row with the topology measured at the start (default: "
                          "measured again right before each multi-process row's run)")
+    ap.add_argument("--resummarize", metavar="TABLE",
+                    help="only write TABLE's summary line again from its rows")
     args = ap.parse_args(argv)
+    if args.resummarize:
+        resummarize(Path(args.resummarize))
+        return 0
     if args.rounds < 1:
         ap.error("--rounds must be at least 1")
     from shardplan.capture import capture_spec
@@ -298,13 +336,8 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(f"| {label} | {kind} | {what} | {busy} | {pred * 1e3:.3f} | "
                      f"{meas * 1e3:.3f} | {ratio[0]:.2f} | {ratio[1]:.2f}-{ratio[2]:.2f} | "
                      f"{note} |")
-    two = [r for _, _, p, _, _, n, r in rows if p is not None and not n]
-    if two:
-        inside = sum(0.8 <= r[0] <= 1.25 for r in two)
-        lines += ["", f"{inside} of {len(two)} rows on 2 processes have a median ratio within "
-                      f"0.8-1.25 (medians {min(r[0] for r in two):.2f}-"
-                      f"{max(r[0] for r in two):.2f}; single rounds "
-                      f"{min(r[1] for r in two):.2f}-{max(r[2] for r in two):.2f})."]
+    two = [r for _, _, p, _, _, n, r in rows if p is not None and not n.startswith(FOUR)]
+    lines += _summary(two)
     lines += ["", "Fixed costs measured at the start of this run (rank 0; the simulator "
                   "charges them):", ""]
     lines += [f"- `--nproc {t.num_devices}`: {_overheads_text(t)}"
