@@ -327,9 +327,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"## {kind} ({cfg.kind}): predicted {_ms(sim.iteration_seconds)}, "
               f"measured {_ms(step)} (ratio {sim.iteration_seconds / step:.2f})\n")
         if plan.strategy is not None:
-            split = sum(1 for c in plan.strategy.values() if any(int(f) > 1 for f in c))
-            print(f"Strategy: {split} of {len(plan.strategy)} operators split, the rest "
-                  f"replicated.\n")
+            print(f"Strategy: {calibration._split_note(plan)}, the rest replicated.\n")
         head = "| phase | " + " | ".join(f"rank {r} measured" for r in range(len(used)))
         print(head + " |")
         print("|---|" + "---:|" * len(used))

@@ -445,8 +445,8 @@ def test_default_cost_charges_the_measured_dtensor_rate_per_output_byte() -> Non
 
 
 def test_default_cost_memory_limit_is_inclusive() -> None:
-    """A configuration whose bytes per device equal the limit fits (cost finite); a byte
-    more and it costs infinity (a float, not an object array)."""
+    """A configuration whose bytes per device equal the limit fits (cost finite); one
+    that needs more costs infinity (a float, not an object array)."""
     import numpy as np
 
     from shardplan.strategy._cost_default import DefaultCostModel
@@ -469,9 +469,10 @@ def test_default_cost_fallback_edge_gathers_a_split_the_consumer_does_not_descri
     """A producer splitting its output on a dimension other than the batch, read by a
     consumer that does not describe the tensor (an opaque attention reading split heads):
     the consumer reads it whole, so the edge pays for the other part (both directions);
-    a batch split read with the same batch split stays free, as does a replicated
-    producer. The search split every attention's heads for free before (a transformer's
-    plan measured 2.5 times its prediction)."""
+    a batch split read with the same batch split stays free, a replicated producer read
+    whole too, and a consumer splitting the batch of a replicated producer pays for its
+    part (PaSE's formula, unchanged). The search split every attention's heads for free
+    before (a transformer's plan measured 2.5 times its prediction)."""
     import numpy as np
 
     from shardplan.strategy._cost_default import DefaultCostModel
