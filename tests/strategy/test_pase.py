@@ -493,3 +493,10 @@ def test_default_cost_fallback_edge_gathers_a_split_the_consumer_does_not_descri
     assert got[1, 0] == pytest.approx(2 * word * words / 2)  # the other half of d
     assert got[2, 1] == 0.0  # batch split read by the batch: free
     assert got[3, 1] == pytest.approx(2 * word * words / 4)  # the batch's half of d
+    # an output without the batch dimension (the batch reduced): the split of n alone is
+    # the rest's, not divided by the batch's factor; the tensor is still read as
+    # (batch 4, rest 16) words, each device holding a quarter of it: 3/4 to fetch
+    reduced = Space(kind="elementwise", dims=("b", "n"), sizes=(4, 16),
+                    output=(("n",),), output_shape=(16,))
+    m = cm.edge_cost(reduced, opaque, 0, np.array([[2, 2]]), np.array([[1]]), 256.0)
+    assert m[0, 0] == pytest.approx(2 * word * (64 - 16))
