@@ -186,7 +186,9 @@ def _overheads_text(topo) -> str:
     busy = ", ".join(f"{g}: {float(v):.2f}" for g, v in x.get("busy_slowdown", {}).items())
     return (f"operator {us(of)} / {us(ob)} us (forward / backward), DTensor adds "
             f"{us(df)} / {us(db)} us per operator and {pf:.3f} / {pb:.3f} ns per output "
-            f"byte (and {us(step)} us per layer to a step on DTensors), "
+            f"byte (and {us(step)} us per layer to a step on DTensors), a "
+            f"redistribution {us(x.get('dtensor_collective_overhead_seconds', 0))} us "
+            f"beyond its bytes, "
             f"FSDP gather {us(x.get('fsdp_gather_overhead_seconds', 0))}"
             f" us and reduction {us(x.get('fsdp_reduce_overhead_seconds', 0))}"
             f" us, pipeline action {us(x.get('pipeline_action_overhead_seconds', 0))} us, "

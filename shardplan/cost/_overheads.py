@@ -14,6 +14,14 @@ slowdown at 1, exactly as before. Fields of a device entry:
 - ``dtensor_op_seconds_per_byte``: ``[forward, backward]`` seconds per byte of an
   operator's output (the part a device holds) that running it on DTensors adds beyond the
   per-operator figure: charged with it.
+- ``dtensor_reshard_seconds``: ``[seconds, bytes]``: one redistribution of the runtime's
+  DTensor program measured between computations (forward and backward together), and the
+  bytes each device received in it; ``topology measure`` turns it into
+- ``dtensor_collective_overhead_seconds``: what such a redistribution costs beyond the
+  bytes over the slowest link and a latency (what a strategy's cost model charges for a
+  re-shard direction itself): charged per collective of a strategy stage (each direction of
+  a re-shard, each reduction of a split layer, each gather of an output), by PaSE's
+  ``default`` cost model and the simulator alike.
 - ``dtensor_step_overhead_seconds``: extra seconds per parameter-holding layer of an
   optimizer step on DTensor parameters: charged per node holding parameters to the
   optimizer step of plans whose parameters are DTensors (strategies, hybrids, FSDP).
@@ -144,11 +152,13 @@ def dtensor_op_seconds_per_byte(topology: Topology | None,
 
 
 def dtensor_collective_overhead(topology: Topology | None, devices: Sequence[int]) -> float:
-    """Extra seconds per collective of a DTensor program over ``devices`` beyond the
-    topology's back-to-back curve (or ring) for its bytes: the largest of their
-    ``dtensor_collective_overhead_seconds``; 0 where absent (a GPU preset). Charged per
-    all-reduce, re-shard and output gather of a strategy stage by PaSE's ``default`` cost
-    model and the simulator alike."""
+    """Extra seconds per collective of a DTensor program over ``devices`` beyond what the
+    cost model charges for its bytes (the link or the curve, and a latency): the largest of
+    their ``dtensor_collective_overhead_seconds`` (measured on a redistribution of the
+    runtime's program between computations:
+    :func:`shardplan.topology._measure.reshard_overhead`); 0 where absent (a GPU preset).
+    Charged per all-reduce, re-shard direction and output gather of a strategy stage by
+    PaSE's ``default`` cost model and the simulator alike."""
     return _largest(topology, "dtensor_collective_overhead_seconds", devices)
 
 

@@ -12,8 +12,10 @@ Differences from :mod:`shardplan.strategy._cost_pase` (paper 004 equation 1 as r
 * an all-reduce over P devices takes the measured curve's time for its bytes when the
   topology has one for P (``topology measure``), instead of the ring formula;
 * on a measured topology every collective (an all-reduce, each direction of a re-shard)
-  also pays the devices' ``dtensor_collective_overhead_seconds``: what the runtime's DTensor
-  programs pay per collective between computations beyond the curve;
+  also pays the devices' ``dtensor_collective_overhead_seconds``: what a redistribution of
+  the runtime's DTensor program costs between computations beyond the bytes over the link
+  and a latency (measured at about 1.4 ms on two CPU processes, where the bytes take
+  0.1 ms: the search splits a layer only where that pays);
 * on a measured topology a configuration also pays the devices'
   ``dtensor_op_seconds_per_byte`` (forward and backward) on the part of the layer's output
   each device holds: what running an operator on DTensors adds per byte, as the simulator

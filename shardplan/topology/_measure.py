@@ -24,7 +24,7 @@ from shardplan.topology._devices import (
 )
 from shardplan.topology._measure_worker import typical_seconds
 
-__all__ = ["BACKENDS", "DEFAULT_SIZES", "fit_link", "measure"]
+__all__ = ["BACKENDS", "DEFAULT_SIZES", "fit_link", "measure", "reshard_overhead"]
 
 BACKENDS = ("auto", "gloo", "nccl")
 #: Message sizes (bytes): one tiny message for the latency, then 64 KiB to 16 MiB.
@@ -67,6 +67,36 @@ def fit_link(sizes: Sequence[float], one_way: Sequence[float]) -> tuple[float, f
     big = int(np.argmax(s))
     bandwidth = 1.0 / slope if slope > 0 else float(s[big] / max(t[big], 1e-12))
     return bandwidth, max(latency, 0.0)
+
+
+def reshard_overhead(measured: Sequence[float], bandwidth: np.ndarray,
+                     latency: np.ndarray) -> float:
+    """``dtensor_collective_overhead_seconds`` from a rank's ``dtensor_reshard_seconds``
+    (``[seconds, bytes]``: one redistribution of the runtime's DTensor program, measured
+    between computations, and the bytes each device received in it): what it cost beyond
+    what a strategy's cost model charges for those bytes itself, the received bytes over
+    the slowest link among the measured devices plus their largest latency (PaSE's
+    ``default`` cost model prices a re-shard direction so; :mod:`shardplan.strategy.
+    _cost_default`). At least 0; 0 for a malformed record. O(N^2).
+
+    Examples
+    --------
+    >>> bw = np.array([[0.0, 2e9], [4e9, 0.0]])
+    >>> lat = np.array([[0.0, 5e-5], [4e-5, 0.0]])
+    >>> round(reshard_overhead([1.7e-3, 65536], bw, lat) * 1e6, 2)
+    1617.23
+    >>> reshard_overhead([1e-5, 65536], bw, lat), reshard_overhead("bad", bw, lat)
+    (0.0, 0.0)
+    """
+    try:
+        seconds, received = (float(x) for x in measured)
+    except (TypeError, ValueError):
+        return 0.0
+    bw = np.asarray(bandwidth, dtype=np.float64)
+    links = bw[~np.eye(bw.shape[0], dtype=bool) & (bw > 0)]
+    slowest = float(links.min()) if links.size else float("inf")
+    lat = float(np.max(latency)) if np.size(latency) else 0.0
+    return max(seconds - received / slowest - lat, 0.0)
 
 
 def _machine_memory() -> int:
@@ -173,8 +203,11 @@ def measure(nproc: int, *, backend: str = "auto", sizes: Sequence[int] = DEFAULT
         (forward and backward seconds per operator of a tiny operator under autograd),
         ``dtensor_op_overhead_seconds`` and ``dtensor_op_seconds_per_byte`` (what running
         operators in the runtime's DTensor program adds, per operator and per byte of their
-        outputs), ``dtensor_collective_overhead_seconds`` (what a DTensor program's
-        collective between computations costs beyond the back-to-back curve),
+        outputs), ``dtensor_reshard_seconds`` (``[seconds, bytes]``: one redistribution
+        of the runtime's DTensor program between computations, forward and backward, and
+        the bytes each device received in it) and ``dtensor_collective_overhead_seconds``
+        (what it cost beyond the bytes over the slowest link and a latency:
+        :func:`reshard_overhead`),
         ``dtensor_step_overhead_seconds`` (what an optimizer step on DTensor
         parameters adds per layer), ``fsdp_gather_overhead_seconds`` (what an FSDP2
         unit's parameter all-gather costs beyond the bare all-gather; with
@@ -266,6 +299,11 @@ def measure(nproc: int, *, backend: str = "auto", sizes: Sequence[int] = DEFAULT
             j = int(key)
             one_way[:, i, j] = [typical_seconds(ts) / 2 for ts in per_size]
             bw[i, j], lat[i, j] = fit_link(size_list, one_way[:, i, j].tolist())
+    for res in results:  # a redistribution's cost beyond the bytes the model charges
+        info = res.get("device", {})
+        if "dtensor_reshard_seconds" in info:
+            info["dtensor_collective_overhead_seconds"] = reshard_overhead(
+                info["dtensor_reshard_seconds"], bw, lat)
     shared = results[0].get("device", {}).get("busy_slowdown")
     devices = tuple(_device(res, n, device, memory_bytes, flops, shared) for res in results)
     extra = {"collectives": results[0]["collectives"]} if collectives else {}
@@ -283,7 +321,7 @@ def measure(nproc: int, *, backend: str = "auto", sizes: Sequence[int] = DEFAULT
 #: Measured device fields copied into a topology's device entries (see ``overheads``).
 OVERHEAD_FIELDS = ("op_overhead_seconds", "dtensor_op_overhead_seconds",
                    "dtensor_op_seconds_per_byte",
-                   "dtensor_collective_overhead_seconds",
+                   "dtensor_collective_overhead_seconds", "dtensor_reshard_seconds",
                    "dtensor_step_overhead_seconds", "fsdp_gather_overhead_seconds",
                    "fsdp_gather_seconds_per_byte", "fsdp_reduce_overhead_seconds",
                    "fsdp_reduce_seconds_per_byte",

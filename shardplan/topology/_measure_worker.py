@@ -46,8 +46,6 @@ BUSY_STEPS = 2
 BUSY_ROUNDS = 15
 #: ``(samples, positions, features)`` of the two programs of :func:`_dtensor_program`.
 DT_SIZES = ((4, 4, 16), (8, 32, 128))
-#: Redistributions per round of :func:`_dtensor_collective`.
-DT_CALLS = 8
 #: Messages per round, and their bytes, of the CPU share of transfers.
 CPU_GROUPS = 8
 CPU_MESSAGE = 1 << 20
@@ -294,9 +292,11 @@ def _overheads(rank: int, world: int, cfg: dict[str, Any], dev: Any,
       transformer blocks run as the runtime runs a DTensor program, replicated over all
       ranks (its interpreter, sharding propagation, wrapping and DTensor's copies; no
       communication: :func:`_dtensor_program`);
-    - ``dtensor_collective_overhead_seconds``: what one collective of a DTensor program
-      run between computations costs beyond the back-to-back curve of the same bytes
-      (:func:`_dtensor_collective`);
+    - ``dtensor_reshard_seconds``: ``[seconds, bytes]``, what one redistribution that
+      communicates costs in the runtime's DTensor program between computations, forward
+      and backward together, and the bytes each device receives in it
+      (:func:`_dtensor_reshard`; :func:`shardplan.topology._measure.measure` turns it into
+      ``dtensor_collective_overhead_seconds``);
     - ``dtensor_step_overhead_seconds``: extra seconds per parameter-holding layer of an
       Adam step on DTensor parameters (:func:`_dtensor_step`);
     - ``pipeline_action_overhead_seconds``: seconds torch's pipelining schedule adds per
@@ -378,8 +378,8 @@ def _overheads(rank: int, world: int, cfg: dict[str, Any], dev: Any,
 
     plain = blocks_per_op()
     out["op_overhead_seconds"] = [plain[0], plain[1]]
-    out["dtensor_collective_overhead_seconds"] = _dtensor_collective(
-        torch, dist, dev, sync, mesh, repeats, warmup)
+    out["dtensor_reshard_seconds"] = _dtensor_reshard(torch, dist, dev, sync, world,
+                                                      repeats, warmup)
     rates = _dtensor_program(torch, dist, dev, sync, mesh, repeats, warmup)
     out["dtensor_op_overhead_seconds"] = rates["per_op"]
     out["dtensor_op_seconds_per_byte"] = rates["per_byte"]
@@ -537,48 +537,78 @@ def slowdown_ratios(rounds: list[dict[int, float]]) -> dict[str, float]:
     return out
 
 
-def _dtensor_collective(torch: Any, dist: Any, dev: Any, sync: Callable[[], None], mesh: Any,
-                        repeats: int, warmup: int) -> float:
-    """Seconds a collective of the runtime's DTensor programs takes beyond a bare one timed
-    back to back (:func:`_collectives`' curves): :data:`DT_CALLS` rounds of a small matrix
-    product then the redistribution of a 128 KiB partial sum to a replicated tensor over
-    the mesh of all ranks (a split reduction's all-reduce, as a strategy's layers run it),
-    against the same products alone and against the bare all-reduces back to back; per
-    round ``(products with redistributions - products alone) / DT_CALLS - bare``, typical
-    over ``repeats`` rounds (:func:`typical_seconds`, at least :data:`COMM_SAMPLES`
-    rounds, as the curves it adds to), at least 0. Between computations a
-    collective finds the other rank still computing or finishing the previous collective,
-    and DTensor adds its own dispatch: here the result was 0.5 to 1.0 ms across three
-    measurements, where the bare back-to-back all-reduce of 128 KiB takes about 0.3 ms."""
-    from torch.distributed.tensor import DTensor, Partial, Replicate
+def _dtensor_reshard(torch: Any, dist: Any, dev: Any, sync: Callable[[], None], world: int,
+                     repeats: int, warmup: int) -> list[float]:
+    """``[seconds, bytes]``: what one redistribution that communicates costs in the runtime's
+    DTensor program, its forward and its backward together, and the bytes each device
+    receives in it.
 
-    part = torch.ones(32, 1024, device=dev)  # 128 KiB
-    a = torch.rand(128, 128, device=dev)
+    The transformer blocks of :func:`_dtensor_program` at the larger of :data:`DT_SIZES`,
+    exported and cut as a stage, run as a
+    :class:`~shardplan.runtime._dtensor.ShardedProgram` on the runtime's mesh of all ranks
+    (:func:`shardplan.runtime._sharding.mesh_shape`) twice: replicated, and with every 4-d
+    view and transpose (the attention heads' ``(samples, positions, heads, features)`` and
+    back) split over all ranks on its last dimension, laid out by the runtime's own
+    :func:`~shardplan.runtime._sharding.node_shardings`. Those operators compute nothing,
+    so the split program differs by its redistributions alone: every q, k and v is sliced
+    from the replicated projection (free forward, gathered in the backward) and gathered
+    for the attention, which runs whole, and the attention's output likewise. Each
+    redistribution the program counts communicates in one direction: the forward's
+    ``reshards`` gather, the other ``redistributions - reshards`` slice and gather in the
+    backward. Per round, ``(split - replicated) / redistributions`` over the forward and
+    the backward timed back to back; typical over at least :data:`COMM_SAMPLES` rounds
+    (:func:`typical_seconds`). Each moves ``(N - 1) / N`` of a ``samples x positions x
+    features`` tensor into every device.
 
-    def products(redistribute: bool) -> None:
-        for _ in range(DT_CALLS):
-            a @ a
-            if redistribute:
-                DTensor.from_local(part, mesh, [Partial()]).redistribute(
-                    mesh, [Replicate()]).to_local()
+    The cost is measured between computations, as a program pays it, not as collectives
+    back to back: the other rank is still computing (the waits absorb the ranks' skew),
+    DTensor's redistribution machinery runs per call, and a gather of the last dimension
+    copies. Here one such redistribution of 128 KiB took about 1.7 ms where the bare
+    all-gather of the same bytes takes 0.3 to 0.7 ms, and the old measurement (a partial
+    sum's all-reduce between tiny matrix products) read 0.4 to 1.0 ms in all: a plan with
+    30 of a transformer's 82 operators split ran 1.8 times its prediction on it."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from shardplan.capture import capture
+    from shardplan.capture._export import graph_ops
+    from shardplan.runtime._dtensor import ShardedProgram
+    from shardplan.runtime._sharding import mesh_shape, node_shardings
+    from shardplan.runtime._split import split_program
+    from shardplan.strategy.tables import graph_spaces
+
+    batch, seq, width = DT_SIZES[1]
+    torch.manual_seed(0)
+    model = _blocks(batch, seq, width).to(dev)
+    x0 = torch.ones(batch, seq, width, device=dev)
+    ep = torch.export.export(model, (x0,), strict=False)
+    names = [name for name, _, _ in graph_ops(ep)]
+    graph = capture(model, (x0,))
+    strategy = {str(v): [world if (sp.kind in ("reshape", "transpose") and len(sp.dims) == 4
+                                   and i == 3) else 1 for i in range(len(sp.dims))]
+                for v, sp in enumerate(graph_spaces(graph))}
+    layouts = node_shardings(graph, strategy, [(range(graph.num_nodes), world)])
+    mesh = init_device_mesh(dev.type, mesh_shape(world))
+    programs = [ShardedProgram(split_program(model, ep, [names], [0])[0].module,
+                               {s.name: s for s in lay}, mesh)
+                for lay in ((), layouts)]
+
+    def once(prog: Any) -> float:
+        dist.barrier()
+        t0 = time.perf_counter()
+        y = prog(x0)
+        y = y[0] if isinstance(y, (tuple, list)) else y
+        y.sum().backward()
         sync()
-
-    def bare() -> None:
-        for _ in range(DT_CALLS):
-            dist.all_reduce(part.clone())
-        sync()
+        prog.zero_grad(set_to_none=True)
+        return time.perf_counter() - t0
 
     extra = []
     for it in range(warmup + max(repeats, COMM_SAMPLES)):
-        times = []
-        for fn in (lambda: products(False), lambda: products(True), bare):
-            dist.barrier()
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) / DT_CALLS)
+        plain, split = once(programs[0]), once(programs[1])
         if it >= warmup:
-            extra.append(times[1] - times[0] - times[2])
-    return max(typical_seconds(extra), 0.0)
+            extra.append((split - plain) / max(programs[1].redistributions, 1))
+    received = batch * seq * width * x0.element_size() * (world - 1) / world
+    return [max(typical_seconds(extra), 0.0), float(received)]
 
 
 def dtensor_rates(small: tuple[float, float, float], large: tuple[float, float, float]

@@ -10,6 +10,7 @@ import pytest
 from shardplan.errors import ShardplanError
 from shardplan.ir import load_topology, save
 from shardplan.topology import build, fit_link, measure
+from shardplan.topology._measure import reshard_overhead
 
 SMALL = (4, 1 << 16, 1 << 20, 1 << 22)
 COLL = (1 << 12, 1 << 16, 1 << 20)
@@ -28,6 +29,18 @@ def test_fit_link_falls_back_on_a_flat_curve() -> None:
     assert bw == pytest.approx((1 << 24) / 1.9e-3) and lat == 2e-3
     with pytest.raises(ShardplanError, match="two or more sizes"):
         fit_link([4], [1e-3])
+
+
+def test_reshard_overhead_is_what_the_model_does_not_charge_for_the_bytes() -> None:
+    """A redistribution's measured cost, less what PaSE's default cost model charges a
+    re-shard direction itself: the received bytes over the slowest link (absent links,
+    bandwidth 0, and the diagonal left out) and the largest latency; never below 0."""
+    bw = np.array([[0.0, 4e9, 0.0], [1e9, 0.0, 2e9], [0.0, 8e9, 0.0]])
+    lat = np.array([[0.0, 1e-5, 0.0], [3e-5, 0.0, 2e-5], [0.0, 1e-5, 0.0]])
+    assert reshard_overhead([2e-3, 1e6], bw, lat) == pytest.approx(2e-3 - 1e-3 - 3e-5)
+    assert reshard_overhead([0.5e-3, 1e6], bw, lat) == 0.0  # less than the bytes take
+    assert reshard_overhead([2e-3, 0.0], bw, lat) == pytest.approx(2e-3 - 3e-5)
+    assert reshard_overhead([2e-3], bw, lat) == 0.0 and reshard_overhead(None, bw, lat) == 0.0
 
 
 @pytest.mark.parametrize("kwargs, match", [
@@ -86,7 +99,12 @@ def test_measure_two_processes(tmp_path) -> None:
         assert all(0 <= x < 1e-6 for x in d.extra["dtensor_op_seconds_per_byte"])
         assert 0 <= d.extra["fsdp_gather_overhead_seconds"] < 1.0
         assert 0 <= d.extra["dtensor_step_overhead_seconds"] < 1.0
-        assert 0 <= d.extra["dtensor_collective_overhead_seconds"] < 1.0
+        # a redistribution of the DTensor program: its 64 KiB (half of 128 KiB) each rank
+        # receives, and its cost beyond what the model charges for them (reshard_overhead)
+        seconds, received = d.extra["dtensor_reshard_seconds"]
+        assert 0 <= seconds < 1.0 and received == 8 * 32 * 128 * 4 / 2
+        assert d.extra["dtensor_collective_overhead_seconds"] == pytest.approx(
+            reshard_overhead([seconds, received], back.bandwidth, back.latency))
         assert 0 <= d.extra["fsdp_gather_seconds_per_byte"] < 1e-6  # GB/s, not bytes/s
         assert 0 <= d.extra["fsdp_reduce_overhead_seconds"] < 1.0
         assert 0 <= d.extra["fsdp_reduce_seconds_per_byte"] < 1e-6
