@@ -75,6 +75,7 @@ from shardplan.ir import Graph, Topology
 __all__ = ["busy_slowdown", "charge_run_overheads", "comm_cpu_share",
            "dtensor_collective_overhead", "dtensor_op_overhead", "dtensor_op_seconds_per_byte",
            "dtensor_step_overhead", "fsdp_gather_overhead", "fsdp_unit_chunks", "fsdp_unit_keys",
+           "host_collectives",
            "gradient_seconds_per_byte", "op_overhead", "optimizer_seconds_per_byte",
            "optimizer_seconds_per_tensor", "pipeline_action_overhead"]
 
@@ -352,6 +353,33 @@ def comm_cpu_share(topology: Topology | None) -> np.ndarray:
     return _device_values(topology, lambda x: x.get("comm_cpu_share"))
 
 
+def host_collectives(topology: Topology | None) -> np.ndarray:
+    """Per device, whether its collectives run on the cores that compute, shape (D,) of
+    bool: a device entry saying it is a CPU (``"device": "cpu"``, as ``topology measure``
+    writes for CPU ranks, or ``"type": "cpu"``). FSDP2 (torch 2.14) calls its parameter
+    all-gathers and gradient reduce-scatters synchronously (``unshard_async_op`` off, the
+    reduce-scatter without ``async_op``): a GPU returns once the collective is queued on
+    its own stream and goes on computing (the next unit's gather overlaps this unit's
+    compute), a CPU returns when it is done (nothing overlaps: a profile of two gloo ranks
+    shows every unit's gather waited in full in its pre-forward). False where absent (the
+    builders' and GPU presets' devices). Read by the simulator's engine. O(D).
+
+    Examples
+    --------
+    >>> from shardplan.ir import Device
+    >>> t = Topology(name="t", devices=(Device("a", 1e9, 1e12, {"device": "cpu"}),
+    ...              Device("b", 1e9, 1e12, {"type": "v100"})),
+    ...              bandwidth=[[0, 1], [1, 0]], latency=[[0, 0], [0, 0]])
+    >>> host_collectives(t).tolist(), host_collectives(None).tolist()
+    ([True, False], [])
+    """
+    if topology is None:
+        return np.zeros(0, dtype=bool)
+    return np.array([str(dev.extra.get("device", "")).lower() == "cpu"
+                     or str(dev.extra.get("type", "")).lower() == "cpu"
+                     for dev in topology.devices], dtype=bool)
+
+
 def pipeline_action_overhead(topology: Topology | None, devices: Sequence[int]) -> float:
     """Seconds the pipelining schedule adds per action on ``devices`` (the largest of their
     ``pipeline_action_overhead_seconds``); 0 where absent."""
@@ -359,7 +387,7 @@ def pipeline_action_overhead(topology: Topology | None, devices: Sequence[int]) 
 
 
 def charge_run_overheads(st: Any, topology: Topology, gradient_sync: str,
-                         used: Sequence[int], units: tuple[list, list] | None = None, *,
+                         used: Sequence[int], units: tuple[list, ...] | None = None, *,
                          pipelined: bool = False, dtensor_layers: Any = None,
                          dtensor_stages: Any = None) -> Any:
     """A :class:`~shardplan.cost._pipeline.StageTimes` with the run's fixed costs charged.
@@ -369,7 +397,9 @@ def charge_run_overheads(st: Any, topology: Topology, gradient_sync: str,
       parameter bytes, per all-gather of its ``units`` (forward and backward segment lists
       per stage, :func:`fsdp_unit_chunks`) in every micro-batch's forward and backward;
       and ``fsdp_reduce_overhead_seconds`` plus ``fsdp_reduce_seconds_per_byte`` times the
-      unit's bytes per unit once, with its optimizer step.
+      unit's bytes per unit once, with its optimizer step (the units of the backward, and
+      the root's parameter bytes of ``units[2][s]`` where given: FSDP2 reduces the root's
+      gradients when the backward ends without gathering its parameters again).
     - Otherwise every replica's optimizer step is preceded by the runtime's gradient
       handling, :func:`gradient_seconds_per_byte` per parameter byte of its stage (with
       replicas: the gradients flattened for the all-reduce or copied into DDP's buckets,
@@ -416,9 +446,11 @@ def charge_run_overheads(st: Any, topology: Topology, gradient_sync: str,
                         t[s, :r] += extra
                         changed = True
                 segs = units[1][s]
-                extra = _largest(topology, "fsdp_reduce_overhead_seconds", devs) * len(segs) \
+                root = float(units[2][s]) if len(units) > 2 else 0.0  # reduced at the end
+                extra = _largest(topology, "fsdp_reduce_overhead_seconds", devs) \
+                    * (len(segs) + (root > 0)) \
                     + _largest(topology, "fsdp_reduce_seconds_per_byte", devs) \
-                    * sum(float(b) for b, _ in segs)
+                    * (sum(float(b) for b, _ in segs) + root)
                 if extra > 0:
                     opt[s, :r] += extra
                     changed = True

@@ -424,11 +424,17 @@ class _Sim:
         self.buckets = buckets or [[] for _ in range(k)]
         self.units_fwd: list[Any]
         self.units_bwd: list[Any]
-        self.units_fwd, self.units_bwd = units or ([[] for _ in range(k)],
-                                                   [[] for _ in range(k)])
+        units = units or ([[] for _ in range(k)], [[] for _ in range(k)])
+        self.units_fwd, self.units_bwd = units[0], units[1]
+        # per stage, the root's parameter bytes FSDP2 reduces when the backward ends
+        self.units_root = list(units[2]) if len(units) > 2 else [0.0] * k
         self.grad_left = [len(self.buckets[s]) if sync == "bucketed" else
-                          len(self.units_bwd[s]) if sync == "sharded" else 0
+                          len(self.units_bwd[s]) + (self.units_root[s] > 0)
+                          if sync == "sharded" else 0
                           for s in range(k)]
+        # devices whose FSDP collectives block their computing (a CPU: host_collectives)
+        host = _overheads.host_collectives(topology)
+        self.blocking = {d: bool(host[d]) for d in self.devices}
         self.coll_queue: list[deque[Any]] = [deque() for _ in range(k)]
         self.coll_running = [False] * k
         self.coll_issued: dict[tuple[Any, ...], int] = {}
@@ -519,24 +525,34 @@ class _Sim:
     def run_action(self, w: _Worker, act: Any, dur: float) -> None:
         """Compute ``act`` for ``dur`` seconds: in one piece, or in the segments of the
         stage's gradient synchronisation (DDP buckets launched during the last backward;
-        FSDP units, each waiting for its parameters' all-gather)."""
+        FSDP units, each waiting for its parameters' all-gather, the next unit's gathered
+        meanwhile, and reducing its gradients after the last backward, the root's when the
+        backward ends; where the device's collectives block its computing
+        (:func:`~shardplan.cost._overheads.host_collectives`: a CPU), FSDP's gathers and
+        reductions are waited for where they are issued, nothing prefetched)."""
         s, m = act.stage, act.microbatch
         last = m == self.schedule.num_microbatches - 1
-        # (end fraction of the action, collective to wait for, collective to launch after)
-        segments: list[tuple[float, Any, Any]] = [(1.0, None, None)]
+        # (end fraction of the action, collective to wait for, collectives to launch after)
+        segments: list[tuple[float, Any, tuple[Any, ...]]] = [(1.0, None, ())]
         grads = act.op in (BACKWARD, BACKWARD_WEIGHT)  # the action producing weight grads
+        blocking = False
         if self.sync == "bucketed" and grads and last and self.reps[s] > 1:
-            segments = [(f, None, ("allreduce", s, "grad", k, b))
-                        for k, (b, f) in enumerate(self.buckets[s])] + [(1.0, None, None)]
+            segments = [(f, None, (("allreduce", s, "grad", k, b),))
+                        for k, (b, f) in enumerate(self.buckets[s])] + [(1.0, None, ())]
         elif self.sync == "sharded" and self.reps[s] > 1 and self.units_fwd[s]:
+            blocking = self.blocking[w.device]
             units = self.units_fwd[s] if act.op == FORWARD else self.units_bwd[s]
             phase = "fwd" if act.op == FORWARD else "bwd"
             segments = []
+            reduce = act.op == BACKWARD and last
             for u, (b, f_end) in enumerate(units):
                 key = ("allgather", s, (phase, m), u, b)
-                after = ("reducescatter", s, "grad", u, b) if act.op == BACKWARD and last \
-                    else None
+                after = (("reducescatter", s, "grad", u, b),) if reduce else ()
                 segments.append((f_end, key, after))
+            if reduce and self.units_root[s] > 0:
+                f_end, key, after = segments[-1]
+                segments[-1] = (f_end, key, after + (
+                    ("reducescatter", s, "grad", len(units), float(self.units_root[s])),))
         start = self.t
         issued: set[int] = set()
 
@@ -545,28 +561,42 @@ class _Sim:
                 issued.add(j)
                 self.issue(segments[j][1])
 
+        def idle(key: Any, what: str, then: Callable[[], None]) -> None:
+            """The worker waits for collective ``key``, computing nothing."""
+            self.waiters.setdefault(key[:4], []).append(then)
+            w.waiting = what
+            self.computing[w.device] = False
+            if not self.overlap:  # the device is idle: its held messages may go
+                self.retry_sends()
+
         def segment(j: int, prev: float) -> None:
             if j == len(segments):
                 return done()
             f_end, wait, after = segments[j]
             if wait is not None:
                 gather(j)
-                gather(j + 1)  # prefetch the next unit while this one computes
+                if not blocking:
+                    gather(j + 1)  # prefetch the next unit while this one computes
                 if not self.collective_done(wait):
-                    self.waiters.setdefault(wait[:4], []).append(lambda: segment(j, prev))
-                    w.waiting = f"the parameters of unit {wait[3]} (all-gather)"
-                    self.computing[w.device] = False
-                    if not self.overlap:  # the device is idle: its held messages may go
-                        self.retry_sends()
+                    idle(wait, f"the parameters of unit {wait[3]} (all-gather)",
+                         lambda: segment(j, prev))
                     return
             self.computing[w.device] = True
             self.busy(w.device, 1)
 
             def end() -> None:
                 self.busy(w.device, -1)
-                if after is not None:
-                    self.issue(after)
-                segment(j + 1, f_end)
+                for key in after:
+                    self.issue(key)
+                reduced(list(after) if blocking else [], lambda: segment(j + 1, f_end))
+
+            def reduced(keys: list[Any], then: Callable[[], None]) -> None:
+                while keys and self.collective_done(keys[0]):
+                    keys.pop(0)
+                if not keys:
+                    return then()
+                idle(keys[0], f"the gradients of unit {keys[0][3]} (reduce-scatter)",
+                     lambda: reduced(keys, then))
 
             self.at(self.t + dur * max(f_end - prev, 0.0) + self.take_debt(w.device), end)
 
@@ -1068,8 +1098,10 @@ def _output_gathers(graph: Graph, spaces: Any, config: dict[int, np.ndarray],
 
 
 def _sync_chunks(cm: CostModel, assignment: np.ndarray, k: int, settings: ExecutionSettings
-                 ) -> tuple[list[list[tuple[float, float]]], tuple[list, list]]:
-    """Per stage, DDP's gradient buckets and FSDP's units, as ``(bytes, end fraction)`` lists.
+                 ) -> tuple[list[list[tuple[float, float]]], tuple[list, list, list]]:
+    """Per stage, DDP's gradient buckets and FSDP's units, as ``(bytes, end fraction)`` lists
+    (the units of the forward, of the backward, and the root's bytes reduced when the
+    backward ends).
 
     Buckets: the stage's nodes in reverse topological order (the order a backward produces
     gradients), parameters gathered until a bucket holds ``bucket_bytes``; a bucket is ready
@@ -1079,7 +1111,10 @@ def _sync_chunks(cm: CostModel, assignment: np.ndarray, k: int, settings: Execut
     :func:`shardplan.cost._overheads.fsdp_unit_chunks`) when the graph names its nodes'
     modules; else the nodes in topological order, cut every ``bucket_bytes`` of
     parameters. A unit's forward ends at its share of the forward's compute, and the
-    backward runs the units in reverse. O(n)."""
+    backward runs the units in reverse; the root's parameters, gathered in the forward and
+    kept for the backward, have their gradients reduced when the backward ends (FSDP2's
+    final callback; a profile of two gloo ranks: 15 ms of a transformer's 200 ms step, which
+    the simulator left out). O(n)."""
     g = cm.graph
     order = g.topological_order
     fwd, bwd = cm.node_seconds(0)
@@ -1108,6 +1143,7 @@ def _sync_chunks(cm: CostModel, assignment: np.ndarray, k: int, settings: Execut
     buckets: list[list[tuple[float, float]]] = []
     ufwd: list[list[tuple[float, float]]] = []
     ubwd: list[list[tuple[float, float]]] = []
+    uroot: list[float] = []
     for s in range(k):
         nodes = order[assignment[order] == s]
         buckets.append(chunks(nodes[::-1], bwd) if settings.gradient_sync == "bucketed"
@@ -1136,7 +1172,10 @@ def _sync_chunks(cm: CostModel, assignment: np.ndarray, k: int, settings: Execut
         else:
             ufwd.append([])
             ubwd.append([])
-    return buckets, (ufwd, ubwd)
+        # the root's gradients, reduced when the backward ends (FSDP2 keeps the root's
+        # parameters after the forward: it has a forward gather and no backward one)
+        uroot.append(float(ufwd[-1][0][0]) if len(ufwd[-1]) > len(ubwd[-1]) else 0.0)
+    return buckets, (ufwd, ubwd, uroot)
 
 
 _LEGACY = {"num_microbatches": "microbatches"}

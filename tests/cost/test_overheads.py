@@ -156,13 +156,15 @@ def test_fsdp_units_follow_the_runtime_wrapping() -> None:
     assert b == [(4.0, pytest.approx(3 / 7)), (5.0, 1.0)]
 
 
-def _fsdp_extra_seconds(unit_bytes: int, field: str, value: float) -> float:
+def _fsdp_extra_seconds(unit_bytes: int, field: str, value: float,
+                        root_bytes: int = 0) -> float:
     """Simulated seconds a measured FSDP field adds to one replicated stage of three FSDP
-    units of ``unit_bytes`` parameter bytes each (GPipe, 2 micro-batches, free links)."""
+    units of ``unit_bytes`` parameter bytes each, and a root holding ``root_bytes`` (the
+    head's) (GPipe, 2 micro-batches, free links)."""
     mods = ["blocks.0.fc", "blocks.1.fc", "blocks.2.fc", "head"]
     g = Graph.from_arrays(name="g", fwd_flops=np.zeros(4), src=[0, 1, 2], dst=[1, 2, 3],
                           fwd_seconds=np.full(4, 1.0), bwd_seconds=np.full(4, 2.0),
-                          param_bytes=[unit_bytes] * 3 + [0], modules=mods)
+                          param_bytes=[unit_bytes] * 3 + [root_bytes], modules=mods)
     settings = ExecutionSettings(microbatches=2, schedule="gpipe", optimizer="sgd",
                                  gradient_sync="sharded")
     plan = _plan([[0, 1, 2, 3]], [[0, 1]]).with_settings(settings)
@@ -644,6 +646,14 @@ def test_fsdp_reduce_overhead_is_charged_once_per_unit_and_iteration() -> None:
         3 * 0.25)
     assert _fsdp_extra_seconds(40, "fsdp_reduce_seconds_per_byte", 0.01) == pytest.approx(
         3 * 40 * 0.01)
+    # a root holding parameters (30 bytes): gathered in the forward only (FSDP2 keeps it
+    # for the backward), its gradients reduced once too, when the backward ends
+    assert _fsdp_extra_seconds(40, "fsdp_reduce_overhead_seconds", 0.25, 30) == \
+        pytest.approx(4 * 0.25)
+    assert _fsdp_extra_seconds(40, "fsdp_reduce_seconds_per_byte", 0.01, 30) == \
+        pytest.approx((3 * 40 + 30) * 0.01)
+    assert _fsdp_extra_seconds(40, "fsdp_gather_overhead_seconds", 0.25, 30) == \
+        pytest.approx(2 * (4 + 3) * 0.25)
 
 
 def test_fsdp_gather_per_byte_cost_is_charged_per_unit_bytes() -> None:

@@ -291,6 +291,45 @@ def test_gradient_sync_modes() -> None:
     assert slow_fsdp.iteration_seconds > fsdp.iteration_seconds
 
 
+def test_fsdp_on_cpu_ranks_waits_for_every_collective_and_reduces_the_root() -> None:
+    """FSDP2 calls its collectives synchronously: on CPU ranks (devices noted ``device:
+    cpu``, as ``topology measure`` writes them) every unit's all-gather is waited for in
+    full where it is issued (nothing prefetched), and so is every reduce-scatter of the
+    last backward; the root's gradients (its parameters gathered in the forward only) are
+    reduced when the backward ends. Elsewhere the next unit's gather overlaps this unit's
+    compute."""
+    from shardplan.ir import ExecutionSettings
+
+    g = Graph.from_arrays(name="g", fwd_flops=np.zeros(4), src=[0, 1, 2], dst=[1, 2, 3],
+                          fwd_seconds=np.full(4, 1.0), bwd_seconds=np.full(4, 2.0),
+                          param_bytes=np.full(4, 1000),
+                          modules=["emb", "blocks.0.fc", "blocks.1.fc", "head"])
+    base = _flat(2)
+
+    def topo(seconds: float, extra: dict) -> Topology:
+        curve = [[1.0, seconds], [1e6, seconds]]
+        return Topology(name="t", devices=tuple(Device(d.name, d.memory_bytes, d.flops, extra)
+                                                for d in base.devices),
+                        bandwidth=base.bandwidth, latency=base.latency,
+                        meta={"collectives": {k: {"2": curve} for k in
+                                              ("allgather", "reducescatter", "allreduce")}})
+
+    m = 3
+    plan = _dp_plan(2).with_settings(ExecutionSettings(microbatches=m, schedule="gpipe",
+                                                       optimizer="sgd",
+                                                       gradient_sync="sharded"))
+    cpu = simulate(plan, g, topo(0.25, {"device": "cpu"}), timeline=True)
+    free = simulate(plan, g, topo(1e-12, {"device": "cpu"}))
+    # per micro-batch: 3 gathers forward (root, blocks.0, blocks.1), 2 backward (the
+    # root kept); the last backward reduces blocks.1, blocks.0 and the root: all in line
+    assert cpu.iteration_seconds - free.iteration_seconds == pytest.approx(
+        (m * (3 + 2) + 3) * 0.25, rel=1e-6)
+    kinds = [iv.kind for iv in cpu.intervals if iv.device == 0]
+    assert kinds.count("reducescatter") == 3 and kinds.count("allgather") == m * 5
+    gpu = simulate(plan, g, topo(0.25, {}))
+    assert gpu.iteration_seconds < cpu.iteration_seconds - 0.25  # prefetched gathers
+
+
 def test_measured_collective_curve_replaces_the_ring() -> None:
     """A topology with a measured all-reduce curve for 2 devices: the stage's all-reduce
     takes the curve's time, interpolated in the bytes."""
