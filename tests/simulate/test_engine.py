@@ -328,6 +328,16 @@ def test_fsdp_on_cpu_ranks_waits_for_every_collective_and_reduces_the_root() -> 
     assert kinds.count("reducescatter") == 3 and kinds.count("allgather") == m * 5
     gpu = simulate(plan, g, topo(0.25, {}))
     assert gpu.iteration_seconds < cpu.iteration_seconds - 0.25  # prefetched gathers
+    # a root without parameters: nothing of it gathered, nothing reduced
+    bare = Graph.from_arrays(name="g", fwd_flops=np.zeros(4), src=[0, 1, 2], dst=[1, 2, 3],
+                             fwd_seconds=np.full(4, 1.0), bwd_seconds=np.full(4, 2.0),
+                             param_bytes=[0, 1000, 1000, 0],
+                             modules=["emb", "blocks.0.fc", "blocks.1.fc", "head"])
+    cpu = simulate(plan, bare, topo(0.25, {"device": "cpu"}), timeline=True)
+    free = simulate(plan, bare, topo(1e-12, {"device": "cpu"}))
+    assert cpu.iteration_seconds - free.iteration_seconds == pytest.approx(
+        (m * (2 + 2) + 2) * 0.25, rel=1e-6)
+    assert [iv.kind for iv in cpu.intervals if iv.device == 0].count("reducescatter") == 2
 
 
 def test_measured_collective_curve_replaces_the_ring() -> None:
