@@ -570,43 +570,25 @@ def _dtensor_reshard(torch: Any, dist: Any, dev: Any, sync: Callable[[], None], 
     from torch.distributed.device_mesh import init_device_mesh
 
     from shardplan.capture import capture
-    from shardplan.capture._export import graph_ops
     from shardplan.runtime._dtensor import ShardedProgram
     from shardplan.runtime._sharding import mesh_shape, node_shardings
-    from shardplan.runtime._split import split_program
     from shardplan.strategy.tables import graph_spaces
 
     batch, seq, width = DT_SIZES[1]
-    torch.manual_seed(0)
-    model = _blocks(batch, seq, width).to(dev)
-    x0 = torch.ones(batch, seq, width, device=dev)
-    ep = torch.export.export(model, (x0,), strict=False)
-    names = [name for name, _, _ in graph_ops(ep)]
+    model, x0, _, _, program = _blocks_program(torch, dev, DT_SIZES[1])
     graph = capture(model, (x0,))
     strategy = {str(v): [world if (sp.kind in ("reshape", "transpose") and len(sp.dims) == 4
                                    and i == 3) else 1 for i in range(len(sp.dims))]
                 for v, sp in enumerate(graph_spaces(graph))}
     layouts = node_shardings(graph, strategy, [(range(graph.num_nodes), world)])
     mesh = init_device_mesh(dev.type, mesh_shape(world))
-    programs = [ShardedProgram(split_program(model, ep, [names], [0])[0].module,
-                               {s.name: s for s in lay}, mesh)
-                for lay in ((), layouts)]
-
-    def once(prog: Any) -> float:
-        dist.barrier()
-        t0 = time.perf_counter()
-        y = prog(x0)
-        y = y[0] if isinstance(y, (tuple, list)) else y
-        y.sum().backward()
-        sync()
-        prog.zero_grad(set_to_none=True)
-        return time.perf_counter() - t0
-
+    plain, split = (ShardedProgram(program(), {s.name: s for s in lay}, mesh)
+                    for lay in ((), layouts))
     extra = []
     for it in range(warmup + max(repeats, COMM_SAMPLES)):
-        plain, split = once(programs[0]), once(programs[1])
+        p, q = sum(_timed_pass(dist, sync, plain, x0)), sum(_timed_pass(dist, sync, split, x0))
         if it >= warmup:
-            extra.append((split - plain) / max(programs[1].redistributions, 1))
+            extra.append((q - p) / max(split.redistributions, 1))
     received = batch * seq * width * x0.element_size() * (world - 1) / world
     return [max(typical_seconds(extra), 0.0), float(received)]
 
@@ -668,6 +650,40 @@ def _blocks(batch: int, seq: int, width: int) -> Any:
     return Blocks()
 
 
+def _blocks_program(torch: Any, dev: Any, size: tuple[int, int, int]
+                    ) -> tuple[Any, Any, Any, list[str], Callable[[], Any]]:
+    """The blocks of :func:`_blocks` at ``size = (samples, positions, features)`` on
+    ``dev``, exported: ``(model, input of ones, exported program, its graph operators'
+    names, a maker of the whole program cut as one stage)`` (as the runtime cuts a stage:
+    :func:`shardplan.runtime._split.split_program`; each call makes a fresh one)."""
+    from shardplan.capture._export import graph_ops
+    from shardplan.runtime._split import split_program
+
+    torch.manual_seed(0)
+    model = _blocks(*size).to(dev)
+    x0 = torch.ones(*size, device=dev)
+    ep = torch.export.export(model, (x0,), strict=False)
+    names = [name for name, _, _ in graph_ops(ep)]
+    return model, x0, ep, names, lambda: split_program(model, ep, [names], [0])[0].module
+
+
+def _timed_pass(dist: Any, sync: Callable[[], None], mod: Any, x0: Any
+                ) -> tuple[float, float]:
+    """``(forward, backward)`` seconds of one pass of ``mod`` on ``x0`` (the sum of its
+    output), every rank starting together; the gradients dropped after."""
+    dist.barrier()
+    t0 = time.perf_counter()
+    y = mod(x0)
+    y = y[0] if isinstance(y, (tuple, list)) else y
+    sync()
+    t1 = time.perf_counter()
+    y.sum().backward()
+    sync()
+    t2 = time.perf_counter()
+    mod.zero_grad(set_to_none=True)
+    return t1 - t0, t2 - t1
+
+
 def _dtensor_program(torch: Any, dist: Any, dev: Any, sync: Callable[[], None], mesh: Any,
                      repeats: int, warmup: int) -> dict[str, list[float]]:
     """What running a program on DTensors as the runtime does adds to its operators:
@@ -690,41 +706,20 @@ def _dtensor_program(torch: Any, dist: Any, dev: Any, sync: Callable[[], None], 
     between 64 KB and 17.7 MB of outputs per micro-batch, 0.06 and 0.1 ns per byte. Bare
     DTensor operators of simple layers in a Python loop (the measurement before these)
     measured a third of what a transformer's program pays per operator."""
-    from shardplan.capture._export import graph_ops, tensor_bytes
+    from shardplan.capture._export import tensor_bytes
     from shardplan.runtime._dtensor import ShardedProgram
-    from shardplan.runtime._split import split_program
-
-    def once(mod: Any, x0: Any) -> tuple[float, float]:
-        dist.barrier()
-        t0 = time.perf_counter()
-        y = mod(x0)
-        y = y[0] if isinstance(y, (tuple, list)) else y
-        sync()
-        t1 = time.perf_counter()
-        y.sum().backward()
-        sync()
-        t2 = time.perf_counter()
-        mod.zero_grad(set_to_none=True)
-        return t1 - t0, t2 - t1
 
     found = []  # per size: (extra forward, extra backward, operators, output bytes)
-    for batch, seq, width in DT_SIZES:
-        torch.manual_seed(0)
-        model = _blocks(batch, seq, width).to(dev)
-        x0 = torch.ones(batch, seq, width, device=dev)
-        ep = torch.export.export(model, (x0,), strict=False)
-        names = [name for name, _, _ in graph_ops(ep)]
+    for size in DT_SIZES:
+        _, x0, ep, names, program = _blocks_program(torch, dev, size)
         kept = set(names)
         nbytes = float(sum(tensor_bytes(n.meta.get("val")) for n in ep.graph.nodes
                            if n.name in kept))
-
-        def program() -> Any:
-            return split_program(model, ep, [names], [0])[0].module  # noqa: B023
-
         plain, sharded = program(), ShardedProgram(program(), {}, mesh)
         extra = []  # each round times both, back to back: load that comes and goes
         for it in range(warmup + max(repeats, 5)):  # falls on few rounds, outvoted
-            p, q = once(plain, x0), once(sharded, x0)
+            p = _timed_pass(dist, sync, plain, x0)
+            q = _timed_pass(dist, sync, sharded, x0)
             if it >= warmup:
                 extra.append((q[0] - p[0], q[1] - p[1]))
         ef, eb = np.median(np.array(extra), axis=0)
