@@ -639,6 +639,23 @@ def test_fixed_costs_measured_under_load_are_not_slowed_twice() -> None:
         pytest.approx((2e-6, 4e-6))
 
 
+def test_host_collectives_reads_cpu_devices() -> None:
+    """A device noted as a CPU (``device``, as ``topology measure`` writes it, or ``type``;
+    any case) runs its collectives on the cores that compute; a GPU's name or type, a
+    device without either, and no topology do not."""
+    from shardplan.cost._overheads import host_collectives
+
+    extras = [{"device": "cpu"}, {"type": "CPU"}, {"device": "CPU", "type": "v100"},
+              {"device": "NVIDIA A100"}, {"type": "a100"}, {}]
+    devs = tuple(Device(f"d{i}", 1e9, 1e12, x) for i, x in enumerate(extras))
+    n = len(devs)
+    topo = Topology(name="t", devices=devs, bandwidth=np.ones((n, n)) - np.eye(n),
+                    latency=np.zeros((n, n)))
+    got = host_collectives(topo)
+    assert got.dtype == bool and got.tolist() == [True, True, True, False, False, False]
+    assert host_collectives(None).shape == (0,)
+
+
 def test_fsdp_reduce_overhead_is_charged_once_per_unit_and_iteration() -> None:
     """The runtime reduces gradients in the last micro-batch only: 3 units, once each,
     fixed and per byte of the unit (40 bytes), whatever the micro-batch count."""
