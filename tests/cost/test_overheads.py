@@ -653,7 +653,7 @@ def test_host_collectives_reads_cpu_devices() -> None:
                     latency=np.zeros((n, n)))
     got = host_collectives(topo)
     assert got.dtype == bool and got.tolist() == [True, True, True, False, False, False]
-    assert host_collectives(None).shape == (0,)
+    assert host_collectives(None).shape == (0,) and host_collectives(None).dtype == bool
 
 
 def test_fsdp_reduce_overhead_is_charged_once_per_unit_and_iteration() -> None:
