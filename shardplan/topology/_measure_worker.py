@@ -574,7 +574,6 @@ def _dtensor_reshard(torch: Any, dist: Any, dev: Any, sync: Callable[[], None], 
     from shardplan.runtime._sharding import mesh_shape, node_shardings
     from shardplan.strategy.tables import graph_spaces
 
-    batch, seq, width = DT_SIZES[1]
     model, x0, _, _, program = _blocks_program(torch, dev, DT_SIZES[1])
     graph = capture(model, (x0,))
     strategy = {str(v): [world if (sp.kind in ("reshape", "transpose") and len(sp.dims) == 4
@@ -589,7 +588,7 @@ def _dtensor_reshard(torch: Any, dist: Any, dev: Any, sync: Callable[[], None], 
         p, q = sum(_timed_pass(dist, sync, plain, x0)), sum(_timed_pass(dist, sync, split, x0))
         if it >= warmup:
             extra.append((q - p) / max(split.redistributions, 1))
-    received = batch * seq * width * x0.element_size() * (world - 1) / world
+    received = x0.numel() * x0.element_size() * (world - 1) / world  # one q, k or v
     return [max(typical_seconds(extra), 0.0), float(received)]
 
 
