@@ -18,7 +18,7 @@ and a hybrid: 2 stages of 2 processes whose layers PaSE splits (4 processes).
 
 The measured topology also carries the fixed costs a run pays (per-operator dispatch, what
 DTensors add per operator and per layer of an optimizer step, FSDP's per-unit all-gather
-overhead, the gradient handling before the step, and how much slower a process computes
+overhead, the wait of a collective after computing on CPU ranks, the gradient handling before the step, and how much slower a process computes
 while g ranks compute at once:
 :mod:`shardplan.cost._overheads`), which the simulator charges. This machine has 2 cores:
 the 4-process hybrid oversubscribes them (two processes per core); ``topology measure
@@ -184,6 +184,8 @@ def _overheads_text(topo) -> str:
     step = x.get("dtensor_step_overhead_seconds", 0.0)
     g1, gr = x.get("gradient_seconds_per_byte", (0.0, 0.0))
     busy = ", ".join(f"{g}: {float(v):.2f}" for g, v in x.get("busy_slowdown", {}).items())
+    waits = ", ".join(f"{us(e)} us after {float(c) * 1e3:.1f} ms"
+                      for c, e in x.get("host_sync_seconds", []))
     return (f"operator {us(of)} / {us(ob)} us (forward / backward), DTensor adds "
             f"{us(df)} / {us(db)} us per operator and {pf:.3f} / {pb:.3f} ns per output "
             f"byte (and {us(step)} us per layer to a step on DTensors), a "
@@ -197,7 +199,8 @@ def _overheads_text(topo) -> str:
             f"{float(x.get('optimizer_seconds_per_byte', {}).get('adam', 0.0)) * 1e9:.3f} ns "
             f"per parameter byte and "
             f"{us(x.get('optimizer_seconds_per_tensor', {}).get('adam', 0.0))} us per "
-            f"tensor, busy slowdown {{{busy}}}")
+            f"tensor, a collective waited for after computing {waits or 'none'}, "
+            f"busy slowdown {{{busy}}}")
 
 
 def _opts(settings: ExecutionSettings) -> dict:
@@ -308,7 +311,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{os.getloadavg()[0]:.2f} at the end). Topology measured in the same run "
         "(`topology measure --nproc 2` and `--nproc 4`: pairs, collective curves and the "
         "fixed costs the simulator charges: per-operator and DTensor overheads, FSDP "
-        "gathers, gradient handling, optimizer steps, busy slowdown"
+        "gathers, a collective's wait after computing, gradient handling, optimizer "
+        "steps, busy slowdown"
         + ("" if args.measure_once else
            "; measured again right before each multi-process row's run, whose prediction "
            "uses it: other sessions' load on this machine changes within minutes; `busy` "

@@ -75,7 +75,7 @@ from shardplan.ir import Graph, Topology
 __all__ = ["busy_slowdown", "charge_run_overheads", "comm_cpu_share",
            "dtensor_collective_overhead", "dtensor_op_overhead", "dtensor_op_seconds_per_byte",
            "dtensor_step_overhead", "fsdp_gather_overhead", "fsdp_unit_chunks", "fsdp_unit_keys",
-           "host_collectives",
+           "host_collectives", "host_sync_wait",
            "gradient_seconds_per_byte", "op_overhead", "optimizer_seconds_per_byte",
            "optimizer_seconds_per_tensor", "pipeline_action_overhead"]
 
@@ -380,6 +380,41 @@ def host_collectives(topology: Topology | None) -> np.ndarray:
                      for dev in topology.devices], dtype=bool)
 
 
+def host_sync_wait(topology: Topology | None, devices: Sequence[int],
+                   compute: Any) -> np.ndarray:
+    """Seconds a collective every rank waits for costs beyond its own time on
+    ``devices`` after ``compute`` seconds of computing (an array): ``host_sync_seconds``'s
+    ``[compute, extra]`` points, linear between them from ``(0, 0)`` and flat beyond the
+    last, the largest over the devices (every rank waits for the slowest), alone
+    (:func:`_measured_busy`); 0 where absent. ``topology measure`` measures the points on
+    CPU ranks: a rank that waits for its partner is woken when the partner arrives, 0.7 ms
+    after 1.5 ms of computing and 1.0-1.5 ms after 5 ms or more on this machine's virtual
+    CPUs, whatever the bytes. O(D P + len(compute)) for P points.
+
+    Examples
+    --------
+    >>> from shardplan.ir import Device
+    >>> t = Topology(name="t", devices=(Device("a", 1e9, 1e12,
+    ...              {"host_sync_seconds": [[1e-3, 4e-4], [4e-3, 1e-3]]}),),
+    ...              bandwidth=[[0]], latency=[[0]])
+    >>> (host_sync_wait(t, [0], [5e-4, 2.5e-3, 9e-3]) * 1e3).round(2).tolist()
+    [0.2, 0.7, 1.0]
+    """
+    x = np.asarray(compute, dtype=np.float64)
+    out = np.zeros_like(x)
+    if topology is None:
+        return out
+    for d in devices:
+        points = topology.devices[int(d)].extra.get("host_sync_seconds")
+        if not points:
+            continue
+        pts = np.array(sorted((float(c), float(e)) for c, e in points), dtype=np.float64)
+        xs = np.concatenate(([0.0], pts[:, 0]))
+        ys = np.concatenate(([0.0], np.maximum(pts[:, 1], 0.0)))
+        out = np.maximum(out, np.interp(x, xs, ys))
+    return out / _measured_busy(topology)
+
+
 def pipeline_action_overhead(topology: Topology | None, devices: Sequence[int]) -> float:
     """Seconds the pipelining schedule adds per action on ``devices`` (the largest of their
     ``pipeline_action_overhead_seconds``); 0 where absent."""
@@ -399,7 +434,11 @@ def charge_run_overheads(st: Any, topology: Topology, gradient_sync: str,
       and ``fsdp_reduce_overhead_seconds`` plus ``fsdp_reduce_seconds_per_byte`` times the
       unit's bytes per unit once, with its optimizer step (the units of the backward, and
       the root's parameter bytes of ``units[2][s]`` where given: FSDP2 reduces the root's
-      gradients when the backward ends without gathering its parameters again).
+      gradients when the backward ends without gathering its parameters again). Where
+      the collectives block the computing (:func:`host_collectives`: a CPU), each unit's
+      computing also ends in a collective every rank waits for (the next unit's
+      all-gather, or its reduce-scatter): each pays :func:`host_sync_wait` of its length
+      (its share of the action, slowed by the plan's busy slowdown).
     - Otherwise every replica's optimizer step is preceded by the runtime's gradient
       handling, :func:`gradient_seconds_per_byte` per parameter byte of its stage (with
       replicas: the gradients flattened for the all-reduce or copied into DDP's buckets,
@@ -440,11 +479,22 @@ def charge_run_overheads(st: Any, topology: Topology, gradient_sync: str,
             if units is not None and units[0][s]:
                 c = fsdp_gather_overhead(topology, devs)
                 per_byte = _largest(topology, "fsdp_gather_seconds_per_byte", devs)
-                for t, segs in ((fwd, units[0][s]), (bwd, units[1][s])):
+                hosts = bool(host_collectives(topology)[devs].any())
+                for t, segs, raw in ((fwd, units[0][s], st.forward),
+                                     (bwd, units[1][s], st.backward)):
                     extra = c * len(segs) + per_byte * sum(float(b) for b, _ in segs)
                     if extra > 0:
                         t[s, :r] += extra
                         changed = True
+                    if hosts:  # every unit's computing ends in a collective waited for
+                        ends = np.array([f for _, f in segs], dtype=np.float64)
+                        parts = np.diff(ends, prepend=0.0).clip(min=0.0)
+                        for i in range(r):
+                            wait = float(host_sync_wait(
+                                topology, devs, parts * float(raw[s, i]) * factor).sum())
+                            if wait > 0:
+                                t[s, i] += wait
+                                changed = True
                 segs = units[1][s]
                 root = float(units[2][s]) if len(units) > 2 else 0.0  # reduced at the end
                 extra = _largest(topology, "fsdp_reduce_overhead_seconds", devs) \

@@ -327,7 +327,7 @@ OVERHEAD_FIELDS = ("op_overhead_seconds", "dtensor_op_overhead_seconds",
                    "fsdp_reduce_seconds_per_byte",
                    "gradient_seconds_per_byte", "pipeline_action_overhead_seconds",
                    "optimizer_seconds_per_byte", "optimizer_seconds_per_tensor",
-                   "comm_cpu_share")
+                   "comm_cpu_share", "host_sync_seconds")
 
 
 def _device(res: dict[str, Any], n: int, preset: str | None, memory_bytes: float | None,

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["dtensor_rates", "fsdp_gather_overhead", "run", "slowdown_ratios",
+__all__ = ["dtensor_rates", "fsdp_gather_overhead", "host_sync_point", "run", "slowdown_ratios",
            "typical_seconds"]
 
 #: Tiny layer blocks per timed run, and graph operators per block (the per-operator
@@ -49,6 +49,10 @@ DT_SIZES = ((4, 4, 16), (8, 32, 128))
 #: Messages per round, and their bytes, of the CPU share of transfers.
 CPU_GROUPS = 8
 CPU_MESSAGE = 1 << 20
+#: Computations per run, rounds and the all-gather's bytes of :func:`_host_sync`.
+SYNC_PIECES = 4
+SYNC_ROUNDS = 10
+SYNC_BYTES = 1 << 16
 
 
 def typical_seconds(times: Any) -> float:
@@ -322,6 +326,9 @@ def _overheads(rank: int, world: int, cfg: dict[str, Any], dev: Any,
     - ``comm_cpu_share``: what a point-to-point transfer takes from its ends' compute, as
       a share of its time in flight (:func:`_comm_cpu_share`; absent on a rank without a
       partner);
+    - ``host_sync_seconds``: ``[[compute seconds, extra seconds], ...]``, what a
+      collective every rank waits for costs beyond its own time after a computation of
+      that length (:func:`_host_sync`; CPU ranks);
     - ``optimizer_seconds_per_byte``, ``optimizer_seconds_per_tensor``: ``{optimizer:
       seconds}`` per parameter byte and per parameter tensor of one step of each optimizer
       the runtime builds (:func:`_optimizer_steps`);
@@ -463,6 +470,7 @@ def _overheads(rank: int, world: int, cfg: dict[str, Any], dev: Any,
         share = _comm_cpu_share(torch, dist, dev, sync, world, rank, repeats, warmup)
         if share is not None:
             out["comm_cpu_share"] = share
+        out["host_sync_seconds"] = _host_sync(torch, dist, dev, world, repeats, warmup)
 
     torch.manual_seed(0)
     blocks = _blocks(*DT_SIZES[1]).to(dev)
@@ -809,6 +817,98 @@ def _comm_cpu_share(torch: Any, dist: Any, dev: Any, sync: Callable[[], None], w
         if it >= warmup:
             shares.append((time.process_time() - c0) / max(wall, 1e-9))
     return float(statistics.median(shares)) if paired else None
+
+
+def host_sync_point(rounds: list[tuple[float, float, float, float]], pieces: int
+                    ) -> list[float]:
+    """``[compute seconds, extra seconds]`` from rounds of ``(one sync, a sync after each
+    piece, the syncs back to back, the computation alone)`` seconds (:func:`_host_sync`):
+    a piece's computing time, and what each sync after one costs beyond its own time,
+    ``(each - one) / (pieces - 1) - back_to_back / pieces``, both as
+    :func:`typical_seconds` over the rounds (the extra at least 0). O(rounds log rounds).
+
+    Examples
+    --------
+    >>> host_sync_point([(10.0, 16.0, 2.0, 8.0)] * 3, 4)
+    [2.0, 1.5]
+    """
+    extra = [(each - one) / (pieces - 1) - b2b / pieces for one, each, b2b, _ in rounds]
+    return [typical_seconds([r[3] / pieces for r in rounds]),
+            max(typical_seconds(extra), 0.0)]
+
+
+def _host_sync(torch: Any, dist: Any, dev: Any, world: int, repeats: int, warmup: int
+               ) -> list[list[float]]:
+    """What a collective that every rank waits for costs beyond its own time when it
+    follows a computation, by the computation's length: ``[[compute seconds, extra
+    seconds], ...]`` for three computations (the forward of the smaller blocks of
+    :data:`DT_SIZES`, their forward and backward, and the larger blocks' forward and
+    backward: about 0.5, 1.5 and 10 ms here).
+
+    Each round times :data:`SYNC_PIECES` pieces of the computation with one
+    all-gather of :data:`SYNC_BYTES` at the end, the same with an all-gather after every
+    piece, the all-gathers back to back, and the computation alone
+    (:func:`host_sync_point`). The first includes the wait for the slower rank once; the
+    second once per piece, and each rank that waits for its partner is woken when the
+    partner arrives: on this machine's virtual CPUs 0.1-0.2 ms beyond the all-gather's
+    own 0.3-0.6 ms after 0.1-0.4 ms of computing, 0.7 ms after 1.5-3 ms, and 1.4-1.5 ms
+    after 5-18 ms, whatever the bytes (64 KiB or 1 MiB). The sum of a computation's
+    times and the collective's (with the busy slowdown, itself measured with one wait at
+    the end) misses it. O(rounds) runs of the computations."""
+    torch.manual_seed(0)
+    small, large = _blocks(*DT_SIZES[0]).to(dev), _blocks(*DT_SIZES[1]).to(dev)
+    x_small = torch.ones(*DT_SIZES[0], device=dev)
+    x_large = torch.ones(*DT_SIZES[1], device=dev)
+    full = torch.ones(SYNC_BYTES // 4, device=dev)
+    part = torch.ones(full.numel() // world, device=dev)
+
+    def forward() -> None:
+        with torch.no_grad():
+            small(x_small)
+
+    def step(blocks: Any, x: Any) -> Callable[[], None]:
+        def run() -> None:
+            blocks(x).sum().backward()
+            blocks.zero_grad(set_to_none=True)
+        return run
+
+    def gather() -> None:
+        dist.all_gather_into_tensor(full, part)
+
+    def timed(fn: Callable[[], None]) -> float:
+        dist.barrier()
+        t0 = time.perf_counter()
+        fn()
+        return time.perf_counter() - t0
+
+    points = []
+    for piece in (forward, step(small, x_small), step(large, x_large)):
+        def one(piece: Callable[[], None] = piece) -> None:
+            for _ in range(SYNC_PIECES):
+                piece()
+            gather()
+
+        def each(piece: Callable[[], None] = piece) -> None:
+            for _ in range(SYNC_PIECES):
+                piece()
+                gather()
+
+        def back_to_back() -> None:
+            for _ in range(SYNC_PIECES):
+                gather()
+
+        def alone(piece: Callable[[], None] = piece) -> None:
+            for _ in range(SYNC_PIECES):
+                piece()
+
+        rounds = []
+        for it in range(warmup + max(repeats, SYNC_ROUNDS)):
+            row = (timed(one), timed(each), timed(back_to_back), timed(alone))
+            if it >= warmup:
+                rounds.append(row)
+        points.append(host_sync_point(rounds, SYNC_PIECES))
+    dist.barrier()
+    return sorted(points)
 
 
 def _dtensor_step(torch: Any, dist: Any, dev: Any, sync: Callable[[], None], mesh: Any,

@@ -4,6 +4,7 @@ each measured overhead is charged where the run pays it, by hand-computed amount
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import numpy as np
 import pytest
@@ -156,11 +157,11 @@ def test_fsdp_units_follow_the_runtime_wrapping() -> None:
     assert b == [(4.0, pytest.approx(3 / 7)), (5.0, 1.0)]
 
 
-def _fsdp_extra_seconds(unit_bytes: int, field: str, value: float,
-                        root_bytes: int = 0) -> float:
+def _fsdp_extra_seconds(unit_bytes: int, field: str, value: Any,
+                        root_bytes: int = 0, base: dict | None = None) -> float:
     """Simulated seconds a measured FSDP field adds to one replicated stage of three FSDP
     units of ``unit_bytes`` parameter bytes each, and a root holding ``root_bytes`` (the
-    head's) (GPipe, 2 micro-batches, free links)."""
+    head's) (GPipe, 2 micro-batches, free links; both devices also noting ``base``)."""
     mods = ["blocks.0.fc", "blocks.1.fc", "blocks.2.fc", "head"]
     g = Graph.from_arrays(name="g", fwd_flops=np.zeros(4), src=[0, 1, 2], dst=[1, 2, 3],
                           fwd_seconds=np.full(4, 1.0), bwd_seconds=np.full(4, 2.0),
@@ -170,9 +171,11 @@ def _fsdp_extra_seconds(unit_bytes: int, field: str, value: float,
     plan = _plan([[0, 1, 2, 3]], [[0, 1]]).with_settings(settings)
     free = _topo(2)
     free = dataclasses.replace(free, bandwidth=np.where(free.bandwidth > 0, 1e30, 0.0),
-                               latency=np.zeros((2, 2)))
+                               latency=np.zeros((2, 2)), devices=tuple(
+                                   Device(d.name, d.memory_bytes, d.flops, dict(base or {}))
+                                   for d in free.devices))
     costly = Topology(name="t", devices=tuple(
-        Device(d.name, d.memory_bytes, d.flops, {field: value})
+        Device(d.name, d.memory_bytes, d.flops, {**(base or {}), field: value})
         for d in free.devices), bandwidth=free.bandwidth, latency=free.latency)
     return simulate(plan, g, costly).iteration_seconds - simulate(plan, g, free).iteration_seconds
 
@@ -679,3 +682,43 @@ def test_fsdp_gather_per_byte_cost_is_charged_per_unit_bytes() -> None:
     # 3 units of 40 bytes, gathered in each forward and each backward, 2 micro-batches
     assert _fsdp_extra_seconds(40, "fsdp_gather_seconds_per_byte", 0.01) == pytest.approx(
         2 * 2 * 3 * 40 * 0.01)
+
+
+def test_host_sync_wait_interpolates_the_slowest_devices_points() -> None:
+    """Linear from (0, 0) through the measured points (in any order; a negative extra read
+    as 0), flat beyond the last; the slowest of the devices; divided by the busy slowdown
+    the points were measured under; 0 without points or a topology."""
+    from shardplan.cost._overheads import host_sync_wait
+
+    pts = {"host_sync_seconds": [[3.0, 1.0], [1.0, 0.5]]}
+    topo = _topo(2, **pts)
+    assert host_sync_wait(topo, [0], [0.0, 0.5, 2.0, 9.0]).tolist() == \
+        pytest.approx([0.0, 0.25, 0.75, 1.0])
+    mixed = dataclasses.replace(topo, devices=(
+        topo.devices[0], Device("d1", 1e12, 1e12, {"host_sync_seconds": [[1.0, 2.0]]})))
+    assert host_sync_wait(mixed, [0, 1], [0.5, 4.0]).tolist() == pytest.approx([1.0, 2.0])
+    assert host_sync_wait(mixed, [0], [4.0]).tolist() == pytest.approx([1.0])
+    clipped = _topo(1, host_sync_seconds=[[1.0, -0.5]])
+    assert host_sync_wait(clipped, [0], [2.0]).tolist() == [0.0]
+    slow = _topo(2, busy_slowdown={"1": 1.0, "2": 2.0}, **pts)
+    assert host_sync_wait(slow, [0], [9.0]).tolist() == pytest.approx([0.5])
+    assert host_sync_wait(_topo(2), [0, 1], [1.0]).tolist() == [0.0]
+    assert host_sync_wait(None, [0], [1.0]).tolist() == [0.0]
+
+
+def test_fsdp_on_cpu_ranks_pays_the_host_sync_wait_by_each_units_length() -> None:
+    """Each FSDP unit's computing on a CPU ends in a collective waited for: it pays
+    ``host_sync_seconds`` at its own length. Each replica computes half the micro-batch:
+    three units of 0.5 s forward (the last with the head's: 1 s) and 1 s backward (the
+    first with the head's: 2 s). Points (1 s, 0.5 s) and (3 s, 1 s): per micro-batch
+    0.25 + 0.25 + 0.5 forward and 0.75 + 0.5 + 0.5 backward, 2 micro-batches. Under a
+    busy slowdown of 2 (the one measured, the plan's own) the lengths double and the
+    extras are as measured."""
+    pts = [[1.0, 0.5], [3.0, 1.0]]
+    cpu = {"device": "cpu"}
+    assert _fsdp_extra_seconds(4, "host_sync_seconds", pts, base=cpu) == pytest.approx(
+        2 * (1.0 + 1.75))
+    busy = {**cpu, "busy_slowdown": {"1": 1.0, "2": 2.0}}
+    assert _fsdp_extra_seconds(4, "host_sync_seconds", pts, base=busy) == pytest.approx(
+        2 * ((0.5 + 0.5 + 0.75) + (1.0 + 0.75 + 0.75)))
+    assert _fsdp_extra_seconds(4, "host_sync_seconds", pts) == 0.0  # not a CPU

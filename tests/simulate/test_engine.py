@@ -340,6 +340,42 @@ def test_fsdp_on_cpu_ranks_waits_for_every_collective_and_reduces_the_root() -> 
     assert [iv.kind for iv in cpu.intervals if iv.device == 0].count("reducescatter") == 2
 
 
+def test_fsdp_on_cpu_ranks_pays_the_wait_after_each_units_computing() -> None:
+    """On CPU ranks every FSDP unit's computing ends in a collective both ranks wait for:
+    each pays ``host_sync_seconds``'s extra for its length (flat beyond its one point
+    here: 0.1 s after any computing); GPU ranks (no ``device: cpu``) pay nothing."""
+    from shardplan.ir import ExecutionSettings
+
+    g = Graph.from_arrays(name="g", fwd_flops=np.zeros(4), src=[0, 1, 2], dst=[1, 2, 3],
+                          fwd_seconds=np.full(4, 1.0), bwd_seconds=np.full(4, 2.0),
+                          param_bytes=np.full(4, 1000),
+                          modules=["emb", "blocks.0.fc", "blocks.1.fc", "head"])
+    base = _flat(2)
+
+    def topo(extra: dict) -> Topology:
+        return Topology(name="t", devices=tuple(Device(d.name, d.memory_bytes, d.flops, extra)
+                                                for d in base.devices),
+                        bandwidth=base.bandwidth, latency=base.latency)
+
+    m = 3
+    plan = _dp_plan(2).with_settings(ExecutionSettings(microbatches=m, schedule="gpipe",
+                                                       optimizer="sgd",
+                                                       gradient_sync="sharded"))
+    sync = {"host_sync_seconds": [[1e-9, 0.1]]}
+    plain = simulate(plan, g, topo({"device": "cpu"})).iteration_seconds
+    # per micro-batch 3 units' computing in the forward (root, blocks.0, blocks.1) and 2
+    # in the backward (blocks.1, blocks.0), each ending in a gather or a reduction
+    waits = simulate(plan, g, topo({"device": "cpu", **sync})).iteration_seconds
+    assert waits - plain == pytest.approx(m * (3 + 2) * 0.1, rel=1e-9)
+    assert simulate(plan, g, topo(sync)).iteration_seconds == pytest.approx(
+        simulate(plan, g, topo({})).iteration_seconds, rel=1e-12)
+    # data parallel without FSDP's units: no collective between computings
+    ddp = plan.with_settings(ExecutionSettings(microbatches=m, schedule="gpipe",
+                                               optimizer="sgd", gradient_sync="bucketed"))
+    assert simulate(ddp, g, topo({"device": "cpu", **sync})).iteration_seconds == \
+        pytest.approx(simulate(ddp, g, topo({"device": "cpu"})).iteration_seconds, rel=1e-12)
+
+
 def test_measured_collective_curve_replaces_the_ring() -> None:
     """A topology with a measured all-reduce curve for 2 devices: the stage's all-reduce
     takes the curve's time, interpolated in the bytes."""

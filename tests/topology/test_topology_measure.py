@@ -119,6 +119,11 @@ def test_measure_two_processes(tmp_path) -> None:
         assert set(per_tensor) == set(steps)
         assert all(0 <= x < 1e-2 for x in per_tensor.values())  # microseconds per tensor
         assert 0 < d.extra["comm_cpu_share"] < 8  # CPU seconds per second in flight
+        # a CPU rank's collective after computing: three lengths, shortest first (the
+        # small blocks' forward, their forward and backward, the larger blocks')
+        sync = np.array(d.extra["host_sync_seconds"])
+        assert sync.shape == (3, 2) and 0 < sync[0, 0] < sync[1, 0] < sync[2, 0] < 1.0
+        assert np.all((sync[:, 1] >= 0) & (sync[:, 1] < 1.0))
         assert set(d.extra["busy_slowdown"]) == {"1", "2"}
         assert d.extra["busy_slowdown"]["1"] == 1.0 and d.extra["busy_slowdown"]["2"] > 0
     assert op_overhead(back)[0] > 0 and dtensor_op_overhead(back)[0] >= 0
@@ -289,3 +294,20 @@ def test_fsdp_gather_overhead_compares_timings_of_the_same_round() -> None:
     assert old > 2.5 * true
     assert fsdp_gather_overhead([], 8) == 0.0
     assert fsdp_gather_overhead([(1.0, 0.5, 0.0)], 8) == 0.0  # never negative
+
+
+def test_host_sync_point_is_each_syncs_cost_beyond_the_one_at_the_end() -> None:
+    """Of 4 pieces of 2 ms with an all-gather of 0.5 ms: one sync at the end takes
+    8 + 0.5 + w ms (w: the wait for the slower rank, paid by both runs), a sync after every
+    piece 8 + 4 x 0.5 + w + 3 x 1.5 ms: 1.5 ms per extra sync, whatever w is in the
+    round; a preempted round of ten is dropped; never below 0."""
+    from shardplan.topology._measure_worker import host_sync_point
+
+    def round_(w: float, extra: float = 1.5e-3) -> tuple[float, float, float, float]:
+        return 8.5e-3 + w, 10e-3 + w + 3 * extra, 2e-3, 8e-3
+
+    rounds = [round_(w) for w in (0.0, 3e-3, 1e-3, 0.0, 2e-3, 0.0, 1e-3, 0.0, 0.0)]
+    rounds.append((8.5e-3, 90e-3, 2e-3, 8e-3))  # preempted while syncing after each piece
+    compute, extra = host_sync_point(rounds, 4)
+    assert compute == pytest.approx(2e-3) and extra == pytest.approx(1.5e-3)
+    assert host_sync_point([round_(0.0, -1e-3)] * 3, 4)[1] == 0.0
