@@ -24,8 +24,8 @@ before the step, and how much slower a process computes while g ranks compute at
 the 4-process hybrid oversubscribes them (two processes per core); ``topology measure
 --nproc 4`` records that as the busy slowdown of 4 ranks, and the summary counts those rows
 apart from the 2-process ones. Other sessions' load inflates both sides unevenly, so the
-table records the load average at the start and the end. Goal: predicted / measured within 0.8-1.25 for
-every kind (a benchmark: reported, not a test). On a GPU machine the same script runs
+table records the load average at the start and the end. Goal: predicted / measured within
+0.8-1.25 for every kind (a benchmark: reported, not a test). On a GPU machine the same script runs
 unchanged (NCCL, one process per GPU).
 
 Other sessions share this machine and their load comes and goes within minutes: by default
