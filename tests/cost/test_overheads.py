@@ -698,6 +698,9 @@ def test_host_sync_wait_interpolates_the_slowest_devices_points() -> None:
         topo.devices[0], Device("d1", 1e12, 1e12, {"host_sync_seconds": [[1.0, 2.0]]})))
     assert host_sync_wait(mixed, [0, 1], [0.5, 4.0]).tolist() == pytest.approx([1.0, 2.0])
     assert host_sync_wait(mixed, [0], [4.0]).tolist() == pytest.approx([1.0])
+    unmeasured_first = dataclasses.replace(topo, devices=(_topo(1).devices[0],
+                                                          topo.devices[1]))
+    assert host_sync_wait(unmeasured_first, [0, 1], [9.0]).tolist() == pytest.approx([1.0])
     clipped = _topo(1, host_sync_seconds=[[1.0, -0.5]])
     assert host_sync_wait(clipped, [0], [2.0]).tolist() == [0.0]
     slow = _topo(2, busy_slowdown={"1": 1.0, "2": 2.0}, **pts)
