@@ -389,7 +389,7 @@ def host_sync_wait(topology: Topology | None, devices: Sequence[int],
     (:func:`_measured_busy`); 0 where absent. ``topology measure`` measures the points on
     CPU ranks: a rank that waits for its partner is woken when the partner arrives, 0.7 ms
     after 1.5 ms of computing and 1.0-1.5 ms after 5 ms or more on this machine's virtual
-    CPUs, whatever the bytes. O(D P + len(compute)) for P points.
+    CPUs, whatever the bytes. O(D (P log P + len(compute))) for P points.
 
     Examples
     --------
@@ -458,6 +458,7 @@ def charge_run_overheads(st: Any, topology: Topology, gradient_sync: str,
     import dataclasses
 
     factor = busy_slowdown(topology, used)
+    host = host_collectives(topology)
     fwd, bwd, opt = st.forward.copy(), st.backward.copy(), st.optimizer.copy()
     changed = factor != 1.0
     for s in range(fwd.shape[0]):
@@ -479,7 +480,7 @@ def charge_run_overheads(st: Any, topology: Topology, gradient_sync: str,
             if units is not None and units[0][s]:
                 c = fsdp_gather_overhead(topology, devs)
                 per_byte = _largest(topology, "fsdp_gather_seconds_per_byte", devs)
-                hosts = bool(host_collectives(topology)[devs].any())
+                hosts = bool(host[devs].any())
                 for t, segs, raw in ((fwd, units[0][s], st.forward),
                                      (bwd, units[1][s], st.backward)):
                     extra = c * len(segs) + per_byte * sum(float(b) for b, _ in segs)
@@ -489,12 +490,11 @@ def charge_run_overheads(st: Any, topology: Topology, gradient_sync: str,
                     if hosts:  # every unit's computing ends in a collective waited for
                         ends = np.array([f for _, f in segs], dtype=np.float64)
                         parts = np.diff(ends, prepend=0.0).clip(min=0.0)
-                        for i in range(r):
-                            wait = float(host_sync_wait(
-                                topology, devs, parts * float(raw[s, i]) * factor).sum())
-                            if wait > 0:
-                                t[s, i] += wait
-                                changed = True
+                        waits = host_sync_wait(topology, devs, np.outer(
+                            raw[s, :r], parts) * factor).sum(axis=1)  # per replica
+                        if waits.any():
+                            t[s, :r] += waits
+                            changed = True
                 segs = units[1][s]
                 root = float(units[2][s]) if len(units) > 2 else 0.0  # reduced at the end
                 extra = _largest(topology, "fsdp_reduce_overhead_seconds", devs) \
