@@ -470,7 +470,8 @@ def _overheads(rank: int, world: int, cfg: dict[str, Any], dev: Any,
         share = _comm_cpu_share(torch, dist, dev, sync, world, rank, repeats, warmup)
         if share is not None:
             out["comm_cpu_share"] = share
-        out["host_sync_seconds"] = _host_sync(torch, dist, dev, world, repeats, warmup)
+        out["host_sync_seconds"] = _host_sync(torch, dist, dev, sync, world, repeats,
+                                              warmup)
 
     torch.manual_seed(0)
     blocks = _blocks(*DT_SIZES[1]).to(dev)
@@ -837,8 +838,8 @@ def host_sync_point(rounds: list[tuple[float, float, float, float]], pieces: int
             max(typical_seconds(extra), 0.0)]
 
 
-def _host_sync(torch: Any, dist: Any, dev: Any, world: int, repeats: int, warmup: int
-               ) -> list[list[float]]:
+def _host_sync(torch: Any, dist: Any, dev: Any, sync: Callable[[], None], world: int,
+               repeats: int, warmup: int) -> list[list[float]]:
     """What a collective that every rank waits for costs beyond its own time when it
     follows a computation, by the computation's length: ``[[compute seconds, extra
     seconds], ...]`` for three computations (the forward of the smaller blocks of
@@ -875,35 +876,25 @@ def _host_sync(torch: Any, dist: Any, dev: Any, world: int, repeats: int, warmup
     def gather() -> None:
         dist.all_gather_into_tensor(full, part)
 
-    def timed(fn: Callable[[], None]) -> float:
-        dist.barrier()
-        t0 = time.perf_counter()
-        fn()
-        return time.perf_counter() - t0
+    def pieces(piece: Callable[[], None] | None, after_each: bool, at_end: bool
+               ) -> float:
+        """Seconds of SYNC_PIECES pieces, an all-gather after each and/or at the end."""
+        def run() -> None:
+            for _ in range(SYNC_PIECES):
+                if piece is not None:
+                    piece()
+                if after_each:
+                    gather()
+            if at_end:
+                gather()
+        return _median_seconds(run, sync, 1, 0, dist)
 
     points = []
     for piece in (forward, step(small, x_small), step(large, x_large)):
-        def one(piece: Callable[[], None] = piece) -> None:
-            for _ in range(SYNC_PIECES):
-                piece()
-            gather()
-
-        def each(piece: Callable[[], None] = piece) -> None:
-            for _ in range(SYNC_PIECES):
-                piece()
-                gather()
-
-        def back_to_back() -> None:
-            for _ in range(SYNC_PIECES):
-                gather()
-
-        def alone(piece: Callable[[], None] = piece) -> None:
-            for _ in range(SYNC_PIECES):
-                piece()
-
         rounds = []
         for it in range(warmup + max(repeats, SYNC_ROUNDS)):
-            row = (timed(one), timed(each), timed(back_to_back), timed(alone))
+            row = (pieces(piece, False, True), pieces(piece, True, False),
+                   pieces(None, True, False), pieces(piece, False, False))
             if it >= warmup:
                 rounds.append(row)
         points.append(host_sync_point(rounds, SYNC_PIECES))
