@@ -22,7 +22,8 @@ from shardplan.topology import build
 
 # The cost objective that recomputes each recorded objective name.
 _OBJECTIVE_OF = {"sharding_cost": "sharding", "pase_cost": "strategy",
-                "pase_seconds": "strategy", "pipedream_seconds": "pipedream"}
+                "pase_seconds": "strategy", "iteration_seconds": "strategy",
+                "pipedream_seconds": "pipedream"}
 # Objectives of pipeline plans (stages in pipeline order: convex, acyclic stage graph).
 _PIPELINE = ("max_stage_seconds", "pipedream_seconds")
 

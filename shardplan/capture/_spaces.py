@@ -17,8 +17,10 @@
 
 Anything else gets a batch-only space. Tensor dimensions of an input map onto the op's
 dimensions of the same position when the ranks agree and the sizes match; otherwise only the
-leading (batch) dimension maps, when it is the same size, which keeps every edge costable. This
-is a conservative reading: a re-layout the mapping does not capture is charged as a re-shard.
+leading (batch) dimension maps, when it is the same size, which keeps every edge costable; a
+reshape that merges or splits leading dimensions maps the outer one (a batch split of
+``(b, s, h)`` is the same split of its ``(b s, h)`` view). This is a conservative reading: a
+re-layout the mapping does not capture is charged as a re-shard.
 """
 
 from __future__ import annotations
@@ -90,6 +92,14 @@ def op_spaces(ops: Sequence[str], out_shapes: Sequence[tuple[int, ...] | None],
                     groups[j] = [n]
         elif rank and shape and sp["dims"] and sp["dims"][0][1] == shape[0]:
             groups[0] = [sp["dims"][0][0]]
+        if sp["kind"] == "reshape" and rank and shape and sp["dims"] and not any(groups):
+            # a reshape that merges or splits the leading dimensions ((b, s, h) to
+            # (b s, h) and back): a split of the outer dimension is the same contiguous
+            # split on both sides, so the batch maps (DTensor views it without moving data)
+            first, size = sp["dims"][0]
+            if first not in sp.get("fixed", ()) and (size % shape[0] == 0
+                                                      or shape[0] % size == 0):
+                groups[0] = [first]
         sp["inputs"][str(prod)] = groups
     for sp in spaces:
         if sp is not None:

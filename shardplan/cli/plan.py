@@ -199,6 +199,8 @@ def _print(result: Any, args: argparse.Namespace, measured: dict[str, Any] | Non
     from rich.console import Console
     from rich.table import Table
 
+    from shardplan.planner import shape_label
+
     table = Table(title=f"{len(result.ranked)} candidates, global batch {result.global_batch}"
                         f", searched in {result.seconds:.1f} s")
     for col in ("#", "family", "S x R", "schedule", "M", "mapping", "sync", "ms/iter",
@@ -207,7 +209,7 @@ def _print(result: Any, args: argparse.Namespace, measured: dict[str, Any] | Non
                                                             "sync") else "left")
     for i, r in enumerate(result.ranked[:args.top]):
         ms = f"{r.iteration_seconds * 1e3:.4g}" if math.isfinite(r.iteration_seconds) else "-"
-        table.add_row(str(i + 1), r.family, f"{r.stages} x {r.replicas}", r.schedule,
+        table.add_row(str(i + 1), r.family, shape_label(r), r.schedule,
                       str(r.microbatches), r.mapping, r.gradient_sync,
                       ms if r.fits else f"{ms} (no fit)", f"{r.throughput:.5g}",
                       f"{r.peak_memory_bytes / 2**30:.3g}", f"{r.search_seconds:.2g}")

@@ -346,23 +346,33 @@ class CostModel:
         part leaves out a recomputed forward (the forward's part counts twice then). Zeros
         without either measurement. O(n).
         """
+        nf, nb, of, ob, read = self.unshared_parts(devices)
+        read = read / weight_split
+        return np.minimum(nf, of + read), np.minimum(nb, ob + 2.0 * read)
+
+    def unshared_parts(self, devices: Sequence[int] | None = None
+                       ) -> tuple[np.ndarray, np.ndarray, float, float, np.ndarray]:
+        """The pieces of :meth:`unshared_seconds`: per node the forward and backward seconds
+        it is capped at (the backward without a recomputed forward), the per-operator
+        forward and backward overheads, and the seconds of reading the node's whole
+        parameters once; a weight split over ``f`` devices reads ``1 / f`` of them. O(n)."""
         n = self.graph.num_nodes
         topo = self.topology
+        zero = np.zeros(n)
         if topo is None or topo.num_devices == 0:
-            return np.zeros(n), np.zeros(n)
+            return zero, zero, 0.0, 0.0, zero
         devs = np.arange(topo.num_devices) if devices is None else np.asarray(devices)
         of, ob = op_overhead(topo, None if devices is None else devs.tolist())
         membw = topo.device_memory_bandwidth[devs]
         known = np.isfinite(membw) & (membw > 0)
         if of <= 0 and ob <= 0 and not known.any():
-            return np.zeros(n), np.zeros(n)
+            return zero, zero, 0.0, 0.0, zero
         ref = int(np.argmax(topo.device_flops)) if devices is None else int(devs[0])
         nf, nb = self.node_seconds(ref)
         if self.recompute:
             nb = nb - nf
-        read = self.graph.param_bytes / (float(membw[known].min()) * weight_split) \
-            if known.any() else np.zeros(n)
-        return np.minimum(nf, of + read), np.minimum(nb, ob + 2.0 * read)
+        read = self.graph.param_bytes / float(membw[known].min()) if known.any() else zero
+        return nf, nb, float(of), float(ob), np.asarray(read, dtype=np.float64)
 
     def replica_fixed_total(self) -> np.ndarray:
         """Per node, :attr:`replica_fixed`'s forward plus backward seconds (the forward

@@ -20,7 +20,7 @@ from scipy.sparse.csgraph import connected_components
 
 from shardplan.errors import InvalidFileError, ShardplanError
 
-__all__ = ["GRAPH_FORMAT", "MAX_BYTES", "Edge", "Graph", "Node"]
+__all__ = ["GRAPH_FORMAT", "MAX_BYTES", "Edge", "Graph", "Node", "space_at_batch"]
 
 GRAPH_FORMAT = "shardplan.graph/1"
 
@@ -34,6 +34,49 @@ _INT_COLUMNS = ("param_bytes", "output_bytes")
 _OPTIONAL_FLOAT_COLUMNS = ("fwd_seconds", "bwd_seconds", "memory_bytes", "param_tensors")
 _NODE_KEYS = {"id", "name", "op", "module", "space", *_FLOAT_COLUMNS, *_INT_COLUMNS,
               *_OPTIONAL_FLOAT_COLUMNS}
+
+
+def space_at_batch(space: Any, old: int, new: int) -> Any:
+    """A node's PaSE iteration space (its JSON form) taken from ``old`` to ``new`` samples.
+
+    The space's batch dimension (``batch_dim``, else its first) scales when its size is a
+    whole multiple of ``old`` (a merged batch x sequence dimension too: it holds that many
+    samples' rows); a space whose batch dimension is not (a position embedding's 1, an
+    operator on parameters) is batch-independent and kept. The output dimensions built from
+    the batch dimension scale alike, and so does an opaque operator's ``flops``. O(d).
+
+    Examples
+    --------
+    >>> sp = {"kind": "gemm", "dims": [["b", 16], ["n", 4]], "output": [["b"], ["n"]],
+    ...       "output_shape": [16, 4], "m": ["b"], "n": ["n"], "k": []}
+    >>> out = space_at_batch(sp, 8, 32)
+    >>> out["dims"], out["output_shape"]
+    ([['b', 64], ['n', 4]], [64, 4])
+    >>> space_at_batch({"kind": "reshape", "dims": [["d0", 1]]}, 8, 32)["dims"]
+    [['d0', 1]]
+    """
+    if old == new or not isinstance(space, Mapping):
+        return space
+    dims = space.get("dims") or []
+    if not dims:
+        return space
+    bd = space.get("batch_dim", dims[0][0])
+    sizes = {str(n): int(s) for n, s in dims}
+    size = sizes.get(str(bd))
+    if size is None or size % old:
+        return space
+    out = dict(space)
+    out["dims"] = [[n, (int(s) // old) * new if n == bd else int(s)] for n, s in dims]
+    shape = list(space.get("output_shape") or [])
+    groups = list(space.get("output") or [])
+    for i, g in enumerate(groups[:len(shape)]):
+        if bd in g and (int(shape[i]) * new) % old == 0:
+            shape[i] = int(shape[i]) * new // old
+    if shape:
+        out["output_shape"] = shape
+    if space.get("kind") == "opaque" and "flops" in space:
+        out["flops"] = float(space["flops"]) * new / old
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -326,7 +369,11 @@ class Graph:
         linearly with the batch (exact for FLOPs and activation bytes of the layers a graph
         holds; a first-order model for measured seconds, which small batches make
         latency-bound); parameter bytes and node weights do not change. PaSE iteration
-        spaces keep their captured sizes. O(n + m).
+        spaces follow the batch (:func:`space_at_batch`): a space whose batch dimension
+        holds a whole number of the graph's samples has it, the output dimensions made of
+        it and an opaque operator's FLOPs scaled alike, so that a strategy searched on the
+        result splits the batch the plan runs (a space priced at its captured batch of 8
+        allowed at most a 2-way batch split under the cutoff of 4). O(n + m).
 
         Examples
         --------
@@ -349,11 +396,15 @@ class Graph:
             out = np.asarray(arr, dtype=np.float64) * f
             return np.rint(out).astype(np.int64) if integer else out
 
+        spaces = None if self.spaces is None else tuple(
+            None if sp is None else space_at_batch(sp, self.batch_size, int(batch_size))
+            for sp in self.spaces)
         return self.replace(
             batch_size=int(batch_size), fwd_flops=scaled(self.fwd_flops),
             bwd_flops=scaled(self.bwd_flops), output_bytes=scaled(self.output_bytes, True),
             edge_bytes=scaled(self.edge_bytes, True), fwd_seconds=scaled(self.fwd_seconds),
-            bwd_seconds=scaled(self.bwd_seconds), memory_bytes=scaled(self.memory_bytes))
+            bwd_seconds=scaled(self.bwd_seconds), memory_bytes=scaled(self.memory_bytes),
+            spaces=spaces)
 
     def subgraph(self, nodes: Sequence[int] | np.ndarray) -> Graph:
         """The graph induced by ``nodes`` (in the order given): their columns and the edges

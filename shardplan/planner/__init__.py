@@ -9,7 +9,14 @@ stages each run by a PaSE strategy. The simulator judges every candidate with th
 execution settings (:func:`search`); the winner is an ordinary plan file.
 """
 
-from shardplan.planner._families import FAMILIES, Evaluated, Task, microbatch_choices
+from shardplan.planner._families import (
+    FAMILIES,
+    Evaluated,
+    Task,
+    microbatch_choices,
+    shape_label,
+)
 from shardplan.planner._search import PlanSearch, search
 
-__all__ = ["FAMILIES", "Evaluated", "PlanSearch", "Task", "microbatch_choices", "search"]
+__all__ = ["FAMILIES", "Evaluated", "PlanSearch", "Task", "microbatch_choices", "search",
+           "shape_label"]

@@ -15,10 +15,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from shardplan.errors import ShardplanError, TimeLimitError
 from shardplan.ir import ExecutionSettings, Graph, Objective, Plan, Stage, Topology
 
-__all__ = ["FAMILIES", "Evaluated", "Task", "microbatch_choices", "run_task", "tasks_for"]
+__all__ = ["FAMILIES", "Evaluated", "Task", "microbatch_choices", "run_task", "shape_label",
+           "tasks_for"]
 
 #: Families in the order the search lists them.
 FAMILIES = ("data-parallel", "parmesan", "pipedream", "pipedream-sequence", "params",
@@ -63,18 +66,53 @@ class Evaluated:
     plan: dict[str, Any]
     runnable: bool = True
     note: str = ""
+    objective: str = ""
+    objective_value: float = math.nan
 
     @property
     def key(self) -> tuple[float, float]:
         """Ranking key: infeasible last, then the simulated iteration, then memory."""
         return (self.iteration_seconds if self.fits else math.inf, self.peak_memory_bytes)
 
+    @property
+    def objective_over_simulated(self) -> float | None:
+        """The planner's own estimate of the iteration over the simulated one, for plans
+        whose objective is an iteration time (PaSE and the hybrid in the simulator's price,
+        :mod:`shardplan.strategy._price`); None for objectives of another quantity (a
+        pipeline stage's seconds, paper 000's sharding cost)."""
+        if self.objective not in _ITERATION_OBJECTIVES or not self.iteration_seconds > 0 \
+                or not math.isfinite(self.iteration_seconds):
+            return None
+        return float(self.objective_value) / self.iteration_seconds
+
     def row(self) -> dict[str, Any]:
         """The JSON row (without the plan)."""
-        return {k: getattr(self, k) for k in (
+        out = {k: getattr(self, k) for k in (
             "family", "algorithm", "stages", "replicas", "schedule", "microbatches", "mapping",
             "gradient_sync", "iteration_seconds", "throughput", "peak_memory_bytes", "fits",
             "search_seconds", "runnable", "note")}
+        out["replicas_per_stage"] = _replicas_per_stage(self.plan)
+        out["objective"] = {"name": self.objective, "value": self.objective_value,
+                            "over_simulated": self.objective_over_simulated}
+        return out
+
+
+def shape_label(row: Evaluated) -> str:
+    """``S x R``, or ``S x [r0, r1, ...]`` when the stages differ in replica count (a
+    PipeDream plan: ``4 x [10, 2, 2, 2]``, which ``4 x 10`` misread as 40 devices)."""
+    reps = _replicas_per_stage(row.plan)
+    if reps and len(set(reps)) > 1:
+        return f"{row.stages} x [{', '.join(map(str, reps))}]"
+    return f"{row.stages} x {row.replicas}"
+
+
+#: Objectives that estimate one iteration's seconds (comparable to the simulated time).
+_ITERATION_OBJECTIVES = ("iteration_seconds",)
+
+
+def _replicas_per_stage(plan: dict[str, Any]) -> list[int]:
+    """Devices of every stage of a plan's JSON form (empty without one)."""
+    return [len(st.get("devices", ())) for st in plan.get("stages", ())]
 
 
 @dataclass
@@ -177,10 +215,12 @@ def _past_deadline() -> bool:
 
 def _variants(ctx: Context, plan: Plan, *, family: str, mapping: str, searched: float,
               schedules: Sequence[str] | None = None, syncs: Sequence[str] = ("end",),
-              runnable: bool = True, note: str = "") -> list[Evaluated]:
+              runnable: bool = True, note: str = "",
+              microbatches: Sequence[int] | None = None) -> list[Evaluated]:
     """``plan`` simulated under every schedule x micro-batch count x gradient sync that
-    fits it; one row each. Once the task's deadline has passed, the variants not yet
-    simulated are left out, and a simulation still running at it stops (its row too)."""
+    fits it (``microbatches``: only these counts: a plan searched for one); one row each.
+    Once the task's deadline has passed, the variants not yet simulated are left out, and a
+    simulation still running at it stops (its row too)."""
     s, r = plan.num_stages, plan.num_replicas
     out: list[Evaluated] = []
     scheds = list(schedules if schedules is not None else ctx.schedules)
@@ -189,8 +229,10 @@ def _variants(ctx: Context, plan: Plan, *, family: str, mapping: str, searched: 
     for sched in scheds:
         if sched == "interleaved-1f1b" and (s < 4 or s % 2):
             continue
-        for m in microbatch_choices(ctx.global_batch, s, max(r, 1) if runnable else 1,
-                                    ctx.fixed.get("microbatches")):
+        counts = microbatch_choices(ctx.global_batch, s, max(r, 1) if runnable else 1,
+                                    ctx.fixed.get("microbatches")) \
+            if microbatches is None else list(microbatches)
+        for m in counts:
             if sched == "interleaved-1f1b" and m % max(1, m // (s // 2)):
                 continue  # torch's interleaved 1F1B runs M in whole rounds of S / 2
             for sync in syncs:
@@ -211,7 +253,8 @@ def _variants(ctx: Context, plan: Plan, *, family: str, mapping: str, searched: 
                     continue
                 out.append(Evaluated(family, plan.algorithm, s, r, sched, m, mapping, sync,
                                      secs, ctx.global_batch / secs if secs > 0 else math.inf,
-                                     peak, fits, searched, p.to_dict(), runnable, note))
+                                     peak, fits, searched, p.to_dict(), runnable, note,
+                                     plan.objective.name, float(plan.objective.value)))
     return out
 
 
@@ -278,41 +321,119 @@ def _pipedream(ctx: Context, task: Task) -> list[Evaluated]:
                      "stages differ in replica count: the runtime cannot run it")
 
 
+def sharding_inputs(ctx: Context, settings: ExecutionSettings) -> tuple[Graph, Topology]:
+    """Paper 000's objective in the simulator's quantities: each node weighs its forward and
+    backward seconds under the cost model the simulator uses (at the micro-batch size and
+    precision the plan runs), divided by ``sqrt(T / k)`` for ``T`` the graph's total and
+    ``k`` the components, so that the weight term, ``sum_i (W_i - mean W)^2``, reads
+    ``sum_i (t_i - T / k)^2 / (T / k)`` in seconds; the cost matrix charges a cut edge the
+    seconds its pair of devices takes to move one micro-batch's mean edge tensor (latency
+    plus bytes over bandwidth), both ways. The paper's own inputs (parameter counts,
+    latencies) balance parameters, which is right for reproducing its figures and wrong for
+    a fast pipeline: the simulator ranked its partitions in reverse (issue 33). O(n + m +
+    D^2)."""
+    import dataclasses
+
+    from shardplan.cost import CostModel
+
+    cm = CostModel.from_settings(ctx.graph, ctx.topology, settings)
+    fwd, bwd = cm.node_seconds(0)
+    work = np.asarray(fwd + bwd, dtype=np.float64)
+    k = max(1, min(ctx.topology.num_devices, ctx.graph.num_nodes))
+    scale = math.sqrt(max(float(work.sum()) / k, 1e-30))
+    graph = ctx.graph.replace(weight=work / scale)
+    mean_bytes = float(np.mean(cm.graph.edge_bytes)) if cm.graph.num_edges else 0.0
+    lat = np.asarray(ctx.topology.latency, dtype=np.float64)
+    cost = 2.0 * (lat + mean_bytes * cm.inverse_bandwidth)
+    np.fill_diagonal(cost, 0.0)
+    cost = np.where(np.isfinite(cost), cost, 1e9)  # an unusable pair: never cut across it
+    return graph, dataclasses.replace(ctx.topology, cost=cost)
+
+
 def _sharding(ctx: Context, task: Task) -> list[Evaluated]:
     """Paper 000's local search under the acyclicity constraint (its components in an order
-    data flows forward through), run as a GPipe pipeline of one device per component."""
+    data flows forward through), run as a GPipe pipeline of one device per component; its
+    objective in the simulator's quantities (:func:`sharding_inputs`)."""
     from shardplan import registry
 
     t0 = time.perf_counter()
-    plan = registry.run("partition", "heuristic", ctx.graph, ctx.topology, seed=ctx.seed,
+    counts = microbatch_choices(ctx.global_batch, max(1, min(ctx.topology.num_devices,
+                                                            ctx.graph.num_nodes)), 1,
+                                ctx.fixed.get("microbatches"))
+    m0 = counts[len(counts) // 2] if counts else 1
+    graph, topo = sharding_inputs(ctx, _settings(ctx, m0, schedule="gpipe"))
+    plan = registry.run("partition", "heuristic", graph, topo, seed=ctx.seed,
                         time_limit=task.budget or 10.0, acyclic=True).plan
     return _variants(ctx, plan, family="sharding", mapping="sharding",
                      searched=time.perf_counter() - t0, schedules=("gpipe",))
 
 
+def _strategy_runs(ctx: Context, stages: int) -> list[ExecutionSettings]:
+    """The execution variants a strategy search is priced at, one search each: every
+    micro-batch count worth trying (:func:`microbatch_choices`; a stage's devices run each
+    micro-batch together) under the gradient syncs a strategy run has (``end``, and DDP's
+    overlapped ``bucketed`` on more than one device); the user's fixed settings alone when
+    given. O(1)."""
+    d = ctx.topology.num_devices
+    syncs = ["end", "bucketed"] if d > 1 and stages == 1 else ["end"]
+    if ctx.fixed.get("gradient_sync") in ("end", "bucketed"):
+        syncs = [str(ctx.fixed["gradient_sync"])]
+    schedule = "gpipe" if stages == 1 else "1f1b"
+    return [_settings(ctx, m, schedule=schedule, gradient_sync=sync)
+            for m in microbatch_choices(ctx.global_batch, stages, 1,
+                                        ctx.fixed.get("microbatches"))
+            for sync in syncs]
+
+
 def _pase(ctx: Context, task: Task) -> list[Evaluated]:
+    """PaSE's search on every device, priced as the simulator judges the plan
+    (:mod:`shardplan.strategy._price`: at the micro-batch size, precision and gradient sync
+    the plan runs with); one search per execution variant, each simulated under its own
+    settings."""
     from shardplan import registry
 
-    t0 = time.perf_counter()
-    plan = registry.run("strategy", "pase", ctx.graph, ctx.topology, seed=ctx.seed,
-                        time_limit=task.budget, cost_model="default").plan
-    return _variants(ctx, plan, family="pase", mapping="pase",
-                     searched=time.perf_counter() - t0, schedules=("gpipe",))
+    runs = _strategy_runs(ctx, 1)
+    out: list[Evaluated] = []
+    for settings in runs:
+        if _past_deadline():
+            _mark_cut()
+            break
+        t0 = time.perf_counter()
+        budget = None if task.budget is None else task.budget / len(runs)
+        plan = registry.run("strategy", "pase", ctx.graph, ctx.topology, seed=ctx.seed,
+                            time_limit=budget, cost_model="default",
+                            execution=settings.to_dict()).plan
+        out += _variants(ctx, plan, family="pase", mapping="pase",
+                         searched=time.perf_counter() - t0, schedules=("gpipe",),
+                         syncs=(settings.gradient_sync,),
+                         microbatches=(settings.microbatches,))
+    return out
 
 
 def _hybrid(ctx: Context, task: Task) -> list[Evaluated]:
     """Parmesan's S stages over R devices each, every stage's layers split over its devices
-    by PaSE's best configurations (pipeline x tensor/data parallelism) instead of R
-    data-parallel replicas."""
+    by PaSE's best configurations (pipeline x tensor/data parallelism; a batch split over
+    all R is the replicated stage), searched in the simulator's price at each micro-batch
+    count the variants run."""
     from shardplan.strategy import hybrid_plan
 
     t0 = time.perf_counter()
     budget = None if task.budget is None else task.budget / 2
     pipeline = _partition(ctx, "parmesan", Task("parmesan", task.stages, task.replicas, budget))
-    plan = hybrid_plan(pipeline, ctx.graph, ctx.topology, time_limit=budget,
-                       options={"cost_model": "default"})
-    return _variants(ctx, plan, family="hybrid", mapping="consecutive",
-                     searched=time.perf_counter() - t0)
+    runs = _strategy_runs(ctx, task.stages)
+    out: list[Evaluated] = []
+    for settings in runs:
+        if _past_deadline():
+            _mark_cut()
+            break
+        plan = hybrid_plan(pipeline.with_settings(settings), ctx.graph, ctx.topology,
+                           time_limit=None if budget is None else budget / len(runs),
+                           options={"cost_model": "default",
+                                    "execution": settings.to_dict()})
+        out += _variants(ctx, plan, family="hybrid", mapping="consecutive",
+                         searched=time.perf_counter() - t0,
+                         microbatches=(settings.microbatches,))
+    return out
 
 
 _RUNNERS: dict[str, Callable[[Context, Task], list[Evaluated]]] = {

@@ -242,7 +242,18 @@ def strategy_fields(plan: Any, graph: Any, settings: Any) -> dict[str, Any]:
                                  run_batch=int(settings.microbatch_size)),
         mesh_shape=mesh_shape(devices), schedule=settings.schedule,
         export_batch=int(graph.batch_size), microbatches=int(settings.microbatches),
-        microbatch_size=int(settings.microbatch_size), recompute=bool(settings.recompute))
+        microbatch_size=int(settings.microbatch_size), recompute=bool(settings.recompute),
+        gradient_sync=_strategy_sync(settings), bucket_bytes=int(settings.bucket_bytes))
+
+
+def _strategy_sync(settings: Any) -> str:
+    """A strategy run's gradient synchronisation: ``end`` or ``bucketed`` (what the
+    simulator prices for such plans); ``sharded`` is refused in one line."""
+    sync = str(getattr(settings, "gradient_sync", "end"))
+    if sync not in ("end", "bucketed"):
+        raise ShardplanError(f"a strategy plan synchronises gradients with 'end' or "
+                             f"'bucketed', not {sync!r}")
+    return sync
 
 
 def plan_fields(plan: Any, graph: Any, settings: Any) -> dict[str, Any]:

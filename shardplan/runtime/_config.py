@@ -142,6 +142,8 @@ class TrainConfig:
     timeout: float = 300.0
     return_params: bool = False
     fault: tuple[int, int] | None = None
+    gradient_sync: str = "end"
+    bucket_bytes: int = 25 * 2**20
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -164,6 +166,12 @@ class TrainConfig:
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
                 raise ShardplanError(f"{name.replace('_', ' ')} must be a positive integer, "
                                      f"got {v!r}")
+        if self.gradient_sync not in ("end", "bucketed", "sharded"):
+            raise ShardplanError(f"unknown gradient sync {self.gradient_sync!r}")
+        if isinstance(self.bucket_bytes, bool) or not isinstance(self.bucket_bytes, int) \
+                or self.bucket_bytes < 1:
+            raise ShardplanError(f"bucket bytes must be a positive integer, got "
+                                 f"{self.bucket_bytes!r}")
         if not self.lr > 0:
             raise ShardplanError(f"learning rate must be positive, got {self.lr!r}")
         if self.checkpoint_every < 0:

@@ -36,7 +36,8 @@ from torch.distributed.tensor.placement_types import Placement
 
 from shardplan.runtime._sharding import NodeSharding, arg_groups, placements
 
-__all__ = ["ShardedProgram", "communicates", "make_mesh", "redistribute", "sync_grads",
+__all__ = ["GradBuckets", "ShardedProgram", "batch_split", "communicates", "make_mesh",
+           "redistribute", "sync_grads",
            "to_placements"]
 
 aten = torch.ops.aten
@@ -176,6 +177,8 @@ class ShardedProgram(nn.Module):
         self.mesh = mesh
         self.shardings = dict(shardings)
         self.replicated: set[str] = set()
+        #: Return outputs split only by their batch as DTensors (see :meth:`_output`).
+        self.batch_outputs = False
         self.redistributions = 0
         self.reshards = 0
         self.reductions = 0
@@ -244,6 +247,14 @@ class ShardedProgram(nn.Module):
                                       run_check=False)
         return t
 
+    def _output(self, t: Any) -> Any:
+        """An output as the program returns it: whole, or with :attr:`batch_outputs` a
+        DTensor split only by its batch (each device computes the loss on its part, as
+        data parallelism does, instead of gathering the model's output)."""
+        if self.batch_outputs and batch_split(t):
+            return t
+        return self._full(t)
+
     def _full(self, t: Any) -> Any:
         if isinstance(t, DTensor):
             return redistribute(t, self.mesh, [Replicate()] * self.mesh.ndim).to_local()
@@ -274,7 +285,7 @@ class ShardedProgram(nn.Module):
             elif node.op == "get_attr":
                 env[node] = self._wrap(_fetch(self.program, str(node.target)))
             elif node.op == "output":
-                result = _map(fx.node.map_arg(node.args[0], env.__getitem__), self._full)
+                result = _map(fx.node.map_arg(node.args[0], env.__getitem__), self._output)
             else:
                 try:
                     env[node] = self._run(node, env)
@@ -311,6 +322,10 @@ class ShardedProgram(nn.Module):
             return self._local(node, target, args, kwargs)
         if not any(isinstance(t, DTensor) for t in _tensors((args, kwargs))):
             return _map(target(*args, **kwargs), self._wrap)
+        if "batch_norm" in name:
+            local = self._batch_norm_local(target, args, kwargs)
+            if local is not None:
+                return local
         try:
             out = target(*args, **kwargs)
         except NotImplementedError as exc:
@@ -343,6 +358,49 @@ class ShardedProgram(nn.Module):
         full_args = _map(args, self._full)
         full_kwargs = _map(kwargs, self._full)
         return _map(target(*full_args, **full_kwargs), self._wrap)
+
+    def _batch_norm_local(self, target: Any, args: Any, kwargs: Any) -> Any:
+        """A batch normalisation whose input is split only by its batch: each device
+        normalises its part of the batch with its own statistics, as data parallelism does
+        (torch's DDP and FSDP; what :func:`shardplan.strategy._price.local_statistics`
+        prices), instead of DTensor's rule, which gathers the whole activation on every
+        device. The weight and bias gradients are partial sums over the batch split,
+        reduced with the other gradients (:func:`sync_grads`); running statistics are each
+        device's own, as under DDP without ``broadcast_buffers``. Not equal to one process
+        (the statistics are of a part of the batch); None when the input is split otherwise
+        (DTensor's rule runs then)."""
+        x = args[0] if args else None
+        if not isinstance(x, DTensor) or x.ndim < 2:
+            return None
+        pl = tuple(x.placements)
+        batch = [isinstance(q, Shard) and q.dim == 0 for q in pl]
+        if not any(batch) or not all(b or isinstance(q, Replicate)
+                                     for b, q in zip(batch, pl, strict=True)):
+            return None
+        others = [t for t in _tensors((args[1:], kwargs)) if isinstance(t, DTensor)]
+        if any(not all(isinstance(q, Replicate) for q in t.placements) for t in others):
+            return None
+        grad_pl = tuple(Partial() if b else Replicate() for b in batch)
+
+        def local(t: Any) -> Any:
+            if not isinstance(t, DTensor):
+                return t
+            if t is x:
+                return t.to_local()
+            return t.to_local(grad_placements=grad_pl) if t.requires_grad else t.to_local()
+
+        out = target(*_map(args, local), **{k: _map(v, local) for k, v in kwargs.items()})
+
+        def wrap(t: Any) -> Any:
+            if not isinstance(t, torch.Tensor):
+                return t
+            if t.ndim == x.ndim:
+                return DTensor.from_local(t, self.mesh, pl, run_check=False,
+                                          shape=x.shape, stride=x.stride())
+            return DTensor.from_local(t, self.mesh, [Replicate()] * self.mesh.ndim,
+                                      run_check=False)
+
+        return _map(out, wrap)
 
     def _dropout(self, x: DTensor, p: float, train: bool) -> Any:
         """Dropout with the mask one process draws: the whole tensor's (every rank draws the
@@ -390,18 +448,110 @@ class ShardedProgram(nn.Module):
         return [p for p in self.parameters() if isinstance(p, DTensor)]
 
 
-def sync_grads(params: Iterable[nn.Parameter]) -> None:
+def sync_grads(params: Iterable[nn.Parameter], bucket_bytes: int | None = None) -> None:
     """Bring every DTensor parameter's gradient to the parameter's own layout: a ``Partial``
     gradient (summed over batch shards, or over a split reduced dimension) is all-reduced or
-    reduce-scattered; a parameter without gradient gets zeros."""
+    reduce-scattered; a parameter without gradient gets zeros.
+
+    Gradients whose reduction is an all-reduce over some mesh dimensions (``Partial`` there,
+    the parameter ``Replicate``; every other dimension alike) are reduced as data
+    parallelism reduces them: flattened into buckets of ``bucket_bytes`` (default: all of
+    them in one), one all-reduce per bucket and mesh dimension, which is what the simulator
+    prices (one ring over the gradients' bytes, not one collective per tensor)."""
+    buckets = GradBuckets(bucket_bytes)
     for p in params:
-        if not isinstance(p, DTensor):
-            continue
+        buckets.add(p)
+    buckets.finish()
+
+
+def _flat_key(p: Any) -> tuple[Any, ...] | None:
+    """What a gradient's all-reduce shares with others of one bucket: its mesh, the mesh
+    dimensions reduced and the other placements; None when its reduction is not an
+    all-reduce (a reduce-scatter into a split parameter goes alone)."""
+    g = p.grad
+    if not isinstance(g, DTensor) or g.device_mesh is not p.device_mesh:
+        return None
+    dims = []
+    for i, (a, b) in enumerate(zip(g.placements, p.placements, strict=True)):
+        if isinstance(a, Partial) and isinstance(b, Replicate) and a.reduce_op == "sum":
+            dims.append(i)
+        elif a != b:
+            return None
+    if not dims or g.to_local().dtype != p.to_local().dtype:
+        return None
+    return (id(p.device_mesh), tuple(dims), tuple(p.placements), g.to_local().dtype)
+
+
+class GradBuckets:
+    """Gradients reduced in buckets (see :func:`sync_grads`): :meth:`add` a parameter once
+    its gradient is final (a backward hook may, to overlap the reduction with the rest of
+    the backward), :meth:`finish` before the optimizer steps."""
+
+    def __init__(self, bucket_bytes: int | None = None) -> None:
+        self.cap = float("inf") if bucket_bytes is None else float(bucket_bytes)
+        self.open: dict[tuple[Any, ...], list[Any]] = {}
+        self.size: dict[tuple[Any, ...], float] = {}
+        self.running: list[tuple[list[Any], torch.Tensor, list[Any]]] = []
+        self.seen: set[int] = set()
+
+    def add(self, p: Any) -> None:
+        if not isinstance(p, DTensor) or id(p) in self.seen:
+            return
+        self.seen.add(id(p))
         g = p.grad
         if g is None:
             p.grad = torch.zeros_like(p)
-        elif tuple(g.placements) != tuple(p.placements):
+            return
+        if tuple(g.placements) == tuple(p.placements):
+            return
+        key = _flat_key(p)
+        if key is None:
             p.grad = redistribute(g, p.device_mesh, p.placements)
+            return
+        self.open.setdefault(key, []).append(p)
+        self.size[key] = self.size.get(key, 0.0) + g.to_local().numel() * \
+            g.to_local().element_size()
+        if self.size[key] >= self.cap:
+            self._launch(key)
+
+    def _launch(self, key: tuple[Any, ...]) -> None:
+        import torch.distributed as dist
+
+        bucket = self.open.pop(key)
+        self.size.pop(key, None)
+        mesh = bucket[0].device_mesh
+        flat = torch.cat([p.grad.to_local().reshape(-1) for p in bucket])
+        dims = key[1]
+        for d in dims[:-1]:  # mesh dimensions reduce one after another
+            dist.all_reduce(flat, group=mesh.get_group(d))
+        work = dist.all_reduce(flat, group=mesh.get_group(dims[-1]), async_op=True)
+        self.running.append((bucket, flat, [work]))
+
+    def finish(self) -> None:
+        for key in list(self.open):
+            self._launch(key)
+        for bucket, flat, works in self.running:
+            for w in works:
+                w.wait()
+            at = 0
+            for p in bucket:
+                n = p.grad.to_local().numel()
+                local = flat[at:at + n].view_as(p.grad.to_local())
+                at += n
+                p.grad = DTensor.from_local(local, p.device_mesh, p.placements,
+                                            run_check=False, shape=p.shape, stride=p.stride())
+        self.running = []
+        self.seen = set()
+
+
+def batch_split(t: Any) -> bool:
+    """Whether ``t`` is a DTensor split by its first (batch) dimension and otherwise
+    replicated."""
+    if not isinstance(t, DTensor) or t.ndim < 1:
+        return False
+    pl = t.placements
+    return any(isinstance(q, Shard) and q.dim == 0 for q in pl) and all(
+        isinstance(q, Replicate) or (isinstance(q, Shard) and q.dim == 0) for q in pl)
 
 
 def _fetch(root: nn.Module, target: str) -> Any:

@@ -54,7 +54,9 @@ def full_params(modules: Sequence[nn.Module], model: nn.Module) -> dict[str, tor
 
 def run_strategy(cfg: TrainConfig, rank: int, world: int) -> RunResult:
     """Train a strategy plan on this rank (see the module docstring)."""
-    from shardplan.runtime._dtensor import ShardedProgram, make_mesh, sync_grads
+    from torch.distributed.tensor import DTensor
+
+    from shardplan.runtime._dtensor import GradBuckets, ShardedProgram, make_mesh
     from shardplan.runtime._worker import (
         _device,
         _maybe_fault,
@@ -75,6 +77,7 @@ def run_strategy(cfg: TrainConfig, rank: int, world: int) -> RunResult:
     prog = programs[0]
     prog.module.to(device)
     sharded = ShardedProgram(prog.module, program_shardings(cfg, names), mesh)
+    sharded.batch_outputs = True
     holder = _rank_root(programs, [0])
     params = [p for p in holder.parameters()]
     opt = _optimizer(cfg, params)
@@ -96,12 +99,23 @@ def run_strategy(cfg: TrainConfig, rank: int, world: int) -> RunResult:
                               seed=cfg.seed, step=step)
         t0 = _time()
         total = 0.0
+        buckets = GradBuckets(cfg.bucket_bytes if cfg.gradient_sync == "bucketed" else None)
+        hooks = []
         for j, (xs, ys) in enumerate(chunks(x, y, m, 1)):
             _seed(cfg, step, j, 0)
-            loss = loss_fn(forward(tuple(t.to(device) for t in xs)), ys.to(device))
-            (loss / m).backward()
+            if j == m - 1 and cfg.gradient_sync == "bucketed":
+                # DDP's overlap: each bucket is reduced once the last backward filled it
+                hooks = [p.register_post_accumulate_grad_hook(buckets.add) for p in params
+                         if isinstance(p, DTensor)]
+            loss, share = loss_on_shards(loss_fn, forward(tuple(t.to(device) for t in xs)),
+                                         ys.to(device))
+            (loss * share / m).backward()
             total += float(loss.detach())
-        sync_grads(params)
+        for h in hooks:
+            h.remove()
+        for p in params:  # what the hooks did not see (no gradient), and "end"'s all
+            buckets.add(p)
+        buckets.finish()
         opt.step()
         opt.zero_grad(set_to_none=True)
         _report(result, total / m / world, _time() - t0)
@@ -113,6 +127,30 @@ def run_strategy(cfg: TrainConfig, rank: int, world: int) -> RunResult:
         full = {k: [v] for k, v in full_params([holder], model).items()}
         result.params = full if rank == 0 else None
     return result
+
+
+def loss_on_shards(loss_fn: Any, out: Any, target: torch.Tensor) -> tuple[torch.Tensor, float]:
+    """The loss of a strategy program's output and the weight its backward takes: an output
+    split only by its batch (:func:`~shardplan.runtime._dtensor.batch_split`) gives each
+    device the loss of its part of the batch against its part of ``target`` (no gather of
+    the output; the weight is the part's share of the samples, so the gradients' partial
+    sums add up to the whole batch's mean loss, as data parallelism's do); a whole output
+    gives the whole loss, weight 1. Every device of a batch part reports its part's loss:
+    their mean over the ranks is the batch's, the parts being equal."""
+    from torch.distributed.tensor import DTensor, Replicate
+
+    from shardplan.runtime._dtensor import _map, _tensors, batch_split
+
+    split = [t for t in _tensors(out) if isinstance(t, DTensor)]
+    if not split or not all(batch_split(t) and tuple(t.placements) == tuple(split[0].placements)
+                            for t in split):
+        return loss_fn(_map(out, lambda t: t.full_tensor() if isinstance(t, DTensor) else t),
+                       target), 1.0
+    mesh, pl = split[0].device_mesh, split[0].placements
+    y = DTensor.from_local(target, mesh, [Replicate()] * mesh.ndim, run_check=False)
+    y_local = y.redistribute(mesh, pl).to_local()  # a slice: no communication
+    local = _map(out, lambda t: t.to_local() if isinstance(t, DTensor) else t)
+    return loss_fn(local, y_local), y_local.shape[0] / float(target.shape[0])
 
 
 def graph_names(program_names: set[str], names: Mapping[str, str]) -> list[str]:

@@ -80,17 +80,17 @@ import heapq
 import math
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from shardplan.cost import CostModel, _overheads, loss_charge, stage_times
+from shardplan.cost import CostModel, _overheads, stage_times
 from shardplan.cost._collectives import measured_seconds, ring_steps
 from shardplan.cost._pipeline import replica_pairs
 from shardplan.errors import ShardplanError, TimeLimitError
-from shardplan.ir import ExecutionSettings, Graph, Plan, Stage, Topology
+from shardplan.ir import ExecutionSettings, Graph, Plan, Topology
 from shardplan.ir.schedule import (
     BACKWARD,
     BACKWARD_INPUT,
@@ -962,139 +962,74 @@ class _Sim:
             self.advance(self.worker_of[(p, i)])
 
 
-def _first(groups: Any, d: int) -> int:
-    """The first device of the group holding ``d``."""
-    return next(g[0] for g in groups if d in g)
-
-
 def strategy_stage_seconds(plan: Plan, graph: Graph, topology: Topology,
                            settings: ExecutionSettings) -> tuple[np.ndarray, np.ndarray]:
-    """Forward and backward seconds of one micro-batch of every stage of a plan carrying a
-    PaSE ``strategy``: the stage's P devices run its nodes under their configurations.
+    """Forward and backward seconds of one micro-batch on each device of every stage of a
+    plan carrying a PaSE ``strategy``: the stage's P devices run its nodes under their
+    configurations, priced by :func:`shardplan.strategy._price.stage_prices` (the same
+    price PaSE's search uses: compute at the plan's micro-batch and precision, activation
+    collectives and re-shards every micro-batch at their sizes, DTensor overheads, the
+    all-gathers of outputs leaving the stage). Weight gradients are not in these seconds:
+    :func:`simulate` reduces them once per iteration with the plan's gradient
+    synchronisation. O(n + m) per stage."""
+    from shardplan.strategy._price import stage_prices
 
-    Compute is the shared cost model's (:class:`~shardplan.cost.CostModel` at the settings'
-    micro-batch size: measured times, the roofline or the settings' efficiency), each node's
-    split over the devices its configuration uses (the product of its split factors),
-    except what a device pays in full (:meth:`~shardplan.cost.CostModel.unshared_seconds`:
-    dispatch, and reading the part of the weight it holds: the weight is spread over the
-    product of the factors of the space's ``weight`` dimensions), plus the accumulation of
-    its part of the gradients (:attr:`~shardplan.cost.CostModel.accumulation_seconds`); the
-    collectives a configuration needs (activations reduced over a split reduction dimension,
-    weight gradients over batch-like splits) and the re-shards between layers are PaSE's
-    (:mod:`shardplan.strategy._cost_default`: ring all-reduces, or the measured curves, and
-    transfers over the stage's own slowest link, one latency per step, each collective with
-    the devices' measured DTensor collective overhead), priced at the graph's batch and scaled
-    to the micro-batch size. The runtime runs every node on DTensors: each pays the
-    devices' measured DTensor overhead per operator and per byte of the output part a
-    device holds (:func:`~shardplan.cost._overheads.dtensor_op_overhead`,
-    :func:`~shardplan.cost._overheads.dtensor_op_seconds_per_byte`). Ours: the
-    weight-gradient all-reduce is charged every micro-batch (PaSE has none: one micro-batch
-    per iteration prices it exactly). O(n + m) per stage."""
-    from shardplan.strategy._cost_default import DefaultCostModel
-    from shardplan.strategy._cost_pase import Units, layer_cost
-    from shardplan.strategy.tables import graph_spaces
-
-    assert plan.strategy is not None  # the only caller passes plans that carry one
-    k = plan.num_stages
-    fwd, bwd = np.zeros(k), np.zeros(k)
-    scale = settings.batch_scale(graph)
-    cm = CostModel.from_settings(graph, topology, settings)
-    spaces = graph_spaces(graph)
-    for s, st in enumerate(plan.stages):
-        nodes = [int(v) for v in st.nodes]
-        devs = np.asarray(st.devices, dtype=np.int64)
-        part = Topology(name=f"{topology.name}/stage{s}",
-                        devices=tuple(topology.devices[d] for d in devs.tolist()),
-                        bandwidth=topology.bandwidth[np.ix_(devs, devs)],
-                        latency=topology.latency[np.ix_(devs, devs)],
-                        meta={k: v for k, v in topology.meta.items() if k == "collectives"})
-        pase = DefaultCostModel(part, int(devs.size))
-        comm_units = Units(mac=0.0, word=pase.units.word, allreduce=pase.units.allreduce)
-        nf, nb = cm.node_seconds(int(devs[0]))
-        # the loss runs on the whole output on every device (the program returns it whole)
-        loss = loss_charge(cm.graph)
-        config: dict[int, np.ndarray] = {}
-        split = np.ones(cm.graph.num_nodes)  # devices each node's weight is spread over
-        for v in nodes:
-            try:
-                config[v] = np.asarray([plan.strategy[str(v)]], dtype=np.int64)
-            except KeyError:
-                raise ShardplanError(f"the plan's strategy has no configuration for node "
-                                     f"{v}") from None
-            if spaces[v].weight:
-                split[v] = float(np.prod(config[v][0, spaces[v].indices(spaces[v].weight)]))
-        # each device pays the operator's dispatch and reads the weight it holds in full,
-        # and accumulates its part of the gradients
-        fixed_f, fixed_b = cm.unshared_seconds(split, devs.tolist())
-        accumulate = cm.accumulation_seconds / split
-        comp_f = comp_b = comm = 0.0
-        for v in nodes:
-            c = config[v]
-            share = float(np.prod(c))
-            comp_f += float(nf[v]) / share
-            comp_b += float(nb[v]) / share + float(accumulate[v])
-            if share > 1:
-                comp_f += float(fixed_f[v]) * (1.0 - 1.0 / share)
-                comp_b += float(fixed_b[v]) * (1.0 - 1.0 / share)
-                if loss is not None and loss[0] == v:
-                    comp_f += loss[1] * (1.0 - 1.0 / share)
-                    comp_b += loss[2] * (1.0 - 1.0 / share)
-            with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-                comm += float(layer_cost(spaces[v], c, comm_units)[0])
-        # the runtime runs every node on DTensors: their measured overhead per operator,
-        # and per byte of the output part each device holds
-        df, db = _overheads.dtensor_op_overhead(topology, devs.tolist())
-        bf, bb = _overheads.dtensor_op_seconds_per_byte(topology, devs.tolist())
-        local = sum(float(cm.graph.output_bytes[v]) / float(spaces[v].output_parts(config[v])[0])
-                    for v in nodes)
-        comp_f += len(nodes) * df + local * bf
-        comp_b += len(nodes) * db + local * bb
-        inside = set(nodes)
-        gathers = _output_gathers(cm.graph, spaces, config, inside, topology, devs)
-        for e in range(graph.num_edges):
-            u, v = int(graph.src[e]), int(graph.dst[e])
-            if u in inside and v in inside:
-                with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-                    m = pase.edge_cost(spaces[u], spaces[v], u, config[u], config[v],
-                                       float(graph.edge_bytes[e]))
-                if m is not None:
-                    comm += float(np.asarray(m).reshape(-1)[0])
-        total_b = comm * scale
-        share_f = comp_f / (comp_f + comp_b) if comp_f + comp_b > 0 else 1.0 / 3.0
-        fwd[s] = comp_f + total_b * share_f + gathers
-        bwd[s] = comp_b + total_b * (1.0 - share_f)
-    return fwd, bwd
+    assert plan.strategy is not None  # the only callers pass plans that carry one
+    prices = stage_prices(plan, graph, topology, settings)
+    return (np.array([p["forward"] for p in prices]),
+            np.array([p["backward"] for p in prices]))
 
 
-def _output_gathers(graph: Graph, spaces: Any, config: dict[int, np.ndarray],
-                    inside: set[int], topology: Topology, devs: np.ndarray) -> float:
-    """Forward seconds of one micro-batch's all-gathers of a strategy stage's outputs: the
-    runtime's program returns whole tensors (to the loss, or to the next stage's devices),
-    so every node of the stage whose output leaves it (an edge to another stage, or none at
-    all: the model's output) and is split over ``q > 1`` devices by its configuration is
-    all-gathered over ``q`` of the stage's devices (the measured all-gather curve of that
-    group size, else the ring over their links:
-    :func:`~shardplan.cost._collectives.collective_seconds`; plus the devices' measured
-    DTensor collective overhead:
-    :func:`~shardplan.cost._overheads.dtensor_collective_overhead`), at the graph's
-    (micro-batch) output bytes. Its backward takes the gradient's local slice: no
-    communication. O(n + m).
-    """
-    from shardplan.cost._collectives import collective_seconds
+def _strategy_stage_times(st: Any, strat: dict[str, Any], cm: CostModel, a_pos: np.ndarray,
+                          k: int, order: Sequence[int], topology: Topology) -> Any:
+    """``st`` (priced on what each device holds) with the strategy's seconds on every
+    device of each stage, the gradient bytes of the stages' rings, and whole tensors between
+    stages: each device sends the whole activation to its counterpart in the next stage, as
+    the hybrid runtime does. O(S R + messages)."""
+    from shardplan.cost._pipeline import _messages, ring_collectives, stage_traffic
 
-    leaves = {int(u) for u, v in zip(graph.src.tolist(), graph.dst.tolist(), strict=True)
-              if int(u) in inside and int(v) not in inside}
-    has_out = np.zeros(graph.num_nodes, dtype=bool)
-    has_out[graph.src] = True
-    leaves |= {v for v in inside if not has_out[v]}
-    total = 0.0
-    for v in sorted(leaves):
-        q = min(int(round(float(spaces[v].output_parts(config[v])[0]))), int(devs.size))
-        nbytes = float(graph.output_bytes[v])
-        if q > 1 and nbytes > 0:
-            total += float(collective_seconds(topology, "allgather", devs[:q], nbytes)) \
-                + _overheads.dtensor_collective_overhead(topology, devs[:q].tolist())
-    return total
+    mask = st.devices >= 0
+    fwd = np.asarray(strat["forward"])[list(order)]
+    bwd = np.asarray(strat["backward"])[list(order)]
+    grads = np.bincount(a_pos, weights=cm.graph.param_bytes.astype(np.float64), minlength=k)
+    reps = st.replicas
+    ar = np.zeros(k)
+    for s in range(k):
+        r = int(reps[s])
+        if r > 1 and grads[s] > 0:
+            ring = st.devices[s:s + 1, :r]
+            ar[s] = float(ring_collectives(topology, "allreduce", ring, grads[s:s + 1],
+                                           cm.inverse_bandwidth)[0])
+    tb, tt = stage_traffic(cm.graph, a_pos, k)
+    whole = tb * np.maximum(reps[:, None], reps[None, :])
+    msgs = _messages(whole, tt, st.devices, reps, topology.latency, cm.inverse_bandwidth)
+    return dataclasses.replace(st, forward=np.where(mask, fwd[:, None], 0.0),
+                               backward=np.where(mask, bwd[:, None], 0.0),
+                               param_bytes=grads, allreduce=ar, messages=msgs)
+
+
+def _strategy_engine_inputs(plan: Plan, graph: Graph, topology: Topology,
+                            settings: ExecutionSettings) -> dict[str, Any]:
+    """What the engine needs to run a strategy plan with each stage's devices as its
+    replicas: per stage its seconds, the graph whose parameter bytes are what each node's
+    gradient adds to its stage's ring (:meth:`~shardplan.strategy._price.StagePricer.
+    sync_bytes`: an all-batch configuration adds its whole gradient, as data parallelism
+    does), and the graph of what one device holds (its part of every parameter and of
+    every output). O(n + m) per stage."""
+    from shardplan.strategy._price import stage_prices
+
+    if settings.gradient_sync == "sharded":
+        raise ShardplanError("a strategy plan synchronises gradients with 'end' or "
+                             "'bucketed', not 'sharded'")
+    prices = stage_prices(plan, graph, topology, settings)
+    sync = np.sum([p["sync_bytes"] for p in prices], axis=0)
+    grads = np.sum([p["grad_bytes"] for p in prices], axis=0)
+    outs = np.sum([p["output_bytes"] for p in prices], axis=0)
+    micro = settings.resolve(graph).graph_for(graph)
+    return {"forward": np.array([p["forward"] for p in prices]),
+            "backward": np.array([p["backward"] for p in prices]),
+            "sync": graph.replace(param_bytes=sync),
+            "held": micro.replace(param_bytes=grads, output_bytes=np.rint(outs))}
 
 
 def _sync_chunks(cm: CostModel, assignment: np.ndarray, k: int, settings: ExecutionSettings
@@ -1260,13 +1195,11 @@ def simulate(plan: Plan, graph: Graph, topology: Topology,
         changes["schedule"] = schedule
     settings, _ = settings.override(**changes)
     settings = settings.resolve(graph)
-    groups: tuple[tuple[int, ...], ...] | None = None
     used = sorted({int(d) for stg in plan.stages for d in stg.devices})
+    strat: dict[str, Any] | None = None
     if plan.strategy is not None:  # stages are device groups running PaSE configurations
-        groups = tuple(st.devices for st in plan.stages)
-        per_stage = strategy_stage_seconds(plan, graph, topology, settings)
-        plan = dataclasses.replace(plan, strategy=None, stages=tuple(
-            Stage(st.nodes, (st.devices[0],)) for st in plan.stages))
+        strat = _strategy_engine_inputs(plan, graph, topology, settings)
+        plan = dataclasses.replace(plan, strategy=None)
     view = PipelineView.build(plan, graph, settings, schedule=given)
     sch, order = view.schedule, view.order
     k = plan.num_stages
@@ -1275,21 +1208,25 @@ def simulate(plan: Plan, graph: Graph, topology: Topology,
     a_pos = pos[plan.assignment(graph.num_nodes)]
     devices = [view.stage_devices(p) for p in range(k)]
     cm = CostModel.from_settings(graph, topology, settings)
-    st = stage_times(cm, a_pos, devices, num_stages=k, order=range(k),
+    mem_cm, mem_reps = cm, None
+    if strat is not None:  # each device holds its part of the parameters and outputs
+        mem_cm = dataclasses.replace(cm, graph=strat["held"])
+        cm = CostModel.from_settings(strat["sync"], topology, settings)
+    st = stage_times(mem_cm, a_pos, devices, num_stages=k, order=range(k),
                      in_flight=sch.in_flight())
     reps = st.replicas
-    mem_reps = reps
-    if groups is not None:  # a group's devices run its stage together, in the group's time
-        fwd, bwd = per_stage[0][list(order)], per_stage[1][list(order)]
-        st = dataclasses.replace(st, forward=fwd[:, None], backward=bwd[:, None])
-        mem_reps = np.array([len(groups[order[p]]) for p in range(k)], dtype=np.int64)
+    if strat is None:
+        mem_reps = reps
+    else:  # a group's devices run its stage together, each in the group's time
+        st = _strategy_stage_times(st, strat, cm, a_pos, k, order, topology)
     # total = base + max(activations, step temporaries): the device holds base + the
     # activations (any recomputation buffer, ``acts0``, plus each micro-batch's) and, during
     # its optimizer step, what the temporaries exceed that buffer by
-    empty = cm.memory_breakdown(a_pos, k, in_flight=0, replicas=mem_reps)
+    mem_kw = {} if mem_reps is None else {"replicas": mem_reps}
+    empty = mem_cm.memory_breakdown(a_pos, k, in_flight=0, **mem_kw)
     acts0, temp = empty["activations"], empty["step_temporary"]
     static = empty["total"] - np.maximum(acts0, temp) + acts0
-    per_mb = cm.memory_breakdown(a_pos, k, in_flight=1, replicas=mem_reps)["activations"] - acts0
+    per_mb = mem_cm.memory_breakdown(a_pos, k, in_flight=1, **mem_kw)["activations"] - acts0
     step_extra = np.maximum(temp - acts0, 0.0)
     buckets, units = _sync_chunks(cm, a_pos, k, settings)
     # measured fixed costs (0 and 1 on topologies without them): busy ranks, FSDP gathers,
@@ -1297,10 +1234,10 @@ def simulate(plan: Plan, graph: Graph, topology: Topology,
     layers = np.bincount(a_pos, weights=(graph.param_bytes > 0).astype(np.float64),
                          minlength=k)
     st = _overheads.charge_run_overheads(st, topology, settings.gradient_sync, used, units,
-                                         pipelined=k > 1 or (groups is None and
+                                         pipelined=k > 1 or (strat is None and
                                                              settings.gradient_sync == "end"),
                                          dtensor_layers=layers,
-                                         dtensor_stages=np.full(k, groups is not None))
+                                         dtensor_stages=np.full(k, strat is not None))
     share = None
     if sch.split_backward:
         if settings.gradient_sync == "sharded":
@@ -1327,13 +1264,6 @@ def simulate(plan: Plan, graph: Graph, topology: Topology,
     samples = int(settings.global_batch or m * graph.batch_size)
     intervals = tuple(sorted(sim.intervals, key=lambda iv: (iv.start, iv.device, iv.end)))
     peak = {d: float(sim.mem_peak[d]) for d in devs}
-    if groups is not None:  # every device of a group as busy and as full as the first
-        for grp in groups:
-            if grp[0] not in busy:  # an interleaved schedule runs this stage elsewhere
-                continue
-            for d in grp[1:]:
-                busy[d], peak[d] = busy[grp[0]], peak[grp[0]]
-        devs = tuple(sorted(busy))
     opts = settings.to_dict()
     opts.update(num_microbatches=m, schedule=sch.name,
                 virtual_stages=settings.virtual_stages if sch.name == "interleaved-1f1b"
@@ -1351,8 +1281,6 @@ def simulate(plan: Plan, graph: Graph, topology: Topology,
         optimizer_seconds=float(max(sim.opt_seconds.values())),
         ideal_seconds=float(m * max(per_device.values())),
         intervals=intervals if timeline else (),
-        memory_timeline=tuple(tuple(sim.mem_line[d] if d in sim.mem_line
-                                    else sim.mem_line[_first(groups, d)])
-                              for d in devs) if timeline else (),
+        memory_timeline=tuple(tuple(sim.mem_line[d]) for d in devs) if timeline else (),
         options=opts,
     )

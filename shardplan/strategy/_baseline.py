@@ -14,12 +14,19 @@ from shardplan.ir import Graph, Topology
 from shardplan.registry import Result, take_options
 from shardplan.strategy.pase import devices_of, plan_from_choice
 from shardplan.strategy.spaces import Space
-from shardplan.strategy.tables import build_tables, graph_spaces
+from shardplan.strategy.tables import (
+    build_tables,
+    execution_of,
+    graph_spaces,
+    priced_settings,
+    search_graph,
+)
 
 __all__ = ["DEFAULTS", "closest", "run_baseline"]
 
 DEFAULTS: Mapping[str, Any] = {"devices": None, "cost_model": "pase", "cutoff": None,
-                               "memory_limit": None}
+                               "memory_limit": None, "execution": None,
+                               "loss_on_shards": True}
 
 
 def closest(configs: np.ndarray, want: np.ndarray) -> int:
@@ -48,11 +55,13 @@ def run_baseline(name: str, graph: Graph, topology: Topology, options: Mapping[s
     if graph.num_nodes == 0:
         raise ShardplanError("the graph has no nodes: there is no strategy to choose")
     devices = devices_of(topology, opts["devices"])
+    settings = execution_of(opts["execution"])
     tables = build_tables(graph, devices, cost_model=opts["cost_model"],
                           topology=topology, cutoff=opts["cutoff"],
-                          memory_limit=opts["memory_limit"])
+                          memory_limit=opts["memory_limit"], settings=settings,
+                          loss_on_shards=bool(opts["loss_on_shards"]))
     assert tables is not None
-    spaces = graph_spaces(graph)
+    spaces = graph_spaces(search_graph(graph, opts["cost_model"], settings))
     options_of = candidates if candidates is not None else {None: want}
     costed = {}
     for key, fn in options_of.items():
@@ -64,6 +73,8 @@ def run_baseline(name: str, graph: Graph, topology: Topology, options: Mapping[s
     choice = costed[key][1]
     used = max(int(np.prod(tables.configs[v][choice[v]])) for v in range(graph.num_nodes))
     meta: dict[str, Any] = {"cost_model": tables.cost_model, "devices_used": used}
+    if "sync_exposure" in tables.meta:  # what its objective priced (recomputable)
+        meta["sync_exposure"] = tables.meta["sync_exposure"]
     if candidates is not None:
         meta["choice"] = key
         meta["candidates"] = {str(k): v for k, (v, _) in costed.items()}
@@ -77,4 +88,6 @@ def run_baseline(name: str, graph: Graph, topology: Topology, options: Mapping[s
                             status="feasible",
                             seconds=time.perf_counter() - t0, num_nodes=graph.num_nodes,
                             meta=meta)
+    if opts["cost_model"] == "default":  # the settings its objective prices
+        plan = plan.with_settings(priced_settings(graph, settings))
     return Result(plan, {k: v for k, v in meta.items() if k != "cost_model"})

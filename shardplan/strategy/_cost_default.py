@@ -1,10 +1,9 @@
-"""The ``default`` cost model: the ``pase`` formulas in seconds, fixing what the note lists as the
-prototype's weaknesses.
+"""The communication prices of a device group for PaSE's strategies: the ``pase`` formulas'
+collectives and re-shards in seconds over the group's links, which the simulator's price of a
+strategy (:mod:`shardplan.strategy._price`, the ``default`` cost model) charges.
 
 Differences from :mod:`shardplan.strategy._cost_pase` (paper 004 equation 1 as restated):
 
-* compute at 2 FLOPs per multiply-add on the slowest device of the topology (paper section V:
-  "the peak FLOP ... of the weakest computation node");
 * bytes by dtype (``space.dtype_bytes``) instead of fixed 8-byte words;
 * bandwidth and latency from the topology: a collective over P devices runs at the slowest
   link among devices 0..P-1 (the contiguous block a P-way split would use first) and pays
@@ -16,19 +15,14 @@ Differences from :mod:`shardplan.strategy._cost_pase` (paper 004 equation 1 as r
   the runtime's DTensor program costs between computations beyond the bytes over the link
   and a latency (measured at about 1.4 ms on two CPU processes, where the bytes take
   0.1 ms: the search splits a layer only where that pays);
-* on a measured topology a configuration also pays the devices'
-  ``dtensor_op_seconds_per_byte`` (forward and backward) on the part of the layer's output
-  each device holds: what running an operator on DTensors adds per byte, as the simulator
-  charges a strategy stage (the per-operator part is the same for every configuration and
-  is left out of the search);
 * every edge is counted: an edge whose consumer does not describe the tensor falls back to a
   ``(batch, rest)`` tensor split by each side's batch dimension, the producer's ``rest``
-  by its output's other splits (the consumer reads it whole: a split of the heads feeding
-  an opaque attention is gathered; without this the search split them for free);
-* a memory limit per device rules configurations out (cost infinity): a layer's parameters
-  (x4: weights, gradients and two optimizer moments) plus its output and output gradient,
-  per device, must fit. The limit is per layer, not summed over layers: a global sum would
-  couple all nodes and break the dynamic program's decomposition (noted as a limitation).
+  by its output's other splits (the consumer reads it whole but for the batch: a split of
+  the heads feeding an opaque attention is gathered; without this the search split them
+  for free).
+
+Compute, memory and the per-byte DTensor rate are the simulator's
+(:class:`~shardplan.strategy._price.StagePricer`); this class prices only what moves.
 """
 
 from __future__ import annotations
@@ -38,7 +32,7 @@ import numpy as np
 from shardplan.cost._collectives import curve_seconds
 from shardplan.cost._overheads import dtensor_collective_overhead, dtensor_op_seconds_per_byte
 from shardplan.ir import Topology
-from shardplan.strategy._cost_pase import Units, edge_cost, layer_cost
+from shardplan.strategy._cost_pase import Units, edge_cost
 from shardplan.strategy.spaces import Space
 
 __all__ = ["DefaultCostModel"]
@@ -61,28 +55,30 @@ def _block_min_bandwidth(topology: Topology) -> tuple[np.ndarray, np.ndarray]:
 
 
 class DefaultCostModel:
-    """Seconds per training step on ``topology`` (name ``default``; objective
-    ``pase_seconds``).
+    """Collective and re-shard seconds over the first ``devices`` devices of ``topology``.
 
     Parameters
     ----------
     topology : Topology
-        Devices (FLOP/s, memory) and links (bandwidth, latency).
+        Links (bandwidth, latency), measured collective curves and DTensor overheads.
     devices : int
         Devices the strategy uses (the first ``devices`` of the topology).
-    memory_limit : float, optional
-        Bytes per device; default: the smallest device memory of the topology.
+
+    Attributes
+    ----------
+    units : Units
+        The ``pase`` formulas' units in seconds (``mac`` is the slowest device's seconds
+        per multiply-add at its peak, kept for the formulas' sake; the simulator's price
+        reads compute from the shared cost model instead).
+    collective_overhead : float
+        Measured DTensor collective overhead each collective pays.
+    dtensor_per_byte : float
+        Measured DTensor seconds per output byte (forward plus backward).
     """
 
-    name = "default"
-    objective = "pase_seconds"
-
-    def __init__(self, topology: Topology, devices: int,
-                 memory_limit: float | None = None) -> None:
+    def __init__(self, topology: Topology, devices: int) -> None:
         n = min(devices, topology.num_devices)
         flops = float(np.min(topology.device_flops[:n]))
-        self.memory_limit = float(memory_limit if memory_limit is not None
-                                  else np.min(topology.device_memory[:n]))
         bw, lat = _block_min_bandwidth(topology)
         # P may exceed the topology's device count only through bad input; clamp.
         self._bw = np.concatenate([bw, np.full(max(0, devices - n), bw[-1])])
@@ -122,28 +118,6 @@ class DefaultCostModel:
         self.units = Units(mac=2.0 / flops,
                            word=lambda space: space.dtype_bytes / self.link_bw,
                            allreduce=ar)
-
-    def memory(self, space: Space, configs: np.ndarray) -> np.ndarray:
-        """Bytes per device of every configuration (see the module docstring). O(K d)."""
-        f = np.asarray(configs, dtype=np.float64)
-        per = np.asarray(space.sizes, dtype=np.float64)[None, :] / f
-        if space.kind == "opaque":
-            weight = np.full(f.shape[0], float(space.attrs.get("param_words", 0.0)))
-        elif space.weight:
-            weight = np.prod(per[:, space.indices(list(space.weight))], axis=1)
-            weight = weight * float(space.attrs.get("weight_scale", 1.0))
-        else:
-            weight = np.zeros(f.shape[0])
-        out = float(np.prod(space.output_shape)) if space.output_shape else 0.0
-        return space.dtype_bytes * (4.0 * weight + 2.0 * out / space.output_parts(f))
-
-    def node_cost(self, space: Space, configs: np.ndarray) -> np.ndarray:
-        cost = layer_cost(space, configs, self.units)
-        if self.dtensor_per_byte > 0 and space.output_shape:
-            whole = space.dtype_bytes * float(np.prod(space.output_shape))
-            cost = cost + self.dtensor_per_byte * whole / space.output_parts(configs)
-        over = self.memory(space, configs) > self.memory_limit
-        return np.where(over, np.inf, cost)
 
     def edge_cost(self, src: Space, dst: Space, src_id: int, fs: np.ndarray,
                   ft: np.ndarray, edge_bytes: float) -> np.ndarray:

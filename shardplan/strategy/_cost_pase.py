@@ -79,8 +79,15 @@ def _reshard_words(t: np.ndarray, fs: np.ndarray, ft: np.ndarray) -> Vec:
     return np.maximum(0.0, np.prod(q, axis=-1) - cond * overlap)
 
 
-def layer_cost(space: Space, f: np.ndarray, u: Units) -> Vec:
-    """Cost of every configuration (rows of ``f``) of one layer. O(K d)."""
+def layer_cost(space: Space, f: np.ndarray, u: Units, *, weight_grads: bool = True) -> Vec:
+    """Cost of every configuration (rows of ``f``) of one layer. O(K d).
+
+    ``weight_grads=False`` leaves out the all-reduce of the layer's weight gradient over the
+    devices that split its batch-like dimensions (a GEMM's ``ar(n k, p_m)`` when the space
+    has a ``weight``, an LSTM's, a normalisation's ``ar(d_a, others)``, an opaque
+    operator's): what the simulator charges once per iteration, with the plan's gradient
+    synchronisation, instead of with every micro-batch."""
+    wg = 1.0 if weight_grads else 0.0
     f = np.asarray(f, dtype=np.int64)
     k = f.shape[0]
     sizes = np.asarray(space.sizes, dtype=np.float64)
@@ -101,8 +108,10 @@ def layer_cost(space: Space, f: np.ndarray, u: Units) -> Vec:
         m, n, kk = pdev(a["m"]), pdev(a["n"]), pdev(a["k"])
         pm, pn, pk = fac(a["m"]), fac(a["n"]), fac(a["k"])
         pw = float(a.get("pw", 0))
+        wk = wg if space.weight else 1.0  # a GEMM of two activations: an input's gradient
         return beta * (u.mac * (3 * m * n * kk + 3 * pw * m * n)
-                       + ar(m * n, pk, space) + ar(m * kk, pn, space) + ar(n * kk, pm, space))
+                       + ar(m * n, pk, space) + ar(m * kk, pn, space)
+                       + wk * ar(n * kk, pm, space))
     if kind == "lstm":
         lyr, seq, bat, hid, inp = space.dims[:5]
         L, S = float(sizes[0]), float(sizes[1])  # noqa: N806 - the note's names
@@ -112,7 +121,8 @@ def layer_cost(space: Space, f: np.ndarray, u: Units) -> Vec:
         kk = 2 * pdev([inp])
         pm, pn, pk = fac([seq, bat]), fac([hid]), fac([inp])
         gemm = beta * (u.mac * (3 * m * n * kk + 3 * 3 * m * n)
-                       + ar(m * n, pk, space) + ar(m * kk, pn, space) + ar(n * kk, pm, space))
+                       + ar(m * n, pk, space) + ar(m * kk, pn, space)
+                       + wg * ar(n * kk, pm, space))
         t = np.array([sizes[2], sizes[3]])  # the cell output (B, N)
         fs = np.stack([fac([bat]), fac([hid])], axis=1)
         ft = np.stack([fac([bat]), fac([inp])], axis=1)
@@ -137,7 +147,8 @@ def layer_cost(space: Space, f: np.ndarray, u: Units) -> Vec:
         ax = a["axis"]
         da, pa = pdev([ax]), fac([ax])
         others = fac([d for d in space.dims if d != ax])
-        return u.mac * 16 * e + 4 * ar(e / da, pa, space) + 4 * ar(da, others, space)
+        wk = wg if space.weight else 1.0
+        return u.mac * 16 * e + 4 * ar(e / da, pa, space) + wk * 4 * ar(da, others, space)
     if kind == "softmax":
         ax = a["axis"]
         full = float(sizes[space.index(ax)])
@@ -157,7 +168,7 @@ def layer_cost(space: Space, f: np.ndarray, u: Units) -> Vec:
         # split and its weight gradient is all-reduced, as data parallelism would.
         p = fac([space.batch_dim]) if space.batch_dim else np.ones(k)
         return (u.mac * float(a.get("flops", 0.0)) / 2.0 / p
-                + ar(np.full(k, float(a.get("param_words", 0.0))), p, space))
+                + wg * ar(np.full(k, float(a.get("param_words", 0.0))), p, space))
     raise AssertionError(kind)
 
 
@@ -200,9 +211,11 @@ class PaseCostModel:
         self.units = pase_units(flops, bandwidth)
         self.r = 8.0 * flops / bandwidth
 
-    def node_cost(self, space: Space, configs: np.ndarray) -> np.ndarray:
+    def node_cost(self, space: Space, configs: np.ndarray, node: int | None = None
+                  ) -> np.ndarray:
         return layer_cost(space, configs, self.units)
 
     def edge_cost(self, src: Space, dst: Space, src_id: int, fs: np.ndarray,
-                  ft: np.ndarray, edge_bytes: float) -> np.ndarray | None:
+                  ft: np.ndarray, edge_bytes: float, dst_id: int | None = None
+                  ) -> np.ndarray | None:
         return edge_cost(src, dst, src_id, fs, ft, self.r)

@@ -3,7 +3,8 @@
 Rebuilds the cost tables (:func:`shardplan.strategy.build_tables`) with the devices, cost
 model, cutoff and memory limit the plan recorded, and sums the node and edge costs of the
 configurations its ``strategy`` field names (paper 004, equation 1). Objective names
-``pase_cost`` (the ``pase`` cost model, FLOP-equivalents) or ``pase_seconds`` (``default``).
+``pase_cost`` (the ``pase`` cost model, FLOP-equivalents) or ``iteration_seconds``
+(``default``: the simulator's price under the plan's execution settings).
 """
 
 from __future__ import annotations
@@ -35,7 +36,9 @@ def strategy_cost(plan: Plan, graph: Graph, topology: Topology, **options: Any) 
         len(plan.stages[0].devices) if plan.stages else topology.num_devices
     tables = build_tables(graph, int(devices), cost_model=rec["cost_model"] or
                           str(plan.meta.get("cost_model", "pase")), topology=topology,
-                          cutoff=rec["cutoff"], memory_limit=rec["memory_limit"])
+                          cutoff=rec["cutoff"], memory_limit=rec["memory_limit"],
+                          settings=plan.settings,
+                          exposed=plan.meta.get("sync_exposure"))
     assert tables is not None  # None only when a ``check`` stops the build; none is given
     missing = [v for v in range(graph.num_nodes) if str(v) not in plan.strategy]
     if missing:

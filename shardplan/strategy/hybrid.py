@@ -11,8 +11,8 @@ the group of its stage.
 
 What a per-stage search does not see: tensors arriving from other stages (they arrive whole
 on every device of the stage, so reading them costs no re-shard) and the pipeline's own
-timing; the pipeline objective of the plan is kept as it was, and each stage's strategy cost
-is recorded in the plan's ``hybrid`` entry.
+timing beyond its fill and drain; each stage's strategy cost is recorded in the plan's
+``hybrid`` entry.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from shardplan.errors import ShardplanError
-from shardplan.ir import Graph, Plan, Topology
+from shardplan.ir import Graph, Objective, Plan, Topology
 
 __all__ = ["hybrid_plan", "stage_subgraph", "sub_topology"]
 
@@ -120,9 +120,13 @@ def hybrid_plan(plan: Plan, graph: Graph, topology: Topology | None = None, *,
     Returns
     -------
     Plan
-        The same stages, devices, objective and execution settings, with ``strategy`` and a
-        ``hybrid`` entry (per stage: its strategy's objective, value and status). The status
-        is the worst of the plan's and the stages' searches.
+        The same stages, devices and execution settings, with ``strategy`` and a ``hybrid``
+        entry (per stage: its strategy's objective, value and status; the stages whose
+        search the time limit cut short). The status is the worst of the plan's and the
+        stages' searches. With the ``default`` cost model (the simulator's price, per
+        iteration) the objective is the plan's own: ``iteration_seconds``, the slowest
+        stage's iteration stretched by the pipeline's fill and drain, ``(M + S - 1) / M``;
+        otherwise the pipeline's objective is kept.
 
     Notes
     -----
@@ -141,7 +145,7 @@ def hybrid_plan(plan: Plan, graph: Graph, topology: Topology | None = None, *,
         raise ShardplanError("a hybrid plan's device counts are its stages'")
     t0 = time.perf_counter()
     strategy: dict[str, tuple[int, ...]] = {}
-    report = []
+    report: list[dict[str, Any]] = []
     statuses = [plan.status]
     for s, st in enumerate(plan.stages):
         sub, ids = stage_subgraph(graph, st.nodes)
@@ -149,6 +153,8 @@ def hybrid_plan(plan: Plan, graph: Graph, topology: Topology | None = None, *,
             sub_topology(topology, st.devices)
         left = None if time_limit is None else max(1e-3, time_limit - (time.perf_counter()
                                                                        - t0))
+        if opts.get("cost_model") == "default":  # its outputs leave whole
+            opts.setdefault("loss_on_shards", False)
         res = registry.run("strategy", algorithm, sub, topo, seed=seed, time_limit=left,
                            devices=len(st.devices), **opts)
         got = res.plan.strategy or {}
@@ -159,6 +165,17 @@ def hybrid_plan(plan: Plan, graph: Graph, topology: Topology | None = None, *,
                        "objective": res.plan.objective.name,
                        "value": res.plan.objective.value, "status": res.plan.status})
     status = max(statuses, key=_STATUS_ORDER.index)
+    cut = [r["stage"] for r in report if r["status"] == "timed_out"]
     meta = {**dict(plan.meta), "hybrid": {"strategy": algorithm, "stages": report,
-                                          "search_seconds": time.perf_counter() - t0}}
-    return replace(plan, strategy=strategy, status=status, meta=meta)
+                                          "search_seconds": time.perf_counter() - t0,
+                                          "timed_out_stages": cut}}
+    objective = plan.objective
+    if report and all(r["objective"] == "iteration_seconds" for r in report):
+        # every stage priced as the simulator does, per iteration: the pipeline's
+        # iteration is the slowest stage's M micro-batches plus the S - 1 steps it waits
+        # for the pipeline to fill and drain (GPipe's and 1F1B's (M + S - 1) steps)
+        m = int(plan.settings.microbatches)
+        slowest = max(float(r["value"]) for r in report)
+        objective = Objective("iteration_seconds",
+                              slowest * (m + len(plan.stages) - 1) / m, None)
+    return replace(plan, strategy=strategy, status=status, meta=meta, objective=objective)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -22,7 +23,14 @@ from shardplan.ir import Graph, Objective, Plan, Stage, Topology
 from shardplan.registry import Progress, Result, register, take_options
 from shardplan.strategy._dp import check_finite, greedy_choice, lower_bound, solve
 from shardplan.strategy.spaces import configurations
-from shardplan.strategy.tables import Tables, build_tables, graph_spaces
+from shardplan.strategy.tables import (
+    Tables,
+    build_tables,
+    execution_of,
+    graph_spaces,
+    priced_settings,
+    search_graph,
+)
 
 __all__ = ["data_parallel_rows", "pase", "plan_from_choice", "solve_tables"]
 
@@ -33,6 +41,8 @@ DEFAULTS: Mapping[str, Any] = {
     "cutoff": None,             # default: graph meta pase_cutoff, else 4
     "memory_limit": None,       # bytes per device (default cost model)
     "max_table_bytes": 4e9,     # DP table budget; over it the ordering is refused
+    "execution": None,          # how the plan runs (default cost model): ExecutionSettings
+    "loss_on_shards": True,     # outputs feed a strategy run's loss (False: a hybrid stage)
 }
 
 
@@ -128,9 +138,11 @@ def pase(graph: Graph, topology: Topology, *, options: Mapping[str, Any], seed: 
         Its devices bound ``devices``; the ``default`` cost model reads its FLOP/s, memory
         and links.
     options : mapping
-        ``devices``, ``cost_model`` (``pase`` | ``default``), ``ordering``
+        ``devices``, ``cost_model`` (``pase``: the paper's formulas | ``default``: the
+        simulator's price of the plan, :mod:`shardplan.strategy._price`), ``ordering``
         (``generate-seq`` | ``bfs``), ``cutoff``, ``memory_limit`` (bytes per device),
-        ``max_table_bytes``.
+        ``max_table_bytes``, ``execution`` (the settings the plan runs with, which the
+        ``default`` model prices: micro-batch size and count, precision, gradient sync).
     seed : int
         Recorded only: the search is deterministic.
     time_limit : float, optional
@@ -141,8 +153,8 @@ def pase(graph: Graph, topology: Topology, *, options: Mapping[str, Any], seed: 
     Returns
     -------
     Result
-        Objective ``pase_cost`` (FLOP-equivalents, ``pase`` model) or ``pase_seconds``
-        (``default``); ``lower_bound`` equals the value when optimal.
+        Objective ``pase_cost`` (FLOP-equivalents, ``pase`` model) or
+        ``iteration_seconds`` (``default``); ``lower_bound`` equals the value when optimal.
 
     Notes
     -----
@@ -156,9 +168,12 @@ def pase(graph: Graph, topology: Topology, *, options: Mapping[str, Any], seed: 
         raise ShardplanError("the graph has no nodes: there is no strategy to choose")
     devices = devices_of(topology, opts["devices"])
     deadline = None if time_limit is None else t0 + time_limit
+    settings = execution_of(opts["execution"])
     kw = {"cost_model": opts["cost_model"], "topology": topology, "cutoff": opts["cutoff"],
-          "memory_limit": opts["memory_limit"]}
-    dp_rows = data_parallel_rows(graph, devices, opts["cutoff"])
+          "memory_limit": opts["memory_limit"], "settings": settings,
+          "loss_on_shards": bool(opts["loss_on_shards"])}
+    work = search_graph(graph, opts["cost_model"], settings)
+    dp_rows = data_parallel_rows(work, devices, opts["cutoff"])
     tables = build_tables(graph, devices, **kw, check=None if deadline is None else
                           (lambda: time.perf_counter() > deadline))
     if tables is None:  # out of time before the tables were built: data parallelism
@@ -171,10 +186,42 @@ def pase(graph: Graph, topology: Topology, *, options: Mapping[str, Any], seed: 
                                 seconds=time.perf_counter() - t0, num_nodes=graph.num_nodes,
                                 meta={"cost_model": single.cost_model,
                                       "incumbent": "data-parallel"})
+        if opts["cost_model"] == "default":
+            plan = plan.with_settings(priced_settings(graph, settings))
         return Result(plan, {"tables": "not built"})
     dp_choice = np.array([tables.index_of(v, dp_rows[v][0]) for v in range(graph.num_nodes)],
                          dtype=np.int64)
-    return solve_tables(tables, ordering=opts["ordering"], time_limit=time_limit,
-                        progress=progress, max_table_bytes=float(opts["max_table_bytes"]),
-                        graph_name=graph.name, topology_name=topology.name, seed=seed,
-                        options=options, t0=t0, incumbents={"data-parallel": dp_choice})
+    def run(t: Tables) -> Result:
+        return solve_tables(t, ordering=opts["ordering"], time_limit=time_limit,
+                            progress=progress, max_table_bytes=float(opts["max_table_bytes"]),
+                            graph_name=graph.name, topology_name=topology.name, seed=seed,
+                            options=options, t0=t0, incumbents={"data-parallel": dp_choice})
+
+    res = run(tables)
+    if opts["cost_model"] != "default":
+        return res
+    exposure = tables.meta.get("sync_exposure")
+    if exposure is not None:
+        # under DDP's overlap the exposed share of the gradients' rings is the answer's
+        # own: solve again at the share the answer leaves until the two agree
+        from shardplan.strategy._price import SimulatorCostModel
+
+        model = SimulatorCostModel(graph, topology, devices, settings, opts["memory_limit"],
+                                   loss_on_shards=bool(opts["loss_on_shards"]),
+                                   exposed=exposure)
+        rings = [model.ring_seconds(v, tables.configs[v]) for v in range(graph.num_nodes)]
+        for _ in range(4):
+            mine = model.exposed_of(res.plan.strategy)
+            if abs(mine - exposure) <= 1e-3 or (deadline is not None
+                                                and time.perf_counter() > deadline):
+                break
+            # only the nodes' gradient terms change with the share: the edges stay
+            costs = tuple(c + (mine - exposure) * r
+                          for c, r in zip(tables.node_cost, rings, strict=True))
+            tables = replace(tables, node_cost=costs,
+                             meta={**tables.meta, "sync_exposure": mine})
+            exposure = mine
+            res = run(tables)
+        res = Result(replace(res.plan, meta={**res.plan.meta, "sync_exposure": exposure}),
+                     res.stats)
+    return Result(res.plan.with_settings(priced_settings(graph, settings)), res.stats)

@@ -24,10 +24,11 @@ from typing import Any
 import numpy as np
 
 from shardplan.errors import InvalidFileError, ShardplanError
-from shardplan.ir import Graph, Topology
+from shardplan.ir import ExecutionSettings, Graph, Topology
 from shardplan.strategy.spaces import Space, batch_only, configurations
 
-__all__ = ["TABLES_FORMAT", "Tables", "build_tables", "graph_spaces", "make_cost_model"]
+__all__ = ["TABLES_FORMAT", "Tables", "build_tables", "execution_of", "graph_spaces",
+           "make_cost_model", "priced_settings", "search_graph"]
 
 TABLES_FORMAT = "shardplan.pase-tables/1"
 
@@ -180,19 +181,56 @@ def graph_spaces(graph: Graph) -> list[Space]:
     return out
 
 
+def execution_of(value: Any) -> ExecutionSettings | None:
+    """A strategy search's ``execution`` option: settings, their JSON form, or None."""
+    if value is None or isinstance(value, ExecutionSettings):
+        return value
+    if isinstance(value, Mapping):
+        try:
+            return ExecutionSettings.from_dict(value)
+        except InvalidFileError as exc:
+            raise ShardplanError(str(exc)) from None
+    raise ShardplanError(f"execution must be execution settings, got {value!r}")
+
+
+def priced_settings(graph: Graph, settings: ExecutionSettings | None) -> ExecutionSettings:
+    """The settings the ``default`` model prices a strategy at: ``settings``, else one
+    micro-batch of the graph's batch (what the plan records, so that recomputing its
+    objective prices the same iteration). O(1)."""
+    s = settings if settings is not None else ExecutionSettings(microbatches=1)
+    return s.resolve(graph)
+
+
+def search_graph(graph: Graph, cost_model: str, settings: ExecutionSettings | None) -> Graph:
+    """The graph a strategy search builds its tables on: under the ``default`` model (the
+    simulator's price) the graph at the plan's micro-batch size, its iteration spaces
+    included (default settings: one micro-batch of the graph's batch); the graph itself
+    under ``pase``. O(n + m)."""
+    if cost_model != "default":
+        return graph
+    return priced_settings(graph, settings).graph_for(graph)
+
+
 def make_cost_model(name: str, topology: Topology | None, devices: int,
-                    memory_limit: float | None = None) -> Any:
-    """The cost model called ``name`` (``pase`` or ``default``)."""
+                    memory_limit: float | None = None, *, graph: Graph | None = None,
+                    settings: ExecutionSettings | None = None,
+                    loss_on_shards: bool = True, exposed: float | None = None) -> Any:
+    """The cost model called ``name``: ``pase`` (the paper's formulas, in FLOP-equivalents)
+    or ``default`` (the simulator's price of the plan, :class:`~shardplan.strategy._price.
+    SimulatorCostModel`, which needs the ``graph`` and prices it as ``settings`` run it)."""
     if name == "pase":
         from shardplan.strategy._cost_pase import PaseCostModel
 
         return PaseCostModel()
     if name == "default":
-        from shardplan.strategy._cost_default import DefaultCostModel
+        from shardplan.strategy._price import SimulatorCostModel
         from shardplan.topology import flat
 
-        return DefaultCostModel(topology if topology is not None else flat(devices), devices,
-                                memory_limit)
+        if graph is None:
+            raise ShardplanError("the default cost model prices a graph")
+        return SimulatorCostModel(graph, topology if topology is not None else flat(devices),
+                                  devices, settings, memory_limit,
+                                  loss_on_shards=loss_on_shards, exposed=exposed)
     raise ShardplanError(f"unknown cost model {name!r} (choose pase or default)")
 
 
@@ -200,7 +238,10 @@ def build_tables(graph: Graph, devices: int, *, cost_model: str = "pase",
                  topology: Topology | None = None, cutoff: int | None = None,
                  memory_limit: float | None = None,
                  check: Callable[[], bool] | None = None,
-                 only: Sequence[np.ndarray] | None = None) -> Tables | None:
+                 only: Sequence[np.ndarray] | None = None,
+                 settings: ExecutionSettings | None = None,
+                 loss_on_shards: bool = True, exposed: float | None = None
+                 ) -> Tables | None:
     """Enumerate configurations and evaluate the cost model on every node and edge.
 
     Parameters
@@ -224,6 +265,17 @@ def build_tables(graph: Graph, devices: int, *, cost_model: str = "pase",
         Per node, the configurations to cost (rows of split factors) instead of all of them:
         a strategy's own costs without the whole tables (what a search that ran out of time
         reports). Memory limits are not checked then.
+    settings : ExecutionSettings, optional
+        How the plan runs (``default`` model: micro-batch size and count, precision,
+        gradient synchronisation; default one micro-batch of the graph's batch). The tables
+        are built on the graph at that micro-batch size.
+    loss_on_shards : bool
+        ``default`` model: the graph's outputs feed a strategy run's loss (False: a hybrid
+        stage's, which leave whole).
+    exposed : float, optional
+        ``default`` model under ``bucketed`` sync: the share of the gradients' ring time the
+        backward leaves exposed (:func:`shardplan.strategy._price.exposed_share`; default:
+        data parallelism's). The tables record it (``meta["sync_exposure"]``).
 
     Notes
     -----
@@ -232,7 +284,10 @@ def build_tables(graph: Graph, devices: int, *, cost_model: str = "pase",
     if devices < 1:
         raise ShardplanError(f"devices must be positive, got {devices}")
     cut = int(cutoff if cutoff is not None else graph.meta.get("pase_cutoff", 4))
-    model = make_cost_model(cost_model, topology, devices, memory_limit)
+    model = make_cost_model(cost_model, topology, devices, memory_limit, graph=graph,
+                            settings=settings, loss_on_shards=loss_on_shards,
+                            exposed=exposed)
+    graph = getattr(model, "graph", graph)  # the simulator's model: at the micro-batch size
     spaces = graph_spaces(graph)
     if only is not None:
         configs = [np.asarray(c, dtype=np.int64).reshape(-1, len(s.dims))
@@ -244,7 +299,7 @@ def build_tables(graph: Graph, devices: int, *, cost_model: str = "pase",
         if check is not None and check():
             return None
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            cv = np.asarray(model.node_cost(s, c), dtype=np.float64)
+            cv = np.asarray(model.node_cost(s, c, node=i), dtype=np.float64)
         if only is None and not np.any(np.isfinite(cv)):
             raise ShardplanError(f"no configuration of node {i} ({graph.names[i]!r}) fits the "
                                  f"memory limit")
@@ -256,7 +311,7 @@ def build_tables(graph: Graph, devices: int, *, cost_model: str = "pase",
         u, v = int(graph.src[e]), int(graph.dst[e])
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             m = model.edge_cost(spaces[u], spaces[v], u, configs[u], configs[v],
-                                float(graph.edge_bytes[e]))
+                                float(graph.edge_bytes[e]), dst_id=v)
         if m is not None:
             edges.append((u, v, np.asarray(m, dtype=np.float64)))
     if check is not None and check():
@@ -265,4 +320,5 @@ def build_tables(graph: Graph, devices: int, *, cost_model: str = "pase",
                   objective=model.objective, names=tuple(graph.names),
                   dims=tuple(s.dims for s in spaces), configs=tuple(configs),
                   node_cost=tuple(costs), edges=_merge(edges),
-                  meta={"cutoff": cut})
+                  meta={"cutoff": cut, **({"sync_exposure": model.exposed}
+                                          if getattr(model, "exposed", 1.0) != 1.0 else {})})

@@ -257,40 +257,46 @@ def test_dtensor_overhead_per_byte_is_charged_on_the_output_part_each_device_hol
 
 def test_strategy_stage_communication_is_every_layer_and_reshard_cost_shared_by_passes() -> None:
     """A strategy stage's forward and backward together grow, from an instant network to a
-    real one, by PaSE's layer collectives and re-shards between layers (at the graph's
-    batch, scaled to the micro-batch) plus its output gathers; the backward takes the
-    share of that communication its compute has."""
-    from shardplan.simulate._engine import _output_gathers, strategy_stage_seconds
-    from shardplan.strategy._cost_default import DefaultCostModel
+    real one, by PaSE's layer collectives without the weight gradients' (those are the
+    iteration's gradient sync) and re-shards between layers, at the micro-batch's own
+    sizes (no scaling), plus its output gathers; the backward takes the share of that
+    communication its compute has."""
+    from shardplan.simulate._engine import strategy_stage_seconds
     from shardplan.strategy._cost_pase import Units, layer_cost
+    from shardplan.strategy._price import StagePricer
     from shardplan.strategy.data_parallel import data_parallel_split
-    from shardplan.strategy.tables import graph_spaces
 
     g, _, _ = _alexnet_hybrid()
-    spaces = graph_spaces(g)
     every = tuple(range(g.num_nodes))
+    plan = Plan(g.name, "", "test", (Stage(every, (0, 1, 2, 3)),),
+                Objective("max_stage_seconds", 1.0), strategy={})
+    s = plan.settings.resolve(g)
+    slow = _topo(4)
+    pricer = StagePricer(g, slow, range(4), s)
+    spaces = pricer.spaces  # at the micro-batch size
     # batch-split and replicated layers in turn: every edge between them re-shards
     strategy = {str(v): tuple(int(x) for x in (data_parallel_split(spaces[v], 4) if v % 2
                                               else np.ones(len(spaces[v].dims))))
                 for v in every}
-    plan = Plan(g.name, "", "test", (Stage(every, (0, 1, 2, 3)),),
-                Objective("max_stage_seconds", 1.0), strategy=strategy)
-    s = plan.settings.resolve(g)
-    slow = _topo(4)
+    plan = dataclasses.replace(plan, strategy=strategy)
     fast = dataclasses.replace(slow, bandwidth=np.where(slow.bandwidth > 0, 1e30, 0.0),
                                latency=np.zeros((4, 4)))
     (f0,), (b0,) = strategy_stage_seconds(plan, g, fast, s)
     (f1,), (b1,) = strategy_stage_seconds(plan, g, slow, s)
-    pase = DefaultCostModel(slow, 4)
-    units = Units(mac=0.0, word=pase.units.word, allreduce=pase.units.allreduce)
+    units = Units(mac=0.0, word=pricer.comm.units.word, allreduce=pricer.comm.units.allreduce)
     config = {v: np.asarray([strategy[str(v)]]) for v in every}
-    layers = sum(float(layer_cost(spaces[v], config[v], units)[0]) for v in every)
-    reshards = sum(float(np.asarray(pase.edge_cost(spaces[u], spaces[v], u, config[u],
-                                                   config[v], float(b))).reshape(-1)[0])
-                   for u, v, b in zip(g.src.tolist(), g.dst.tolist(), g.edge_bytes.tolist(),
-                                      strict=True))
-    comm = (layers + reshards) * s.batch_scale(g)
-    gathers = _output_gathers(g, spaces, config, set(every), slow, np.arange(4))
+    layers = sum(float(layer_cost(spaces[v], config[v], units, weight_grads=False)[0])
+                 for v in every)
+    mb = pricer.graph
+    reshards = sum(float(np.asarray(pricer.comm.edge_cost(
+        spaces[u], spaces[v], u, config[u], config[v], float(b))).reshape(-1)[0])
+        for u, v, b in zip(mb.src.tolist(), mb.dst.tolist(), mb.edge_bytes.tolist(),
+                           strict=True))
+    comm = layers + reshards
+    has_out = np.zeros(g.num_nodes, dtype=bool)
+    has_out[g.src] = True
+    gathers = sum(float(pricer.gather_seconds(v, config[v], loss=True)[0])
+                  for v in every if not has_out[v])
     assert reshards > 0 and comm > 0
     assert f1 + b1 - f0 - b0 == pytest.approx(comm + gathers, rel=1e-6)
     assert b1 - b0 == pytest.approx(comm * b0 / (f0 + b0), rel=1e-6)
@@ -300,21 +306,25 @@ def test_dtensor_collective_overhead_is_charged_per_output_gather() -> None:
     """Every all-gather of a strategy stage's split outputs pays the measured per-collective
     overhead once: the forward grows by a whole number of overheads, the same number for
     any overhead, and the stages of AlexNet's hybrid gather something."""
-    from shardplan.simulate._engine import _output_gathers
-    from shardplan.strategy.tables import graph_spaces
+    from shardplan.strategy._price import StagePricer
 
     g, _, plan = _alexnet_hybrid()
-    spaces = graph_spaces(g)
+    s = plan.settings.resolve(g)
+    stage_of = plan.assignment(g.num_nodes)
     counts = []
-    for st in plan.stages:
+    for k, st in enumerate(plan.stages):
         config = {int(v): np.asarray([plan.strategy[str(v)]]) for v in st.nodes}
-        devs = np.asarray(st.devices)
-        base = _output_gathers(g, spaces, config, set(config), _topo(4), devs)
-        per = []
-        for o in (1e-3, 2.5e-3):
-            got = _output_gathers(g, spaces, config, set(config),
-                                  _topo(4, dtensor_collective_overhead_seconds=o), devs)
-            per.append((got - base) / o)
+        leaves = {int(u) for u, v in zip(g.src.tolist(), g.dst.tolist(), strict=True)
+                  if stage_of[u] == k and stage_of[v] != k}
+
+        def gathers(topo: Topology, devices: tuple = st.devices, config: dict = config,
+                    leaves: set = leaves) -> float:
+            pr = StagePricer(g, topo, devices, s)
+            return sum(float(pr.gather_seconds(v, config[v])[0]) for v in leaves)
+
+        base = gathers(_topo(4))
+        per = [(gathers(_topo(4, dtensor_collective_overhead_seconds=o)) - base) / o
+               for o in (1e-3, 2.5e-3)]
         assert per[0] == pytest.approx(round(per[0])) and per[1] == pytest.approx(per[0])
         counts.append(round(per[0]))
     assert max(counts) >= 1

@@ -11,8 +11,11 @@ from shardplan.simulate import simulate
 
 
 def _graph() -> Graph:
-    return Graph.from_arrays(name="g", batch_size=4, fwd_flops=[1e9, 2e9, 3e9], src=[0, 1],
-                             dst=[1, 2], output_bytes=[1000, 1000, 4000])
+    g = Graph.from_arrays(name="g", batch_size=4, fwd_flops=[1e9, 2e9, 3e9], src=[0, 1],
+                          dst=[1, 2], output_bytes=[1000, 1000, 4000])
+    last = {"kind": "elementwise", "dims": [["b", 4], ["n", 250]], "output": [["b"], ["n"]],
+            "output_shape": [4, 250], "inputs": {"1": [["b"], []]}}
+    return g.replace(spaces=(None, None, last))
 
 
 def _topo(gather_seconds: float | None) -> Topology:
@@ -33,9 +36,13 @@ def _seconds(last: list[int], gather: float | None) -> float:
 
 
 def test_a_split_model_output_is_gathered_whole_every_microbatch() -> None:
-    """The program returns whole outputs (the loss reads them): a model output split over
-    the stage's 2 devices costs one all-gather per micro-batch, by the measured curve."""
-    slow, fast = _seconds([2], 0.010), _seconds([2], 0.004)
+    """The program returns whole outputs unless they are split by their batch alone (each
+    device then computes the loss of its part, as data parallelism does): a model output
+    split over the stage's 2 devices on another dimension costs one all-gather per
+    micro-batch, by the measured curve; split by its batch, or not split, nothing."""
+    slow, fast = _seconds([1, 2], 0.010), _seconds([1, 2], 0.004)
     assert slow - fast == pytest.approx(3 * 0.006)
-    whole_slow, whole_fast = _seconds([1], 0.010), _seconds([1], 0.004)  # not split
-    assert whole_slow == pytest.approx(whole_fast)
+    for last in ([2, 1], [1, 1]):  # the batch alone, and not split
+        assert _seconds(last, 0.010) == pytest.approx(_seconds(last, 0.004))
+
+

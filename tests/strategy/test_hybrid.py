@@ -68,7 +68,7 @@ def test_baselines_and_cost_model_options() -> None:
     assert all(len(v) for v in dp.strategy.values())
     topo = build("dgx1")
     mapped = hybrid_plan(base, g, topo, algorithm="pase", options={"cost_model": "default"})
-    assert mapped.meta["hybrid"]["stages"][0]["objective"] == "pase_seconds"
+    assert mapped.meta["hybrid"]["stages"][0]["objective"] == "iteration_seconds"
     sub = sub_topology(topo, [2, 3])
     assert sub.num_devices == 2 and sub.bandwidth[0, 1] == topo.bandwidth[2, 3]
 
