@@ -6,21 +6,25 @@ around it, reads.
 - ``torch``: split points by module path for ``torch.distributed.pipelining.pipeline(module,
   mb_args, split_spec=...)`` (each pipeline stage after the first starts at a module,
   ``SplitPoint.BEGINNING``), the schedule as torch's CSV and its stage-to-rank placement.
-- ``torchtitan``: a ``[parallelism]`` TOML table: ``module_fqns_per_model_part`` (the
-  layers of every model part), degrees, micro-batch size and the schedule CSV (written
-  beside, ``pipeline_parallel_schedule_csv``).
+- ``torchtitan``: a recipe module for current torchtitan (``--module M --config
+  shardplan_plan``: the user's base recipe with the plan's
+  ``pipeline_parallel_module_fqns_per_model_part``, schedule, degrees and batch in tokens),
+  the same as ``--section.option`` flags, and the schedule CSV beside it; or, for torchtitan
+  0.2.x (``ExportOptions(torchtitan_version="0.2")``), the ``[parallelism]`` TOML.
 - ``megatron``: ``--pipeline-model-parallel-layout`` (``E`` embedding, ``t`` transformer
   layer, ``L`` head and loss, ``|`` between stages) and the TP/PP/DP sizes, as arguments.
-- ``deepspeed``: the layer list, the layer boundaries of every stage (DeepSpeed's ``parts``)
-  and the ``partition_method`` that gives them when one does (``uniform``), with the batch
-  settings of its config.
+- ``deepspeed``: the layer list, the layer boundaries of every stage and the
+  ``partition_method`` that gives them (``uniform``; other splits are refused: DeepSpeed
+  takes no explicit boundaries), with the batch settings of its config.
 - ``chrome-trace``: the simulated iteration as Trace Event JSON (Perfetto,
   ``chrome://tracing``): one complete event per stage action on the device's compute track,
   messages on a send track and collectives on their own track.
 
-A plan a format cannot express (a strategy plan to a pipeline format, stages that are not
-consecutive pieces of the program, a layer split between stages where the format places
-whole layers, unequal replica counts) raises one-line :class:`ShardplanError`.
+A stage starting where a format cannot split (inside a module for torch, a layer for the
+others) starts at the nearest place it can, and :attr:`Export.notes` names the nodes moved
+(``ExportOptions(exact=True)`` refuses instead). A plan a format cannot express (a strategy
+plan to a pipeline format, stages that are not consecutive pieces of the program, unequal
+replica counts) raises one-line :class:`ShardplanError`.
 """
 
 from __future__ import annotations
