@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 
-from shardplan.cli._common import add_plan_inputs, load_plan_inputs
+from shardplan.cli._common import add_plan_inputs, load_plan_inputs, note
 from shardplan.cli.simulate import add_simulation_options, simulation_kwargs
 
 __all__ = ["register"]
@@ -14,7 +14,7 @@ __all__ = ["register"]
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add the ``export`` command to ``sub``."""
-    from shardplan.export import FORMATS
+    from shardplan.export import FORMATS, TORCHTITAN_VERSIONS
 
     p = sub.add_parser(
         "export", help="write a plan in the form another tool reads",
@@ -27,21 +27,35 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_plan_inputs(p)
     p.add_argument("--to", required=True, choices=FORMATS, metavar="FORMAT",
                    help=f"one of {', '.join(FORMATS)}")
+    p.add_argument("--exact-split", action="store_true",
+                   help="refuse a plan whose stage starts where the format cannot split "
+                        "(inside a module for torch, a layer for the others) instead of "
+                        "moving that start to the nearest place it can, with a note")
+    p.add_argument("--torchtitan-version", choices=TORCHTITAN_VERSIONS, default="current",
+                   help="current: a recipe module (--module FILE --config shardplan_plan) "
+                        "and FILE.flags; 0.2: the [parallelism] TOML of torchtitan <= 0.2.2")
+    p.add_argument("--torchtitan-base", default="MODULE:FUNCTION", metavar="MODULE:FUNCTION",
+                   help="the recipe of your model that the torchtitan recipe starts from")
     add_simulation_options(p)
     p.add_argument("-o", "--output", required=True, metavar="FILE", help="write it here")
     p.set_defaults(handler=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
-    from shardplan.export import export
+    from shardplan.export import ExportOptions, export
     from shardplan.ir import write_atomic
 
     plan, graph, topology = load_plan_inputs(args)
     kw = simulation_kwargs(args, plan, graph)
-    csv_path = args.output + ".schedule.csv"
+    # absolute: torchtitan opens the path from the folder it runs in
+    options = ExportOptions(exact=args.exact_split, torchtitan_version=args.torchtitan_version,
+                            torchtitan_base=args.torchtitan_base,
+                            schedule_csv=os.path.abspath(args.output + ".schedule.csv"),
+                            output_name=os.path.basename(args.output))
     out = export(plan, graph, topology, args.to, settings=kw["settings"],
-                 schedule=kw.get("schedule"),
-                 schedule_csv=os.path.basename(csv_path))
+                 schedule=kw.get("schedule"), options=options)
+    for line in out.notes:
+        note(line)
     for suffix, text in out.beside.items():
         write_atomic(args.output + suffix, text)
     write_atomic(args.output, out.text)

@@ -7,25 +7,37 @@ from collections.abc import Callable
 from typing import Any
 
 from shardplan.errors import ShardplanError
-from shardplan.export import EXPORT_FORMAT, Export, torch_schedule_name
+from shardplan.export import EXPORT_FORMAT, Export, ExportOptions, torch_schedule_name
 from shardplan.export._layers import PipelineParts, pipeline_parts
 from shardplan.ir import ExecutionSettings, Graph, Plan, Topology
 
 __all__ = ["EXPORTERS"]
 
 
-def _common(plan: Plan, graph: Graph, settings: ExecutionSettings, schedule: Any, fmt: str
-            ) -> tuple[PipelineParts, Any, int]:
-    """The pipeline parts, the schedule run and the replica count every stage shares."""
+def _common(plan: Plan, graph: Graph, settings: ExecutionSettings, schedule: Any, fmt: str,
+            *, unit: str = "layer", exact: bool = False
+            ) -> tuple[PipelineParts, Any, int, list[str]]:
+    """The pipeline parts, the schedule run, the replica count every stage shares and the
+    notes (what moved, how the schedule was placed)."""
+    from shardplan.ir.schedule import interleaved_1f1b
     from shardplan.simulate import PipelineView
 
-    parts = pipeline_parts(plan, graph, fmt)
+    parts = pipeline_parts(plan, graph, fmt, unit=unit, exact=exact)
     reps = {len(st.devices) for st in plan.stages}
     if len(reps) > 1:
         raise ShardplanError(f"{fmt} gives every stage the same data-parallel degree, and the "
                              f"plan's stages have {sorted(reps)} replicas")
-    view = PipelineView.build(plan, graph, settings, schedule=schedule)
-    return parts, view.schedule, reps.pop()
+    notes = list(parts.moved)
+    sch = PipelineView.build(plan, graph, settings, schedule=schedule).schedule
+    k = plan.num_stages
+    if schedule is None and sch.num_ranks < k:
+        # A plan gives every stage devices of its own; the simulator's interleaving (v stages
+        # per rank on k / v ranks) would leave the other stages' devices without a rank.
+        notes.append(f"the plan places its {k} stages on devices of their own: exported as "
+                     f"{k} ranks of one stage each (torch's Interleaved1F1B order), not the "
+                     f"simulated {k // sch.num_ranks} stages on each of {sch.num_ranks} rank(s)")
+        sch = interleaved_1f1b(k, 1, sch.num_microbatches)
+    return parts, sch, reps.pop(), notes
 
 
 def _per_replica(settings: ExecutionSettings, replicas: int, fmt: str) -> int:
@@ -41,8 +53,9 @@ def _dumps(obj: Any) -> str:
 
 
 def _torch(plan: Plan, graph: Graph, topology: Topology, settings: ExecutionSettings,
-           schedule: Any) -> Export:
-    parts, sch, reps = _common(plan, graph, settings, schedule, "torch")
+           schedule: Any, opts: ExportOptions) -> Export:
+    parts, sch, reps, notes = _common(plan, graph, settings, schedule, "torch", unit="module",
+                                      exact=opts.exact)
     spec = {path: "BEGINNING" for path in parts.starts}
     code = ("from torch.distributed.pipelining import SplitPoint, pipeline\n"
             "split_spec = {" + ", ".join(f"{p!r}: SplitPoint.BEGINNING" for p in parts.starts)
@@ -53,45 +66,126 @@ def _torch(plan: Plan, graph: Graph, topology: Topology, settings: ExecutionSett
            "schedule": torch_schedule_name(sch.name, sch.num_stages // sch.num_ranks),
            "schedule_csv": sch.to_text(), "microbatches": sch.num_microbatches,
            "microbatch_size": settings.microbatch_size,
-           "stage_modules": [list(s) for s in parts.stage_layers], "python": code}
-    return Export("torch", _dumps(out))
+           "stage_modules": [list(s) for s in parts.stage_layers], "moved": notes,
+           "python": code}
+    return Export("torch", _dumps(out), notes=tuple(notes))
 
 
 def _toml_list(items: list[Any]) -> str:
     return "[" + ", ".join(json.dumps(x) for x in items) + "]"
 
 
+def _seq_len(graph: Graph) -> int | None:
+    """The sequence length of a token model's input (the first input of shape (batch,
+    sequence) and an integer dtype), or None."""
+    shapes, dtypes = graph.meta.get("input_shapes"), graph.meta.get("input_dtypes")
+    if not shapes or not dtypes or len(shapes[0]) != 2 or "int" not in str(dtypes[0]):
+        return None
+    return int(shapes[0][1])
+
+
+_RECIPE = '''"""{title}.
+
+A torchtitan recipe (one config function returning ``Trainer.Config``). Run it from any
+folder, with this file's folder on the import path (PYTHONPATH):
+    torchrun ... -m torchtitan.train --module {module} --config shardplan_plan
+``{flags_name}`` beside it holds the same settings as torchtitan's ``--section.option`` flags.
+Set BASE to your model's recipe (``module:function`` returning ``Trainer.Config``): this
+function takes it and sets the plan's pipeline split, schedule, degrees and batch.
+"""
+
+import importlib
+from pathlib import Path
+
+from torchtitan.trainer import Trainer
+
+BASE = {base}
+# the schedule CSV written beside this file, found from here whatever torchtitan's folder
+SCHEDULE_CSV = str(Path(__file__).resolve().with_name({csv_name}))
+MODULE_FQNS_PER_MODEL_PART = {fqns}
+
+
+def shardplan_plan() -> Trainer.Config:
+    module, _, function = BASE.partition(":")
+    if not module or not function:
+        raise ValueError(f"set BASE in {{__file__}} to your model's recipe, as module:function")
+    config = getattr(importlib.import_module(module), function)()
+    par = config.parallelism
+    par.pipeline_parallel_degree = {pp}
+    par.pipeline_parallel_layers_per_stage = None
+    par.pipeline_parallel_module_fqns_per_model_part = MODULE_FQNS_PER_MODEL_PART
+    par.pipeline_parallel_schedule = {schedule}
+    par.pipeline_parallel_schedule_csv = SCHEDULE_CSV
+    par.num_pp_microbatches = {microbatches}
+    par.data_parallel_replicate_degree = {replicate}
+    par.data_parallel_shard_degree = 1
+    par.tensor_parallel_degree = 1
+    config.training.num_tokens_per_microbatch_per_dp_rank = {tokens_mb}
+    config.training.num_tokens_per_train_step = {tokens_step}
+    return config
+'''
+
+
 def _torchtitan(plan: Plan, graph: Graph, topology: Topology, settings: ExecutionSettings,
-                schedule: Any) -> Export:
-    parts, sch, reps = _common(plan, graph, settings, schedule, "torchtitan")
+                schedule: Any, opts: ExportOptions) -> Export:
+    parts, sch, reps, notes = _common(plan, graph, settings, schedule, "torchtitan",
+                                      exact=opts.exact)
     parts.whole_layers("torchtitan")
     per = _per_replica(settings, reps, "torchtitan")
-    lines = [
-        f"# shardplan export of plan {plan.graph!r} on {plan.topology!r}: {sch.num_stages} "
-        f"stages on {sch.num_ranks} ranks x {reps} replicas, {sch.name}",
-        "[parallelism]",
-        f"pipeline_parallel_degree = {sch.num_ranks}",
-        f"data_parallel_replicate_degree = {reps}",
-        "data_parallel_shard_degree = 1",
-        "tensor_parallel_degree = 1",
-        f"pipeline_parallel_schedule = "
-        f"{json.dumps(torch_schedule_name(sch.name, sch.num_stages // sch.num_ranks))}",
-        'pipeline_parallel_schedule_csv = "SCHEDULE_CSV"',
-        f"pipeline_parallel_microbatch_size = {per}",
-        "module_fqns_per_model_part = [",
-        *(f"    {_toml_list(list(s))}," for s in parts.stage_layers),
-        "]",
-        "",
-        "[training]",
-        f"local_batch_size = {per * sch.num_microbatches}",
-        "",
-    ]
-    return Export("torchtitan", "\n".join(lines), {".schedule.csv": sch.to_text()})
+    name = torch_schedule_name(sch.name, sch.num_stages // sch.num_ranks)
+    title = (f"shardplan export of plan {plan.graph!r} on {plan.topology!r}: {sch.num_stages} "
+             f"stages on {sch.num_ranks} ranks x {reps} replicas, {sch.name}")
+    fqns = [list(s) for s in parts.stage_layers]
+    beside = {".schedule.csv": sch.to_text()}
+    if opts.torchtitan_version == "0.2":
+        lines = [
+            f"# {title}",
+            "[parallelism]",
+            f"pipeline_parallel_degree = {sch.num_ranks}",
+            f"data_parallel_replicate_degree = {reps}",
+            "data_parallel_shard_degree = 1",
+            "tensor_parallel_degree = 1",
+            f"pipeline_parallel_schedule = {json.dumps(name)}",
+            f"pipeline_parallel_schedule_csv = {json.dumps(opts.schedule_csv)}",
+            f"pipeline_parallel_microbatch_size = {per}",
+            "module_fqns_per_model_part = [",
+            *(f"    {_toml_list(s)}," for s in fqns),
+            "]",
+            "",
+            "[training]",
+            f"local_batch_size = {per * sch.num_microbatches}",
+            "",
+        ]
+        return Export("torchtitan", "\n".join(lines), beside, notes=tuple(notes))
+    seq = _seq_len(graph)
+    if seq is None:
+        raise ShardplanError("torchtitan counts a batch in tokens, and the graph's input is "
+                             "not a (batch, sequence) tensor of token ids")
+    tokens_mb, tokens_step = per * seq, per * seq * sch.num_microbatches * reps
+    flags = ["--parallelism.pipeline_parallel_degree", str(sch.num_ranks),
+             "--parallelism.pipeline_parallel_schedule", name,
+             "--parallelism.pipeline_parallel_schedule_csv", opts.schedule_csv,
+             "--parallelism.num_pp_microbatches", str(sch.num_microbatches),
+             "--parallelism.data_parallel_replicate_degree", str(reps),
+             "--parallelism.data_parallel_shard_degree", "1",
+             "--parallelism.tensor_parallel_degree", "1",
+             "--training.num_tokens_per_microbatch_per_dp_rank", str(tokens_mb),
+             "--training.num_tokens_per_train_step", str(tokens_step)]
+    csv_name = opts.schedule_csv.replace("\\", "/").rsplit("/", 1)[-1]
+    module = opts.output_name.removesuffix(".py")
+    text = _RECIPE.format(title=title, module=module, flags_name=f"{opts.output_name}.flags",
+                          base=json.dumps(opts.torchtitan_base), csv_name=json.dumps(csv_name),
+                          fqns=json.dumps(fqns), pp=sch.num_ranks, schedule=json.dumps(name),
+                          microbatches=sch.num_microbatches, replicate=reps,
+                          tokens_mb=tokens_mb, tokens_step=tokens_step)
+    beside[".flags"] = " ".join(flags) + "\n"
+    return Export("torchtitan", text, beside, notes=tuple(notes))
 
 
 def _megatron(plan: Plan, graph: Graph, topology: Topology, settings: ExecutionSettings,
-              schedule: Any) -> Export:
-    parts, sch, reps = _common(plan, graph, settings, schedule, "megatron")
+              schedule: Any, opts: ExportOptions) -> Export:
+    parts, sch, reps, notes = _common(plan, graph, settings, schedule, "megatron",
+                                      exact=opts.exact)
     parts.whole_layers("megatron")
     if parts.block_depth is None:
         raise ShardplanError("megatron's layout counts transformer layers, and the graph has "
@@ -141,9 +235,8 @@ def _megatron(plan: Plan, graph: Graph, topology: Topology, settings: ExecutionS
            "data_parallel_size": reps, "virtual_stages_per_rank": sch.num_stages // sch.num_ranks,
            "pipeline_model_parallel_layout": layout, "num_layers": len(blocks),
            "micro_batch_size": per, "global_batch_size": per * reps * sch.num_microbatches,
-           "layers": {k: kind[k] for k in parts.layers}, "args": args}
-    return Export("megatron", _dumps(out))
-
+           "layers": {k: kind[k] for k in parts.layers}, "moved": notes, "args": args}
+    return Export("megatron", _dumps(out), notes=tuple(notes))
 
 def _uniform_parts(num_items: int, num_parts: int) -> list[int]:
     """DeepSpeed's ``partition_uniform``: equal runs, the remainder one by one from the
@@ -156,8 +249,9 @@ def _uniform_parts(num_items: int, num_parts: int) -> list[int]:
 
 
 def _deepspeed(plan: Plan, graph: Graph, topology: Topology, settings: ExecutionSettings,
-               schedule: Any) -> Export:
-    parts, sch, reps = _common(plan, graph, settings, schedule, "deepspeed")
+               schedule: Any, opts: ExportOptions) -> Export:
+    parts, sch, reps, notes = _common(plan, graph, settings, schedule, "deepspeed",
+                                      exact=opts.exact)
     parts.whole_layers("deepspeed")
     if sch.num_stages != sch.num_ranks:
         raise ShardplanError("deepspeed's PipelineModule runs one stage per rank, and the "
@@ -167,17 +261,21 @@ def _deepspeed(plan: Plan, graph: Graph, topology: Topology, settings: Execution
     for layers in parts.stage_layers:
         bounds.append(bounds[-1] + len(layers))
     per = _per_replica(settings, reps, "deepspeed")
-    uniform = _uniform_parts(len(parts.layers), sch.num_stages) == bounds
+    uniform = _uniform_parts(len(parts.layers), sch.num_stages)
+    if uniform != bounds:
+        # PipelineModule's partition_method is "uniform", "parameters" or "type:REGEX"
+        # (balanced counts of the layers whose class matches); any other string, explicit
+        # boundaries included, raises NotImplementedError in DeepSpeed.
+        raise ShardplanError(f"deepspeed's PipelineModule places layers by partition_method "
+                             f"(uniform, parameters or type:REGEX), not by boundaries, and the "
+                             f"plan's layer boundaries {bounds} are not uniform's {uniform}")
     out = {"format": EXPORT_FORMAT, "to": "deepspeed", "graph": plan.graph,
            "num_stages": sch.num_stages, "layers": list(parts.layers), "parts": bounds,
-           "partition_method": "uniform" if uniform else "parts",
-           "note": "" if uniform else
-           "no built-in partition_method gives these boundaries: set PipelineModule.parts "
-           "to them (layers parts[i]..parts[i+1]-1 on stage i)",
+           "partition_method": "uniform", "moved": notes,
            "ds_config": {"train_batch_size": per * reps * sch.num_microbatches,
                          "train_micro_batch_size_per_gpu": per,
                          "gradient_accumulation_steps": sch.num_microbatches}}
-    return Export("deepspeed", _dumps(out))
+    return Export("deepspeed", _dumps(out), notes=tuple(notes))
 
 
 EXPORTERS: dict[str, Callable[..., Export]] = {

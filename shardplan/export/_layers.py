@@ -21,6 +21,8 @@ from shardplan.ir import Graph, Plan
 
 __all__ = ["PipelineParts", "layer_key", "pipeline_parts"]
 
+UNITS = ("module", "layer")
+
 
 def _block_depth(modules: tuple[str, ...]) -> int | None:
     """The depth of the repeated-block list: the position of the first numeric component
@@ -63,6 +65,11 @@ class PipelineParts:
         prefix of its first node's module whose first node in program order is that node.
     split_layers : tuple of str
         Layers whose nodes lie in more than one stage.
+    block_depth : int or None
+        The depth of the repeated-block list in module paths (:func:`layer_key`).
+    moved : tuple of str
+        One line per stage start that was moved to where the format can split, naming
+        the nodes that changed stage (empty when the plan's split is exported as is).
     """
 
     order: tuple[int, ...]
@@ -72,6 +79,7 @@ class PipelineParts:
     starts: tuple[str, ...]
     split_layers: tuple[str, ...]
     block_depth: int | None
+    moved: tuple[str, ...] = ()
 
     def whole_layers(self, fmt: str) -> None:
         """Raise unless every layer lies in one stage (frameworks that partition layers)."""
@@ -80,9 +88,42 @@ class PipelineParts:
                                  f"layer {self.split_layers[0]!r} between two stages")
 
 
-def pipeline_parts(plan: Plan, graph: Graph, fmt: str) -> PipelineParts:
+def _names(graph: Graph, nodes: list[int], limit: int = 6) -> str:
+    """``'a', 'b' and 3 more``: the first ``limit`` node names of ``nodes``."""
+    shown = ", ".join(repr(graph.names[v]) for v in nodes[:limit])
+    return shown + (f" and {len(nodes) - limit} more" if len(nodes) > limit else "")
+
+
+def _snap(cuts: list[int], allowed: np.ndarray, fmt: str, what: str) -> list[int]:
+    """Each cut (an index into the module-named nodes, ascending) moved to the nearest
+    allowed index (ties: the earlier), keeping the cuts strictly ascending and every piece
+    non-empty; one-line :class:`ShardplanError` when the allowed cuts are too few."""
+    n = len(allowed)
+    places = np.flatnonzero(allowed[1:]) + 1
+    out: list[int] = []
+    for q, cut in enumerate(cuts):
+        lo = out[-1] + 1 if out else 1
+        hi = n - (len(cuts) - q)  # leave a node for every later piece
+        ok = places[(places >= lo) & (places <= hi)]
+        if ok.size == 0:
+            raise ShardplanError(f"{fmt} splits at {what}, and the model has too few of them "
+                                 f"for the plan's {len(cuts) + 1} stages")
+        out.append(int(ok[np.lexsort((ok, np.abs(ok - cut)))[0]]))
+    return out
+
+
+def pipeline_parts(plan: Plan, graph: Graph, fmt: str, *, unit: str = "module",
+                   exact: bool = False) -> PipelineParts:
     """The plan's stages as runs of program order (see the module docstring), or one-line
-    :class:`ShardplanError` naming why ``fmt`` cannot express them. O(n + k log k)."""
+    :class:`ShardplanError` naming why ``fmt`` cannot express them.
+
+    ``unit`` is where ``fmt`` can start a stage: ``"module"`` (torch: where some module
+    path starts) or ``"layer"`` (torchtitan, Megatron, DeepSpeed: where a layer starts). A
+    stage that starts elsewhere (inside a module, or a layer) has its start moved to the
+    nearest place the format can express, counted in module-named nodes (ties: the
+    earlier place), and :attr:`PipelineParts.moved` says which nodes changed stage; with
+    ``exact`` such a plan is refused instead. O(n d + k log k) for module depth d.
+    """
     from shardplan.simulate import stage_order
 
     if plan.strategy is not None:
@@ -103,31 +144,54 @@ def pipeline_parts(plan: Plan, graph: Graph, fmt: str) -> PipelineParts:
         raise ShardplanError(f"{fmt} cuts the program into consecutive pieces, and the plan's "
                              f"stages are not: node {graph.names[bad]!r} "
                              f"({mods[bad]}) runs after a node of a later stage")
+    k = plan.num_stages
+    counts = np.bincount(seq, minlength=k)
+    if np.any(counts == 0):
+        empty = int(np.flatnonzero(counts == 0)[0])
+        raise ShardplanError(f"{fmt} needs modules in every stage, and pipeline stage {empty} "
+                             "holds only module-less operators")
     depth = _block_depth(tuple(mods[v] for v in named))
     first_of: dict[str, int] = {}
     for v in named:
         parts = mods[v].split(".")
         for i in range(1, len(parts) + 1):
             first_of.setdefault(".".join(parts[:i]), v)
-    k = plan.num_stages
+    keys = [layer_key(mods[v], depth) for v in named]
+    if unit == "layer":
+        allowed = np.array([i == 0 or (keys[i] != keys[i - 1] and first_of[keys[i]] == v)
+                            for i, v in enumerate(named)])
+        what = "layer boundaries"
+    else:
+        allowed = np.array([any(first_of[p] == v for p in _prefixes(mods[v])) for v in named])
+        what = "module starts"
+    cuts = [int(c) for c in np.cumsum(counts)[:-1]]
+    moved: list[str] = []
+    if not all(allowed[c] for c in cuts):
+        q = next(q for q, c in enumerate(cuts) if not allowed[c])
+        v = named[cuts[q]]
+        if exact:
+            raise ShardplanError(f"{fmt} splits at {what}, and pipeline stage {q + 1} starts "
+                                 f"inside one, at node {graph.names[v]!r} ({mods[v]})")
+        new = _snap(cuts, allowed, fmt, what)
+        for q, (old, cut) in enumerate(zip(cuts, new, strict=True)):
+            if old == cut:
+                continue
+            lo, hi = min(old, cut), max(old, cut)
+            src, dst = (q + 1, q) if cut > old else (q, q + 1)
+            moved.append(f"{fmt} splits at {what}: nodes {_names(graph, named[lo:hi])} move "
+                         f"from pipeline stage {src} to {dst}")
+        cuts = new
+        seq = np.repeat(np.arange(k), np.diff([0, *cuts, len(named)]))
     nodes = tuple(tuple(v for v, p in zip(named, seq.tolist(), strict=True) if p == q)
                   for q in range(k))
-    if any(not n for n in nodes):
-        empty = next(q for q in range(k) if not nodes[q])
-        raise ShardplanError(f"{fmt} needs modules in every stage, and pipeline stage {empty} "
-                             "holds only module-less operators")
     starts = []
     for q in range(1, k):
         v = nodes[q][0]
-        parts = mods[v].split(".")
-        path = next(".".join(parts[:i]) for i in range(1, len(parts) + 1)
-                    if first_of[".".join(parts[:i])] == v)
-        starts.append(path)
+        starts.append(next(p for p in _prefixes(mods[v]) if first_of[p] == v))
     layers: list[str] = []
     owners: dict[str, set[int]] = {}
     stage_layers: list[list[str]] = [[] for _ in range(k)]
-    for v, p in zip(named, seq.tolist(), strict=True):
-        key = layer_key(mods[v], depth)
+    for key, p in zip(keys, seq.tolist(), strict=True):
         if key not in owners:
             layers.append(key)
             owners[key] = set()
@@ -137,4 +201,11 @@ def pipeline_parts(plan: Plan, graph: Graph, fmt: str) -> PipelineParts:
     split = tuple(key for key in layers if len(owners[key]) > 1)
     return PipelineParts(order=tuple(order), nodes=nodes, layers=tuple(layers),
                          stage_layers=tuple(tuple(s) for s in stage_layers),
-                         starts=tuple(starts), split_layers=split, block_depth=depth)
+                         starts=tuple(starts), split_layers=split, block_depth=depth,
+                         moved=tuple(moved))
+
+
+def _prefixes(module: str) -> list[str]:
+    """``a``, ``a.b``, ``a.b.c`` of ``a.b.c``: shortest first."""
+    parts = module.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts) + 1)]

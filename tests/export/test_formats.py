@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from shardplan.errors import ShardplanError
-from shardplan.export import FORMATS, export
+from shardplan.export import FORMATS, ExportOptions, export
 from shardplan.export._frameworks import _uniform_parts
 from shardplan.ir import Graph, Objective, Plan, Stage, save
 from shardplan.simulate import Schedule, simulate
@@ -30,7 +30,8 @@ def _graph() -> Graph:
     return Graph.from_arrays(name="gpt", fwd_flops=np.full(n, 1e9), src=np.arange(n - 1),
                              dst=np.arange(1, n), output_bytes=np.full(n, 4096),
                              param_bytes=np.full(n, 1024), names=[f"n{i}" for i in range(n)],
-                             ops=_OPS, modules=_MODULES, batch_size=4)
+                             ops=_OPS, modules=_MODULES, batch_size=4,
+                             meta={"input_shapes": [[4, 16]], "input_dtypes": ["int64"]})
 
 
 def _plan(cuts: list[int], replicas: int = 1, **execution) -> Plan:
@@ -64,7 +65,8 @@ def test_torchtitan_megatron_deepspeed() -> None:
     g = _graph()
     topo = build("flat", num_devices=4)
     plan = _plan([3 + 4], replicas=2, microbatches=4)
-    tt = export(plan, g, topo, "torchtitan", schedule_csv="x.csv")
+    tt = export(plan, g, topo, "torchtitan", schedule_csv="x.csv",
+                options=ExportOptions(torchtitan_version="0.2"))
     conf = tomllib.loads(tt.text)["parallelism"]
     assert conf["module_fqns_per_model_part"] == [
         ["tok_emb", "pos_emb", "blocks.0"], ["blocks.1", "blocks.2", "blocks.3", "ln_f", "head"]]
@@ -77,8 +79,9 @@ def test_torchtitan_megatron_deepspeed() -> None:
     assert (mg["tensor_model_parallel_size"], mg["pipeline_model_parallel_size"],
             mg["data_parallel_size"], mg["num_layers"]) == (1, 2, 2, 4)
     assert mg["global_batch_size"] == 16
-    ds = json.loads(export(plan, g, topo, "deepspeed").text)
-    assert ds["parts"] == [0, 3, 8] and ds["partition_method"] == "parts"
+    with pytest.raises(ShardplanError, match=r"boundaries \[0, 3, 8\] are not uniform's "
+                                             r"\[0, 4, 8\]"):
+        export(plan, g, topo, "deepspeed")
     even = json.loads(export(_plan([3 + 4 * 2]), g, topo, "deepspeed").text)
     assert even["parts"] == [0, 4, 8] and even["partition_method"] == "uniform"
 
@@ -89,14 +92,28 @@ def test_uniform_parts_spread_the_remainder_from_the_first() -> None:
 
 
 @pytest.mark.parametrize("plan_cuts, fmt, match", [
-    ([3 + 1], "megatron", "splits layer 'blocks.0'"),
-    ([3 + 1], "deepspeed", "splits layer 'blocks.0'"),
-    ([3 + 1], "torchtitan", "splits layer 'blocks.0'"),
+    ([3 + 1], "megatron", "megatron splits at layer boundaries, and pipeline stage 1 starts "
+                          "inside one, at node 'n4'"),
+    ([3 + 1], "deepspeed", "at layer boundaries.*'n4'"),
+    ([3 + 1], "torchtitan", "at layer boundaries.*'n4'"),
     ([1], "megatron", "embedding on the first"),
 ])
 def test_refusals(plan_cuts: list[int], fmt: str, match: str) -> None:
     with pytest.raises(ShardplanError, match=match):
-        export(_plan(plan_cuts), _graph(), build("flat", num_devices=2), fmt)
+        export(_plan(plan_cuts), _graph(), build("flat", num_devices=2), fmt,
+               options=ExportOptions(exact=True))
+
+
+@pytest.mark.parametrize("fmt", ["megatron", "torchtitan"])
+def test_a_cut_inside_a_layer_moves_to_the_nearest_boundary(fmt: str) -> None:
+    """blocks.0 is nodes 3..6; a cut before node 4 (1 node into it) moves back to node 3
+    (1 node away; node 7 is 3 away), and the note names the node that changed stage."""
+    out = export(_plan([3 + 1]), _graph(), build("flat", num_devices=2), fmt,
+                 options=ExportOptions(torchtitan_version="0.2"))
+    assert out.notes == (f"{fmt} splits at layer boundaries: nodes 'n3' move from pipeline "
+                         "stage 0 to 1",)
+    if fmt == "megatron":
+        assert json.loads(out.text)["pipeline_model_parallel_layout"] == "E|ttttL"
 
 
 def test_refuses_non_consecutive_and_uneven() -> None:
@@ -145,7 +162,7 @@ def test_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     g = _graph()
     topo = build("flat", num_devices=2)
     files = [tmp_path / f for f in ("plan.json", "graph.json", "topo.json")]
-    for obj, f in zip((_plan([3 + 4]), g, topo), files, strict=True):
+    for obj, f in zip((_plan([3 + 4 * 2]), g, topo), files, strict=True):
         save(obj, f)
     args = [str(f) for f in files]
     for fmt in FORMATS:
@@ -154,9 +171,16 @@ def test_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
         assert out.stat().st_size > 0
     assert (tmp_path / "out.torchtitan.schedule.csv").exists()
     capsys.readouterr()
-    bad = _plan([3 + 1])
-    save(bad, files[0])
-    assert run_cli(["export", *args, "--to", "megatron", "-o", str(tmp_path / "m")]) == 2
+    save(_plan([3 + 1]), files[0])  # a stage starting inside blocks.0
+    assert run_cli(["export", *args, "--to", "megatron", "-o", str(tmp_path / "m")]) == 0
+    assert capsys.readouterr().err == ("shardplan: note: megatron splits at layer boundaries: "
+                                       "nodes 'n3' move from pipeline stage 0 to 1\n")
+    assert run_cli(["export", *args, "--to", "deepspeed", "--exact-split", "-o",
+                    str(tmp_path / "t")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "starts inside one, at node 'n4'" in err
+    save(_plan([1]), files[0])  # the embedding off the first stage
+    assert run_cli(["export", *args, "--to", "megatron", "-o", str(tmp_path / "m2")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("shardplan: error: megatron")
-    assert not (tmp_path / "m").exists()
+    assert not (tmp_path / "m2").exists()
