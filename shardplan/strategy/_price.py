@@ -210,17 +210,20 @@ class StagePricer:
 
     def _ring_slope(self) -> float:
         """Seconds per byte of a ring all-reduce over the stage's devices (the bandwidth
-        term only: the ring's latencies are paid once per iteration, whatever the
+        term; its latencies, :attr:`ring_latency`, are paid once per iteration whatever the
         configurations)."""
         from shardplan.cost._collectives import collective_seconds
 
         if self.num_devices <= 1:
+            self.ring_latency = 0.0
             return 0.0
         big = 2.0**30
         ring = np.asarray(self.devices, dtype=np.int64)
         hi = float(collective_seconds(self.topology, "allreduce", ring, big))
-        lo = float(collective_seconds(self.topology, "allreduce", ring, 0.0))
-        return max(hi - lo, 0.0) / big
+        lo = float(collective_seconds(self.topology, "allreduce", ring, 1.0))
+        #: Seconds of a ring all-reduce of one byte over the stage's devices: its latencies.
+        self.ring_latency = lo
+        return max(hi - lo, 0.0) / (big - 1.0)
 
     def sync_seconds(self, price: NodePrice) -> np.ndarray:
         """Seconds the node's gradient adds to the iteration's ring all-reduce. O(K)."""
@@ -341,8 +344,8 @@ class SimulatorCostModel:
     share of it the last backward does not hide, :func:`exposed_share`: data parallelism's
     at first, then the answer's own, PaSE solving again until they agree) and its optimizer
     step; an edge costs ``M`` times
-    its re-shard. On a one-stage plan the sum is the simulated iteration up to the
-    pipeline's and the ring's fixed latencies and what the simulator's events overlap.
+    its re-shard; the ring's latencies are charged once. On a one-stage plan the sum is the
+    simulated iteration up to what the simulator's events overlap.
 
     Parameters
     ----------
@@ -380,6 +383,7 @@ class SimulatorCostModel:
         g = self.pricer.graph
         self._is_output = np.ones(g.num_nodes, dtype=bool)
         self._is_output[g.src] = False
+        self._first = int(g.topological_order[0]) if g.num_nodes else -1
         if self.settings.gradient_sync != "bucketed":
             self.exposed = 1.0
         elif exposed is not None:
@@ -423,6 +427,8 @@ class SimulatorCostModel:
         if self.settings.gradient_sync == "bucketed":
             sync = sync * self.exposed
         cost = m * (price.forward + price.backward) + sync + p.optimizer_seconds(price)
+        if node == self._first:  # the ring's latencies, once (a constant: no choice moves)
+            cost = cost + p.ring_latency
         if self._is_output[node]:  # the loss reads the model's outputs
             cost = cost + m * p.gather_seconds(node, configs, loss=self.loss_on_shards)
         over = p.memory(node, price, configs) > self.memory_limit
