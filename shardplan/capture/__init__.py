@@ -4,8 +4,8 @@
 :class:`~shardplan.ir.Graph` at operator level (one node per aten operator, with forward and
 backward FLOPs, parameter and output bytes, module path) or at module level (one node per
 instance of the module types the user calls atomic). :func:`capture_spec` builds a model of the
-zoo (:mod:`shardplan.workload`) and captures it. This package is the one place, with the
-runtime, that imports torch.
+zoo (:mod:`shardplan.workload`) and captures it. With the workload, the runtime and the
+measurement ranks, it is one of the places that import torch (``docs/architecture.md``).
 """
 
 from __future__ import annotations

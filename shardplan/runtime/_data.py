@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import torch
 
+__all__ = ["chunks", "resize_batch"]
+
 
 def chunks(inputs: tuple[torch.Tensor, ...], target: torch.Tensor, microbatches: int,
            parts: int) -> list[tuple[tuple[torch.Tensor, ...], torch.Tensor]]:
