@@ -24,10 +24,11 @@ demo: $(STAMP)
 	$(VENV)/bin/shardplan demo
 
 # The doctests of the torch-free packages run as a second, separate invocation; modules that
-# import torch at the top (shardplan/capture, shardplan/runtime) are not collected (the
-# measurement worker imports torch inside its functions: its doctests run).
+# import torch at the top (shardplan/capture, shardplan/runtime, shardplan/workload) are not
+# collected (the measurement ranks, shardplan/measure, import torch inside their functions:
+# their doctests run).
 DOCTEST_ARGS := --doctest-modules shardplan --ignore=shardplan/capture \
-	--ignore=shardplan/runtime
+	--ignore=shardplan/runtime --ignore=shardplan/workload
 
 test: $(STAMP)
 	$(PY) -m pytest -q -m "not slow" -n 2 --dist loadfile

@@ -7,7 +7,7 @@ on every rank, then prints, per plan and rank, the simulator's figures next to t
 ones (milliseconds per iteration, medians over the timed steps):
 
 - ``forward``: the model's (or stage's) forward; ``loss``: the loss's forward and backward
-  (the runtime's loss, :func:`shardplan.runtime._data.loss_fn_for`); ``backward``: the
+  (the runtime's loss, :func:`shardplan.workload.loss_fn_for`); ``backward``: the
   autograd backward without the loss's; ``pipelining``: what torch's pipelining schedule
   spends in its forward and backward actions beside the stage's own computation;
   ``p2p``: posting and waiting on stage-to-stage messages (waits include idle time: a

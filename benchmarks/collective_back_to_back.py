@@ -3,7 +3,7 @@
 Two gloo processes (one thread each) all-reduce float32 tensors of each size: timed with a
 barrier before every call (the ranks start together: how the curves were measured until
 stop 29), and as 4 calls one after another (how training issues its collectives, and how
-``topology measure`` now times them: :data:`shardplan.topology._measure_worker.BACK_TO_BACK`).
+``topology measure`` now times them: :data:`shardplan.measure._timing.BACK_TO_BACK`).
 Per call, medians of 12 rounds after 2 warm-up ones. Printed only; writes nothing.
 
 Usage::
@@ -36,7 +36,7 @@ def _rank(rank: int, port: int, out) -> None:
     import torch
     import torch.distributed as dist
 
-    from shardplan.topology._measure_worker import BACK_TO_BACK
+    from shardplan.measure._timing import BACK_TO_BACK
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)

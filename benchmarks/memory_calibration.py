@@ -103,7 +103,7 @@ def _rss_child(spec: str, sizes: dict) -> None:
     import torch
 
     torch.set_num_threads(1)
-    from shardplan.runtime._data import build
+    from shardplan.workload import build
 
     def rss() -> float:
         with open("/proc/self/statm") as fh:

@@ -57,7 +57,8 @@ def _hand(cfg: object, rank: int) -> list[float]:
     from torch import nn
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 
-    from shardplan.runtime._data import batch_for_step, build, chunks, loss_fn_for
+    from shardplan.runtime._data import chunks
+    from shardplan.workload import batch_for_step, build, loss_fn_for
 
     model, inputs, _ = build(cfg.model, batch_size=cfg.chunk_size, seq_len=SEQ)
 

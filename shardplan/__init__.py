@@ -37,8 +37,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
         save,
     )
 
-#: The one place the version is written (pyproject.toml reads it from here).
-__version__ = "0.1.0"
+from shardplan._version import __version__
 
 # A library logs under "shardplan" and leaves handlers to the application (the command line
 # adds one with -v / -q).

@@ -54,7 +54,7 @@ def test_partition_function_survives_its_subpackage_import() -> None:
     assert first.objective.value == second.objective.value
     # Every import form still reaches the subpackage.
     import shardplan.partition as package
-    import shardplan.partition._sharding_search as search
+    import shardplan.partition._sharding_problem as search
     from shardplan.partition import heuristic
 
     assert package.heuristic is heuristic and search.Problem.__name__ == "Problem"

@@ -4,8 +4,8 @@
 :class:`~shardplan.ir.Graph` at operator level (one node per aten operator, with forward and
 backward FLOPs, parameter and output bytes, module path) or at module level (one node per
 instance of the module types the user calls atomic). :func:`capture_spec` builds a model of the
-zoo (:mod:`shardplan.capture.models`) and captures it. This package is the one place, with the
-runtime, that imports torch.
+zoo (:mod:`shardplan.workload`) and captures it. With the workload, the runtime and the
+measurement ranks, it is one of the places that import torch (``docs/architecture.md``).
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ def capture(
         ``progress(stage, done, total)`` while FLOPs are counted and operators profiled.
     loss : str
         The model spec whose training loss ``profile`` also times
-        (:func:`shardplan.runtime._data.loss_fn_for`; ``""``: cross-entropy on logits),
+        (:func:`shardplan.workload.loss_fn_for`; ``""``: cross-entropy on logits),
         recorded in ``meta["loss"]`` (:mod:`shardplan.capture._loss`) and charged to the node
         producing the model's output by the cost model.
 
@@ -116,7 +116,7 @@ def capture(
     import torch
 
     from shardplan.capture._export import capture_ops, export_model, ops_to_graph
-    from shardplan.capture.models import OutputSelector, normalize_inputs
+    from shardplan.workload._common import OutputSelector, normalize_inputs
 
     atomic_names = _atomic_list(atomic)
     _check_options(granularity, atomic_names, mode)
@@ -210,15 +210,15 @@ def capture_spec(
 
 def build_model(spec: str, *, batch_size: int = 8, seq_len: int = 128,
                 image_size: int | None = None) -> tuple[Any, tuple[Any, ...], str]:
-    """Build ``(model, example_inputs, name)``; see :func:`shardplan.capture.models.build_model`."""
-    from shardplan.capture.models import build_model as _build
+    """Build ``(model, example_inputs, name)``; see :func:`shardplan.workload.zoo.build_model`."""
+    from shardplan.workload.zoo import build_model as _build
 
     return _build(spec, batch_size=batch_size, seq_len=seq_len, image_size=image_size)
 
 
 def list_models() -> list[str]:
-    """The zoo's model names; see :func:`shardplan.capture.models.list_models`."""
-    from shardplan.capture.models import list_models as _list
+    """The zoo's model names; see :func:`shardplan.workload.zoo.list_models`."""
+    from shardplan.workload.zoo import list_models as _list
 
     return _list()
 
@@ -233,6 +233,6 @@ def flop_mapping() -> dict[Any, Any]:
 def reference_flops(model: Any, example_inputs: Any) -> tuple[int, int]:
     """Eager ``FlopCounterMode`` totals of one real step; see :mod:`shardplan.capture._flops`."""
     from shardplan.capture._flops import reference_flops as _ref
-    from shardplan.capture.models import normalize_inputs
+    from shardplan.workload._common import normalize_inputs
 
     return _ref(model, normalize_inputs(example_inputs))

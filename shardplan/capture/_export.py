@@ -13,100 +13,30 @@ Placeholders (parameters, buffers, user inputs) and the output are not nodes.
 
 from __future__ import annotations
 
-import contextlib
 import operator
-import os
-import sys
-import tempfile
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 from torch.fx.node import map_arg
-from torch.utils import _pytree as pytree
 
 from shardplan.capture._flops import count_op_flops
-from shardplan.errors import ShardplanError
 from shardplan.ir import Graph
+from shardplan.workload.program import export_model, graph_ops, tensor_bytes
+from shardplan.workload.program import is_buffer_update as _is_buffer_update
+from shardplan.workload.program import kept_ops as _kept
+from shardplan.workload.program import module_stack as _module_stack
+from shardplan.workload.program import node_args as _node_args
+from shardplan.workload.program import op_name as _op_name
+from shardplan.workload.program import strip_prefix as _strip
 
 __all__ = ["OpCapture", "TensorUse", "capture_ops", "export_model", "graph_ops", "ops_to_graph",
            "tensor_bytes"]
 
 Progress = Callable[[str, int, int], None]
 
-
-def tensor_bytes(val: Any) -> int:
-    """Bytes of all tensors in a (possibly nested) value; 0 for non-tensors."""
-    return sum(t.numel() * t.element_size() for t in pytree.tree_leaves(val)
-               if isinstance(t, torch.Tensor))
-
-
-@contextlib.contextmanager
-def _output_held() -> Iterator[list[bytes]]:
-    """Hold what is written to file descriptors 1 and 2 (Python, C++ and torch's loggers
-    alike) in temporary files; the list receives ``[stdout bytes, stderr bytes]`` when the
-    block ends. The descriptors are restored however it ends."""
-    held: list[bytes] = []
-    sys.stdout.flush()
-    sys.stderr.flush()
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        saved = [os.dup(1), os.dup(2)]
-        try:
-            os.dup2(out.fileno(), 1)
-            os.dup2(err.fileno(), 2)
-            yield held
-        finally:
-            with contextlib.suppress(Exception):
-                sys.stdout.flush()
-                sys.stderr.flush()
-            os.dup2(saved[0], 1)
-            os.dup2(saved[1], 2)
-            for fd in saved:
-                os.close(fd)
-            for f in (out, err):
-                f.seek(0)
-                held.append(f.read())
-
-
-def export_model(model: torch.nn.Module, example_inputs: tuple[Any, ...], *,
-                 name: str, dynamic_batch: bool = False) -> torch.export.ExportedProgram:
-    """``torch.export.export(model, example_inputs, strict=False)``, errors made one line.
-
-    With ``dynamic_batch``, the leading dimension of every tensor input is exported as one
-    symbolic size (``torch.export.Dim.DYNAMIC``), so that the program runs at any batch size
-    (the runtime's micro-batches); the example inputs should have at least 2 samples (torch
-    specialises sizes 0 and 1).
-
-    What ``torch.export`` prints while tracing (a failing trace logs the partial program,
-    dozens of lines) is held back: after a success it is passed on unchanged, after a
-    failure dropped, so the failure is the one line of the :class:`ShardplanError` (a model
-    that calls ``sys.exit`` while traced fails the same way)."""
-    dynamic = None
-    if dynamic_batch:
-        dynamic = tuple({0: torch.export.Dim.DYNAMIC}
-                        if isinstance(t, torch.Tensor) and t.dim() > 0 else None
-                        for t in example_inputs)
-    failure: BaseException | None = None
-    with _output_held() as held:
-        try:
-            program = torch.export.export(model, example_inputs, dynamic_shapes=dynamic,
-                                          strict=False)
-        except (Exception, SystemExit) as exc:  # noqa: BLE001 - any failure is the model's
-            failure = exc
-    if failure is not None:
-        if isinstance(failure, SystemExit):
-            raise ShardplanError(f"torch.export could not trace {name!r}: the model called "
-                                 f"sys.exit({failure.code!r})") from None
-        first = (str(failure).strip().splitlines() or [type(failure).__name__])[0]
-        raise ShardplanError(f"torch.export could not trace {name!r}: "
-                             f"{type(failure).__name__}: {first[:300]}") from None
-    for stream, data in zip((sys.stdout, sys.stderr), held, strict=True):
-        if data:
-            stream.write(data.decode("utf-8", "replace"))
-            stream.flush()
-    return program
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,69 +100,6 @@ class OpCapture:
     def __len__(self) -> int:
         return len(self.names)
 
-
-def _op_name(target: Any) -> str:
-    schema = getattr(target, "_schema", None)
-    if schema is not None:
-        return schema.name.split("::")[-1]
-    return getattr(target, "__name__", str(target)).split(".")[-1]
-
-
-def _strip(fqn: str, prefix: str) -> str:
-    if prefix and fqn.startswith(prefix):
-        return fqn[len(prefix):]
-    return "" if prefix and fqn == prefix.rstrip(".") else fqn
-
-
-def _module_stack(node: torch.fx.Node, prefix: str) -> tuple[tuple[str, str], ...]:
-    stack = node.meta.get("nn_module_stack") or {}
-    out: list[tuple[str, str]] = []
-    for value in stack.values():
-        fqn, typ = value if isinstance(value, tuple) else (str(value), "")
-        tname = typ if isinstance(typ, str) else getattr(typ, "__qualname__", str(typ))
-        fqn = _strip(str(fqn), prefix)
-        if prefix and fqn == "" and out:  # the wrapper and the wrapped model share ''
-            out[-1] = (fqn, tname.split(".")[-1])
-            continue
-        out.append((fqn, tname.split(".")[-1]))
-    return tuple(out)
-
-
-def _is_bookkeeping(node: torch.fx.Node) -> bool:
-    """Calls that compute no tensor and feed nothing (assertions, grad-mode switches)."""
-    if node.users:
-        return False
-    val = node.meta.get("val")
-    return not any(isinstance(t, torch.Tensor) for t in pytree.tree_leaves(val))
-
-
-def _is_buffer_update(node: torch.fx.Node, buffers: Mapping[str, str]) -> bool:
-    """In-place updates of buffers that nothing reads (train-mode BatchNorm's
-    ``num_batches_tracked.add_(1)``): state bookkeeping, not computation of the step."""
-    if node.users:
-        return False
-    reads = _node_args(node)
-    return bool(reads) and all(a.op == "placeholder" and a.name in buffers for a in reads)
-
-
-def _kept(calls: Sequence[torch.fx.Node], buffer_of: Mapping[str, str]) -> list[torch.fx.Node]:
-    """The operators that become graph nodes (see the module docstring)."""
-    return [n for n in calls if n.target is not operator.getitem and not _is_bookkeeping(n)
-            and not _is_buffer_update(n, buffer_of)]
-
-
-def graph_ops(ep: torch.export.ExportedProgram, *, module_prefix: str = ""
-              ) -> list[tuple[str, str, str]]:
-    """``(fx name, operator, module)`` of every operator capture makes a graph node of, in
-    program order: what a graph's ``names``, ``ops`` and ``modules`` hold for this program.
-    The runtime matches a graph against the program it exports itself. O(n)."""
-    buffer_of = dict(ep.graph_signature.inputs_to_buffers)
-    calls = [n for n in ep.graph_module.graph.nodes if n.op == "call_function"]
-    out = []
-    for n in _kept(calls, buffer_of):
-        stack = _module_stack(n, module_prefix)
-        out.append((n.name, _op_name(n.target), stack[-1][0] if stack else ""))
-    return out
 
 
 def capture_ops(
@@ -425,12 +292,6 @@ def _used_outputs(node: torch.fx.Node, getitems: set[int]) -> Callable[[int], bo
         return None
     return lambda k: k in getitems
 
-
-def _node_args(node: torch.fx.Node) -> list[torch.fx.Node]:
-    """The fx nodes a node reads, in argument order, each once."""
-    found: dict[torch.fx.Node, None] = {}
-    map_arg((node.args, node.kwargs), lambda a: found.setdefault(a, None))
-    return list(found)
 
 
 def ops_to_graph(cap: OpCapture, *, name: str, batch_size: int,

@@ -1,7 +1,7 @@
 """The training loss's measured cost (``capture --profile``).
 
 A captured graph holds the model's operators; the loss a run computes on the model's output
-(:func:`shardplan.runtime._data.loss_fn_for`: cross-entropy over logits, or the negative log
+(:func:`shardplan.workload.loss_fn_for`: cross-entropy over logits, or the negative log
 of probabilities for models ending in a softmax) is not among them, yet every micro-batch
 pays its forward and backward on the last stage: about 1.5 ms per micro-batch of a small
 language model's logits on one CPU core (``benchmarks/calibration_breakdown.py``). With
@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from shardplan.capture._profile import _mean_seconds
+from shardplan.workload._data import batch_for_step, loss_fn_for
 
 __all__ = ["profile_loss"]
 
@@ -54,11 +55,9 @@ def profile_loss(model: torch.nn.Module, example_inputs: Sequence[Any], output_n
     The forward is timed with autograd recording (as a run computes it), the backward as
     ``torch.autograd.grad`` of the loss with respect to the output (the loss's own backward,
     not the model's). Targets are drawn as the runtime draws them
-    (:func:`~shardplan.runtime._data.batch_for_step`). One thread, as ``profile_ops``.
+    (:func:`~shardplan.workload.batch_for_step`). One thread, as ``profile_ops``.
     O(output size x repeats).
     """
-    from shardplan.runtime._data import batch_for_step, loss_fn_for
-
     was = model.training
     model.eval()  # no buffer updates; the output's shape is the same
     try:

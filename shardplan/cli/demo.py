@@ -119,6 +119,7 @@ def run_demo(out_dir: str | Path, *, model: str = DEFAULT_MODEL, batch_size: int
 
 def _local_run(out: Path, steps: int, say: Any) -> dict[str, Any]:
     """Plan a small model on two measured local processes and train the winner for real."""
+    import shardplan.measure  # noqa: F401 - registers the topology kind 'measure'
     from shardplan.capture import capture_spec
     from shardplan.planner import search
     from shardplan.runtime import config_for_plan, train

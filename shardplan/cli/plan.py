@@ -100,6 +100,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _cluster(text: str) -> Any:
+    import shardplan.measure  # noqa: F401 - registers the topology kind 'measure'
     from shardplan.ir import load_topology
     from shardplan.topology import build
 

@@ -204,6 +204,7 @@ def options_for(args: argparse.Namespace) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     """Handler of ``shardplan topology``."""
+    import shardplan.measure  # noqa: F401 - registers the topology kind 'measure'
     from shardplan.topology import build
 
     if not args.output and not args.json:

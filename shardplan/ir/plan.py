@@ -205,7 +205,7 @@ class Plan:
             out["execution"] = self.execution.to_dict()
         for k, v in self.meta.items():
             out.setdefault(k, v)
-        from shardplan import __version__
+        from shardplan._version import __version__
 
         out["shardplan_version"] = __version__  # the version that wrote the file
         return out

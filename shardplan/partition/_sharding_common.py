@@ -10,7 +10,7 @@ import numpy as np
 from shardplan.cost._sharding import SHARDING_OBJECTIVE, sharding_cost
 from shardplan.errors import ShardplanError
 from shardplan.ir import ExecutionSettings, Graph, Objective, Plan, Stage, Topology
-from shardplan.partition._sharding_search import STARTS, Problem
+from shardplan.partition._sharding_problem import STARTS, Problem
 
 __all__ = ["ACYCLIC_DOC", "SETTING_DEFAULTS", "acyclic_report", "check_bool_option",
            "check_int_option", "check_start", "flat_problem", "make_plan", "num_components",

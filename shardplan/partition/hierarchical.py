@@ -24,7 +24,9 @@ from shardplan.partition._sharding_common import (
     sharding_settings,
     split_deadline,
 )
-from shardplan.partition._sharding_search import Problem, local_search, run_restarts
+from shardplan.partition._sharding_local import local_search
+from shardplan.partition._sharding_problem import Problem
+from shardplan.partition._sharding_search import run_restarts
 from shardplan.registry import Progress, Result, register, take_options
 
 __all__ = ["DEFAULTS", "hierarchical", "hierarchy_groups"]

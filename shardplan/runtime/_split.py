@@ -1,7 +1,7 @@
 """Split an exported program into one ``torch.fx.GraphModule`` per pipeline stage.
 
 A plan names, per stage, the ids of graph nodes; an operator-level graph's node names are the
-fx node names of ``torch.export``'s training-IR program (see :mod:`shardplan.capture._export`),
+fx node names of ``torch.export``'s training-IR program (see :mod:`shardplan.workload.program`),
 so exporting the same model again (at the micro-batch size) and cutting its fx graph by those
 names gives the stage programs. Parameters, buffers and constants are fetched with
 ``get_attr`` under their original fully qualified names: a stage module's ``state_dict`` keys

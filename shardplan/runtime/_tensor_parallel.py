@@ -22,7 +22,8 @@ from torch import nn
 
 from shardplan.runtime import _checkpoint
 from shardplan.runtime._config import RunResult, TrainConfig
-from shardplan.runtime._data import batch_for_step, chunks, loss_fn_for
+from shardplan.runtime._data import chunks
+from shardplan.workload._data import batch_for_step, loss_fn_for
 
 __all__ = ["full_params", "graph_names", "program_shardings", "run_strategy",
            "sync_stage_grads"]

@@ -4,7 +4,7 @@ Used by the local launcher (:mod:`shardplan.runtime._launch`, one spawned proces
 rendezvous through a ``FileStore``), by ``torchrun ... -m shardplan.runtime`` (rendezvous
 from torchrun's environment) and, for ``single``, in the caller's own process.
 
-Every run draws the same data (:func:`~shardplan.runtime._data.batch_for_step`), cuts it into
+Every run draws the same data (:func:`~shardplan.workload.batch_for_step`), cuts it into
 the same chunks (:func:`~shardplan.runtime._data.chunks`) and sets the random state before
 every forward from ``(seed, step, chunk, stage)`` (:func:`~shardplan.runtime._config.mix_seed`),
 so a pipeline equals one process running the same stage modules one after another, dropout
@@ -29,7 +29,8 @@ from torch import nn
 from shardplan.errors import ShardplanError
 from shardplan.runtime import _checkpoint
 from shardplan.runtime._config import RunResult, TrainConfig, mix_seed
-from shardplan.runtime._data import batch_for_step, build, chunks, loss_fn_for, resize_batch
+from shardplan.runtime._data import chunks, resize_batch
+from shardplan.workload._data import batch_for_step, build, loss_fn_for
 
 __all__ = ["RunResult", "init_distributed", "run_config", "run_single"]
 
@@ -129,9 +130,9 @@ def _stage_programs(cfg: TrainConfig, *, probe_batch: int,
     and cut it into the plan's stages, in the pipeline order; then probe the stages at
     ``probe_batch`` samples. Returns ``(model, programs, probes)``; ``names_out`` receives
     the match (graph name -> program name)."""
-    from shardplan.capture._export import graph_ops
-    from shardplan.capture.models import OutputSelector
     from shardplan.runtime._split import match_graph, probe, split_program
+    from shardplan.workload._common import OutputSelector
+    from shardplan.workload.program import graph_ops
 
     batch = max(2, cfg.export_batch)  # torch specialises batch sizes 0 and 1
     model, inputs, name = _build(cfg, batch)
@@ -150,7 +151,7 @@ def _stage_programs(cfg: TrainConfig, *, probe_batch: int,
 def _export(model: nn.Module, inputs: tuple[Any, ...], name: str, run_batch: int) -> Any:
     """The program with a dynamic batch dimension; where torch had to specialise it (a model
     branching on its batch size), a static program exported at ``run_batch`` instead."""
-    from shardplan.capture._export import export_model
+    from shardplan.workload.program import export_model
 
     ep = None
     with contextlib.suppress(ShardplanError):

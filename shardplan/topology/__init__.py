@@ -1,4 +1,4 @@
-"""Device topologies: builders for the papers' machines, routing, and measurement.
+"""Device topologies: builders for the papers' machines, and routing.
 
 Every builder returns a validated :class:`~shardplan.ir.Topology` (``shardplan.topology/1``)
 whose ``bandwidth``/``latency`` matrices are end-to-end values for every reachable pair;
@@ -13,10 +13,15 @@ kind               builder
 ``mesh2d`` ...     :func:`mesh2d`, :func:`torus2d`, :func:`mesh3d`, :func:`torus3d`
 ``random-blk-1``   :func:`random_blk_1`, :func:`random_blk_2`, :func:`uniform_dist`: paper 002's
                    random heterogeneous topologies (definitions in their docstrings)
-``measure``        :func:`measure`: ping-pong between N local torch.distributed processes
+``measure``        :func:`shardplan.measure.measure`: ping-pong between N local
+                   torch.distributed processes; registered by importing :mod:`shardplan.measure`
 =================  ===========================================================================
 
-Builders are NumPy/SciPy only and fast; only :func:`measure` imports torch (in its ranks).
+Builders are NumPy/SciPy only and fast. Measuring a machine runs the runtime, so it lives
+above it, in :mod:`shardplan.measure`, which registers its builder here
+(:func:`register_builder`): this package imports neither torch, the runtime, the strategy nor
+the capture package (``docs/architecture.md``). GPU cluster presets (issue 36) belong here,
+beside :data:`DEVICE_PRESETS` and :func:`dgx1`.
 
 Examples
 --------
@@ -39,16 +44,15 @@ from shardplan.ir.topology import Topology
 from shardplan.topology._devices import DEVICE_PRESETS, DevicePreset, make_devices
 from shardplan.topology._dgx import DGX1_NVLINKS, dgx1, dgx1_link_counts
 from shardplan.topology._grid import grid_links, mesh2d, mesh3d, torus2d, torus3d
-from shardplan.topology._measure import fit_link, measure
 from shardplan.topology._random import random_blk_1, random_blk_2, uniform_dist
 from shardplan.topology._routing import Routes, path, route, routes_of
 from shardplan.topology._simple import flat, hierarchical
 
 __all__ = [
     "BUILDERS", "DEVICE_PRESETS", "DGX1_NVLINKS", "DevicePreset", "Routes", "build", "dgx1",
-    "dgx1_link_counts", "fit_link", "flat", "grid_links", "hierarchical", "kinds",
-    "make_devices", "measure", "mesh2d", "mesh3d", "path", "random_blk_1", "random_blk_2",
-    "route", "routes_of", "torus2d", "torus3d", "uniform_dist",
+    "dgx1_link_counts", "flat", "grid_links", "hierarchical", "kinds", "make_devices",
+    "mesh2d", "mesh3d", "path", "random_blk_1", "random_blk_2", "register_builder", "route",
+    "routes_of", "torus2d", "torus3d", "uniform_dist",
 ]
 
 #: Topology builders by kind (the names of ``shardplan topology KIND``).
@@ -63,8 +67,26 @@ BUILDERS: dict[str, Callable[..., Topology]] = {
     "random-blk-1": random_blk_1,
     "random-blk-2": random_blk_2,
     "uniform-dist": uniform_dist,
-    "measure": measure,
 }
+
+#: Kinds whose builder a package above this one registers, and that package: named in the
+#: error when the kind is asked for before that package was imported.
+_REGISTERED_BY = {"measure": "shardplan.measure"}
+
+
+def register_builder(kind: str, builder: Callable[..., Topology]) -> None:
+    """Add a builder under ``kind`` (how :mod:`shardplan.measure` adds ``measure``, from above
+    this package); registering the same function again is a no-op.
+
+    Raises
+    ------
+    ShardplanError
+        ``kind`` already names another builder.
+    """
+    have = BUILDERS.get(kind)
+    if have is not None and have is not builder:
+        raise ShardplanError(f"topology kind {kind!r} is already registered")
+    BUILDERS[kind] = builder
 
 
 def kinds() -> list[str]:
@@ -91,6 +113,9 @@ def build(kind: str, **options: Any) -> Topology:
     """
     key = str(kind).replace("_", "-")
     fn = BUILDERS.get(key)
+    if fn is None and key in _REGISTERED_BY:
+        raise ShardplanError(f"topology kind {key!r} is registered by {_REGISTERED_BY[key]}: "
+                             f"import it first")
     if fn is None:
         raise ShardplanError(f"unknown topology kind {kind!r} (choose from "
                              f"{', '.join(BUILDERS)})")

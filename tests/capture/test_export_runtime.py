@@ -11,7 +11,7 @@ pytest.importorskip("torch")
 import torch  # noqa: E402
 
 from shardplan.capture import build_model, capture_spec  # noqa: E402
-from shardplan.capture._export import export_model, graph_ops  # noqa: E402
+from shardplan.workload.program import export_model, graph_ops  # noqa: E402
 
 pytestmark = pytest.mark.torch
 

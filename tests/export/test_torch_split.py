@@ -20,8 +20,9 @@ from shardplan.capture import capture_spec  # noqa: E402
 from shardplan.export import export  # noqa: E402
 from shardplan.ir import Objective, Plan, Stage  # noqa: E402
 from shardplan.runtime import config_for_plan, train  # noqa: E402
-from shardplan.runtime._data import batch_for_step, build, chunks, loss_fn_for  # noqa: E402
+from shardplan.runtime._data import chunks  # noqa: E402
 from shardplan.topology import build as build_topology  # noqa: E402
+from shardplan.workload import batch_for_step, build, loss_fn_for  # noqa: E402
 
 
 def test_exported_split_trains_like_shardplan() -> None:

@@ -16,14 +16,11 @@ from shardplan import registry
 from shardplan.generate import layered
 from shardplan.ir import Graph, Topology
 from shardplan.objectives import evaluate
+from shardplan.partition._sharding_acyclic import allowed_range, make_monotone
 from shardplan.partition._sharding_common import flat_problem
-from shardplan.partition._sharding_search import (
-    allowed_range,
-    initial_assignment,
-    local_search,
-    make_monotone,
-    restart_rng,
-)
+from shardplan.partition._sharding_local import local_search
+from shardplan.partition._sharding_problem import restart_rng
+from shardplan.partition._sharding_starts import initial_assignment
 from shardplan.topology import build
 from tests.partition.test_brute_force import exhaustive_optimum
 

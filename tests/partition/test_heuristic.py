@@ -17,15 +17,15 @@ from shardplan.generate import layered
 from shardplan.ir import Graph
 from shardplan.objectives import evaluate
 from shardplan.partition._sharding_common import flat_problem
-from shardplan.partition._sharding_search import (
+from shardplan.partition._sharding_local import local_search
+from shardplan.partition._sharding_placement import (
     greedy_placement,
     improve_placement,
-    initial_assignment,
-    local_search,
-    restart_rng,
     slot_swap_deltas,
-    swap_deltas,
 )
+from shardplan.partition._sharding_problem import restart_rng
+from shardplan.partition._sharding_starts import initial_assignment
+from shardplan.partition._sharding_swaps import swap_deltas
 from shardplan.topology import build
 
 
@@ -245,7 +245,7 @@ def _greedy_reference(problem, comm: np.ndarray) -> np.ndarray:
 
 @pytest.mark.parametrize("seed", range(8))
 def test_incremental_placement_equals_the_full_recomputation(seed: int) -> None:
-    from shardplan.partition._sharding_search import _SlotCosts
+    from shardplan.partition._sharding_placement import _SlotCosts
 
     rng = np.random.default_rng(seed)
     k, d = int(rng.integers(3, 9)), 10
@@ -279,7 +279,7 @@ def test_incremental_placement_equals_the_full_recomputation(seed: int) -> None:
 def test_incremental_improve_placement_agrees_with_the_dense_one(monkeypatch) -> None:
     """Above 2^25 k^2 D the deltas are kept up to date instead of recomputed; on costs
     without ties both walk the same swaps (forced here on a small instance)."""
-    import shardplan.partition._sharding_search as search
+    import shardplan.partition._sharding_placement as search
 
     rng = np.random.default_rng(3)
     d = 9
@@ -311,7 +311,7 @@ def test_incremental_improve_placement_agrees_with_the_dense_one(monkeypatch) ->
 ])
 def test_cut_points_by_hand(weights, targets, floor, nearest) -> None:
     """The starts' cuts of a topological order (``_runs`` keeps the cheaper of the two)."""
-    from shardplan.partition._sharding_search import cut_points
+    from shardplan.partition._sharding_starts import cut_points
 
     f, c = cut_points(np.asarray(weights, dtype=float), np.asarray(targets, dtype=float))
     assert f.tolist() == floor and c.tolist() == nearest

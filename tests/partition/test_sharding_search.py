@@ -12,8 +12,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import shardplan.partition._sharding_search as search
-from shardplan.partition._sharding_search import Problem, _node_pass, _State, make_monotone
+import shardplan.partition._sharding_local as local
+import shardplan.partition._sharding_moves as moves_mod
+import shardplan.partition._sharding_placement as placement_mod
+import shardplan.partition._sharding_starts as starts
+from shardplan.partition._sharding_acyclic import make_monotone
+from shardplan.partition._sharding_moves import _node_pass, _State
+from shardplan.partition._sharding_problem import Problem, restart_rng
 
 
 def _reference_pass(problem: Problem, st: _State, order: np.ndarray, eps: float) -> int:
@@ -103,11 +108,11 @@ def test_node_pass_makes_the_moves_of_the_scalar_pass(seed: int, screen: bool,
     """Several passes in a row (so that later passes start near a local optimum, where the
     screening drops most nodes); small chunks and candidate batches, so that a pass takes
     many chunks and a chunk several batches."""
-    monkeypatch.setattr(search, "_CHUNK_MIN", 2)
-    monkeypatch.setattr(search, "_CHUNK_MAX", 8)
-    monkeypatch.setattr(search, "_CHUNK_ENTRIES", 64)
+    monkeypatch.setattr(moves_mod, "_CHUNK_MIN", 2)
+    monkeypatch.setattr(moves_mod, "_CHUNK_MAX", 8)
+    monkeypatch.setattr(moves_mod, "_CHUNK_ENTRIES", 64)
     problem, a, placement = _instance(seed)
-    eps = search._eps(problem)
+    eps = local._eps(problem)
     mine, ref = _state(problem, a, placement), _state(problem, a, placement)
     rng = np.random.default_rng(seed)
     total = 0
@@ -136,20 +141,20 @@ def test_screening_drops_nodes_near_a_local_optimum(monkeypatch) -> None:
     g = layered(2000, width=50, seed=0)
     topo = build("hierarchical", shape=(4, 16))
     problem = flat_problem(g, topo, 64)
-    rng = search.restart_rng(0, 0)
-    a0 = search.initial_assignment(problem, "metis", rng, 0, np.arange(64))
-    out = search.local_search(problem, a0, search._placement_start(problem, a0), rng,
-                              swaps=False)
+    rng = restart_rng(0, 0)
+    a0 = starts.initial_assignment(problem, "metis", rng, 0, np.arange(64))
+    out = local.local_search(problem, a0, placement_mod._placement_start(problem, a0), rng,
+                             swaps=False)
     evaluated = []
-    real = search._ranges
+    real = moves_mod._ranges
 
     def counting(lo, length):
         evaluated.append(lo.size)
         return real(lo, length)
 
-    monkeypatch.setattr(search, "_ranges", counting)
+    monkeypatch.setattr(moves_mod, "_ranges", counting)
     st = _state(problem, out.assignment, out.placement)
-    moves, _ = _node_pass(problem, st, rng.permutation(problem.n), search._eps(problem),
+    moves, _ = _node_pass(problem, st, rng.permutation(problem.n), local._eps(problem),
                           None, screen=True)
     assert moves == 0
     # Each chunk lists every node once for the bound (two _ranges calls), and the nodes
@@ -166,7 +171,7 @@ def test_swap_table_takes_the_swaps_of_the_full_recomputation(seed: int, monkeyp
     labels (targets, scales, minimum sizes) that forbid some swaps on half the instances,
     asymmetric costs on half, and the slot costs refreshed every few rounds."""
     from shardplan.generate import layered
-    from shardplan.partition._sharding_search import improve_placement
+    from shardplan.partition._sharding_placement import improve_placement
 
     rng = np.random.default_rng(seed)
     k = int(rng.integers(5, 30))
@@ -183,19 +188,19 @@ def test_swap_table_takes_the_swaps_of_the_full_recomputation(seed: int, monkeyp
                             **kw)
     a = rng.integers(0, k, g.num_nodes)
     p0 = rng.permutation(k)
-    eps = search._eps(problem)
-    monkeypatch.setattr(search, "_DENSE_WORK", 0)  # the kept slot costs on a small k
-    monkeypatch.setattr(search, "_REFRESH_ROUNDS", 5)
+    eps = local._eps(problem)
+    monkeypatch.setattr(placement_mod, "_DENSE_WORK", 0)  # the kept slot costs on a small k
+    monkeypatch.setattr(placement_mod, "_REFRESH_ROUNDS", 5)
     table, moved = improve_placement(problem, a, p0, eps)
-    monkeypatch.setattr(search, "_TABLE_MIN_K", 10 ** 9)  # every round's full table
+    monkeypatch.setattr(placement_mod, "_TABLE_MIN_K", 10 ** 9)  # every round's full table
     full, moved_too = improve_placement(problem, a, p0, eps)
     assert moved and moved_too
     assert np.array_equal(table, full)
     assert problem.objective(a, table) < problem.objective(a, p0)
     # A few rounds only: stopped early, the two agree as well.
-    monkeypatch.setattr(search, "_TABLE_MIN_K", 2)
+    monkeypatch.setattr(placement_mod, "_TABLE_MIN_K", 2)
     short, _ = improve_placement(problem, a, p0, eps, max_rounds=3)
-    monkeypatch.setattr(search, "_TABLE_MIN_K", 10 ** 9)
+    monkeypatch.setattr(placement_mod, "_TABLE_MIN_K", 10 ** 9)
     assert np.array_equal(short, improve_placement(problem, a, p0, eps, max_rounds=3)[0])
 
 
@@ -206,7 +211,7 @@ def test_acyclic_swap_deltas_are_the_monotone_exchanges(seed: int) -> None:
     change of the objective; every other entry (same component, adjacent) is ``inf``. Only
     the nodes that may leave their component enter the pairwise arrays; this holds the
     restriction to the full definition."""
-    from shardplan.partition._sharding_search import swap_deltas
+    from shardplan.partition._sharding_swaps import swap_deltas
 
     problem, a, placement = _instance(seed)
     assert problem.acyclic
@@ -257,7 +262,7 @@ def test_metis_start_of_no_nodes_is_silent(capfd: pytest.CaptureFixture[str]) ->
     cost = np.ones((3, 3)) - np.eye(3)
     problem = Problem.build(np.zeros(0), empty, empty, empty, empty, cost, 3)
     rng = np.random.default_rng(7)
-    out = search._metis(problem, rng, np.arange(3))
+    out = starts._metis(problem, rng, np.arange(3))
     assert out.shape == (0,)
     assert "Cannot" not in capfd.readouterr().out
     fresh = np.random.default_rng(7)

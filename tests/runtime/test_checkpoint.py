@@ -103,7 +103,7 @@ def test_resume_every_kind_and_optimizer(tmp_path) -> None:
 def test_kill_after_checkpoint_then_resume(tmp_path, optimizer, replicas) -> None:
     import torch
 
-    from shardplan.runtime._data import build
+    from shardplan.workload import build
 
     cfg = _config("pipeline", optimizer, replicas)
     killed = str(tmp_path / "killed")
@@ -174,7 +174,7 @@ def test_crafted_metadata_is_refused_without_running(checkpoint, tmp_path) -> No
         pickle.dump({"state": _Payload(marker)}, fh)
     with pytest.raises(ShardplanError, match="refusing checkpoint metadata"):
         _resume(cfg)
-    model = __import__("shardplan.runtime._data", fromlist=["build"]).build(
+    model = __import__("shardplan.workload", fromlist=["build"]).build(
         "mlp", batch_size=2)[0]
     with pytest.raises(ShardplanError, match="refusing checkpoint metadata"):
         load_checkpoint_into(cfg.checkpoint_dir, model)

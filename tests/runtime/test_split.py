@@ -9,17 +9,17 @@ pytest.importorskip("torch")
 import torch  # noqa: E402
 
 from shardplan.capture import capture_spec  # noqa: E402
-from shardplan.capture._export import export_model  # noqa: E402
 from shardplan.errors import ShardplanError  # noqa: E402
 from shardplan.ir import Objective, Plan, Stage  # noqa: E402
 from shardplan.runtime import TrainConfig, config_for_plan, contiguous_plan  # noqa: E402
-from shardplan.runtime._data import build  # noqa: E402
 from shardplan.runtime._split import (  # noqa: E402
     match_graph,
     probe,
     split_program,
     tied_groups,
 )
+from shardplan.workload import build  # noqa: E402
+from shardplan.workload.program import export_model  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -105,7 +105,7 @@ def test_dynamic_batch_program_runs_at_any_batch(spec: str) -> None:
 
 
 def test_graph_matches_the_dynamic_program_by_alignment() -> None:
-    from shardplan.capture._export import graph_ops
+    from shardplan.workload.program import graph_ops
 
     graph = capture_spec(GPT2, batch_size=4, seq_len=8)
     model, inputs, name = build(GPT2, batch_size=4, seq_len=8)

@@ -224,7 +224,7 @@ def test_two_process_subset(tmp_path) -> None:
         assert resumed.params[name][0].equal(want), name
     import torch
 
-    from shardplan.runtime._data import build
+    from shardplan.workload import build
 
     model, _, _ = build(MODELS["transformer"], batch_size=2, seq_len=SEQ)
     assert load_checkpoint_into(ck, model) == STEPS + 2

@@ -41,6 +41,8 @@ RANDOM = ("random-blk-1", "random-blk-2", "uniform-dist")
 
 
 def test_registry_covers_the_contract_kinds() -> None:
+    import shardplan.measure  # noqa: F401 - registers "measure" (built above the runtime)
+
     assert set(CASES) | {"measure"} == set(BUILDERS) == set(kinds())
 
 

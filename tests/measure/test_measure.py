@@ -9,8 +9,8 @@ import pytest
 
 from shardplan.errors import ShardplanError
 from shardplan.ir import load_topology, save
-from shardplan.topology import build, fit_link, measure
-from shardplan.topology._measure import reshard_overhead
+from shardplan.measure import fit_link, measure, reshard_overhead
+from shardplan.topology import build
 
 SMALL = (4, 1 << 16, 1 << 20, 1 << 22)
 COLL = (1 << 12, 1 << 16, 1 << 20)
@@ -55,7 +55,7 @@ def test_reshard_overhead_is_what_the_model_does_not_charge_for_the_bytes() -> N
 ])
 def test_measure_rejects_bad_options_without_starting_processes(
         kwargs, match, monkeypatch: pytest.MonkeyPatch) -> None:
-    from shardplan.topology import _measure
+    from shardplan.measure import _measure
 
     started = []
     monkeypatch.setattr(_measure, "_run", lambda *a, **k: started.append(a) or [])
@@ -193,7 +193,7 @@ def test_typical_seconds_is_a_trimmed_mean_not_a_median() -> None:
     (gloo's small all-reduces here) the median reads the fast mode alone; of ten
     timings, the slowest (a preempted call) and the fastest are dropped; fewer than ten
     keep every timing."""
-    from shardplan.topology._measure_worker import COMM_SAMPLES, typical_seconds
+    from shardplan.measure._timing import COMM_SAMPLES, typical_seconds
 
     bimodal = [0.3e-3] * 6 + [1.8e-3] * 2
     assert typical_seconds(bimodal) == pytest.approx(0.675e-3)
@@ -211,7 +211,7 @@ def test_busy_slowdown_compares_timings_of_the_same_round() -> None:
     slowdown: every round times g = 1 and g = 2 back to back. Medians of whole series taken
     one g after another (the old measurement) read a load that arrived while g = 2 was
     timed as a 2x slowdown."""
-    from shardplan.topology._measure_worker import slowdown_ratios
+    from shardplan.measure._overheads import slowdown_ratios
 
     load = [1.0, 1.0, 2.0, 2.0, 2.0]  # another session starts computing after round 2
     rounds = [{1: 0.03 * f, 2: 0.033 * f, 3: 0.06 * f} for f in load]
@@ -230,8 +230,8 @@ def test_dtensor_overhead_is_measured_on_the_runtimes_sharded_program(monkeypatc
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
+    from shardplan.measure import _programs, _timing
     from shardplan.runtime import _dtensor
-    from shardplan.topology import _measure_worker
 
     calls = []
     real = _dtensor.ShardedProgram.forward
@@ -244,12 +244,12 @@ def test_dtensor_overhead_is_measured_on_the_runtimes_sharded_program(monkeypatc
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         mesh = init_device_mesh("cpu", (1,))
-        got = _measure_worker._dtensor_program(torch, dist, torch.device("cpu"),
-                                               lambda: None, mesh, repeats=2, warmup=1)
+        got = _programs._dtensor_program(torch, dist, torch.device("cpu"),
+                                         lambda: None, mesh, repeats=2, warmup=1)
     finally:
         dist.destroy_process_group()
     # each of the two sizes: a warm-up round and at least 5 timed ones
-    assert len(calls) == 2 * (1 + 5) and calls[0] > 10 * _measure_worker.BLOCKS // 2
+    assert len(calls) == 2 * (1 + 5) and calls[0] > 10 * _timing.BLOCKS // 2
     assert set(got) == {"per_op", "per_byte"}
     assert len(got["per_op"]) == 2 and all(0 < x < 1e-2 for x in got["per_op"])
     assert len(got["per_byte"]) == 2 and all(0 <= x < 1e-6 for x in got["per_byte"])
@@ -259,7 +259,7 @@ def test_dtensor_rates_solve_per_operator_and_per_byte() -> None:
     """Two programs' extras give both rates exactly; noise that makes the per-byte rate
     negative leaves the small program pricing operators alone, and a negative per-operator
     rate leaves the large program's bytes carrying all of it."""
-    from shardplan.topology._measure_worker import dtensor_rates
+    from shardplan.measure._programs import dtensor_rates
 
     op, byte = 40e-6, 0.06e-9
     small, large = (28.0, 65e3), (28.0, 17.7e6)
@@ -281,7 +281,7 @@ def test_fsdp_gather_overhead_compares_timings_of_the_same_round() -> None:
     are outvoted. The old measurement took the medians of three separate series, timed one
     after the other: load arriving during the FSDP series alone counted wholly as FSDP
     overhead (18 us to 4.4 ms across runs on this machine)."""
-    from shardplan.topology._measure_worker import fsdp_gather_overhead
+    from shardplan.measure._overheads import fsdp_gather_overhead
 
     true = 1e-3  # per gather, 8 gathers per FSDP step
 
@@ -301,7 +301,7 @@ def test_host_sync_point_is_each_syncs_cost_beyond_the_one_at_the_end() -> None:
     8 + 0.5 + w ms (w: the wait for the slower rank, paid by both runs), a sync after every
     piece 8 + 4 x 0.5 + w + 3 x 1.5 ms: 1.5 ms per extra sync, whatever w is in the
     round; a preempted round of ten is dropped; never below 0."""
-    from shardplan.topology._measure_worker import host_sync_point
+    from shardplan.measure._overheads import host_sync_point
 
     def round_(w: float, extra: float = 1.5e-3) -> tuple[float, float, float, float]:
         return 8.5e-3 + w, 10e-3 + w + 3 * extra, 2e-3, 8e-3

@@ -15,6 +15,7 @@ import numpy as np
 from shardplan._ranks import read_rank_errors, run_ranks, settle
 from shardplan.errors import ShardplanError
 from shardplan.ir.topology import Device, Topology
+from shardplan.measure._timing import typical_seconds
 from shardplan.topology._devices import (
     DEVICE_PRESETS,
     check_count,
@@ -22,7 +23,6 @@ from shardplan.topology._devices import (
     generator_meta,
     resolve_device,
 )
-from shardplan.topology._measure_worker import typical_seconds
 
 __all__ = ["BACKENDS", "DEFAULT_SIZES", "fit_link", "measure", "reshard_overhead"]
 
@@ -116,9 +116,9 @@ def _read(path: str) -> Any:
 
 def _run(nproc: int, cfg: dict[str, Any], timeout: float, tmp: str) -> list[dict[str, Any]]:
     """Start the ranks, wait for all of them (never longer than ``timeout``), read results."""
-    from shardplan.topology import _measure_worker
+    from shardplan.measure import _worker
 
-    run_ranks(_measure_worker.run, lambda r: (r, nproc, cfg, tmp), nproc, timeout=timeout,
+    run_ranks(_worker.run, lambda r: (r, nproc, cfg, tmp), nproc, timeout=timeout,
               what="topology measurement", name="shardplan-measure",
               failure=lambda procs, rank, deadline: _failure(procs, rank, tmp, deadline),
               hint="; allow more time or use fewer processes")
@@ -246,7 +246,7 @@ def measure(nproc: int, *, backend: str = "auto", sizes: Sequence[int] = DEFAULT
     then for every ordered pair (i, j) in turn, the others waiting at a barrier so that pairs
     never overlap, i sends j a message of each size with a blocking ``send`` and j sends it
     back, ``warmup + repeats`` times. The one-way time of a size is half the typical round
-    trip (:func:`~shardplan.topology._measure_worker.typical_seconds`: a trimmed mean,
+    trip (:func:`~shardplan.measure._timing.typical_seconds`: a trimmed mean,
     because a step pays the mean of its messages); :func:`fit_link` turns the sizes' times
     into (bandwidth, latency). Both directions of a pair are measured (i initiating, then
     j), so the matrices need not be symmetric.

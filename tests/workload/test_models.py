@@ -6,9 +6,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from shardplan.capture import build_model, list_models  # noqa: E402
-from shardplan.capture.models import HF_CONFIGS  # noqa: E402
 from shardplan.errors import ShardplanError  # noqa: E402
+from shardplan.workload import build_model, list_models  # noqa: E402
+from shardplan.workload.hf import HF_CONFIGS  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -134,7 +134,7 @@ def test_gnn_is_paper_000s_figure_2() -> None:
     """Two chains of graph convolutions over the input, joined by a third convolution on
     their concatenated features; the graph convolution is mean aggregation over in-edges,
     checked against a dense normalised adjacency matrix."""
-    from shardplan.capture.models import GNN, GraphConv, gnn_edges
+    from shardplan.workload.gnn import GNN, GraphConv, gnn_edges
 
     model, (x,), name = build_model("gnn,num_nodes=10,hidden=8,chain_length=3", batch_size=2)
     assert name == "gnn" and isinstance(model, GNN)
