@@ -55,8 +55,7 @@ from shardplan.errors import ShardplanError
 from shardplan.ir import ExecutionSettings, Graph, Topology
 from shardplan.strategy._cost_default import DefaultCostModel
 from shardplan.strategy._cost_pase import Units, layer_cost
-from shardplan.strategy.spaces import Space
-from shardplan.strategy.tables import graph_spaces
+from shardplan.strategy.spaces import Space, graph_spaces
 
 __all__ = ["NodePrice", "SimulatorCostModel", "StagePricer", "exposed_share",
            "group_topology", "local_statistics", "stage_prices"]

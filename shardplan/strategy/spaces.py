@@ -45,8 +45,9 @@ from typing import Any
 import numpy as np
 
 from shardplan.errors import InvalidFileError
+from shardplan.ir import Graph
 
-__all__ = ["KINDS", "Space", "allowed_factors", "batch_only", "configurations"]
+__all__ = ["KINDS", "Space", "allowed_factors", "batch_only", "configurations", "graph_spaces"]
 
 KINDS = ("gemm", "lstm", "pool", "elementwise", "norm", "softmax", "softmax_ce",
          "reduce_mean", "reshape", "concat", "split", "transpose", "opaque")
@@ -224,3 +225,21 @@ def configurations(space: Space, devices: int, cutoff: int = 4) -> np.ndarray:
                                np.tile(f, len(prods))[:, None]], axis=1)[keep]
         prods = new_prod[keep]
     return rows
+
+
+def graph_spaces(graph: Graph) -> list[Space]:
+    """Every node's space; nodes without one get :func:`batch_only`."""
+    out = []
+    for i in range(graph.num_nodes):
+        raw = None if graph.spaces is None else graph.spaces[i]
+        if raw is None:
+            out.append(batch_only(graph.batch_size,
+                                  flops=float(graph.fwd_flops[i] + graph.bwd_flops[i]),
+                                  param_words=float(graph.param_bytes[i]) / 4.0,
+                                  output_words=float(graph.output_bytes[i]) / 4.0))
+        else:
+            try:
+                out.append(raw if isinstance(raw, Space) else Space.from_dict(raw))
+            except InvalidFileError as exc:
+                raise InvalidFileError(f"node {i} ({graph.names[i]!r}): {exc}") from None
+    return out

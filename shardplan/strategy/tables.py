@@ -25,7 +25,7 @@ import numpy as np
 
 from shardplan.errors import InvalidFileError, ShardplanError
 from shardplan.ir import ExecutionSettings, Graph, Topology
-from shardplan.strategy.spaces import Space, batch_only, configurations
+from shardplan.strategy.spaces import configurations, graph_spaces
 
 __all__ = ["TABLES_FORMAT", "Tables", "build_tables", "execution_of", "graph_spaces",
            "make_cost_model", "priced_settings", "search_graph"]
@@ -161,24 +161,6 @@ def _merge(edges: list[tuple[int, int, np.ndarray]]) -> tuple[tuple[int, int, np
             u, v, m = v, u, m.T
         acc[(u, v)] = acc[(u, v)] + m if (u, v) in acc else np.array(m, dtype=np.float64)
     return tuple((u, v, acc[(u, v)]) for u, v in sorted(acc))
-
-
-def graph_spaces(graph: Graph) -> list[Space]:
-    """Every node's space; nodes without one get :func:`batch_only`."""
-    out = []
-    for i in range(graph.num_nodes):
-        raw = None if graph.spaces is None else graph.spaces[i]
-        if raw is None:
-            out.append(batch_only(graph.batch_size,
-                                  flops=float(graph.fwd_flops[i] + graph.bwd_flops[i]),
-                                  param_words=float(graph.param_bytes[i]) / 4.0,
-                                  output_words=float(graph.output_bytes[i]) / 4.0))
-        else:
-            try:
-                out.append(raw if isinstance(raw, Space) else Space.from_dict(raw))
-            except InvalidFileError as exc:
-                raise InvalidFileError(f"node {i} ({graph.names[i]!r}): {exc}") from None
-    return out
 
 
 def execution_of(value: Any) -> ExecutionSettings | None:
