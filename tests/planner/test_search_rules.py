@@ -323,3 +323,43 @@ def test_search_rows_use_counts_the_replicas_can_share():
     assert {r.microbatches for r in res.ranked if r.stages == 1} == {1}
     assert {r.microbatches for r in res.ranked if r.stages == 2} == {2}
     assert {r.microbatches for r in res.ranked if r.stages == 4} == {4}
+
+
+def test_progress_reports_the_best_fitting_time(monkeypatch):
+    fake = _Fake({"data-parallel": [_row("data-parallel", 0.5, fits=False),
+                                    _row("data-parallel", 3.0)]})
+    calls = []
+    _search_with(monkeypatch, fake, ["data-parallel"],
+                 progress=lambda label, done, total: calls.append(label))
+    assert calls == ["candidates", "candidates (best 3000 ms/iteration)"]
+
+
+def test_the_result_as_json(monkeypatch):
+    fake = _Fake({"data-parallel": [_row("data-parallel", 3.0, sync="bucketed")],
+                  "uniform": [_row("uniform", 2.0), _row("uniform", 2.5)]},
+                 errors={"uniform": "uniform 4x1: no"})
+    res = _search_with(monkeypatch, fake, ["data-parallel", "uniform"])
+    data = res.to_dict(top=2)
+    assert data["winner"] == res.winner.to_dict()
+    assert [r["iteration_seconds"] for r in data["ranked"]] == [2.0, 2.5]
+    assert data["ranked"][0] == res.ranked[0].row()
+    assert (data["global_batch"], data["tasks"], data["tasks_done"], data["candidates"]) == (
+        8, 3, 3, 3)
+    assert data["errors"] == ["uniform 4x1: no", "uniform 4x1: no"]
+    assert data["timed_out"] is False and data["seconds"] == res.seconds >= 0
+    assert data["comparisons"]["speedup_over_data_parallel"] == pytest.approx(1.5)
+    assert len(res.to_dict()["ranked"]) == 3
+
+
+@pytest.mark.parametrize("cpus, rounds", [(16, 2), (3, 2), (1, 5), (None, 5)])
+def test_the_default_worker_count_is_the_cpus_at_most_4(monkeypatch, cpus, rounds):
+    """5 tasks on 4 devices: 4 workers (16 CPUs) or 3 run them in 2 rounds, 1 in 5."""
+    now = [100.0]
+    monkeypatch.setattr(_search, "time", _Clock(now))
+    monkeypatch.setattr(_search.os, "cpu_count", lambda: cpus)
+    fake = _Fake({"data-parallel": [_row("data-parallel", 1.0)],
+                  "uniform": [_row("uniform", 2.0)], "params": [_row("params", 3.0)]})
+    res = _search_with(monkeypatch, fake, ["data-parallel", "uniform", "params"],
+                       workers=None, time_limit=20.0)
+    assert res.tasks == 5
+    assert [r.search_seconds for r in res.ranked] == pytest.approx([20.0 * 0.95 / rounds] * 3)
