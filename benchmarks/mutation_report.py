@@ -60,6 +60,10 @@ EQUIVALENT: dict[str, str] = {
         "`level < ws[j]` for `level <= ws[j]`: when the level equals the next load, taking "
         "that load into the pool leaves the level unchanged ((j level + ws[j]) / (j + 1) = "
         "level), and the loads it sets to the level already are at it.",
+    "shardplan.planner._search.xǁPlanSearchǁto_dict__mutmut_2":
+        "`self.ranked if (top is None) and False else self.ranked[:top]`: with top None the "
+        "mutant takes `self.ranked[:None]`, the whole tuple, which is what the original "
+        "returns.",
 }
 
 #: mutmut's exit codes (``mutmut.stats.status_by_exit_code``) grouped for the report.

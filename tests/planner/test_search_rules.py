@@ -193,6 +193,7 @@ def test_a_task_cut_short_marks_the_search_timed_out(monkeypatch):
     fake = _Fake({"uniform": [_row("uniform", 1.0, fits=False)]}, cut={"uniform"})
     res = _search_with(monkeypatch, fake, ["uniform"])  # nothing fits, but it was cut short
     assert res.timed_out and res.winner is None and res.comparisons == {}
+    assert res.to_dict()["winner"] is None and res.to_dict()["timed_out"] is True
     res = _search_with(monkeypatch, _Fake({"uniform": [_row("uniform", 1.0)]}), ["uniform"])
     assert not res.timed_out
 
