@@ -180,3 +180,10 @@ def test_without_ray_one_line(monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray fails
     with pytest.raises(ShardplanError, match=r"--ray needs Ray: pip install 'shardplan\[ray\]'"):
         RayExecutor("local", 1)
+
+
+def test_a_failed_start_without_a_message_names_the_error(fake_ray):
+    fake_ray(fail=ConnectionError())
+    with pytest.raises(ShardplanError, match="cannot reach the Ray cluster at 'auto': .*"
+                                             "ConnectionError"):
+        RayExecutor("auto", 1)
