@@ -5,21 +5,26 @@ Run from the repository root (``make mutation`` does)::
     .venv/bin/python benchmarks/mutation_report.py --run [PATTERN ...]
 
 ``--run`` calls ``mutmut run`` (configured in ``pyproject.toml``'s ``[tool.mutmut]``: the
-packages ``partition``, ``mapping``, ``strategy``, ``cost`` and ``simulate`` are mutated, and
-their fast tests run against every mutant) on the mutants whose names match the PATTERNs
-(mutmut's globs over names such as ``shardplan.cost._formulas.x_message_seconds__mutmut_3``;
-none: every mutant, many hours on 2 cores). Without ``--run`` the results already in
-``mutants/`` are reported. Writes ``benchmarks/results/mutation.md``: per package the mutants
-checked, killed (a test failed, or the mutant timed out), survived, explained as equivalent
-(``EQUIVALENT`` below, each with its reason) and the score ``killed / (checked -
-equivalent)``; then every survivor with its diff. Mutants not checked (outside the patterns
-run) are counted apart, so a partial run says how partial it is.
+packages ``partition``, ``mapping``, ``strategy``, ``cost``, ``simulate``, ``planner`` and
+``export``, the checkpoint reader ``runtime/_checkpoint.py`` and the worker pools
+``_workers.py`` are mutated, and their fast tests run against every mutant) on the mutants
+whose names match the PATTERNs (mutmut's globs over names such as
+``shardplan.cost._formulas.x_message_seconds__mutmut_3``; none: every mutant, many hours
+on 2 cores). Without ``--run`` the results already in ``mutants/`` are reported. Writes
+``benchmarks/results/mutation.md``: per package the mutants checked, killed (a test failed,
+or the mutant timed out), survived, explained as equivalent (``EQUIVALENT`` below, each with
+its reason) and the score ``killed / (checked - equivalent)``; then every survivor with its
+diff. Mutants not checked (outside the patterns run) are counted apart, so a partial run
+says how partial it is. A target none of whose mutants ``mutants/`` has checked keeps its
+row and survivors from the previous report (the results of an earlier run, perhaps in
+another checkout), marked as carried over.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import subprocess
 import sys
 from collections import Counter
@@ -31,7 +36,13 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from shardplan.ir import write_atomic  # noqa: E402
 
-PACKAGES = ("partition", "mapping", "strategy", "cost", "simulate")
+#: Report row -> mutmut's result files for it, under ``mutants/shardplan/``.
+TARGETS = {"partition": "partition/*.py.meta", "mapping": "mapping/*.py.meta",
+           "strategy": "strategy/*.py.meta", "cost": "cost/*.py.meta",
+           "simulate": "simulate/*.py.meta", "planner": "planner/*.py.meta",
+           "export": "export/*.py.meta", "runtime._checkpoint": "runtime/_checkpoint.py.meta",
+           "_workers": "_workers.py.meta"}
+PACKAGES = tuple(TARGETS)
 
 #: Survivors that no test can kill: the mutant computes the same function. Mutant name ->
 #: why. Every entry was checked by reading the mutant's diff (``mutmut show NAME``).
@@ -49,6 +60,10 @@ EQUIVALENT: dict[str, str] = {
         "`level < ws[j]` for `level <= ws[j]`: when the level equals the next load, taking "
         "that load into the pool leaves the level unchanged ((j level + ws[j]) / (j + 1) = "
         "level), and the loads it sets to the level already are at it.",
+    "shardplan.planner._search.xǁPlanSearchǁto_dict__mutmut_2":
+        "`self.ranked if (top is None) and False else self.ranked[:top]`: with top None the "
+        "mutant takes `self.ranked[:None]`, the whole tuple, which is what the original "
+        "returns.",
 }
 
 #: mutmut's exit codes (``mutmut.stats.status_by_exit_code``) grouped for the report.
@@ -78,7 +93,7 @@ def collect(root: Path) -> dict[str, dict[str, int | None]]:
 
     out: dict[str, dict[str, int | None]] = {p: {} for p in PACKAGES}
     for pkg in PACKAGES:
-        for meta in sorted((root / "mutants" / "shardplan" / pkg).glob("*.py.meta")):
+        for meta in sorted((root / "mutants" / "shardplan").glob(TARGETS[pkg])):
             data = json.loads(meta.read_text())
             out[pkg].update(data["exit_code_by_key"])
     return out
@@ -91,14 +106,45 @@ def _diff(name: str) -> str:
     return "\n".join(lines).strip()
 
 
-def report(results: dict[str, dict[str, int | None]], command: str, note: str = "") -> str:
+def _target(name: str) -> str | None:
+    """The report row a mutant's name belongs to."""
+    rest = name.removeprefix("shardplan.")
+    return next((pkg for pkg in PACKAGES if rest.startswith(pkg + ".")), None)
+
+
+def previous(text: str) -> tuple[dict[str, str], dict[str, list[str]]]:
+    """An earlier report's table rows (row name -> its cells after the name) and survivor
+    sections (row name -> the sections' lines, in order)."""
+    rows: dict[str, str] = {}
+    for line in text.splitlines():
+        m = re.match(r"\| ([\w.]+)(?: \(earlier run\))? (\| \d.*)$", line)
+        if m and m.group(1) in TARGETS:
+            rows[m.group(1)] = m.group(2)
+    sections: dict[str, list[str]] = {}
+    body = text.split("\n## Survivors\n", 1)[1] if "\n## Survivors\n" in text else ""
+    for part in re.split(r"(?m)^(?=### `)", body):
+        m = re.match(r"### `([^`]+)`", part)
+        pkg = _target(m.group(1)) if m else None
+        if pkg is not None:
+            sections.setdefault(pkg, []).extend(part.rstrip("\n").split("\n") + [""])
+    return rows, sections
+
+
+def report(results: dict[str, dict[str, int | None]], command: str, note: str = "",
+           old: str = "") -> str:
     rows = ["| package | mutants | checked | killed | survived | equivalent | no tests | "
             "score |", "|---|---|---|---|---|---|---|---|"]
     survivors: list[tuple[str, str]] = []
+    old_rows, old_sections = previous(old)
+    carried: list[str] = []
     for pkg in PACKAGES:
         status = {k: _status(v) for k, v in results[pkg].items()}
         count = Counter(status.values())
         checked = sum(n for s, n in count.items() if s != "not checked")
+        if not checked and pkg in old_rows:
+            rows.append(f"| {pkg} (earlier run) {old_rows[pkg]}")
+            carried.append(pkg)
+            continue
         equivalent = sum(1 for k, s in status.items() if s == "survived" and k in EQUIVALENT)
         killed = count["killed"]
         survived = count["survived"] - equivalent
@@ -114,7 +160,10 @@ def report(results: dict[str, dict[str, int | None]], command: str, note: str = 
            "Score: killed / (killed + survived that are not equivalent); a mutant that "
            "times out counts as killed. `checked` counts the mutants this run tested; the "
            "others (outside the patterns run) are not in the score.", "", *rows, ""]
-    if survivors:
+    if carried:
+        out[-1:-1] = ["", "Rows marked *earlier run* (and their survivors) are carried over "
+                      "from the previous report: `mutants/` holds no checked mutant of them."]
+    if survivors or any(old_sections.get(p) for p in carried):
         out += ["## Survivors", ""]
         for name, _ in survivors:
             why = EQUIVALENT.get(name)
@@ -122,6 +171,8 @@ def report(results: dict[str, dict[str, int | None]], command: str, note: str = 
             if why:
                 out.append(f"\n{why}\n")
             out += ["", "```diff", _diff(name), "```", ""]
+    for pkg in carried:
+        out += old_sections.get(pkg, [])
     return "\n".join(out) + "\n"
 
 
@@ -147,7 +198,8 @@ def main() -> int:
         print("no mutmut results in mutants/: run with --run first", file=sys.stderr)
         return 2
     path = ROOT / "benchmarks" / "results" / "mutation.md"
-    write_atomic(path, report(results, command, args.note))
+    old = path.read_text() if path.exists() else ""
+    write_atomic(path, report(results, command, args.note, old))
     print(path.read_text())
     return 0
 

@@ -8,7 +8,7 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["nonnegative_int", "positive_float", "positive_int"]
+__all__ = ["nonnegative_int", "positive_float", "positive_int", "ray_address"]
 
 
 def _parse(text: str, convert: Callable[[str], Any], ok: Callable[[Any], bool],
@@ -34,3 +34,16 @@ def nonnegative_int(text: str) -> int:
 def positive_float(text: str) -> float:
     return float(_parse(text, float, lambda v: v > 0 and v != float("inf"),
                         "a positive number"))
+
+
+def ray_address(text: str) -> str:
+    """A ``--ray`` address (``local``, ``auto``, ``HOST:PORT``), checked by
+    :func:`shardplan._workers.ray_address`."""
+    from shardplan._workers import ray_address as parse
+    from shardplan.errors import ShardplanError
+
+    try:
+        parse(text)
+    except ShardplanError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--ray ")) from None
+    return text

@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
-__all__ = ["RayExecutor", "executor", "mp_context", "process_pool"]
+__all__ = ["RayExecutor", "executor", "mp_context", "process_pool", "ray_address"]
 
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 _WATCH_SECONDS = 0.5
@@ -152,6 +152,27 @@ def _ray_call(n_init: int, initializer: Callable[..., Any] | None, *rest: Any) -
     return fn(*args)
 
 
+def ray_address(address: str) -> tuple[str, int] | None:
+    """The ``(host, port)`` a Ray address names (``HOST:PORT``, ``ray://HOST:PORT``, an IPv6
+    host in brackets: ``[::1]:6379``), None for ``local`` and ``auto``; anything else (no
+    host, a port that is not a number in 1..65535, whitespace) raises
+    :class:`~shardplan.errors.ShardplanError` in one line."""
+    from shardplan.errors import ShardplanError
+
+    if address in ("local", "auto"):
+        return None
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    bracketed = host.startswith("[") and host.endswith("]") and ":" in host
+    if bracketed:
+        host = host[1:-1]
+    if not (sep and host and port.isascii() and port.isdigit() and 0 < int(port) < 65536
+            and not any(c.isspace() or c in "[]/" for c in host)
+            and (bracketed or ":" not in host)):
+        raise ShardplanError(f"--ray expects local, auto or HOST:PORT (port 1-65535), got "
+                             f"{address!r}")
+    return host, int(port)
+
+
 def _check_reachable(address: str) -> None:
     """A ``HOST:PORT`` that accepts no connection: one line now, instead of Ray's minutes of
     retries."""
@@ -159,13 +180,11 @@ def _check_reachable(address: str) -> None:
 
     from shardplan.errors import ShardplanError
 
-    if address in ("local", "auto"):
+    target = ray_address(address)
+    if target is None:
         return
-    host, sep, port = address.removeprefix("ray://").rpartition(":")
-    if not sep or not port.isdigit():
-        raise ShardplanError(f"--ray expects local, auto or HOST:PORT, got {address!r}")
     try:
-        socket.create_connection((host or "127.0.0.1", int(port)), timeout=5).close()
+        socket.create_connection(target, timeout=5).close()
     except OSError as exc:
         raise ShardplanError(f"cannot reach the Ray cluster at {address!r}: "
                              f"{exc.strerror or exc}") from None
@@ -197,6 +216,7 @@ class RayExecutor:
                  = None, initargs: tuple[Any, ...] = ()) -> None:
         from shardplan.errors import ShardplanError
 
+        ray_address(address)  # a malformed address is refused with or without Ray
         try:
             import ray
         except ImportError:

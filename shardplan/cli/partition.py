@@ -13,6 +13,7 @@ import json
 import sys
 from typing import Any
 
+from shardplan._argtypes import ray_address
 from shardplan.cli._common import (
     SETTING_FLAGS,
     add_output,
@@ -38,7 +39,7 @@ FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
                                 "help": "replicas per stage (Parmesan: S x R = devices)"}),
     "workers": ("--workers", {"type": positive_int,
                               "help": "parallel worker processes (default: the cores)"}),
-    "ray": ("--ray", {"metavar": "ADDRESS",
+    "ray": ("--ray", {"type": ray_address, "metavar": "ADDRESS",
                       "help": "heuristic: run the restarts on a Ray cluster (local | auto | "
                               "HOST:PORT; needs pip install 'shardplan[ray]')"}),
     "restarts": ("--restarts", {"type": positive_int,

@@ -14,6 +14,7 @@ import os
 import sys
 from typing import Any
 
+from shardplan._argtypes import ray_address
 from shardplan.cli._common import (
     add_settings_arguments,
     note,
@@ -78,7 +79,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="stop the search after SEC seconds with the best plan so far")
     p.add_argument("--top", type=positive_int, default=10, metavar="K",
                    help="candidates to show (default 10)")
-    p.add_argument("--ray", metavar="ADDRESS",
+    p.add_argument("--ray", type=ray_address, metavar="ADDRESS",
                    help="evaluate candidates on a Ray cluster (local | auto | HOST:PORT; "
                         "needs pip install 'shardplan[ray]')")
     p.add_argument("--workers", type=positive_int, metavar="N",

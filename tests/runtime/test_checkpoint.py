@@ -220,3 +220,98 @@ def test_checkpoint_of_another_model_is_refused(checkpoint) -> None:
     with pytest.raises(ShardplanError, match="does not fit this run"):
         _resume(replace(cfg, model="transformer,num_layers=1,d_model=16,num_heads=2",
                         seq_len=4))
+
+
+# ------------------------------------------------- the metadata unpickler's allow-list
+def _calling(module: str, name: str, *args: object) -> bytes:
+    """A pickle naming ``module.name`` and, with ``args``, calling it on them when loaded
+    (protocol 2: GLOBAL, then MARK args TUPLE REDUCE)."""
+    head = b"\x80\x02c" + f"{module}\n{name}\n".encode()
+    if not args:
+        return head + b"."
+    return head + b"(" + b"".join(pickle.dumps(a, 2)[2:-1] for a in args) + b"tR."
+
+
+def _naming(module: str, name: str) -> bytes:
+    """Protocol 4's STACK_GLOBAL, which also resolves dotted names (``nn.Module``)."""
+    def text(s: str) -> bytes:
+        return b"\x8c" + bytes([len(s)]) + s.encode()
+
+    return b"\x80\x04" + text(module) + text(name) + b"\x93."
+
+
+def _crafted(tmp_path, payload: bytes) -> str:
+    """A checkpoint folder that is right in everything but its DCP metadata."""
+    import json
+
+    folder = tmp_path / "ck"
+    step = folder / "step-00000002"
+    step.mkdir(parents=True)
+    (folder / "latest").write_text("step-00000002\n")
+    (step / "state.json").write_text(json.dumps(
+        {"format": "shardplan.checkpoint/1", "step": 2, "param_groups": []}))
+    (step / ".metadata").write_bytes(payload)
+    return str(folder)
+
+
+def _load(folder: str) -> None:
+    import torch
+
+    load_checkpoint_into(folder, torch.nn.Linear(2, 2))
+
+
+def _refusals(marker: str) -> dict[str, bytes]:
+    """What a crafted state file may name, each a callable or object that is not a dtype; the
+    ones that are called would create ``marker``."""
+    return dict([
+        ("torch.load", _calling("torch", "load", marker)),
+        ("torch.save", _calling("torch", "save", None, marker)),
+        ("torch.tensor", _calling("torch", "tensor", [1.0])),
+        ("torch.Tensor", _naming("torch", "Tensor")),
+        ("torch.dtype", _naming("torch", "dtype")),       # the class, not a dtype
+        ("torch.nn", _naming("torch", "nn")),             # a module
+        ("torch.nn.Module", _naming("torch", "nn.Module")),
+        ("torch.float32.__class__", _naming("torch", "float32.__class__")),
+        ("torch.nn.modules.module.Module",
+         _calling("torch.nn.modules.module", "Module")),
+        ("torch.serialization.load", _calling("torch.serialization", "load", marker)),
+        ("torch.__builtins__", _naming("torch", "__builtins__")),
+        ("os.system", _calling("os", "system", f"touch {marker}")),
+        ("posix.system", _calling("posix", "system", f"touch {marker}")),
+        ("builtins.eval", _calling("builtins", "eval", f"open({marker!r}, 'w')")),
+        ("builtins.open", _calling("builtins", "open", marker, "w")),
+        ("pathlib.Path", _calling("pathlib", "Path", marker)),
+        ("collections.defaultdict", _naming("collections", "defaultdict")),
+        ("torch.distributed.checkpoint.metadata.Path",
+         _naming("torch.distributed.checkpoint.metadata", "Path")),
+    ])
+
+
+@pytest.mark.parametrize("what", list(_refusals("marker")))
+def test_the_state_file_may_name_nothing_but_dcp_metadata_and_dtypes(tmp_path, what):
+    marker = str(tmp_path / "pwned")
+    folder = _crafted(tmp_path, _refusals(marker)[what])
+    with pytest.raises(ShardplanError, match=r"refusing checkpoint metadata that names "
+                                             + what.replace(".", r"\.") + " ") as info:
+        _load(folder)
+    assert "\n" not in str(info.value)
+    assert not os.path.exists(marker)
+
+
+@pytest.mark.parametrize("payload", [
+    _naming("torch", "float32"), _naming("torch", "bfloat16"), _naming("torch", "int64"),
+    _calling("torch", "Size", [2, 3]), _calling("collections", "OrderedDict"),
+    _naming("torch.distributed.checkpoint.metadata", "TensorProperties"),
+    _calling("pathlib", "PosixPath", "x"),
+    _calling("torch.serialization", "_get_layout", "torch.strided"),
+])
+def test_dtypes_and_dcp_classes_are_read(tmp_path, payload):
+    """What the allow-list admits loads (and is then refused for not being DCP metadata)."""
+    with pytest.raises(ShardplanError, match="is not DCP metadata"):
+        _load(_crafted(tmp_path, payload))
+
+
+def test_a_malformed_state_file_is_one_line(tmp_path):
+    with pytest.raises(ShardplanError, match="unreadable checkpoint metadata .*"
+                                             "UnpicklingError"):
+        _load(_crafted(tmp_path, b"\x80\x02garbage"))
