@@ -139,8 +139,15 @@ def test_time_limit_cuts_a_task_between_its_variants(monkeypatch, workers):
     assert res.winner is not None
 
 
-def test_same_seed_same_winner_with_worker_processes(found):
-    g, t, res = found
+def test_same_seed_same_winner_with_worker_processes(found, monkeypatch):
+    """Same seed, same winner, whatever the worker count, when no search is cut short (a
+    task's partition search stops at TASK_SECONDS: on a loaded machine Parmesan's
+    refinement stopped at another partition of the same simulated time)."""
+    from shardplan.planner import _search
+
+    g, t, _ = found
+    monkeypatch.setattr(_search, "TASK_SECONDS", 600.0)  # forked workers inherit it
+    res = search(g, t, families=FAMS, workers=1, global_batch=32)
     two = search(g, t, families=FAMS, workers=2, global_batch=32)
     assert two.winner.to_dict()["stages"] == res.winner.to_dict()["stages"]
     assert two.ranked[0].iteration_seconds == res.ranked[0].iteration_seconds
