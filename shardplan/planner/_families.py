@@ -40,10 +40,15 @@ class Task:
     replicas: int = 1
     budget: float | None = None
     left: float | None = None
+    #: One execution variant of a strategy search (PaSE: a search per micro-batch count
+    #: and gradient sync); 0 and "": every variant in one task.
+    microbatches: int = 0
+    gradient_sync: str = ""
 
     @property
     def label(self) -> str:
-        return f"{self.family} {self.stages}x{self.replicas}"
+        variant = f" M={self.microbatches} {self.gradient_sync}" if self.microbatches else ""
+        return f"{self.family} {self.stages}x{self.replicas}{variant}"
 
 
 @dataclass(frozen=True)
@@ -152,8 +157,10 @@ def _settings(ctx: Context, m: int, **kw: Any) -> ExecutionSettings:
 
 def tasks_for(ctx: Context, families: Sequence[str]) -> list[Task]:
     """Every (family, shape) to search: every ``S x R = D`` for the pipeline families,
-    ``1 x D`` for data parallelism, one task for PipeDream's own optimizer, paper 000's
-    partitioners and PaSE (which choose their own shapes). O(divisors of D)."""
+    ``1 x D`` for data parallelism, one task for PipeDream's own optimizer and paper 000's
+    partitioners (which choose their own shapes), and one per execution variant for PaSE
+    (its search prices the micro-batch count and gradient sync it runs with).
+    O(divisors of D)."""
     d = ctx.topology.num_devices
     n = ctx.graph.num_nodes
     shapes = [(s, d // s) for s in range(1, d + 1) if d % s == 0 and s <= n]
@@ -165,7 +172,10 @@ def tasks_for(ctx: Context, families: Sequence[str]) -> list[Task]:
             out += [Task(fam, s, r) for s, r in shapes if s > 1]
         elif fam == "hybrid":  # one stage is PaSE's, one device per stage a plain pipeline
             out += [Task(fam, s, r) for s, r in shapes if s > 1 and r > 1]
-        elif fam in ("pipedream", "pase", "sharding"):
+        elif fam == "pase":  # one search per execution variant, each its own budget
+            out += [Task(fam, 0, 0, microbatches=v.microbatches,
+                         gradient_sync=v.gradient_sync) for v in _strategy_runs(ctx, 1)]
+        elif fam in ("pipedream", "sharding"):
             out.append(Task(fam, 0, 0))
         else:
             raise ShardplanError(f"unknown plan family {fam!r} (choose from "
@@ -393,6 +403,9 @@ def _pase(ctx: Context, task: Task) -> list[Evaluated]:
     from shardplan import registry
 
     runs = _strategy_runs(ctx, 1)
+    if task.microbatches:
+        runs = [r for r in runs if (r.microbatches, r.gradient_sync)
+                == (task.microbatches, task.gradient_sync)]
     out: list[Evaluated] = []
     for settings in runs:
         if _past_deadline():

@@ -158,7 +158,7 @@ def search(graph: Graph, topology: Topology, *, global_batch: int | None = None,
     if time_limit is not None:  # every task's searches get an equal share of the limit
         share = min(share, time_limit * (1 - _SLACK) / max(1, math.ceil(len(tasks)
                                                                         / n_workers)))
-    tasks = [Task(t.family, t.stages, t.replicas, max(share, 0.5)) for t in tasks]
+    tasks = [replace(t, budget=max(share, 0.5)) for t in tasks]
     rows: list[Evaluated] = []
     errors: list[str] = []
     done = 0
