@@ -15,7 +15,8 @@ from shardplan._argtypes import nonnegative_int, positive_float, positive_int
 from shardplan.errors import ShardplanError
 from shardplan.ir.io import dumps, write_json
 
-__all__ = ["SETTING_FLAGS", "OneLineParser", "add_output", "add_settings_arguments", "emit",
+__all__ = ["SETTING_FLAGS", "OneLineParser", "add_output", "add_settings_arguments",
+           "declare_files", "emit",
            "nonnegative_float", "nonnegative_int", "note", "plan_settings", "settings_changes",
            "parse_float_list", "parse_int_list", "parse_nonnegative_float_list",
            "positive_float", "positive_int", "print_json", "set_command_start", "set_quiet",
@@ -139,6 +140,17 @@ def parse_float_list(text: str) -> tuple[float, ...]:
     if not parts:
         raise argparse.ArgumentTypeError(f"expected numbers like 1e9,2e10, got {text!r}")
     return tuple(positive_float(p.strip()) for p in parts)
+
+
+def declare_files(p: argparse.ArgumentParser, *, inputs: tuple[str, ...] = (),
+                  outputs: tuple[str, ...] = ()) -> None:
+    """Name the arguments (by ``dest``) of a command that are its input files and its
+    outputs. Before the command runs, :func:`shardplan.cli.main.main` tells the writer the
+    inputs (:func:`shardplan.ir.io.declare_inputs`; a model spec ``FILE.py:FN`` names
+    ``FILE.py``) and checks every output against them and against the writer's rules
+    (:func:`shardplan.ir.io.output_target`), so a refused output costs no search. Every
+    command declares both, empty or not (a test holds them to it)."""
+    p.set_defaults(input_args=tuple(inputs), output_args=tuple(outputs))
 
 
 def add_output(p: argparse.ArgumentParser, *, json_flag: bool = True) -> None:

@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 
-from shardplan.cli._common import add_plan_inputs, load_plan_inputs
+from shardplan.cli._common import add_plan_inputs, declare_files, load_plan_inputs
 from shardplan.cli.simulate import add_simulation_options, simulation_kwargs
 
 __all__ = ["register"]
@@ -29,6 +29,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help=f"one of {', '.join(FORMATS)}")
     add_simulation_options(p)
     p.add_argument("-o", "--output", required=True, metavar="FILE", help="write it here")
+    declare_files(p, inputs=("plan", "graph", "topology", "schedule_file"),
+                  outputs=("output",))
     p.set_defaults(handler=_run)
 
 

@@ -16,6 +16,7 @@ from typing import Any
 from shardplan.cli._common import (
     SETTING_FLAGS,
     add_output,
+    declare_files,
     emit,
     nonnegative_float,
     nonnegative_int,
@@ -105,6 +106,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("topology", metavar="TOPO", help="topology file (shardplan.topology/1)")
     add_search_arguments(p, "partitioner name (the list below)", FLAGS)
     list_algorithms_in_help(p, "partition")
+    declare_files(p, inputs=("graph", "topology"), outputs=("output",))
     p.set_defaults(handler=_run)
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from shardplan.cli._common import (
     add_settings_arguments,
+    declare_files,
     note,
     positive_float,
     positive_int,
@@ -96,6 +97,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "print predicted against measured time per step")
     p.add_argument("--steps", type=positive_int, default=5, help="--run: steps (default 5)")
     p.add_argument("--json", action="store_true", help="print the ranking as JSON")
+    declare_files(p, inputs=("model", "cluster"), outputs=("output", "report"))
     p.set_defaults(handler=_run)
 
 
