@@ -96,6 +96,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--run", action="store_true", help="train the winner for real and "
                    "print predicted against measured time per step")
     p.add_argument("--steps", type=positive_int, default=5, help="--run: steps (default 5)")
+    p.add_argument("--trust-model-code", action="store_true",
+                   help="--run: allow building the model from the Python file a graph "
+                        "file's 'model' field names (FILE.py:FN), which runs its code")
     p.add_argument("--json", action="store_true", help="print the ranking as JSON")
     declare_files(p, inputs=("model", "cluster"), outputs=("output", "report"))
     p.set_defaults(handler=_run)
@@ -129,10 +132,15 @@ def _cluster(text: str) -> Any:
     return build(kind.strip(), **options)
 
 
+def _from_graph_file(args: argparse.Namespace) -> bool:
+    """Whether MODEL_OR_GRAPH is a graph file (else a model spec to capture)."""
+    return os.path.exists(args.model) and args.model.endswith(".json")
+
+
 def _graph(args: argparse.Namespace) -> Any:
     from shardplan.ir import load_graph
 
-    if os.path.exists(args.model) and args.model.endswith(".json"):
+    if _from_graph_file(args):
         return load_graph(args.model)
     from shardplan.capture import capture_spec
 
@@ -162,6 +170,11 @@ def _run(args: argparse.Namespace) -> int:
                                  f"{', '.join(FAMILIES)})")
     topology = _limit_memory(_cluster(args.cluster), args.memory_limit)
     graph = _graph(args)
+    if args.run and _from_graph_file(args) and graph.meta.get("model"):
+        from shardplan.runtime._args import check_model_trust
+
+        check_model_trust(str(graph.meta["model"]), from_file=f"the graph {args.model}",
+                          trusted=args.trust_model_code)
     changes = settings_changes(args)
     fixed: dict[str, Any] = {k: changes.pop(k) for k in ("microbatches", "schedule")
                              if k in changes}
