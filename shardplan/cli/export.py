@@ -6,7 +6,12 @@ import argparse
 import os
 import sys
 
-from shardplan.cli._common import add_plan_inputs, declare_files, load_plan_inputs
+from shardplan.cli._common import (
+    add_plan_inputs,
+    declare_files,
+    load_plan_inputs,
+    note_unused_devices,
+)
 from shardplan.cli.simulate import add_simulation_options, simulation_kwargs
 
 __all__ = ["register"]
@@ -39,6 +44,7 @@ def _run(args: argparse.Namespace) -> int:
     from shardplan.ir import write_atomic
 
     plan, graph, topology = load_plan_inputs(args)
+    note_unused_devices(plan, topology, "the export")
     kw = simulation_kwargs(args, plan, graph)
     csv_path = args.output + ".schedule.csv"
     out = export(plan, graph, topology, args.to, settings=kw["settings"],

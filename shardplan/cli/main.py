@@ -48,6 +48,7 @@ def build_parser() -> OneLineParser:
 
     from shardplan import __version__
     from shardplan.cli._common import OneLineParser
+    from shardplan.cli.plan import byte_size
 
     parser = OneLineParser(
         prog="shardplan",
@@ -59,6 +60,9 @@ def build_parser() -> OneLineParser:
                         help="log what shardplan does on stderr (-vv: more)")
     parser.add_argument("-q", "--quiet", action="store_true",
                         help="only errors on stderr (no notes or warnings)")
+    parser.add_argument("--max-input-size", metavar="SIZE", type=byte_size,
+                        help="largest input file read (default 256MiB; also "
+                             "SHARDPLAN_MAX_INPUT_BYTES)")
     parser.add_argument("--config", metavar="FILE.toml",
                         help="options of the command from a TOML file (flags given on the "
                              "command line override them)")
@@ -197,6 +201,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write(f"shardplan: error: {exc}\n")
         return 2
     args = parser.parse_args(argv)
+    limit_before = os.environ.get("SHARDPLAN_MAX_INPUT_BYTES")
+    if args.max_input_size is not None:  # the environment carries it to worker processes
+        os.environ["SHARDPLAN_MAX_INPUT_BYTES"] = str(int(args.max_input_size))
     _setup_logging(args.verbose, args.quiet)
     _common.set_quiet(args.quiet)
     previous = None
@@ -236,6 +243,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+        if args.max_input_size is not None:  # main() may run again in this process
+            if limit_before is None:
+                os.environ.pop("SHARDPLAN_MAX_INPUT_BYTES", None)
+            else:
+                os.environ["SHARDPLAN_MAX_INPUT_BYTES"] = limit_before
         _common.set_command_start(None)
     return int(rc or 0)
 

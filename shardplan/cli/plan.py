@@ -116,8 +116,11 @@ def _cluster(text: str) -> Any:
         key, sep, value = o.partition("=")
         if not sep:
             raise ShardplanError(f"cluster option {o!r} is not KEY=VALUE")
-        key = key.strip().replace("-", "_")
+        given = key.strip()
+        key = given.replace("-", "_")
         key = {"devices": "num_devices"}.get(key, key)  # the name `topology --devices` uses
+        if key in options:
+            raise ShardplanError(f"cluster option {given!r} is given twice in {text!r}")
         v: Any = value.strip()
         if "x" in v and all(part.isdigit() for part in v.split("x")):
             v = tuple(int(part) for part in v.split("x"))
@@ -129,7 +132,23 @@ def _cluster(text: str) -> Any:
                 except ValueError:
                     continue
         options[key] = v
+    _check_size(text, options)
     return build(kind.strip(), **options)
+
+
+def _check_size(text: str, options: dict[str, Any]) -> None:
+    """Refuse a builder spec whose device count (``num_devices``, or the product of
+    ``shape``) is beyond what ``plan`` searches, before building it (a million devices take
+    a minute to build). The search checks every topology again."""
+    from shardplan.planner import MAX_PLAN_DEVICES
+
+    shape = options.get("shape")
+    count = options.get("num_devices")
+    if isinstance(shape, tuple):
+        count = math.prod(shape)
+    if isinstance(count, int) and count > MAX_PLAN_DEVICES:
+        raise ShardplanError(f"--cluster {text!r} has {count} devices; plan searches at most "
+                             f"{MAX_PLAN_DEVICES}")
 
 
 def _from_graph_file(args: argparse.Namespace) -> bool:
@@ -162,8 +181,11 @@ def _run(args: argparse.Namespace) -> int:
     from shardplan.planner import FAMILIES, search
 
     families = None
-    if args.families:
+    if args.families is not None:
         families = [f.strip() for f in args.families.split(",") if f.strip()]
+        if not families:
+            raise ShardplanError(f"--families names no family (choose from "
+                                 f"{', '.join(FAMILIES)})")
         bad = [f for f in families if f not in FAMILIES]
         if bad:
             raise ShardplanError(f"unknown plan family {bad[0]!r} (choose from "

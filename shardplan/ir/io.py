@@ -23,9 +23,10 @@ from shardplan.ir.graph import GRAPH_FORMAT, Graph
 from shardplan.ir.plan import PLAN_FORMAT, Plan
 from shardplan.ir.topology import TOPOLOGY_FORMAT, Topology
 
-__all__ = ["check_output", "command_scope", "declare_inputs", "dumps", "inputs_read", "load",
-           "load_graph", "load_plan", "load_topology", "output_target", "read_json",
-           "read_text", "reset_inputs", "save", "write_atomic", "write_json"]
+__all__ = ["MAX_INPUT_BYTES", "check_output", "command_scope", "declare_inputs", "dumps",
+           "inputs_read", "load", "load_graph", "load_plan", "load_topology", "max_input_bytes",
+           "output_target", "read_bytes", "read_json", "read_text", "reset_inputs", "save",
+           "write_atomic", "write_json"]
 
 _KINDS: dict[str, type[Graph] | type[Topology] | type[Plan]] = {
     GRAPH_FORMAT: Graph, TOPOLOGY_FORMAT: Topology, PLAN_FORMAT: Plan}
@@ -285,19 +286,80 @@ def inputs_read() -> dict[str, str]:
     return dict(_INPUTS)
 
 
-def read_text(path: str | os.PathLike[str]) -> str:
-    """A UTF-8 text file's contents (its sha256 remembered for :func:`inputs_read`); any
-    failure to read it is one :class:`InvalidFileError` line."""
+#: Largest input file any reader accepts by default (256 MiB): every contract file a real
+#: model or cluster gives is far smaller (a 1758-operator Swin-B graph is about 1 MB, a
+#: 2048-device topology with its dense matrices about 170 MB; larger ones are stored
+#: ``--compact``). The environment variable ``SHARDPLAN_MAX_INPUT_BYTES`` (or the command
+#: line's ``--max-input-size``) overrides it.
+MAX_INPUT_BYTES = 256 * 2**20
+_LIMIT_VARIABLE = "SHARDPLAN_MAX_INPUT_BYTES"
+_CHUNK = 2**20
+
+
+def max_input_bytes() -> int:
+    """The size limit of input files: ``SHARDPLAN_MAX_INPUT_BYTES`` when set, else
+    :data:`MAX_INPUT_BYTES`."""
+    raw = os.environ.get(_LIMIT_VARIABLE)
+    if raw is None or not raw.strip():
+        return MAX_INPUT_BYTES
     try:
-        data = Path(path).read_bytes()
-        _INPUTS[os.fspath(path)] = hashlib.sha256(data).hexdigest()
-        return data.decode("utf-8")
+        value = int(float(raw))
+    except ValueError:
+        raise InvalidFileError(f"{_LIMIT_VARIABLE}={raw!r} is not a number of bytes") from None
+    if value < 1:
+        raise InvalidFileError(f"{_LIMIT_VARIABLE}={raw!r} must be a positive number of bytes")
+    return value
+
+
+def _too_big(path: Any, limit: int) -> InvalidFileError:
+    size = f"{limit / 2**20:.4g} MiB" if limit >= 2**20 else f"{limit} bytes"
+    return InvalidFileError(f"{path}: larger than the {size} an input file may be (set "
+                            f"--max-input-size or {_LIMIT_VARIABLE} to allow more)")
+
+
+def read_bytes(path: str | os.PathLike[str]) -> bytes:
+    """A file's bytes, at most :func:`max_input_bytes` of them: a regular file larger than
+    the limit is refused from its size before anything is read; anything else (a device
+    such as ``/dev/zero``, a FIFO) is read in 1 MiB chunks and refused as soon as it passes
+    the limit, so no input can exhaust memory or read forever. One
+    :class:`InvalidFileError` line for any failure."""
+    limit = max_input_bytes()
+    try:
+        with open(path, "rb") as fh:
+            st = os.fstat(fh.fileno())
+            if stat.S_ISDIR(st.st_mode):
+                raise IsADirectoryError
+            if stat.S_ISREG(st.st_mode) and st.st_size > limit:
+                raise _too_big(path, limit)
+            parts: list[bytes] = []
+            size = 0
+            while True:
+                chunk = fh.read(min(_CHUNK, limit + 1 - size))
+                if not chunk:
+                    break
+                parts.append(chunk)
+                size += len(chunk)
+                if size > limit:
+                    raise _too_big(path, limit)
+            return b"".join(parts)
     except FileNotFoundError:
         raise InvalidFileError(f"{path}: no such file") from None
     except IsADirectoryError:
         raise InvalidFileError(f"{path}: is a directory") from None
     except PermissionError:
         raise InvalidFileError(f"{path}: permission denied") from None
+    except OSError as exc:
+        raise InvalidFileError(f"{path}: cannot read it ({exc.strerror or exc})") from None
+
+
+def read_text(path: str | os.PathLike[str]) -> str:
+    """A UTF-8 text file's contents (its sha256 remembered for :func:`inputs_read`), read by
+    :func:`read_bytes` (size-limited); any failure to read it is one
+    :class:`InvalidFileError` line."""
+    data = read_bytes(path)
+    _INPUTS[os.fspath(path)] = hashlib.sha256(data).hexdigest()
+    try:
+        return data.decode("utf-8")
     except UnicodeDecodeError:
         raise InvalidFileError(f"{path}: not a UTF-8 text file") from None
 

@@ -10,6 +10,7 @@ execution settings (:func:`search`); the winner is an ordinary plan file.
 """
 
 from shardplan.planner._families import FAMILIES, Evaluated, Task, microbatch_choices
-from shardplan.planner._search import PlanSearch, search
+from shardplan.planner._search import MAX_PLAN_DEVICES, PlanSearch, search
 
-__all__ = ["FAMILIES", "Evaluated", "PlanSearch", "Task", "microbatch_choices", "search"]
+__all__ = ["FAMILIES", "MAX_PLAN_DEVICES", "Evaluated", "PlanSearch", "Task",
+           "microbatch_choices", "search"]

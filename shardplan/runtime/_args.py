@@ -374,6 +374,10 @@ def config_from_args(args: argparse.Namespace) -> Prepared:
         microbatch_size=args.microbatch_size)
     seq, img, check, size_notes = input_sizes(graph, args.seq_len, args.image_size)
     notes += size_notes
+    used = {int(d) for st in plan.stages for d in st.devices}
+    if len(used) < topology.num_devices and not args.baseline:
+        notes.append(f"the plan uses {len(used)} of the {topology.num_devices} devices of "
+                     f"topology {topology.name!r}: the run starts {len(used)} processes")
     fields = plan_fields(plan, graph, settings)  # also checks the plan before any process
     common = dict(
         model=model, steps=args.steps, seq_len=seq, image_size=img, input_shapes=check,
