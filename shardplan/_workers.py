@@ -184,10 +184,39 @@ def _check_reachable(address: str) -> None:
     if target is None:
         return
     try:
-        socket.create_connection(target, timeout=5).close()
+        with socket.create_connection(target, timeout=5) as conn:
+            answers = _speaks_http2(conn)
     except OSError as exc:
         raise ShardplanError(f"cannot reach the Ray cluster at {address!r}: "
                              f"{exc.strerror or exc}") from None
+    if not answers:  # Ray would retry for minutes, logging every attempt on stderr
+        raise ShardplanError(f"cannot reach the Ray cluster at {address!r}: something "
+                             f"listens there but does not answer as Ray's gRPC server does "
+                             f"(within {_ANSWER_SECONDS:g} s)")
+
+
+#: Seconds a Ray address has to answer the HTTP/2 greeting.
+_ANSWER_SECONDS = 5.0
+
+
+def _speaks_http2(conn: Any) -> bool:
+    """Whether the peer of ``conn`` answers an HTTP/2 client greeting (the connection
+    preface and an empty SETTINGS frame) with a SETTINGS frame within
+    :data:`_ANSWER_SECONDS`, as every gRPC server (Ray's GCS, Ray Client) must (RFC 9113,
+    section 3.4). A port that accepts connections but says nothing, or speaks another
+    protocol, answers False."""
+    conn.settimeout(_ANSWER_SECONDS)
+    conn.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0]))
+    head = b""
+    try:
+        while len(head) < 9:
+            chunk = conn.recv(9 - len(head))
+            if not chunk:
+                return False
+            head += chunk
+    except OSError:  # timed out or reset
+        return False
+    return head[3] == 4  # the frame type: SETTINGS
 
 
 class RayExecutor:

@@ -8,8 +8,8 @@ any ``ValueError``. Internal invariants use ``assert``.
 
 from __future__ import annotations
 
-__all__ = ["InfeasibleError", "InvalidFileError", "ShardplanError", "ShardplanWarning",
-           "TimeLimitError"]
+__all__ = ["InfeasibleError", "InvalidFileError", "OutputError", "ShardplanError",
+           "ShardplanWarning", "TimeLimitError"]
 
 
 class ShardplanError(ValueError):
@@ -18,6 +18,11 @@ class ShardplanError(ValueError):
 
 class InvalidFileError(ShardplanError):
     """A graph, topology or plan file that cannot be read or fails validation."""
+
+
+class OutputError(ShardplanError):
+    """An output that must not be written: one of the command's inputs, a symbolic link out
+    of its folder, a folder or a block device (:func:`shardplan.ir.io.output_target`)."""
 
 
 class InfeasibleError(ShardplanError):

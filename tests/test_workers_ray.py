@@ -23,6 +23,24 @@ def test_ray_address_that_answers_nothing_is_one_line():
         RayExecutor("nowhere", 1)
 
 
+def test_ray_address_that_accepts_but_never_answers_is_one_line(capfd):
+    """Issue 34: a port that accepts connections but is no Ray server made Ray retry for
+    minutes, logging every attempt on stderr; now one line, after the bounded wait."""
+    import socket
+
+    from shardplan._workers import _ANSWER_SECONDS, RayExecutor
+    from shardplan.errors import ShardplanError
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(1)
+        port = silent.getsockname()[1]
+        with pytest.raises(ShardplanError, match="does not answer as Ray"):
+            RayExecutor(f"127.0.0.1:{port}", 1)
+    assert _ANSWER_SECONDS <= 10
+    assert capfd.readouterr().err == ""  # none of Ray's logs
+
+
 @pytest.fixture(scope="module")
 def local_ray():
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,

@@ -15,7 +15,8 @@ from shardplan._argtypes import nonnegative_int, positive_float, positive_int
 from shardplan.errors import ShardplanError
 from shardplan.ir.io import dumps, write_json
 
-__all__ = ["SETTING_FLAGS", "OneLineParser", "add_output", "add_settings_arguments", "emit",
+__all__ = ["SETTING_FLAGS", "OneLineParser", "add_output", "add_settings_arguments",
+           "declare_files", "emit", "note_unused_devices",
            "nonnegative_float", "nonnegative_int", "note", "plan_settings", "settings_changes",
            "parse_float_list", "parse_int_list", "parse_nonnegative_float_list",
            "positive_float", "positive_int", "print_json", "set_command_start", "set_quiet",
@@ -141,6 +142,17 @@ def parse_float_list(text: str) -> tuple[float, ...]:
     return tuple(positive_float(p.strip()) for p in parts)
 
 
+def declare_files(p: argparse.ArgumentParser, *, inputs: tuple[str, ...] = (),
+                  outputs: tuple[str, ...] = ()) -> None:
+    """Name the arguments (by ``dest``) of a command that are its input files and its
+    outputs. Before the command runs, :func:`shardplan.cli.main.main` tells the writer the
+    inputs (:func:`shardplan.ir.io.declare_inputs`; a model spec ``FILE.py:FN`` names
+    ``FILE.py``) and checks every output against them and against the writer's rules
+    (:func:`shardplan.ir.io.output_target`), so a refused output costs no search. Every
+    command declares both, empty or not (a test holds them to it)."""
+    p.set_defaults(input_args=tuple(inputs), output_args=tuple(outputs))
+
+
 def add_output(p: argparse.ArgumentParser, *, json_flag: bool = True) -> None:
     p.add_argument("-o", "--output", metavar="FILE", help="write the result here (atomically)")
     if json_flag:
@@ -235,6 +247,19 @@ def add_plan_inputs(p: argparse.ArgumentParser) -> None:
     p.add_argument("plan", metavar="PLAN", help="plan file (shardplan.plan/1)")
     p.add_argument("graph", metavar="GRAPH", help="graph file (shardplan.graph/1)")
     p.add_argument("topology", metavar="TOPO", help="topology file (shardplan.topology/1)")
+
+
+def note_unused_devices(plan: Any, topology: Any, what: str) -> None:
+    """One :func:`note` when ``plan`` uses fewer devices than ``topology`` has (a plan for 2
+    devices given a 4-device topology): ``what`` (the export, the run) covers only the
+    plan's devices, and the plan may have been made for another topology."""
+    used = {int(d) for st in plan.stages for d in st.devices}
+    n = int(topology.num_devices)
+    if len(used) < n:
+        made = f" (it was made for {plan.topology!r})" if plan.topology and \
+            plan.topology != topology.name else ""
+        note(f"the plan uses {len(used)} of the {n} devices of topology {topology.name!r}"
+             f"{made}: {what} covers those {len(used)}")
 
 
 def load_plan_inputs(args: argparse.Namespace) -> tuple[Any, Any, Any]:

@@ -11,6 +11,7 @@ import time
 
 from shardplan.cli._common import (
     add_output,
+    declare_files,
     emit,
     positive_int,
     progress_reporter,
@@ -51,6 +52,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--list-models", action="store_true",
                    help="print the zoo's model names and exit")
     add_output(p)
+    declare_files(p, inputs=("model",), outputs=("output",))
     p.set_defaults(handler=_run)
 
 

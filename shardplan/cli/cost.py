@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from shardplan.cli._common import add_plan_inputs, load_plan_inputs, print_json
+from shardplan.cli._common import add_plan_inputs, declare_files, load_plan_inputs, print_json
 from shardplan.cli.partition import parse_option
 from shardplan.errors import ShardplanError
 
@@ -30,6 +30,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    metavar="KEY=VALUE", help="an execution setting overriding the plan's, or "
                                              "an objective's option (VALUE as JSON)")
     p.add_argument("--json", action="store_true", help="print a JSON object")
+    declare_files(p, inputs=("plan", "graph", "topology"))
     p.set_defaults(handler=_run)
 
 

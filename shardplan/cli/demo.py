@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from shardplan.cli._common import positive_float, positive_int, print_json
+from shardplan.cli._common import declare_files, positive_float, positive_int, print_json
 from shardplan.cli.inspect import summarize
 from shardplan.errors import ShardplanError
 from shardplan.ir import Plan, save, write_json
@@ -174,6 +174,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--steps", type=positive_int, default=5, help="steps of the real run "
                                                                  "(default 5)")
     p.add_argument("--json", action="store_true", help="print what was produced as JSON")
+    declare_files(p, inputs=("model",))
     p.set_defaults(handler=_handler)
 
 

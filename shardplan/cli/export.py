@@ -6,7 +6,13 @@ import argparse
 import os
 import sys
 
-from shardplan.cli._common import add_plan_inputs, load_plan_inputs, note
+from shardplan.cli._common import (
+    add_plan_inputs,
+    declare_files,
+    load_plan_inputs,
+    note,
+    note_unused_devices,
+)
 from shardplan.cli.simulate import add_simulation_options, simulation_kwargs
 
 __all__ = ["register"]
@@ -38,6 +44,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="the recipe of your model that the torchtitan recipe starts from")
     add_simulation_options(p)
     p.add_argument("-o", "--output", required=True, metavar="FILE", help="write it here")
+    declare_files(p, inputs=("plan", "graph", "topology", "schedule_file"),
+                  outputs=("output",))
     p.set_defaults(handler=_run)
 
 
@@ -46,6 +54,7 @@ def _run(args: argparse.Namespace) -> int:
     from shardplan.ir import write_atomic
 
     plan, graph, topology = load_plan_inputs(args)
+    note_unused_devices(plan, topology, "the export")
     kw = simulation_kwargs(args, plan, graph)
     # absolute: torchtitan opens the path from the folder it runs in
     options = ExportOptions(exact=args.exact_split, torchtitan_version=args.torchtitan_version,

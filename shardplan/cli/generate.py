@@ -6,6 +6,7 @@ import argparse
 
 from shardplan.cli._common import (
     add_output,
+    declare_files,
     emit,
     nonnegative_float,
     nonnegative_int,
@@ -84,6 +85,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="batch size of the FLOPs and activations (default 32)")
     a.add_argument("--name", help="graph name (default KIND-N)")
     add_output(p)
+    declare_files(p, outputs=("output",))
     p.set_defaults(handler=_run)
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from shardplan.cli._common import OneLineParser, add_output, emit, note, positive_int
+from shardplan.cli._common import OneLineParser, add_output, declare_files, emit, note, positive_int
 from shardplan.importers import load_pipedream
 
 __all__ = ["register"]
@@ -37,6 +37,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                     help="keep the Input sources and __getitem__ sinks that PipeDream's "
                          "optimizer removes")
     add_output(pd)
+    declare_files(pd, inputs=("profile",), outputs=("output",))
     pd.set_defaults(handler=_run_pipedream)
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from shardplan.cli._common import positive_int, print_json
+from shardplan.cli._common import declare_files, positive_int, print_json
 from shardplan.errors import ShardplanError
 from shardplan.ir import Graph, Plan, Topology, load, load_graph, load_topology
 
@@ -185,4 +185,5 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--graph", metavar="GRAPH", help="(plans) check the plan against this graph")
     p.add_argument("--topology", metavar="TOPO", help="(plans) ... and this topology")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    declare_files(p, inputs=("file", "graph", "topology"))
     p.set_defaults(handler=_handler)

@@ -48,6 +48,7 @@ def build_parser() -> OneLineParser:
 
     from shardplan import __version__
     from shardplan.cli._common import OneLineParser
+    from shardplan.cli.plan import byte_size
 
     parser = OneLineParser(
         prog="shardplan",
@@ -59,6 +60,9 @@ def build_parser() -> OneLineParser:
                         help="log what shardplan does on stderr (-vv: more)")
     parser.add_argument("-q", "--quiet", action="store_true",
                         help="only errors on stderr (no notes or warnings)")
+    parser.add_argument("--max-input-size", metavar="SIZE", type=byte_size,
+                        help="largest input file read (default 256MiB; also "
+                             "SHARDPLAN_MAX_INPUT_BYTES)")
     parser.add_argument("--config", metavar="FILE.toml",
                         help="options of the command from a TOML file (flags given on the "
                              "command line override them)")
@@ -84,18 +88,38 @@ def missing_extra(exc: ModuleNotFoundError) -> str | None:
     return f"this needs {top}, which is not installed: pip install 'shardplan[{extra}]'"
 
 
-def _with_config(parser: Any, argv: list[str]) -> list[str]:
-    """``argv`` with the tokens of ``--config FILE`` inserted after the command name."""
+def _with_config(parser: Any, argv: list[str]) -> tuple[list[str], str | None]:
+    """``argv`` with the tokens of ``--config FILE`` inserted after the command name, and
+    the config file (None without one)."""
     from shardplan.cli._config import config_tokens, split_config
 
     path, rest = split_config(argv)
     if path is None:
-        return rest
+        return rest, None
     sub = next(a for a in parser._actions if a.dest == "command")
     for i, tok in enumerate(rest):
         if tok in sub.choices:
-            return rest[:i + 1] + config_tokens(path, tok, dict(sub.choices)) + rest[i + 1:]
-    return rest
+            return (rest[:i + 1] + config_tokens(path, tok, dict(sub.choices)) + rest[i + 1:],
+                    path)
+    return rest, path
+
+
+def _check_files(args: Any, config: str | None) -> None:
+    """Tell the writer the command's inputs and check its outputs before it runs
+    (:func:`shardplan.cli._common.declare_files`)."""
+    from shardplan.ir.io import check_output, declare_inputs
+
+    def values(dests: tuple[str, ...]) -> list[str]:
+        out: list[str] = []
+        for dest in dests:
+            v = getattr(args, dest, None)
+            out.extend(str(x) for x in (v if isinstance(v, (list, tuple)) else [v])
+                       if x is not None)
+        return out
+
+    declare_inputs(config, *values(getattr(args, "input_args", ())))
+    for path in values(getattr(args, "output_args", ())):
+        check_output(path)
 
 
 def _setup_logging(verbose: int, quiet: bool) -> None:
@@ -172,14 +196,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        argv = _with_config(parser, argv)
-        from shardplan.ir.io import reset_inputs
-
-        reset_inputs()
+        argv, config = _with_config(parser, argv)
     except ShardplanError as exc:
         sys.stderr.write(f"shardplan: error: {exc}\n")
         return 2
     args = parser.parse_args(argv)
+    limit_before = os.environ.get("SHARDPLAN_MAX_INPUT_BYTES")
+    if args.max_input_size is not None:  # the environment carries it to worker processes
+        os.environ["SHARDPLAN_MAX_INPUT_BYTES"] = str(int(args.max_input_size))
     _setup_logging(args.verbose, args.quiet)
     _common.set_quiet(args.quiet)
     previous = None
@@ -187,10 +211,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         previous = signal.signal(signal.SIGTERM, _on_sigterm)
     except ValueError:  # not the main thread: leave signals alone
         previous = None
+    from shardplan.ir.io import command_scope
+
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), command_scope():
             warnings.simplefilter("ignore" if args.quiet else "always", ShardplanWarning)
             warnings.showwarning = _show_warning
+            _check_files(args, config)
             rc = args.handler(args)
     except ShardplanError as exc:
         sys.stderr.write(f"shardplan: error: {exc}\n")
@@ -216,6 +243,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+        if args.max_input_size is not None:  # main() may run again in this process
+            if limit_before is None:
+                os.environ.pop("SHARDPLAN_MAX_INPUT_BYTES", None)
+            else:
+                os.environ["SHARDPLAN_MAX_INPUT_BYTES"] = limit_before
         _common.set_command_start(None)
     return int(rc or 0)
 

@@ -10,6 +10,7 @@ from typing import Any
 from shardplan.cli._common import (
     SETTING_FLAGS,
     add_plan_inputs,
+    declare_files,
     emit,
     load_plan_inputs,
     note,
@@ -51,6 +52,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "(binary search + backtracking, exact) or consecutive (CS map).")
     add_plan_inputs(p)
     add_search_arguments(p, "optimal | consecutive", FLAGS)
+    declare_files(p, inputs=("plan", "graph", "topology"), outputs=("output",))
     p.set_defaults(handler=_run)
 
 

@@ -17,6 +17,7 @@ from shardplan._argtypes import ray_address
 from shardplan.cli._common import (
     SETTING_FLAGS,
     add_output,
+    declare_files,
     emit,
     nonnegative_float,
     nonnegative_int,
@@ -106,6 +107,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("topology", metavar="TOPO", help="topology file (shardplan.topology/1)")
     add_search_arguments(p, "partitioner name (the list below)", FLAGS)
     list_algorithms_in_help(p, "partition")
+    declare_files(p, inputs=("graph", "topology"), outputs=("output",))
     p.set_defaults(handler=_run)
 
 

@@ -17,6 +17,7 @@ from typing import Any
 from shardplan._argtypes import ray_address
 from shardplan.cli._common import (
     add_settings_arguments,
+    declare_files,
     note,
     positive_float,
     positive_int,
@@ -96,7 +97,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--run", action="store_true", help="train the winner for real and "
                    "print predicted against measured time per step")
     p.add_argument("--steps", type=positive_int, default=5, help="--run: steps (default 5)")
+    p.add_argument("--trust-model-code", action="store_true",
+                   help="--run: allow building the model from the Python file a graph "
+                        "file's 'model' field names (FILE.py:FN), which runs its code")
     p.add_argument("--json", action="store_true", help="print the ranking as JSON")
+    declare_files(p, inputs=("model", "cluster"), outputs=("output", "report"))
     p.set_defaults(handler=_run)
 
 
@@ -113,8 +118,11 @@ def _cluster(text: str) -> Any:
         key, sep, value = o.partition("=")
         if not sep:
             raise ShardplanError(f"cluster option {o!r} is not KEY=VALUE")
-        key = key.strip().replace("-", "_")
+        given = key.strip()
+        key = given.replace("-", "_")
         key = {"devices": "num_devices"}.get(key, key)  # the name `topology --devices` uses
+        if key in options:
+            raise ShardplanError(f"cluster option {given!r} is given twice in {text!r}")
         v: Any = value.strip()
         if "x" in v and all(part.isdigit() for part in v.split("x")):
             v = tuple(int(part) for part in v.split("x"))
@@ -126,13 +134,34 @@ def _cluster(text: str) -> Any:
                 except ValueError:
                     continue
         options[key] = v
+    _check_size(text, options)
     return build(kind.strip(), **options)
+
+
+def _check_size(text: str, options: dict[str, Any]) -> None:
+    """Refuse a builder spec whose device count (``num_devices``, or the product of
+    ``shape``) is beyond what ``plan`` searches, before building it (a million devices take
+    a minute to build). The search checks every topology again."""
+    from shardplan.planner import MAX_PLAN_DEVICES
+
+    shape = options.get("shape")
+    count = options.get("num_devices")
+    if isinstance(shape, tuple):
+        count = math.prod(shape)
+    if isinstance(count, int) and count > MAX_PLAN_DEVICES:
+        raise ShardplanError(f"--cluster {text!r} has {count} devices; plan searches at most "
+                             f"{MAX_PLAN_DEVICES}")
+
+
+def _from_graph_file(args: argparse.Namespace) -> bool:
+    """Whether MODEL_OR_GRAPH is a graph file (else a model spec to capture)."""
+    return os.path.exists(args.model) and args.model.endswith(".json")
 
 
 def _graph(args: argparse.Namespace) -> Any:
     from shardplan.ir import load_graph
 
-    if os.path.exists(args.model) and args.model.endswith(".json"):
+    if _from_graph_file(args):
         return load_graph(args.model)
     from shardplan.capture import capture_spec
 
@@ -154,14 +183,22 @@ def _run(args: argparse.Namespace) -> int:
     from shardplan.planner import FAMILIES, search
 
     families = None
-    if args.families:
+    if args.families is not None:
         families = [f.strip() for f in args.families.split(",") if f.strip()]
+        if not families:
+            raise ShardplanError(f"--families names no family (choose from "
+                                 f"{', '.join(FAMILIES)})")
         bad = [f for f in families if f not in FAMILIES]
         if bad:
             raise ShardplanError(f"unknown plan family {bad[0]!r} (choose from "
                                  f"{', '.join(FAMILIES)})")
     topology = _limit_memory(_cluster(args.cluster), args.memory_limit)
     graph = _graph(args)
+    if args.run and _from_graph_file(args) and graph.meta.get("model"):
+        from shardplan.runtime._args import check_model_trust
+
+        check_model_trust(str(graph.meta["model"]), from_file=f"the graph {args.model}",
+                          trusted=args.trust_model_code)
     changes = settings_changes(args)
     fixed: dict[str, Any] = {k: changes.pop(k) for k in ("microbatches", "schedule")
                              if k in changes}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from shardplan.cli._common import add_plan_inputs, load_plan_inputs, print_json
+from shardplan.cli._common import add_plan_inputs, declare_files, load_plan_inputs, print_json
 from shardplan.cli.simulate import add_simulation_options, simulation_kwargs
 
 __all__ = ["register"]
@@ -24,6 +24,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="where to write the report (atomically)")
     p.add_argument("--png-dir", metavar="DIR", help="also write the pictures here as PNGs")
     p.add_argument("--json", action="store_true", help="print what was written as JSON")
+    declare_files(p, inputs=("plan", "graph", "topology", "schedule_file"),
+                  outputs=("output",))
     p.set_defaults(handler=_run)
 
 

@@ -9,6 +9,7 @@ from typing import Any
 from shardplan.cli._common import (
     add_plan_inputs,
     add_settings_arguments,
+    declare_files,
     load_plan_inputs,
     plan_settings,
     print_json,
@@ -58,6 +59,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="with --json or -o: include every busy interval")
     p.add_argument("-o", "--output", metavar="FILE", help="write the result as JSON here")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
+    declare_files(p, inputs=("plan", "graph", "topology", "schedule_file"),
+                  outputs=("output", "schedule_out", "timeline"))
     p.set_defaults(handler=_run)
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from shardplan.cli._common import (
     add_output,
+    declare_files,
     emit,
     nonnegative_int,
     note,
@@ -67,6 +68,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=nonnegative_int, default=0, help="recorded (deterministic)")
     p.add_argument("--quiet", action="store_true", help="do not print the per-layer table")
     add_output(p)
+    declare_files(p, inputs=("graph", "topology", "import_tables"),
+                  outputs=("output", "export_tables"))
     p.set_defaults(handler=_run)
 
 

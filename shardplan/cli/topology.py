@@ -7,6 +7,7 @@ from typing import Any
 
 from shardplan.cli._common import (
     add_output,
+    declare_files,
     emit,
     nonnegative_float,
     nonnegative_int,
@@ -133,6 +134,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                            "loads in milliseconds; shardplan reads it, tools that read only "
                            "the matrices do not) and other matrices compactly encoded")
     add_output(p)
+    declare_files(p, outputs=("output",))
     p.set_defaults(handler=run)
 
 

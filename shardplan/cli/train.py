@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from shardplan.cli._common import note
+from shardplan.cli._common import declare_files, note
 from shardplan.runtime._args import add_arguments, config_from_args
 
 __all__ = ["register"]
@@ -29,6 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "{\"losses\": [...], \"seconds_per_step\": [...], \"settings\": {...}}. "
                     "Synthetic data of the graph's input shapes, seeded.")
     add_arguments(p)
+    declare_files(p, inputs=("plan", "graph", "topology", "model"), outputs=("output",))
     p.set_defaults(handler=_run)
 
 

@@ -28,6 +28,10 @@ GRAPH_FORMAT = "shardplan.graph/1"
 #: files are JSON numbers) and far from int64's limit, past which 1e30 bytes wrapped around
 #: to a negative count. No tensor comes near it (2^53 bytes is 8 PiB).
 MAX_BYTES = float(2**53)
+#: Bound on a node's FLOPs, weight, seconds and working memory: far beyond any model (a large
+#: language model's whole training run is about 1e25 FLOPs), and low enough that sums and
+#: products of them stay finite floats (1e308 per node overflowed the planner).
+MAX_QUANTITY = 1e30
 
 _FLOAT_COLUMNS = ("fwd_flops", "bwd_flops", "weight")
 _INT_COLUMNS = ("param_bytes", "output_bytes")
@@ -194,6 +198,11 @@ class Graph:
                 i = int(bad[0])
                 raise InvalidFileError(f"node {i} ({self.names[i]!r}) has a negative or "
                                        f"non-finite {col}: {arr[i]!r}")
+            huge = np.flatnonzero(arr >= MAX_QUANTITY)
+            if huge.size:
+                i = int(huge[0])
+                raise InvalidFileError(f"node {i} ({self.names[i]!r}) has {col} "
+                                       f"{arr[i]:.6g}: must be below {MAX_QUANTITY:.0e}")
             if col in _INT_COLUMNS:
                 big = np.flatnonzero(arr >= MAX_BYTES)
                 if big.size:
@@ -213,6 +222,11 @@ class Graph:
                     i = int(inf[0])
                     raise InvalidFileError(f"node {i} ({self.names[i]!r}) has a non-finite "
                                            f"{col}: {arr[i]!r}")
+                huge = np.flatnonzero(np.abs(np.nan_to_num(arr)) >= MAX_QUANTITY)
+                if huge.size:
+                    i = int(huge[0])
+                    raise InvalidFileError(f"node {i} ({self.names[i]!r}) has {col} "
+                                           f"{arr[i]:.6g}: must be below {MAX_QUANTITY:.0e}")
                 object.__setattr__(self, col, _readonly(arr))
         for col in ("src", "dst", "edge_bytes"):
             arr = np.asarray(getattr(self, col), dtype=np.float64).reshape(-1)
@@ -839,6 +853,8 @@ class Graph:
         if not isinstance(raw_nodes, list) or not isinstance(raw_edges, list):
             raise InvalidFileError("graph 'nodes' and 'edges' must be lists")
         n = len(raw_nodes)
+        if n == 0:
+            raise InvalidFileError("a graph needs at least one node (this one has none)")
         cols: dict[str, list[Any]] = {c: [] for c in (*_FLOAT_COLUMNS, *_INT_COLUMNS,
                                                       *_OPTIONAL_FLOAT_COLUMNS)}
         names, ops, modules, spaces, extras = [], [], [], [], []

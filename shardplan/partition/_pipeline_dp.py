@@ -53,9 +53,16 @@ from shardplan.cost import CostModel, pipeline_factor, ring_allreduce_seconds, v
 from shardplan.cost._collectives import measured_seconds, ring_steps
 from shardplan.cost._formulas import stage_memory, work_seconds
 from shardplan.cost._memory import in_flight_microbatches
+from shardplan.errors import ShardplanError
 from shardplan.ir import ExecutionSettings, Graph, Topology
 
-__all__ = ["StageContext", "Units", "enumerate_fronted", "fronted_dp", "surrogate_seconds"]
+__all__ = ["MAX_STAGE_DEVICES", "StageContext", "Units", "enumerate_fronted", "fronted_dp",
+           "surrogate_seconds"]
+
+#: Most devices a pipeline shape (stages x replicas) may use: its context takes the median of
+#: the latency and bandwidth over every pair of them, O(devices^2) memory (128 MiB per
+#: float64 matrix here).
+MAX_STAGE_DEVICES = 4096
 
 
 @dataclass(frozen=True, eq=False)
@@ -205,6 +212,10 @@ class StageContext:
               num_stages: int, num_replicas: int, view: str = "overlap") -> StageContext:
         dev = np.arange(num_stages * num_replicas).reshape(num_stages, num_replicas)
         used = dev.reshape(-1)
+        if used.size > MAX_STAGE_DEVICES:
+            raise ShardplanError(f"{num_stages} stages x {num_replicas} replicas use "
+                                 f"{used.size} devices; pipeline partitioning prices at most "
+                                 f"{MAX_STAGE_DEVICES} (the median over every pair of them)")
         if used.size > 1:
             off = ~np.eye(used.size, dtype=bool)
             lat = float(np.median(topology.latency[np.ix_(used, used)][off]))

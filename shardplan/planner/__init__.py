@@ -16,7 +16,7 @@ from shardplan.planner._families import (
     microbatch_choices,
     shape_label,
 )
-from shardplan.planner._search import PlanSearch, search
+from shardplan.planner._search import MAX_PLAN_DEVICES, PlanSearch, search
 
-__all__ = ["FAMILIES", "Evaluated", "PlanSearch", "Task", "microbatch_choices", "search",
-           "shape_label"]
+__all__ = ["FAMILIES", "MAX_PLAN_DEVICES", "Evaluated", "PlanSearch", "Task",
+           "microbatch_choices", "search", "shape_label"]

@@ -21,7 +21,14 @@ from shardplan.planner._families import (
     tasks_for,
 )
 
-__all__ = ["PlanSearch", "search"]
+__all__ = ["MAX_PLAN_DEVICES", "PlanSearch", "search"]
+
+#: Most devices ``plan`` searches (4096: 64 x 64). Its families price candidates from dense
+#: per-pair views of the devices a plan uses (Parmesan's median pair latency and bandwidth,
+#: the mapper's matrices): O(D^2) memory, 128 MiB per float64 matrix at this size, 7 TiB at
+#: a million devices. Larger clusters are refused in one line instead of running out of
+#: memory.
+MAX_PLAN_DEVICES = 4096
 
 #: Families searched by default (all of them; a family with nothing to offer returns no row).
 DEFAULT_FAMILIES = FAMILIES
@@ -143,6 +150,12 @@ def search(graph: Graph, topology: Topology, *, global_batch: int | None = None,
     of the time limit, and at most :data:`TASK_SECONDS`.
     """
     t0 = time.monotonic()
+    if graph.num_nodes == 0:
+        raise ShardplanError(f"graph {graph.name!r} has no nodes: nothing to plan")
+    if topology.num_devices > MAX_PLAN_DEVICES:
+        raise ShardplanError(f"topology {topology.name!r} has {topology.num_devices} devices; "
+                             f"plan searches at most {MAX_PLAN_DEVICES} (its candidates are "
+                             f"priced from per-pair matrices, O(devices^2) memory)")
     deadline = None if time_limit is None else t0 + time_limit * (1 - _SLACK)
     base = (settings or ExecutionSettings()).resolve(graph)
     batch = int(global_batch or graph.batch_size * topology.num_devices)

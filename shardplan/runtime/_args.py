@@ -23,9 +23,9 @@ from shardplan._argtypes import nonnegative_int, positive_float, positive_int
 from shardplan.errors import ShardplanError
 from shardplan.runtime._config import OPTIMIZERS, SCHEDULES, TrainConfig
 
-__all__ = ["BASELINES", "Prepared", "add_arguments", "config_for_plan", "config_from_args",
-           "input_sizes", "operator_view", "pipeline_fields", "plan_fields", "resolve_settings",
-           "strategy_fields"]
+__all__ = ["BASELINES", "Prepared", "add_arguments", "check_model_trust", "config_for_plan",
+           "config_from_args", "input_sizes", "model_code_file", "operator_view",
+           "pipeline_fields", "plan_fields", "resolve_settings", "strategy_fields"]
 
 BASELINES = ("fsdp", "ddp", "single")
 
@@ -37,6 +37,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("topology", metavar="TOPO", help="topology file (shardplan.topology/1)")
     p.add_argument("--model", default=None,
                    help="the model spec the graph was captured from (default: the graph's)")
+    p.add_argument("--trust-model-code", action="store_true",
+                   help="allow building the model from the Python file the graph's 'model' "
+                        "field names (FILE.py:FN): that runs the file's code")
     p.add_argument("--steps", type=positive_int, required=True, help="training iterations")
     p.add_argument("--schedule", choices=SCHEDULES, default=None,
                    help="override the plan's pipeline schedule")
@@ -330,6 +333,25 @@ def _check_checkpoint_dir(directory: str | None, resume: bool) -> None:
                                  f"not exist")
 
 
+def model_code_file(spec: str) -> str | None:
+    """The Python file a model spec runs (``FILE.py:FUNCTION``), else None: the zoo's names
+    (``mlp``, ``torchvision:NAME``, ...) run no code of the user's."""
+    head = spec.strip().rsplit(":", 1)[0] if ":" in spec else ""
+    return head if head.endswith(".py") else None
+
+
+def check_model_trust(spec: str, *, from_file: str, trusted: bool) -> None:
+    """Refuse to build a model whose spec came from a file (a graph's ``model`` field)
+    and names Python code, unless the user said ``--trust-model-code``: a graph or plan
+    from someone else must never run code. A spec typed on the command line is the user's
+    own choice and is not checked here."""
+    code = model_code_file(spec)
+    if code is not None and not trusted:
+        raise ShardplanError(f"{from_file} names the model {spec!r}, which would run the code "
+                             f"in {code!r}: pass --trust-model-code if you trust that file "
+                             f"(or --model SPEC)")
+
+
 def _same_model(a: str, b: str) -> bool:
     def norm(s: str) -> str:
         return ",".join(part.strip() for part in s.strip().split(","))
@@ -353,6 +375,9 @@ def config_from_args(args: argparse.Namespace) -> Prepared:
         raise ShardplanError(f"the graph was captured from {captured_from!r}, not {args.model!r}: "
                              f"the plan's operators are that model's (capture --model's graph "
                              f"and plan it, or drop --model)")
+    if not args.model:
+        check_model_trust(model, from_file=f"the graph {args.graph}",
+                          trusted=getattr(args, "trust_model_code", False))
     _check_checkpoint_dir(args.checkpoint_dir, args.resume)
     settings, notes = resolve_settings(
         plan, graph, microbatches=args.microbatches, schedule=args.schedule,
@@ -360,6 +385,10 @@ def config_from_args(args: argparse.Namespace) -> Prepared:
         microbatch_size=args.microbatch_size)
     seq, img, check, size_notes = input_sizes(graph, args.seq_len, args.image_size)
     notes += size_notes
+    used = {int(d) for st in plan.stages for d in st.devices}
+    if len(used) < topology.num_devices and not args.baseline:
+        notes.append(f"the plan uses {len(used)} of the {topology.num_devices} devices of "
+                     f"topology {topology.name!r}: the run starts {len(used)} processes")
     fields = plan_fields(plan, graph, settings)  # also checks the plan before any process
     common = dict(
         model=model, steps=args.steps, seq_len=seq, image_size=img, input_shapes=check,

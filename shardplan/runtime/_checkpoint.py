@@ -24,6 +24,7 @@ missing or misshapen entries are refused too.
 from __future__ import annotations
 
 import json
+import math
 import os
 import pickle
 import re
@@ -37,8 +38,8 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint import FileSystemReader
 
-from shardplan.errors import ShardplanError
-from shardplan.ir.io import write_atomic
+from shardplan.errors import InvalidFileError, ShardplanError
+from shardplan.ir.io import read_bytes, write_atomic
 from shardplan.runtime._config import TrainConfig
 
 __all__ = ["due", "latest", "load", "load_local", "load_model", "save", "save_local"]
@@ -135,12 +136,14 @@ class _SafeReader(FileSystemReader):
 
 def _read_state(path: str, step: int) -> dict[str, Any]:
     """``state.json``, checked: plain JSON of the expected shape."""
+    state = os.path.join(path, "state.json")
+    if not os.path.exists(state):
+        raise ShardplanError(f"checkpoint {path!r} has no state.json")
     try:
-        with open(os.path.join(path, "state.json"), encoding="utf-8") as fh:
-            data = json.load(fh)
-    except FileNotFoundError:
-        raise ShardplanError(f"checkpoint {path!r} has no state.json") from None
-    except (OSError, ValueError) as exc:
+        data = json.loads(read_bytes(state))  # size-limited, as every input file
+    except InvalidFileError as exc:
+        raise ShardplanError(f"checkpoint {path!r}: {exc}") from None
+    except ValueError as exc:
         raise ShardplanError(f"checkpoint {path!r}: unreadable state.json "
                              f"({type(exc).__name__})") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
@@ -153,7 +156,31 @@ def _read_state(path: str, step: int) -> dict[str, Any]:
             isinstance(g, dict) and all(_plain(v) for v in g.values()) for g in groups):
         raise ShardplanError(f"checkpoint {path!r}: malformed optimizer settings in "
                              f"state.json")
+    for g in groups:
+        for key, v in g.items():
+            bad = _bad_setting(key, v)
+            if bad:
+                raise ShardplanError(f"checkpoint {path!r}: state.json gives the optimizer "
+                                     f"{key} {v!r}, {bad}")
     return data
+
+
+#: Optimizer settings that must be >= 0 (torch's optimizers refuse negative ones when built,
+#: but not when a resumed param_group brings them).
+_NONNEGATIVE = ("lr", "weight_decay", "momentum", "dampening", "eps")
+
+
+def _bad_setting(key: str, v: Any) -> str | None:
+    """Why an optimizer setting of ``state.json`` is refused (None when it is fine): a NaN
+    or infinite number anywhere (a NaN learning rate trains to NaN losses with exit 0), a
+    negative learning rate, weight decay, momentum, dampening or eps."""
+    values = v if isinstance(v, list) else [v]
+    nums = [float(x) for x in values if isinstance(x, (int, float)) and not isinstance(x, bool)]
+    if any(not math.isfinite(x) for x in nums):
+        return "not a finite number"
+    if key in _NONNEGATIVE and any(x < 0 for x in nums):
+        return "which must not be negative"
+    return None
 
 
 def _plain(v: Any) -> bool:
@@ -231,12 +258,31 @@ def _load_into(tensors: dict[str, torch.Tensor], path: str, *, no_dist: bool) ->
     except ShardplanError:
         raise
     except (Exception, CheckpointException) as exc:  # noqa: BLE001 - one line for any
-        text = " ".join(str(exc).split())
-        missing = re.search(r"Missing key in checkpoint state_dict: ([\w.]+)", text)
-        why = f"it lacks {missing.group(1)!r}" if missing else f"{type(exc).__name__}: " \
-            f"{text[:200]}"
-        raise ShardplanError(f"checkpoint {path!r} does not fit this run ({why}); was it "
-                             f"written by another model or plan?") from None
+        raise ShardplanError(_load_failure(path, exc)) from None
+
+
+def _load_failure(path: str, exc: BaseException) -> str:
+    """One line for a DCP load that failed: a checkpoint of another model or plan (a key it
+    lacks, a tensor of another size), or one whose tensor data are damaged (truncated or
+    altered files: the first error of a rank, never torch's traceback text)."""
+    text = " ".join(str(exc).split())
+    missing = re.search(r"Missing key in checkpoint state_dict: ([\w.]+)", text)
+    if missing:
+        return (f"checkpoint {path!r} does not fit this run (it lacks "
+                f"{missing.group(1)!r}); was it written by another model or plan?")
+    if re.search(r"size mismatch|shape mismatch|does not match|doesn't match", text):
+        return (f"checkpoint {path!r} does not fit this run (a tensor of another size); was "
+                f"it written by another model or plan?")
+    failures = getattr(exc, "failures", None)
+    if isinstance(failures, dict) and failures:
+        first = next(iter(failures.values()))
+        inner = first[0] if isinstance(first, tuple) and first else first
+        if isinstance(inner, BaseException):
+            exc = inner
+    detail = (str(exc).strip().splitlines() or [""])[0][:120]
+    why = f"{type(exc).__name__}{': ' + detail if detail else ''}"
+    return (f"checkpoint {path!r} is damaged: its tensor data cannot be read ({why}); "
+            f"resume from an intact checkpoint or start again")
 
 
 def _finish(directory: str, tmp: str, step: int, state: str) -> None:

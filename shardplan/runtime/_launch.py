@@ -27,6 +27,7 @@ from typing import Any
 
 from shardplan._ranks import read_rank_errors, run_ranks, settle
 from shardplan.errors import ShardplanError
+from shardplan.ir.io import write_atomic
 from shardplan.runtime._config import RunResult
 
 __all__ = ["launch", "rank_main"]
@@ -141,7 +142,7 @@ def launch(configs: Sequence[Any], nproc: int, *, time_limit: float | None = Non
                     src = os.path.join(tmp, f"rank{r}.log")
                     if os.path.exists(src):
                         with open(src, "rb") as fh:
-                            _write(os.path.join(keep_logs, f"rank{r}.log"), fh.read())
+                            write_atomic(os.path.join(keep_logs, f"rank{r}.log"), fh.read())
         with open(os.path.join(tmp, "rank0.json"), encoding="utf-8") as fh:
             results = [RunResult.from_dict(d) for d in json.load(fh)]
         params_path = os.path.join(tmp, "params.pt")

@@ -206,6 +206,15 @@ def test_latest_must_name_a_checkpoint_here(checkpoint, latest, message) -> None
     ('{"format": "shardplan.checkpoint/1", "step": 2, "param_groups": [{"lr": {"a": 1}}]}',
      "malformed"),
     ("not json", "unreadable"),
+    # issue 34: a NaN learning rate resumed and trained to NaN losses with exit 0
+    ('{"format": "shardplan.checkpoint/1", "step": 2, "param_groups": [{"lr": NaN}]}',
+     "not a finite number"),
+    ('{"format": "shardplan.checkpoint/1", "step": 2, "param_groups": [{"lr": Infinity}]}',
+     "not a finite number"),
+    ('{"format": "shardplan.checkpoint/1", "step": 2, "param_groups": [{"lr": -0.1}]}',
+     "must not be negative"),
+    ('{"format": "shardplan.checkpoint/1", "step": 2, "param_groups": '
+     '[{"lr": 0.1, "betas": [0.9, NaN]}]}', "not a finite number"),
 ])
 def test_state_json_is_checked(checkpoint, text, message) -> None:
     cfg, path = checkpoint
@@ -315,3 +324,25 @@ def test_a_malformed_state_file_is_one_line(tmp_path):
     with pytest.raises(ShardplanError, match="unreadable checkpoint metadata .*"
                                              "UnpicklingError"):
         _load(_crafted(tmp_path, b"\x80\x02garbage"))
+
+
+@pytest.mark.parametrize("how", ["truncated", "altered"])
+def test_damaged_tensor_data_is_one_clear_line(checkpoint, how) -> None:
+    import glob
+
+    cfg, path = checkpoint
+    data_file = glob.glob(os.path.join(path, "*.distcp"))[0]
+    with open(data_file, "rb") as fh:
+        data = bytearray(fh.read())
+    if how == "truncated":
+        data = data[:len(data) // 2]
+    else:
+        for i in range(100, len(data), 997):
+            data[i] ^= 0xFF
+    with open(data_file, "wb") as fh:
+        fh.write(bytes(data))
+    with pytest.raises(ShardplanError) as info:
+        _resume(cfg)
+    text = str(info.value)
+    assert "is damaged" in text and "\n" not in text, text
+    assert "Traceback" not in text and "File " not in text and len(text) < 300, text
