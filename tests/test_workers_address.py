@@ -7,6 +7,7 @@ import socket
 
 import pytest
 
+from shardplan import _workers
 from shardplan._workers import RayExecutor, _check_reachable, ray_address
 from shardplan.errors import ShardplanError
 from shardplan.generate import layered
@@ -81,7 +82,10 @@ def test_reachability_is_checked_at_the_parsed_host_and_port(monkeypatch):
     seen = []
 
     class _Conn:
-        def close(self):
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
             seen.append("closed")
 
     def connect(target, timeout):
@@ -91,6 +95,7 @@ def test_reachability_is_checked_at_the_parsed_host_and_port(monkeypatch):
         return _Conn()
 
     monkeypatch.setattr(socket, "create_connection", connect)
+    monkeypatch.setattr(_workers, "_speaks_http2", lambda conn: True)  # a gRPC server
     _check_reachable("ray://[::1]:6379")
     _check_reachable("local")
     _check_reachable("auto")
