@@ -76,8 +76,6 @@ TORCH_MODULES = ("torch", "torchvision", "transformers")
 #: time. Each entry is exact: a new module in a circle, a new circle or another long module
 #: fails the test. Empty this list; do not add to it.
 ALLOWED_CIRCLES: set[frozenset[str]] = {
-    # issue 35, item 4: _collectives <-> _transfer
-    frozenset({"shardplan.cost._collectives", "shardplan.cost._transfer"}),
     # found by this test: _worker imports _tensor_parallel's run_strategy (and three helpers)
     # inside functions, _tensor_parallel imports _worker's rank helpers; fix: the helpers both
     # use in a module of their own (runtime/_rank.py)
