@@ -47,7 +47,7 @@ slowdown at 1, exactly as before. Fields of a device entry:
   over the state).
 - ``comm_cpu_share``: the part of a message's time in flight that its two ends' computation
   loses while they compute (gloo on a CPU host: the transfers run on the computing cores);
-  the simulator's engine charges it (:mod:`shardplan.simulate._engine`), the static
+  the simulator charges it (:mod:`shardplan.simulate._messages`), the static
   stage-time views leave it out.
 - ``pipeline_action_overhead_seconds``: seconds torch's pipelining schedule adds per forward
   or backward action: charged per micro-batch to plans the pipeline runtime runs (not DDP,
