@@ -76,10 +76,6 @@ TORCH_MODULES = ("torch", "torchvision", "transformers")
 #: time. Each entry is exact: a new module in a circle, a new circle or another long module
 #: fails the test. Empty this list; do not add to it.
 ALLOWED_CIRCLES: set[frozenset[str]] = {
-    # found by this test: _worker imports _tensor_parallel's run_strategy (and three helpers)
-    # inside functions, _tensor_parallel imports _worker's rank helpers; fix: the helpers both
-    # use in a module of their own (runtime/_rank.py)
-    frozenset({"shardplan.runtime._tensor_parallel", "shardplan.runtime._worker"}),
     # found by this test: export/__init__ imports _frameworks, which imports EXPORT_FORMAT,
     # Export and torch_schedule_name from the package; fix: those in export/_common.py
     frozenset({"shardplan.export", "shardplan.export._frameworks"}),
