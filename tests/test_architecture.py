@@ -75,11 +75,7 @@ TORCH_MODULES = ("torch", "torchvision", "transformers")
 #: while phase 1 landed) and circles found by this test in packages owned elsewhere at the
 #: time. Each entry is exact: a new module in a circle, a new circle or another long module
 #: fails the test. Empty this list; do not add to it.
-ALLOWED_CIRCLES: set[frozenset[str]] = {
-    # found by this test: export/__init__ imports _frameworks, which imports EXPORT_FORMAT,
-    # Export and torch_schedule_name from the package; fix: those in export/_common.py
-    frozenset({"shardplan.export", "shardplan.export._frameworks"}),
-}
+ALLOWED_CIRCLES: set[frozenset[str]] = set()
 #: issue 35: the engine split along its seams (events, network, collectives, strategy stages).
 ALLOWED_LONG: set[str] = set()
 
