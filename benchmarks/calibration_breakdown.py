@@ -133,7 +133,7 @@ def _install() -> None:
     import torch.distributed.pipelining.schedules as sched
     import torch.distributed.pipelining.stage as pstage
 
-    from shardplan.runtime import _dtensor, _tensor_parallel, _worker
+    from shardplan.runtime import _dtensor, _rank, _tensor_parallel, _worker
 
     orig_time = _worker._time
 
@@ -155,7 +155,7 @@ def _install() -> None:
             prof[0].__enter__()
         return now
 
-    _worker._time = tick
+    _worker._time = _rank._time = tick  # _rank's: the strategy runs' clock
     torch.autograd.backward = _timed(torch.autograd.backward, "backward")
     base = pstage._PipelineStageBase
     base.forward_one_chunk = _timed(base.forward_one_chunk, "pipelining")
@@ -178,7 +178,7 @@ def _install() -> None:
         opt.zero_grad = _timed(opt.zero_grad, "optimizer")
         return opt
 
-    _worker._optimizer = optimizer
+    _worker._optimizer = _rank._optimizer = optimizer
 
     orig_build = _worker._build
 
@@ -217,7 +217,7 @@ def _install() -> None:
 
         return loss
 
-    _worker._build = build
+    _worker._build = _rank._build = build
     _worker.loss_fn_for = loss_fn_for
     _tensor_parallel.loss_fn_for = loss_fn_for
 

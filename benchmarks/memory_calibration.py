@@ -51,7 +51,7 @@ def _programs(spec: str, sizes: dict, stages: int):
     """(graph, plan, stage programs, probes) as the runtime builds them."""
     from shardplan.capture import capture_spec
     from shardplan.runtime import config_for_plan, contiguous_plan
-    from shardplan.runtime._worker import _stage_programs
+    from shardplan.runtime._rank import _stage_programs
 
     graph = capture_spec(spec, **sizes)
     plan = contiguous_plan(graph, stages, 1)

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from shardplan.cost._formulas import ring_allreduce_seconds
+from shardplan.cost._links import inverse_bandwidth
 from shardplan.ir import Topology
 
 __all__ = ["COLLECTIVES", "collective_seconds", "curve_seconds", "measured_seconds",
@@ -74,8 +75,6 @@ def collective_seconds(topology: Topology, kind: str, devices: Any, nbytes: floa
     if measured is not None:
         return measured
     if inv_bandwidth is None:
-        from shardplan.cost._transfer import inverse_bandwidth
-
         inv_bandwidth = inverse_bandwidth(topology)
     nxt = np.roll(dev, -1)
     lat, ib = topology.latency[dev, nxt], inv_bandwidth[dev, nxt]

@@ -1,7 +1,7 @@
 """Fixed costs a run pays beyond its operators' arithmetic and its messages' bytes.
 
 ``topology measure`` records them in every device's entry (measured on the machine, with
-every rank busy at once, see :mod:`shardplan.topology._measure_worker`); topologies without
+every rank busy at once, see :mod:`shardplan.measure._worker`); topologies without
 them (the builders, GPU presets, files written before) price every overhead at 0 and every
 slowdown at 1, exactly as before. Fields of a device entry:
 
@@ -47,7 +47,7 @@ slowdown at 1, exactly as before. Fields of a device entry:
   over the state).
 - ``comm_cpu_share``: the part of a message's time in flight that its two ends' computation
   loses while they compute (gloo on a CPU host: the transfers run on the computing cores);
-  the simulator's engine charges it (:mod:`shardplan.simulate._engine`), the static
+  the simulator charges it (:mod:`shardplan.simulate._messages`), the static
   stage-time views leave it out.
 - ``pipeline_action_overhead_seconds``: seconds torch's pipelining schedule adds per forward
   or backward action: charged per micro-batch to plans the pipeline runtime runs (not DDP,
@@ -157,7 +157,7 @@ def dtensor_collective_overhead(topology: Topology | None, devices: Sequence[int
     cost model charges for its bytes (the link or the curve, and a latency): the largest of
     their ``dtensor_collective_overhead_seconds`` (measured on a redistribution of the
     runtime's program between computations:
-    :func:`shardplan.topology._measure.reshard_overhead`); 0 where absent (a GPU preset).
+    :func:`shardplan.measure._measure.reshard_overhead`); 0 where absent (a GPU preset).
     Charged per all-reduce, re-shard direction and output gather of a strategy stage by
     PaSE's ``default`` cost model and the simulator alike."""
     return _largest(topology, "dtensor_collective_overhead_seconds", devices)

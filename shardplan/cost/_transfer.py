@@ -8,7 +8,9 @@ from typing import Any
 import numpy as np
 
 from shardplan.cost._checks import check_assignment
+from shardplan.cost._collectives import collective_seconds
 from shardplan.cost._formulas import message_seconds
+from shardplan.cost._links import inverse_bandwidth
 from shardplan.errors import ShardplanError
 from shardplan.ir import Graph, Topology
 
@@ -16,23 +18,6 @@ __all__ = ["allreduce_seconds", "cut_tensors", "inverse_bandwidth", "replica_tra
            "stage_traffic",
            "stage_transfer_seconds", "transfer_seconds", "transfer_seconds_matrix",
            "stage_devices_array", "transfer_seconds_pairs"]
-
-
-def inverse_bandwidth(topology: Topology) -> np.ndarray:
-    """Seconds per byte between every device pair: ``1 / bandwidth``.
-
-    Zero on the diagonal (a device does not send to itself), ``inf`` where the bandwidth is 0
-    (no route). Shape (D, D). O(D^2); for a topology with a pair model (builders' kinds) a
-    read-only :class:`~shardplan.ir._pairs.PairMatrix` computing the entries indexed (O(1)).
-    """
-    model = topology.pair_model
-    if model is not None:
-        return model.matrix("inverse_bandwidth")
-    bw = topology.bandwidth
-    with np.errstate(divide="ignore"):
-        inv = np.where(bw > 0, 1.0 / np.where(bw > 0, bw, 1.0), np.inf)
-    np.fill_diagonal(inv, 0.0)
-    return inv
 
 
 def _check_device(topology: Topology, d: Any, what: str) -> int:
@@ -254,6 +239,4 @@ def allreduce_seconds(topology: Topology, devices: Sequence[int] | np.ndarray,
         raise ShardplanError(f"all-reduce devices must lie in [0, {topology.num_devices})")
     if r <= 1 or nbytes <= 0:
         return 0.0
-    from shardplan.cost._collectives import collective_seconds
-
     return collective_seconds(topology, "allreduce", dev, float(nbytes))

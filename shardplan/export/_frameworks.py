@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from shardplan.errors import ShardplanError
-from shardplan.export import EXPORT_FORMAT, Export, ExportOptions, torch_schedule_name
+from shardplan.export._common import EXPORT_FORMAT, Export, ExportOptions, torch_schedule_name
 from shardplan.export._layers import PipelineParts, pipeline_parts
 from shardplan.ir import ExecutionSettings, Graph, Plan, Topology
 

@@ -308,7 +308,7 @@ def _optimizer_steps(torch: Any, dist: Any, dev: Any, sync: Callable[[], None],
     """``({optimizer: seconds per parameter byte}, {optimizer: seconds per parameter
     tensor})`` of one step of each optimizer the settings name
     (:data:`shardplan.cost._formulas.OPTIMIZER_BYTES`' keys), built as the runtime builds it
-    (:func:`shardplan.runtime._worker.make_optimizer`: torch's default implementation for
+    (:func:`shardplan.runtime._rank.make_optimizer`: torch's default implementation for
     the device), every rank stepping at once.
 
     Two steps are timed (medians over ``repeats`` after ``warmup``): over 16 MiB of
@@ -323,7 +323,7 @@ def _optimizer_steps(torch: Any, dist: Any, dev: Any, sync: Callable[[], None],
     from torch import nn
 
     from shardplan.cost._formulas import OPTIMIZER_BYTES
-    from shardplan.runtime._worker import make_optimizer
+    from shardplan.runtime._rank import make_optimizer
 
     def params(count: int, numel: int) -> list[Any]:
         out = [nn.Parameter(torch.rand(numel, device=dev)) for _ in range(count)]

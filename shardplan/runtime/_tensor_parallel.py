@@ -58,7 +58,7 @@ def run_strategy(cfg: TrainConfig, rank: int, world: int) -> RunResult:
     from torch.distributed.tensor import DTensor
 
     from shardplan.runtime._dtensor import GradBuckets, ShardedProgram, make_mesh
-    from shardplan.runtime._worker import (
+    from shardplan.runtime._rank import (
         _device,
         _maybe_fault,
         _optimizer,

@@ -1,6 +1,6 @@
 """A ring collective in closed form, when nothing else can touch its devices or links.
 
-The simulator (:mod:`shardplan.simulate._engine`) runs a ring collective of a stage's R
+The simulator (:mod:`shardplan.simulate._collectives`) runs a ring collective of a stage's R
 replicas as ``steps`` synchronised steps: in each, every replica i sends ``bytes / R`` to
 replica ``i + 1`` through its FIFO send queue and the network, and the next step starts when
 the whole step has arrived. That is ``R x steps`` messages (``2 R (R - 1)`` for an

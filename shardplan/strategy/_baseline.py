@@ -1,5 +1,5 @@
 """Shared machinery of the baseline strategies: pick, for every node, the valid configuration
-closest to a wanted split (see :func:`closest`)."""
+closest to a wanted split (see :func:`~shardplan.strategy._choice.closest`)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import numpy as np
 from shardplan.errors import ShardplanError
 from shardplan.ir import Graph, Topology
 from shardplan.registry import Result, take_options
-from shardplan.strategy.pase import devices_of, plan_from_choice
+from shardplan.strategy._choice import closest, devices_of, plan_from_choice
 from shardplan.strategy.spaces import Space
 from shardplan.strategy.tables import (
     build_tables,
@@ -27,14 +27,6 @@ __all__ = ["DEFAULTS", "closest", "run_baseline"]
 DEFAULTS: Mapping[str, Any] = {"devices": None, "cost_model": "pase", "cutoff": None,
                                "memory_limit": None, "execution": None,
                                "loss_on_shards": True}
-
-
-def closest(configs: np.ndarray, want: np.ndarray) -> int:
-    """Row of ``configs`` that splits no dimension more than ``want`` and, among those, uses
-    the most devices (ties: the first row). Always exists: the all-ones row is valid. O(K d)."""
-    ok = np.all(configs <= want[None, :], axis=1)
-    score = np.where(ok, np.prod(configs, axis=1), -1)
-    return int(np.argmax(score))
 
 
 def run_baseline(name: str, graph: Graph, topology: Topology, options: Mapping[str, Any],

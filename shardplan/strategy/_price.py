@@ -6,9 +6,9 @@ A stage of ``P`` devices runs its nodes under their configurations (rows of spli
 each node's iteration space, paper 004 section II). :class:`StagePricer` gives, for every
 configuration of a node, what one device of the stage spends on it in one micro-batch, and for
 every edge what re-sharding its tensor costs; the simulator
-(:func:`shardplan.simulate.strategy_stage_seconds`) adds these up for the plan's chosen
-configurations, and :class:`SimulatorCostModel` hands the same numbers, per iteration, to
-PaSE's search. Everything is at the plan's micro-batch size and precision
+(:func:`shardplan.simulate._strategy_stages.strategy_stage_seconds`) adds these up for the
+plan's chosen configurations, and :class:`SimulatorCostModel` hands the same numbers, per
+iteration, to PaSE's search. Everything is at the plan's micro-batch size and precision
 (:meth:`~shardplan.cost.CostModel.from_settings`: the graph and its iteration spaces taken to
 the micro-batch, :meth:`~shardplan.ir.Graph.at_batch_size`).
 

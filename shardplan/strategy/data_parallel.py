@@ -11,22 +11,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
-
 from shardplan.ir import Graph, Topology
 from shardplan.registry import Progress, Result, register
 from shardplan.strategy._baseline import run_baseline
-from shardplan.strategy.spaces import Space
+from shardplan.strategy._choice import data_parallel_split
 
 __all__ = ["data_parallel", "data_parallel_split"]
-
-
-def data_parallel_split(space: Space, devices: int) -> np.ndarray:
-    """Wanted factors: ``devices`` on the batch dimension, 1 elsewhere."""
-    want = np.ones(len(space.dims), dtype=np.int64)
-    if space.batch_dim is not None:
-        want[space.index(space.batch_dim)] = devices
-    return want
 
 
 @register("strategy", "data-parallel")

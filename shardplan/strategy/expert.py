@@ -32,8 +32,7 @@ from shardplan.errors import ShardplanError
 from shardplan.ir import Graph, Topology
 from shardplan.registry import Progress, Result, register, take_options
 from shardplan.strategy._baseline import DEFAULTS, run_baseline
-from shardplan.strategy.data_parallel import data_parallel_split
-from shardplan.strategy.pase import devices_of
+from shardplan.strategy._choice import data_parallel_split, devices_of
 from shardplan.strategy.spaces import Space
 
 __all__ = ["expert", "expert_split", "megatron_degrees"]

@@ -19,8 +19,14 @@ from typing import Any
 import numpy as np
 
 from shardplan.errors import ShardplanError
-from shardplan.ir import Graph, Objective, Plan, Stage, Topology
+from shardplan.ir import Graph, Topology
 from shardplan.registry import Progress, Result, register, take_options
+from shardplan.strategy._choice import (
+    closest,
+    data_parallel_split,
+    devices_of,
+    plan_from_choice,
+)
 from shardplan.strategy._dp import check_finite, greedy_choice, lower_bound, solve
 from shardplan.strategy.spaces import configurations
 from shardplan.strategy.tables import (
@@ -44,28 +50,6 @@ DEFAULTS: Mapping[str, Any] = {
     "execution": None,          # how the plan runs (default cost model): ExecutionSettings
     "loss_on_shards": True,     # outputs feed a strategy run's loss (False: a hybrid stage)
 }
-
-
-def devices_of(topology: Topology, devices: Any) -> int:
-    n = topology.num_devices if devices is None else devices
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
-        raise ShardplanError(f"devices must be a positive integer, got {devices!r}")
-    if n > topology.num_devices:
-        raise ShardplanError(f"devices {n} exceeds the topology's {topology.num_devices}")
-    return int(n)
-
-
-def plan_from_choice(tables: Tables, choice: Any, *, graph_name: str, topology_name: str,
-                     algorithm: str, seed: int, options: Mapping[str, Any], status: str,
-                     seconds: float, num_nodes: int, lower_bound: float | None = None,
-                     meta: Mapping[str, Any] | None = None) -> Plan:
-    """A one-stage plan carrying ``strategy``; objective recomputed from the tables."""
-    value = tables.evaluate(choice)
-    return Plan(graph=graph_name, topology=topology_name, algorithm=algorithm,
-                stages=(Stage(tuple(range(num_nodes)), tuple(range(tables.devices))),),
-                objective=Objective(tables.objective, value, lower_bound),
-                status=status, seed=seed, options=dict(options), search_seconds=seconds,
-                strategy=tables.strategy(choice), meta=dict(meta or {}))
 
 
 def solve_tables(tables: Tables, *, ordering: str = "generate-seq",
@@ -113,10 +97,7 @@ def solve_tables(tables: Tables, *, ordering: str = "generate-seq",
 
 def data_parallel_rows(graph: Graph, devices: int, cutoff: int | None) -> list[np.ndarray]:
     """Per node, its data-parallel configuration (one row): the largest batch split its
-    space allows (:func:`~shardplan.strategy.data_parallel.data_parallel_split`). O(n K d)."""
-    from shardplan.strategy._baseline import closest
-    from shardplan.strategy.data_parallel import data_parallel_split
-
+    space allows (:func:`~shardplan.strategy._choice.data_parallel_split`). O(n K d)."""
     cut = int(cutoff if cutoff is not None else graph.meta.get("pase_cutoff", 4))
     rows = []
     for space in graph_spaces(graph):

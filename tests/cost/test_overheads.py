@@ -202,7 +202,7 @@ def _alexnet_hybrid() -> tuple[Graph, Plan, Plan]:
 
 
 def test_dtensor_overhead_is_charged_per_node_of_strategy_plans_only() -> None:
-    from shardplan.simulate._engine import strategy_stage_seconds
+    from shardplan.simulate._strategy_stages import strategy_stage_seconds
 
     g, pipe, plan = _alexnet_hybrid()
     base = _topo(4)
@@ -222,7 +222,7 @@ def test_dtensor_overhead_is_charged_per_node_of_strategy_plans_only() -> None:
 def test_dtensor_overhead_per_byte_is_charged_on_the_output_part_each_device_holds() -> None:
     """Replicated, every device holds every node's whole output; data-parallel, a quarter
     of every output whose node has a batch dimension (others would stay whole)."""
-    from shardplan.simulate._engine import strategy_stage_seconds
+    from shardplan.simulate._strategy_stages import strategy_stage_seconds
     from shardplan.strategy.data_parallel import data_parallel_split
     from shardplan.strategy.tables import graph_spaces
 
@@ -261,7 +261,7 @@ def test_strategy_stage_communication_is_every_layer_and_reshard_cost_shared_by_
     iteration's gradient sync) and re-shards between layers, at the micro-batch's own
     sizes (no scaling), plus its output gathers; the backward takes the share of that
     communication its compute has."""
-    from shardplan.simulate._engine import strategy_stage_seconds
+    from shardplan.simulate._strategy_stages import strategy_stage_seconds
     from shardplan.strategy._cost_pase import Units, layer_cost
     from shardplan.strategy._price import StagePricer
     from shardplan.strategy.data_parallel import data_parallel_split
@@ -335,7 +335,7 @@ def test_strategy_devices_read_and_accumulate_the_weight_they_hold() -> None:
     node's weight its configuration leaves it (the weight spread over the product of the
     factors of the space's weight dimensions), whatever share of the batch it computes, and
     accumulates that part's gradients over the later micro-batches."""
-    from shardplan.simulate._engine import strategy_stage_seconds
+    from shardplan.simulate._strategy_stages import strategy_stage_seconds
     from shardplan.strategy.tables import graph_spaces
 
     g, _, plan = _alexnet_hybrid()

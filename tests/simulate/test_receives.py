@@ -10,7 +10,7 @@ import pytest
 from shardplan.ir import Device, ExecutionSettings, Graph, Objective, Plan, Stage, Topology
 from shardplan.ir.schedule import make_schedule
 from shardplan.simulate import simulate
-from shardplan.simulate._engine import recv_positions
+from shardplan.simulate._messages import recv_positions
 
 F, B, T, M = 1.0, 2.0, 0.25, 4  # forward, backward, message seconds, micro-batches
 
