@@ -28,6 +28,7 @@ import operator
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 from torch import fx, nn
 from torch.distributed.device_mesh import DeviceMesh
@@ -203,7 +204,15 @@ class ShardedProgram(nn.Module):
                 groups = sh.input_groups(prod.name)
         if groups is None or len(groups) != len(shape):
             groups = arg_groups(sh, position, shape, out_shape)
-        return placements(sh, groups, self.mesh.ndim)
+        spec = list(placements(sh, groups, self.mesh.ndim))
+        # a dimension its axes do not divide stays whole (a reshape's input whose batch of
+        # one sample the plan's leading split, made for a larger batch, cannot cut)
+        for j in set(spec) - {-1}:
+            axes = [a for a, d in enumerate(spec) if d == j]
+            if shape[j] % int(np.prod([self.mesh.shape[a] for a in axes])):
+                for a in axes:
+                    spec[a] = -1
+        return tuple(spec)
 
     def _distribute_params(self, memo: dict[int, nn.Parameter]) -> None:
         """Replace the program's parameters by DTensor parameters, laid out as their first
@@ -326,6 +335,10 @@ class ShardedProgram(nn.Module):
             local = self._batch_norm_local(target, args, kwargs)
             if local is not None:
                 return local
+        if name in _VIEWS:
+            local = self._view_local(args)
+            if local is not None:
+                return local
         try:
             out = target(*args, **kwargs)
         except NotImplementedError as exc:
@@ -358,6 +371,37 @@ class ShardedProgram(nn.Module):
         full_args = _map(args, self._full)
         full_kwargs = _map(kwargs, self._full)
         return _map(target(*full_args, **full_kwargs), self._wrap)
+
+    def _view_local(self, args: Any) -> Any:
+        """A view that merges or splits the leading dimensions of a tensor split by its batch
+        alone (``(b, s, h)`` to ``(b s, h)`` and back, what the capture maps the batch
+        through): each device views its own rows, which are one contiguous block on both
+        sides, without moving data. DTensor refuses to reshape a sharded dimension; None when
+        the view is another one (DTensor's rule runs then)."""
+        x = args[0] if args else None
+        if not batch_split(x) or len(args) < 2:
+            return None
+        shape = args[1]
+        if isinstance(shape, int):
+            shape = args[1:]
+        try:
+            want = [int(d) for d in shape]
+        except (TypeError, ValueError):
+            return None
+        total = int(x.numel())
+        if -1 in want:
+            known = int(np.prod([d for d in want if d != -1])) or 1
+            want[want.index(-1)] = total // known
+        if not want or int(np.prod(want)) != total or want[0] == x.shape[0]:
+            return None
+        local = x.to_local()
+        rows = local.shape[0] * (want[0] / x.shape[0])  # this device's share of want[0]
+        if rows != int(rows) or int(np.prod(local.shape)) != int(rows) * int(np.prod(want[1:])):
+            return None
+        out = local.reshape(int(rows), *want[1:])
+        full = torch.Size(want)
+        return DTensor.from_local(out, self.mesh, tuple(x.placements), run_check=False,
+                                  shape=full, stride=torch.empty(full, device="meta").stride())
 
     def _batch_norm_local(self, target: Any, args: Any, kwargs: Any) -> Any:
         """A batch normalisation whose input is split only by its batch: each device
@@ -542,6 +586,10 @@ class GradBuckets:
                                             run_check=False, shape=p.shape, stride=p.stride())
         self.running = []
         self.seen = set()
+
+
+#: View operators :meth:`ShardedProgram._view_local` runs on batch shards.
+_VIEWS = {"view", "_unsafe_view", "reshape"}
 
 
 def batch_split(t: Any) -> bool:
