@@ -334,6 +334,17 @@ def _family_plans() -> dict[str, Plan]:
     plans["brute-force"] = shardplan.partition(g, t2, algorithm="brute-force", seed=0)
     plans["parmesan-replicated"] = shardplan.partition(g, t4, algorithm="parmesan", stages=2,
                                                        replicas=2, seed=0)
+    # the families that split layers: strategies (data parallelism as a strategy, PaSE in
+    # the simulator's price) and a hybrid (Parmesan's stages, each split by PaSE)
+    from shardplan import registry
+    from shardplan.strategy import hybrid_plan
+
+    plans["data-parallel-strategy"] = registry.run("strategy", "data-parallel", g, t2,
+                                                   cutoff=1).plan
+    plans["pase"] = registry.run("strategy", "pase", g, t2, cutoff=1,
+                                 cost_model="default").plan
+    plans["hybrid"] = hybrid_plan(plans["parmesan-replicated"], g, t4,
+                                  options={"cutoff": 1, "cost_model": "default"})
     return plans
 
 
