@@ -443,9 +443,12 @@ def _hybrid(ctx: Context, task: Task) -> list[Evaluated]:
                            time_limit=None if budget is None else budget / len(runs),
                            options={"cost_model": "default",
                                     "execution": settings.to_dict()})
+        cut = plan.meta.get("hybrid", {}).get("timed_out_stages", [])
         out += _variants(ctx, plan, family="hybrid", mapping="consecutive",
                          searched=time.perf_counter() - t0,
-                         microbatches=(settings.microbatches,))
+                         microbatches=(settings.microbatches,),
+                         note=f"the time limit cut the strategy search of stages {cut} "
+                              f"short" if cut else "")
     return out
 
 

@@ -107,3 +107,20 @@ def test_hybrid_records_its_own_objective_and_the_stages_cut_short() -> None:
                                                       cut.meta["hybrid"]["stages"]
                                                       if r["status"] == "timed_out"]
     assert cut.meta["hybrid"]["timed_out_stages"]
+
+
+def test_a_hybrid_row_says_its_stage_searches_were_cut_short() -> None:
+    """A hybrid whose per-stage strategy searches the task's time cut short says so in its
+    row's note (and its plan's status is timed_out)."""
+    from shardplan.planner._families import Task, run_task
+
+    g = transformer(num_layers=2)
+    t = build("flat", num_devices=4)
+    ctx = Context(g, t, g.batch_size, ExecutionSettings().resolve(g))
+    rows, err, _ = run_task(ctx, Task("hybrid", 2, 2, budget=1e-9))
+    assert not err and rows
+    for r in rows:
+        assert r.plan["status"] == "timed_out"
+        assert r.note.startswith("the time limit cut the strategy search of stages [")
+    rows, err, _ = run_task(ctx, Task("hybrid", 2, 2, budget=None))
+    assert not err and rows and all(r.note == "" for r in rows)
