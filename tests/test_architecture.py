@@ -34,7 +34,7 @@ ALLOWED: dict[str, set[str]] = {
     "_rng": {"errors"},
     "_workers": {"errors"},
     "_ranks": {"errors"},
-    "_argtypes": {"errors"},
+    "_argtypes": {"errors", "_workers"},  # --ray's type is the executor's address parser
     # value objects and their files
     "ir": BASE,
     # plain data every planner reads: no planner, no torch
