@@ -55,6 +55,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import shardplan.measure  # noqa: E402, F401 - registers the "measure" topology kind
 from shardplan import registry  # noqa: E402
 from shardplan.errors import ShardplanError  # noqa: E402
 from shardplan.ir import ExecutionSettings, Plan  # noqa: E402
