@@ -149,7 +149,8 @@ class StagePricer:
         self.df, self.db = _overheads.dtensor_op_overhead(topology, self.devices)
         bf, bb = _overheads.dtensor_op_seconds_per_byte(topology, self.devices)
         self.bf, self.bb = float(bf), float(bb)
-        self._ring = self._ring_slope()
+        #: Seconds per gradient byte on the stage's ring, and the ring's latencies.
+        self.ring_seconds_per_byte, self.ring_latency = self._ring_terms()
 
     # ------------------------------------------------------------------ nodes
     def node(self, v: int, configs: np.ndarray) -> NodePrice:
@@ -207,26 +208,23 @@ class StagePricer:
                                             self.topology.device_memory_bandwidth[d]),
                           dtype=np.float64)
 
-    def _ring_slope(self) -> float:
-        """Seconds per byte of a ring all-reduce over the stage's devices (the bandwidth
-        term; its latencies, :attr:`ring_latency`, are paid once per iteration whatever the
-        configurations)."""
+    def _ring_terms(self) -> tuple[float, float]:
+        """``(seconds per byte, latencies)`` of a ring all-reduce over the stage's devices:
+        the bandwidth term, which grows with the gradients, and the seconds of a one-byte
+        ring, paid once per iteration whatever the configurations. O(P)."""
         from shardplan.cost._collectives import collective_seconds
 
         if self.num_devices <= 1:
-            self.ring_latency = 0.0
-            return 0.0
+            return 0.0, 0.0
         big = 2.0**30
         ring = np.asarray(self.devices, dtype=np.int64)
         hi = float(collective_seconds(self.topology, "allreduce", ring, big))
         lo = float(collective_seconds(self.topology, "allreduce", ring, 1.0))
-        #: Seconds of a ring all-reduce of one byte over the stage's devices: its latencies.
-        self.ring_latency = lo
-        return max(hi - lo, 0.0) / (big - 1.0)
+        return max(hi - lo, 0.0) / (big - 1.0), lo
 
     def sync_seconds(self, price: NodePrice) -> np.ndarray:
         """Seconds the node's gradient adds to the iteration's ring all-reduce. O(K)."""
-        return self.sync_bytes(price) * self._ring
+        return self.sync_bytes(price) * self.ring_seconds_per_byte
 
     def gather_seconds(self, v: int, configs: np.ndarray, *, loss: bool = False
                        ) -> np.ndarray:
@@ -389,7 +387,8 @@ class SimulatorCostModel:
             self.exposed = float(exposed)
         else:  # data parallelism over the group: every node's whole gradient
             _, nb = self.pricer.cm.node_seconds(devs[0])
-            self.exposed = exposed_share(g, g.param_bytes, self.pricer._ring, nb / len(devs),
+            self.exposed = exposed_share(g, g.param_bytes, self.pricer.ring_seconds_per_byte,
+                                         nb / len(devs),
                                          float(self.settings.bucket_bytes))
 
     def ring_seconds(self, node: int, configs: np.ndarray) -> np.ndarray:
@@ -408,7 +407,8 @@ class SimulatorCostModel:
             price = p.node(v, np.asarray([strategy[str(v)]], dtype=np.int64))
             grads[v] = float(p.sync_bytes(price)[0])
             back[v] = float(price.backward[0])
-        return exposed_share(p.graph, grads, p._ring, back, float(self.settings.bucket_bytes))
+        return exposed_share(p.graph, grads, p.ring_seconds_per_byte, back,
+                             float(self.settings.bucket_bytes))
 
     @property
     def graph(self) -> Graph:
