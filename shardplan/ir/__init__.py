@@ -12,6 +12,7 @@ from shardplan.ir.io import (
     write_atomic,
     write_json,
 )
+from shardplan.ir.parallel import ParallelConfig
 from shardplan.ir.plan import PLAN_FORMAT, STATUSES, Objective, Plan, Stage
 from shardplan.ir.settings import ExecutionSettings
 from shardplan.ir.topology import TOPOLOGY_FORMAT, Device, Level, Link, Topology
@@ -19,7 +20,7 @@ from shardplan.ir.topology import TOPOLOGY_FORMAT, Device, Level, Link, Topology
 __all__ = [
     "GRAPH_FORMAT", "PLAN_FORMAT", "STATUSES", "TOPOLOGY_FORMAT", "Device", "Edge",
     "ExecutionSettings", "Graph",
-    "Level", "Link", "Node", "Objective", "Plan", "Stage", "Topology", "dumps", "load",
+    "Level", "Link", "Node", "Objective", "ParallelConfig", "Plan", "Stage", "Topology", "dumps", "load",
     "load_graph", "load_plan", "load_topology", "read_json", "save", "write_atomic",
     "write_json",
 ]

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from shardplan.errors import InvalidFileError
+from shardplan.ir.parallel import ParallelConfig
 from shardplan.ir.settings import ExecutionSettings
 
 __all__ = ["PLAN_FORMAT", "STATUSES", "Objective", "Plan", "Stage"]
@@ -64,6 +65,10 @@ class Plan:
     execution : ExecutionSettings or None
         How the plan runs (micro-batches, schedule, optimizer, ...), as the command that
         made it planned; :attr:`settings` gives the defaults when absent (older files).
+    parallel : ParallelConfig or None
+        The LLM plan kind (tensor x pipeline x data / fully sharded x context, see
+        :mod:`shardplan.ir.parallel`): its stages are the ``pp * vp`` virtual stages, those of
+        one pipeline rank on the same devices.
     """
 
     graph: str
@@ -78,6 +83,7 @@ class Plan:
     strategy: Mapping[str, tuple[int, ...]] | None = None
     meta: Mapping[str, Any] = field(default_factory=dict)
     execution: ExecutionSettings | None = None
+    parallel: ParallelConfig | None = None
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -93,6 +99,12 @@ class Plan:
                 if v in seen:
                     raise InvalidFileError(f"node {v} is in stages {seen[v]} and {s}")
                 seen[v] = s
+            if self.parallel is not None and s >= self.parallel.pp:
+                # interleaved virtual stages share their pipeline rank's devices
+                if st.devices != self.stages[s % self.parallel.pp].devices:
+                    raise InvalidFileError(f"virtual stage {s} must run on the devices of "
+                                           f"stage {s % self.parallel.pp} (its pipeline rank)")
+                continue
             for d in st.devices:
                 if d in used:
                     raise InvalidFileError(f"device {d} is used by stages {used[d]} and {s}")
@@ -152,6 +164,8 @@ class Plan:
     def __repr__(self) -> str:
         """One short line (the default dataclass repr lists every node of every stage)."""
         kind = ", strategy" if self.strategy is not None else ""
+        if self.parallel is not None:
+            kind = f", {self.parallel.label()}"
         return (f"Plan(graph={self.graph!r}, topology={self.topology!r}, "
                 f"algorithm={self.algorithm!r}, stages={self.num_stages}, "
                 f"replicas={self.num_replicas}, {self.objective.name}="
@@ -203,6 +217,8 @@ class Plan:
             out["strategy"] = {k: list(v) for k, v in self.strategy.items()}
         if self.execution is not None:
             out["execution"] = self.execution.to_dict()
+        if self.parallel is not None:
+            out["parallel"] = self.parallel.to_dict()
         for k, v in self.meta.items():
             out.setdefault(k, v)
         from shardplan._version import __version__
@@ -252,8 +268,12 @@ class Plan:
         execution = data.get("execution")
         if execution is not None:
             execution = ExecutionSettings.from_dict(execution)
+        parallel = data.get("parallel")
+        if parallel is not None:
+            parallel = ParallelConfig.from_dict(parallel)
         known = {"format", "graph", "topology", "algorithm", "seed", "options",
-                 "search_seconds", "stages", "objective", "status", "strategy", "execution"}
+                 "search_seconds", "stages", "objective", "status", "strategy", "execution",
+                 "parallel"}
         return cls(
             graph=str(data.get("graph", "")), topology=str(data.get("topology", "")),
             algorithm=str(data.get("algorithm", "")), stages=tuple(stages),
@@ -261,6 +281,7 @@ class Plan:
             seed=int(data.get("seed", 0) or 0), options=dict(data.get("options") or {}),
             search_seconds=float(data.get("search_seconds", 0.0) or 0.0), strategy=strategy,
             meta={k: v for k, v in data.items() if k not in known}, execution=execution,
+            parallel=parallel,
         )
 
 

@@ -1,0 +1,170 @@
+"""The LLM plan kind's parallel layout: tensor x pipeline x data / fully sharded x context.
+
+A plan with a :class:`ParallelConfig` (its ``parallel`` field) is laid out as Megatron-LM and
+torchtitan lay out a transformer's training: every pipeline rank holds whole transformer
+blocks, each block's matrices are split over ``tp`` devices inside a node (attention by heads,
+the MLP by its hidden width, the embedding and output head by the vocabulary), the sequence may
+be split over ``cp`` devices, and the whole is replicated ``dp`` times and sharded ``dp_shard``
+times (FSDP / ZeRO-3 when ``dp_shard > 1``; both: HSDP).
+
+Ranks are numbered as Megatron-LM numbers them (its default order ``tp-cp-dp-pp``): the
+tensor-parallel index varies fastest, then context, then the shard index, then the replica,
+and the pipeline rank slowest::
+
+    rank = tp_i + tp * (cp_i + cp * (shard_i + dp_shard * (dp_i + dp * pp_i)))
+
+so a tensor-parallel group is ``tp`` consecutive devices (inside one node when ``tp`` divides
+the node's GPU count) and a pipeline rank's devices are one contiguous block of
+``tp * cp * dp_shard * dp``.
+
+The plan's stages are its ``pp * vp`` virtual stages in pipeline order; virtual stage ``j`` runs
+on pipeline rank ``j % pp`` (interleaved 1F1B with ``vp`` stages per rank, on the same devices),
+and its ``devices`` are all the devices of that rank in rank order. ``stage_layers`` gives the
+transformer blocks per virtual stage when they are not even (an uneven first or last stage, as
+Megatron's ``--decoder-first-pipeline-num-layers`` asks); the embedding goes with the first
+virtual stage and the final norm, output head and loss with the last.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from shardplan.errors import InvalidFileError, ShardplanError
+
+__all__ = ["ParallelConfig"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ParallelConfig:
+    """Degrees of parallelism of an LLM plan (see the module docstring for the rank order).
+
+    Attributes
+    ----------
+    tp : int
+        Tensor-parallel degree (Megatron's ``--tensor-model-parallel-size``).
+    pp : int
+        Pipeline ranks (``--pipeline-model-parallel-size``).
+    dp : int
+        Data-parallel replicas, gradients all-reduced (or, under ZeRO-1, reduce-scattered)
+        between them (torchtitan's ``data_parallel_replicate_degree``).
+    dp_shard : int
+        Fully sharded data-parallel degree: parameters, gradients and optimizer state sharded
+        over these devices (FSDP2 / ZeRO-3; torchtitan's ``data_parallel_shard_degree``).
+    cp : int
+        Context-parallel degree: the sequence split over these devices.
+    vp : int
+        Virtual pipeline stages per pipeline rank (interleaved 1F1B when > 1).
+    stage_layers : tuple of int or None
+        Transformer blocks per virtual stage in pipeline order (``pp * vp`` entries); None:
+        as even as the block count allows.
+    """
+
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    dp_shard: int = 1
+    cp: int = 1
+    vp: int = 1
+    stage_layers: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        for f in ("tp", "pp", "dp", "dp_shard", "cp", "vp"):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ShardplanError(f"parallel {f} must be an integer >= 1, got {v!r}")
+        if self.stage_layers is not None:
+            layers = tuple(self.stage_layers)
+            if len(layers) != self.pp * self.vp:
+                raise ShardplanError(f"stage_layers needs pp x vp = {self.pp * self.vp} "
+                                     f"entries, got {len(layers)}")
+            if any(isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in layers):
+                raise ShardplanError("stage_layers must be integers >= 0")
+            object.__setattr__(self, "stage_layers", layers)
+
+    # ------------------------------------------------------------------ shape
+    @property
+    def world_size(self) -> int:
+        """Devices the layout uses: ``tp * pp * dp * dp_shard * cp``."""
+        return self.tp * self.pp * self.dp * self.dp_shard * self.cp
+
+    @property
+    def data_parallel(self) -> int:
+        """Replicas of the model's batch split: ``dp * dp_shard``."""
+        return self.dp * self.dp_shard
+
+    @property
+    def devices_per_rank(self) -> int:
+        """Devices of one pipeline rank: ``tp * cp * dp_shard * dp``."""
+        return self.tp * self.cp * self.dp_shard * self.dp
+
+    @property
+    def num_stages(self) -> int:
+        """Virtual stages in the pipeline: ``pp * vp``."""
+        return self.pp * self.vp
+
+    def rank(self, *, tp: int = 0, cp: int = 0, shard: int = 0, dp: int = 0, pp: int = 0) -> int:
+        """The global rank of a coordinate (module docstring's order)."""
+        return tp + self.tp * (cp + self.cp * (shard + self.dp_shard * (dp + self.dp * pp)))
+
+    def coordinates(self, rank: int) -> dict[str, int]:
+        """The inverse of :meth:`rank`."""
+        if not 0 <= rank < self.world_size:
+            raise ShardplanError(f"rank {rank} outside 0..{self.world_size - 1}")
+        out = {}
+        for name, size in (("tp", self.tp), ("cp", self.cp), ("shard", self.dp_shard),
+                           ("dp", self.dp), ("pp", self.pp)):
+            out[name] = rank % size
+            rank //= size
+        return out
+
+    def layers_per_stage(self, num_layers: int) -> tuple[int, ...]:
+        """Transformer blocks of each virtual stage: ``stage_layers``, or as even as possible
+        (earlier stages take the remainder). Raises when the counts do not add up."""
+        s = self.num_stages
+        if self.stage_layers is not None:
+            if sum(self.stage_layers) != num_layers:
+                raise ShardplanError(f"stage_layers add up to {sum(self.stage_layers)}, the "
+                                     f"model has {num_layers} layers")
+            return self.stage_layers
+        if num_layers < s:
+            raise ShardplanError(f"{num_layers} layers cannot fill pp x vp = {s} stages")
+        q, r = divmod(num_layers, s)
+        return tuple(q + (1 if i < r else 0) for i in range(s))
+
+    def label(self) -> str:
+        """``TP 8 x PP 12 x DP 8`` (degrees of 1 left out, ``x VP 2`` when interleaved)."""
+        parts = [f"{n} {getattr(self, f)}" for n, f in
+                 (("TP", "tp"), ("CP", "cp"), ("PP", "pp"), ("DP", "dp"), ("FSDP", "dp_shard"))
+                 if getattr(self, f) > 1]
+        if self.vp > 1:
+            parts.append(f"VP {self.vp}")
+        return " x ".join(parts) or "one device"
+
+    # ------------------------------------------------------------------ JSON
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        if self.stage_layers is None:
+            del d["stage_layers"]
+        else:
+            d["stage_layers"] = list(self.stage_layers)
+        return d
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ParallelConfig:
+        if not isinstance(data, Mapping):
+            raise InvalidFileError("plan 'parallel' must be a JSON object")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise InvalidFileError(f"plan 'parallel' has unknown keys: {', '.join(unknown)}")
+        kw = dict(data)
+        if kw.get("stage_layers") is not None:
+            if not isinstance(kw["stage_layers"], list):
+                raise InvalidFileError("plan parallel stage_layers must be a list")
+            kw["stage_layers"] = tuple(kw["stage_layers"])
+        try:
+            return cls(**kw)
+        except ShardplanError as e:
+            raise InvalidFileError(str(e)) from None
