@@ -50,6 +50,7 @@ import numpy as np
 from shardplan.cost._collectives import collective_seconds
 from shardplan.cost._compute import roofline_seconds
 from shardplan.cost._formulas import OPTIMIZER_STATE, optimizer_seconds
+from shardplan.cost._gpu import gpu_model, group_collective_seconds, node_ids, p2p_seconds
 from shardplan.errors import ShardplanError
 from shardplan.ir import ExecutionSettings, Graph, ParallelConfig, Topology
 
@@ -303,9 +304,19 @@ def llm_costs(graph: Graph, topology: Topology, parallel: ParallelConfig,
     param_div = np.where(split, tp, 1).astype(np.float64)
 
     dev = 0
+    hw = gpu_model(topology)
     flops = float(topology.device_flops[dev])
     fp32 = float(topology.device_fp32_flops[dev])
     bw = float(topology.device_memory_bandwidth[dev])
+    if hw is not None:  # what kernels reach of the datasheet (shardplan.cost._gpu)
+        flops *= hw.matmul_efficiency
+        bw *= hw.memory_efficiency
+    node_of = node_ids(topology) if hw is not None else None
+
+    def collective(kind: str, group: np.ndarray, nbytes: float) -> float:
+        if hw is not None and node_of is not None:
+            return group_collective_seconds(topology, hw, kind, group, nbytes, node_of)
+        return collective_seconds(topology, kind, group, nbytes)
     scaled = g.replace(output_bytes=np.rint(g.output_bytes * act_scale).astype(np.int64),
                        edge_bytes=np.rint(g.edge_bytes * act_scale).astype(np.int64),
                        param_bytes=np.rint(n_params * w_bytes).astype(np.int64))
@@ -350,6 +361,7 @@ def llm_costs(graph: Graph, topology: Topology, parallel: ParallelConfig,
                 region_compute[(int(reg), int(j))] = (float(fwd[mine].sum()),
                                                       float(bwd[mine].sum()))
         per_region: dict[tuple[int, int], list[float]] = {}
+        ar_cache: dict[float, float] = {}
 
         def charge(edges: np.ndarray, reg_of: np.ndarray, stage_end: np.ndarray,
                    slot: int) -> None:
@@ -360,7 +372,10 @@ def llm_costs(graph: Graph, topology: Topology, parallel: ParallelConfig,
                 if key in seen:
                     continue
                 seen.add(key)
-                t = collective_seconds(topology, "allreduce", tp_group, float(ebytes[e]))
+                nbytes = float(ebytes[e])
+                if nbytes not in ar_cache:  # every block's all-reduces have one size
+                    ar_cache[nbytes] = collective("allreduce", tp_group, nbytes)
+                t = ar_cache[nbytes]
                 j = int(stage_of[stage_end[e]])
                 per_region.setdefault((int(reg_of[e]), j), [0.0, 0.0])[slot] += t
 
@@ -396,8 +411,7 @@ def llm_costs(graph: Graph, topology: Topology, parallel: ParallelConfig,
     for j in range(s_count - 1):
         a = _rank_devices(parallel, j % pp)[0]
         b = _rank_devices(parallel, (j + 1) % pp)[0]
-        send_s[j] = topology.transfer_seconds(int(a), int(b), float(send[j])) if a != b \
-            else 0.0
+        send_s[j] = p2p_seconds(topology, hw, int(a), int(b), float(send[j]))
 
     # data parallelism: gradients of each virtual stage, per device
     p_dev = np.array([(n_params[nodes] / param_div[nodes]).sum() for nodes in stages])
@@ -407,12 +421,12 @@ def llm_costs(graph: Graph, topology: Topology, parallel: ParallelConfig,
     fsdp = parallel.dp_shard > 1 or gs == "sharded"
     zero1 = gs == "zero1"
     kind = "reducescatter" if (fsdp or zero1) else "allreduce"
-    sync = np.array([collective_seconds(topology, kind, dp_group, float(b)) if d > 1 else 0.0
+    sync = np.array([collective(kind, dp_group, float(b)) if d > 1 else 0.0
                      for b in grad_bytes])
     gather = np.zeros(s_count)
     if (fsdp or zero1) and d > 1:
-        gather = np.array([collective_seconds(topology, "allgather", dp_group,
-                                              float(p * w_bytes)) for p in p_dev])
+        gather = np.array([collective("allgather", dp_group, float(p * w_bytes))
+                           for p in p_dev])
 
     # optimizer step per pipeline rank, over its (sharded) parameters
     rank_params = np.zeros(pp)
