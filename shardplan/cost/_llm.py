@@ -308,8 +308,13 @@ def llm_costs(graph: Graph, topology: Topology, parallel: ParallelConfig,
     flops = float(topology.device_flops[dev])
     fp32 = float(topology.device_fp32_flops[dev])
     bw = float(topology.device_memory_bandwidth[dev])
-    if hw is not None:  # what kernels reach of the datasheet (shardplan.cost._gpu)
+    # what kernels reach of the datasheet (shardplan.cost._gpu); an explicit efficiency
+    # setting replaces the matrix products' fraction
+    if settings.efficiency is not None:
+        flops *= settings.efficiency
+    elif hw is not None:
         flops *= hw.matmul_efficiency
+    if hw is not None:
         bw *= hw.memory_efficiency
     node_of = node_ids(topology) if hw is not None else None
 
@@ -322,9 +327,6 @@ def llm_costs(graph: Graph, topology: Topology, parallel: ParallelConfig,
                        param_bytes=np.rint(n_params * w_bytes).astype(np.int64))
     fwd, bwd = roofline_seconds(scaled, flops, fp32, bw,
                                 mixed_precision=precision != "fp32")
-    if settings.efficiency is not None:
-        fwd = np.maximum(fwd, g.fwd_flops / (flops * settings.efficiency))
-        bwd = np.maximum(bwd, g.bwd_flops / (flops * settings.efficiency))
     fwd = fwd / div
     bwd = bwd / div
     if recompute == "full":

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from shardplan.cost import block_layout, llm_costs, precision_bytes, stage_nodes
-from shardplan.cost._collectives import collective_seconds
+from shardplan.cost._gpu import gpu_model, group_collective_seconds, node_ids
 from shardplan.errors import ShardplanError
 from shardplan.ir import ExecutionSettings, Graph, ParallelConfig
 from shardplan.topology import build
@@ -21,6 +21,11 @@ def g():
 @pytest.fixture(scope="module")
 def topo():
     return build("dgx1")
+
+
+def allreduce(topo, group, nbytes):
+    return group_collective_seconds(topo, gpu_model(topo), "allreduce", group, nbytes,
+                                    node_ids(topo))
 
 
 def settings(**kw):
@@ -63,7 +68,7 @@ def test_stage_nodes_whole_blocks_embedding_first_head_last(g):
 def test_tensor_parallel_megatrons_two_allreduces_per_block_and_pass(g, topo):
     tp_group = [0, 1]
     act = B * S * H * 2  # bf16 hidden state of one micro-batch
-    one = collective_seconds(topo, "allreduce", tp_group, act)
+    one = allreduce(topo, tp_group, act)
     c = llm_costs(g, topo, ParallelConfig(tp=2), settings(precision="bf16")
                   if "precision" in ExecutionSettings.__dataclass_fields__ else
                   settings(mixed_precision=True))
@@ -74,8 +79,7 @@ def test_tensor_parallel_megatrons_two_allreduces_per_block_and_pass(g, topo):
     none = llm_costs(g, topo, ParallelConfig(tp=2), settings())
     # full recompute repeats the blocks' forward all-reduces in the backward
     extra = full.tp_comm_backward.sum() - none.tp_comm_backward.sum()
-    assert extra == pytest.approx(2 * L * collective_seconds(topo, "allreduce", tp_group,
-                                                             B * S * H * 4))
+    assert extra == pytest.approx(2 * L * allreduce(topo, tp_group, B * S * H * 4))
     assert llm_costs(g, topo, ParallelConfig(), settings()).tp_comm_forward.sum() == 0
 
 
