@@ -63,7 +63,7 @@ def test_across_nodes_each_gpu_uses_its_own_nic():
 
 
 def test_llm_costs_use_the_fractions_on_gpus():
-    g = gpt_graph(hidden=256, layers=2, seq=128, batch=4)
+    g = gpt_graph(hidden=2048, layers=2, seq=512, batch=4)
     st = ExecutionSettings(microbatch_size=4, microbatches=1, mixed_precision=True)
     gpu = llm_costs(g, a100(1), ParallelConfig(), st)
     peak = llm_costs(g, a100(1), ParallelConfig(), st.__class__(

@@ -50,12 +50,9 @@ def test_pipeline_bubble_and_interleaving(g, topo):
     fast = topo.replace(bandwidth=topo.bandwidth * 1e9, latency=topo.latency * 0)
     free = run(g, fast, ParallelConfig(pp=4))[0]
     assert free.pipeline_seconds <= (8 + 3) * slowest + 1e-12
-    # messages for free, interleaving shrinks the bubble (Narayanan et al. 2021, 2.2) ...
+    # messages for free, interleaving shrinks the bubble (Narayanan et al. 2021, 2.2)
     inter, _ = run(g, fast, ParallelConfig(pp=4, vp=2))
     assert inter.bubble_fraction < free.bubble_fraction
-    # ... but not when the stages are so small that its extra messages dominate
-    assert run(g, topo, ParallelConfig(pp=4, vp=2))[0].iteration_seconds > \
-        one.iteration_seconds
     # the virtual stages share their rank's devices
     assert len(inter.devices) == 4
 
