@@ -305,9 +305,10 @@ def llm_costs(graph: Graph, topology: Topology, parallel: ParallelConfig,
 
     dev = 0
     hw = gpu_model(topology)
-    flops = float(topology.device_flops[dev])
-    fp32 = float(topology.device_fp32_flops[dev])
-    bw = float(topology.device_memory_bandwidth[dev])
+    d0 = topology.devices[dev]
+    flops = float(d0.flops)
+    fp32 = float(d0.extra.get("fp32_flops") or d0.flops)
+    bw = float(d0.extra.get("memory_bandwidth") or np.inf)
     # what kernels reach of the datasheet (shardplan.cost._gpu); an explicit efficiency
     # setting replaces the matrix products' fraction
     if settings.efficiency is not None:
@@ -517,17 +518,24 @@ def _largest_block_params(layout: BlockLayout, nodes: np.ndarray, n_params: np.n
 
 
 def _in_flight(parallel: ParallelConfig, settings: ExecutionSettings) -> np.ndarray:
-    """Micro-batches each virtual stage holds at its peak, by the schedule's action lists."""
-    from shardplan.ir.schedule import make_schedule
-
+    """Micro-batches each virtual stage holds at its peak: GPipe ``M``, 1F1B
+    ``min(S - s, M)``, interleaved 1F1B by its action lists
+    (:meth:`~shardplan.ir.schedule.Schedule.in_flight`)."""
     m = settings.microbatches
     s = parallel.num_stages
     if parallel.vp > 1:
-        sch = make_schedule("interleaved-1f1b", s, m, virtual_stages=parallel.vp)
-    else:
-        sch = make_schedule(settings.schedule if settings.schedule != "interleaved-1f1b"
-                            else "1f1b", s, m)
-    return np.asarray(sch.in_flight(), dtype=np.float64)
+        return np.asarray(_interleaved_in_flight(parallel.pp, parallel.vp, m),
+                          dtype=np.float64)
+    if settings.schedule == "gpipe":
+        return np.full(s, float(m))
+    return np.minimum(s - np.arange(s), m).astype(np.float64)
+
+
+@lru_cache(maxsize=256)
+def _interleaved_in_flight(pp: int, vp: int, m: int) -> tuple[int, ...]:
+    from shardplan.ir.schedule import make_schedule
+
+    return make_schedule("interleaved-1f1b", pp * vp, m, virtual_stages=vp).in_flight()
 
 
 def describe(costs: LLMCosts) -> dict[str, Any]:

@@ -139,16 +139,23 @@ def candidates(graph: Graph, topology: Topology, settings: ExecutionSettings, *,
 def llm_search(graph: Graph, topology: Topology, settings: ExecutionSettings, *,
                global_batch: int, time_limit: float = 60.0, devices: int | None = None,
                max_microbatch: int = 8) -> LLMSearch:
-    """Simulate every layout of :func:`candidates` that is predicted to fit, fastest first,
-    within ``time_limit`` seconds (the best so far when it runs out).
+    """The fastest layout of :func:`candidates` that fits, by branch and bound in the
+    simulator's price, within ``time_limit`` seconds (the best so far when it runs out).
 
-    Memory is checked first from :func:`~shardplan.cost.llm_costs` (the same numbers the
-    simulator reports), so layouts that cannot fit are not simulated."""
+    Every candidate is priced once (:func:`~shardplan.cost.llm_costs`: its memory, and a
+    lower bound on its iteration, the busiest rank's compute and step); those that fit are
+    simulated in the order of their bounds, and the search stops when the next bound is no
+    better than the best simulated iteration: no candidate left can beat it, so the winner is
+    the simulator's best of them all. O(candidates * (n + pp * vp)) plus one simulation
+    per candidate whose bound is below the winner's time."""
+    from shardplan.simulate._llm import lower_bound_seconds, simulate_llm
+
     start = time.monotonic()
+    capacity = float(topology.device_memory.min())
+    priced: list[tuple[float, ParallelConfig, ExecutionSettings, Any, float]] = []
     ranked: list[LLMCandidate] = []
     considered = 0
     timed_out = False
-    capacity = float(topology.device_memory.min())
     for par, st in candidates(graph, topology, settings, global_batch=global_batch,
                               devices=devices, max_microbatch=max_microbatch):
         if time.monotonic() - start > time_limit:
@@ -157,14 +164,25 @@ def llm_search(graph: Graph, topology: Topology, settings: ExecutionSettings, *,
         considered += 1
         try:
             check_layout(graph, topology, par, st)
-            mem = float(llm_costs(graph, topology, par, st).memory["total"].max())
+            costs = llm_costs(graph, topology, par, st)
         except ShardplanError:
             continue
+        mem = float(costs.memory["total"].max())
         if mem > capacity:
             ranked.append(LLMCandidate(par, st, math.inf, mem, False))
             continue
+        priced.append((lower_bound_seconds(costs, par), par, st, costs, mem))
+    priced.sort(key=lambda x: x[0])
+    best = math.inf
+    for bound, par, st, costs, mem in priced:
+        if bound >= best:
+            break  # every remaining candidate's bound is at least the winner's time
+        if time.monotonic() - start > time_limit:
+            timed_out = True
+            break
         plan = layout_plan(graph, topology, par, st)
-        res = simulate(plan, graph, topology, timeline=False)
+        res = simulate_llm(plan, graph, topology, plan.settings, timeline=False, costs=costs)
+        best = min(best, res.iteration_seconds)
         ranked.append(LLMCandidate(par, st, res.iteration_seconds, mem, True))
     ranked.sort(key=lambda c: (not c.fits, c.iteration_seconds, c.peak_memory_bytes))
     return LLMSearch(tuple(ranked), time.monotonic() - start, timed_out, considered)

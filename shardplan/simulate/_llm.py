@@ -28,19 +28,21 @@ Context parallelism's ring exchange of keys and values is not priced yet (its co
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
 
-from shardplan.cost._llm import block_layout, llm_costs, stage_nodes
+from shardplan.cost._llm import LLMCosts, block_layout, llm_costs, stage_nodes
 from shardplan.errors import ShardplanError
-from shardplan.ir import ExecutionSettings, Graph, Plan, Topology
+from shardplan.ir import ExecutionSettings, Graph, ParallelConfig, Plan, Topology
 from shardplan.ir.schedule import BACKWARD, FORWARD, REDUCE_GRAD, Schedule, make_schedule
 from shardplan.simulate.result import Interval, SimulationResult
 
-__all__ = ["llm_schedule", "simulate_llm"]
+__all__ = ["llm_schedule", "lower_bound_seconds", "simulate_llm"]
 
 
+@lru_cache(maxsize=64)
 def llm_schedule(pp: int, vp: int, microbatches: int, name: str) -> Schedule:
     """The schedule an LLM plan runs: interleaved 1F1B over ``pp`` ranks when ``vp > 1``,
     else ``name`` (``gpipe`` or ``1f1b``) over ``pp`` stages."""
@@ -50,8 +52,12 @@ def llm_schedule(pp: int, vp: int, microbatches: int, name: str) -> Schedule:
 
 
 def simulate_llm(plan: Plan, graph: Graph, topology: Topology,
-                 settings: ExecutionSettings, *, timeline: bool = True) -> SimulationResult:
+                 settings: ExecutionSettings, *, timeline: bool = True,
+                 costs: LLMCosts | None = None) -> SimulationResult:
     """Simulate one iteration of an LLM plan (module docstring). O(pp * vp * M).
+
+    ``costs``: the plan's :func:`~shardplan.cost.llm_costs` when the caller has them already
+    (a search that checked memory first); computed here otherwise.
 
     Raises
     ------
@@ -63,7 +69,8 @@ def simulate_llm(plan: Plan, graph: Graph, topology: Topology,
     if par is None:
         raise ShardplanError("not an LLM plan (it has no 'parallel' layout)")
     settings = settings.resolve(graph)
-    costs = llm_costs(graph, topology, par, settings)
+    if costs is None:
+        costs = llm_costs(graph, topology, par, settings)
     pp, vp, s_count = par.pp, par.vp, par.num_stages
     m_count = settings.microbatches
     sch = llm_schedule(pp, vp, m_count, settings.schedule)
@@ -198,3 +205,13 @@ def simulate_llm(plan: Plan, graph: Graph, topology: Topology,
         if timeline else (),
         options=opts,
     )
+
+
+def lower_bound_seconds(costs: LLMCosts, parallel: ParallelConfig) -> float:
+    """A lower bound on :func:`simulate_llm`'s iteration: the busiest pipeline rank's compute
+    (every micro-batch's forward and backward of its virtual stages, at least what the
+    simulator charges) followed by its optimizer step. O(pp * vp)."""
+    work = np.zeros(parallel.pp)
+    for j in range(parallel.num_stages):
+        work[j % parallel.pp] += float(costs.forward[j] + costs.backward[j])
+    return float((work * costs.microbatches + costs.optimizer_seconds).max())

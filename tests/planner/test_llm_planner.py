@@ -6,7 +6,9 @@ import pytest
 
 from shardplan.errors import ShardplanError
 from shardplan.ir import ExecutionSettings, ParallelConfig
-from shardplan.planner._llm import llm_plan, llm_search, node_size
+from shardplan.cost import llm_costs
+from shardplan.planner._llm import candidates, llm_plan, llm_search, node_size
+from shardplan.simulate._llm import lower_bound_seconds
 from shardplan.simulate import simulate
 from shardplan.strategy.llm import layout_plan
 from shardplan.topology import build
@@ -42,12 +44,23 @@ def test_layout_refusals(g, topo):
         layout_plan(heads, topo, ParallelConfig(tp=2), st)
 
 
-def test_search_finds_the_best_of_every_candidate(g, topo):
+def test_branch_and_bound_finds_what_simulating_every_candidate_finds(g, topo):
     found = llm_search(g, topo, ExecutionSettings(), global_batch=16, time_limit=120)
     assert not found.timed_out and found.best is not None
     best = found.best
-    # no candidate that fits simulates faster than the winner
-    assert all(c.iteration_seconds >= best.iteration_seconds for c in found.ranked if c.fits)
+    # exhaustively: every candidate that fits, simulated; the bound never exceeds the time
+    times = []
+    for par, st in candidates(g, topo, ExecutionSettings(), global_batch=16):
+        costs = llm_costs(g, topo, par, st)
+        if costs.memory["total"].max() > topo.device_memory.min():
+            continue
+        plan = layout_plan(g, topo, par, st)
+        t = simulate(plan, g, topo).iteration_seconds
+        assert lower_bound_seconds(costs, par) <= t * (1 + 1e-12)
+        times.append(t)
+    assert best.iteration_seconds == pytest.approx(min(times))
+    # the bound pruned: fewer simulations than candidates that fit
+    assert sum(c.fits for c in found.ranked) < len(times)
     # the winner re-simulates to its recorded time
     plan = layout_plan(g, topo, best.parallel, best.settings)
     assert simulate(plan, g, topo).iteration_seconds == pytest.approx(best.iteration_seconds)
