@@ -4,12 +4,12 @@ import math
 
 import pytest
 
+from shardplan.cost import llm_costs
 from shardplan.errors import ShardplanError
 from shardplan.ir import ExecutionSettings, ParallelConfig
-from shardplan.cost import llm_costs
 from shardplan.planner._llm import candidates, llm_plan, llm_search, node_size
-from shardplan.simulate._llm import lower_bound_seconds
 from shardplan.simulate import simulate
+from shardplan.simulate._llm import lower_bound_seconds
 from shardplan.strategy.llm import layout_plan
 from shardplan.topology import build
 from tests.cost.llm_graph import gpt_graph
