@@ -54,7 +54,7 @@ from shardplan.cost._gpu import gpu_model, group_collective_seconds, node_ids, p
 from shardplan.errors import ShardplanError
 from shardplan.ir import ExecutionSettings, Graph, ParallelConfig, Topology
 
-__all__ = ["TP_REGIONS", "VOCAB_MODULES", "BlockLayout", "LLMCosts", "block_layout",
+__all__ = ["ATTENTION_KERNELS", "TP_REGIONS", "VOCAB_MODULES", "BlockLayout", "LLMCosts", "block_layout",
            "describe", "llm_costs", "precision_bytes", "stage_nodes"]
 
 #: Sub-modules of a block whose nodes are split over the tensor-parallel group.
@@ -62,8 +62,26 @@ TP_REGIONS = ("attention", "self_attention", "attn", "feed_forward", "mlp")
 #: Top-level modules split by the vocabulary (the embedding and the output head).
 VOCAB_MODULES = ("tok_embeddings", "output", "lm_head", "wte", "word_embeddings")
 _LOSS_OPS = re.compile(r"cross_entropy|nll_loss|log_softmax")
-_ATTENTION_CORE = re.compile(r"scaled_dot_product|flash|efficient_attention|softmax|dropout")
+_ATTENTION_CORE = re.compile(r"scaled_dot_product|attention|flash|softmax|dropout")
 _BLOCK = re.compile(r"(?:^|\.)(?:layers|h|layer|blocks)\.(\d+)(?:\.|$)")
+
+#: How attention runs: ``flash`` keeps no s x s matrix (FlashAttention, Dao et al. 2022;
+#: torch's scaled_dot_product_attention); ``materialized`` writes the scores to memory
+#: (Megatron-LM's fused scale-mask-softmax kernels of 2020-2022).
+ATTENTION_KERNELS = ("flash", "materialized")
+#: Half-precision bytes moved per score element by materialized attention. Forward: the
+#: Q K^T product writes the scores (2), the fused scale-mask-softmax reads them and writes the
+#: probabilities (2 + 2), dropout reads those and writes its output and its one-byte mask
+#: (2 + 2 + 1), the product with V reads the dropped probabilities (2): 13. Backward: the
+#: gradient of the probabilities written (2), dropout's backward reads it and the mask and
+#: writes (2 + 1 + 2), softmax's backward reads gradient and probabilities and writes (2 + 2 +
+#: 2), the two products with Q and K read the score gradient (2 + 2): 19.
+SCORE_BYTES_FORWARD = 13.0
+SCORE_BYTES_BACKWARD = 19.0
+#: Bytes per score element kept for the backward: softmax output (2), dropout mask (1) and
+#: dropout output (2), Korthikanti et al. 2022's 5 a s^2 b.
+SCORE_BYTES_KEPT = 5.0
+_SDPA = re.compile(r"scaled_dot_product|attention")
 
 #: Bytes of a parameter, its gradient, master copy and each optimizer moment per precision.
 _PARAM_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 2}
@@ -288,6 +306,10 @@ def llm_costs(graph: Graph, topology: Topology, parallel: ParallelConfig,
     recompute = _recompute(settings)
     sp = bool(getattr(settings, "sequence_parallel", False)) and parallel.tp > 1
     overlap_tp = bool(getattr(settings, "tp_comm_overlap", False))
+    attention = str(getattr(settings, "attention", "flash"))
+    if attention not in ATTENTION_KERNELS:
+        raise ShardplanError(f"unknown attention kernel {attention!r} (choose from "
+                             f"{', '.join(ATTENTION_KERNELS)})")
     w_bytes, g_bytes, master_bytes = precision_bytes(precision)
     dtype_bytes = float(graph.meta.get("dtype_bytes", 4)) if isinstance(graph.meta, dict) \
         else 4.0
@@ -328,6 +350,13 @@ def llm_costs(graph: Graph, topology: Topology, parallel: ParallelConfig,
                        param_bytes=np.rint(n_params * w_bytes).astype(np.int64))
     fwd, bwd = roofline_seconds(scaled, flops, fp32, bw,
                                 mixed_precision=precision != "fp32")
+    # attention that writes its s x s scores (Megatron-LM's fused softmax kernels, before
+    # flash attention): the scores' traffic on top of its products (separate kernels)
+    scores = _score_elements(graph, layout, scaled.output_bytes / _ACT_BYTES[precision]) \
+        if attention == "materialized" else np.zeros(graph.num_nodes)
+    per_elem = _ACT_BYTES[precision] / 2.0
+    fwd = fwd + SCORE_BYTES_FORWARD * per_elem * scores / bw
+    bwd = bwd + SCORE_BYTES_BACKWARD * per_elem * scores / bw
     fwd = fwd / div
     bwd = bwd / div
     if recompute == "full":
@@ -335,7 +364,7 @@ def llm_costs(graph: Graph, topology: Topology, parallel: ParallelConfig,
     elif recompute == "selective":
         bwd = bwd + np.where(layout.attention_core, fwd, 0.0)
 
-    out_bytes = scaled.output_bytes.astype(np.float64)
+    out_bytes = scaled.output_bytes.astype(np.float64) + SCORE_BYTES_KEPT * per_elem * scores
     stages = stage_nodes(layout, parallel)
     s_count = parallel.num_stages
     pp = parallel.pp
@@ -492,6 +521,24 @@ def llm_costs(graph: Graph, topology: Topology, parallel: ParallelConfig,
                     param_gather_seconds=gather, optimizer_seconds=opt, memory=mem,
                     in_flight=in_flight, microbatches=settings.microbatches,
                     replica_batch=rb)
+
+
+def _score_elements(graph: Graph, layout: BlockLayout, out_elements: np.ndarray) -> np.ndarray:
+    """Score elements (b x heads x s x s) of every attention node: its output's elements
+    (b x s x heads x d) times ``s / d``, with ``s`` and ``d = hidden / heads`` from the graph's
+    ``transformer`` dimensions; zero elsewhere (and everywhere when the graph has none)."""
+    dims = graph.meta.get("transformer") if isinstance(graph.meta, dict) else None
+    out = np.zeros(graph.num_nodes)
+    if not isinstance(dims, dict):
+        return out
+    try:
+        s, d = float(dims["seq"]), float(dims["hidden"]) / float(dims["heads"])
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+        return out
+    sdpa = layout.attention_core & np.array([_SDPA.search(o.lower()) is not None
+                                             for o in graph.ops], dtype=bool)
+    out[sdpa] = out_elements[sdpa] * s / d
+    return out
 
 
 def _block_input_bytes(graph: Graph, layout: BlockLayout, inside: np.ndarray) -> float:

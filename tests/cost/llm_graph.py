@@ -62,9 +62,11 @@ def gpt_graph(*, hidden: int = 64, layers: int = 4, heads: int = 4, vocab: int =
     edge(x, norm)
     edge(norm, out)
     edge(out, loss)
+    dims = {"family": "gpt", "hidden": h, "layers": layers, "heads": heads,
+            "kv_heads": heads, "ffn": 4 * h, "vocab": v_size, "seq": s, "tied": True}
     return Graph.from_arrays(name="gpt-test", batch_size=b, fwd_flops=fwd, src=src, dst=dst,
                              edge_bytes=eb, param_bytes=pb, output_bytes=ob, names=names,
-                             ops=ops, modules=mods)
+                             ops=ops, modules=mods, meta={"transformer": dims})
 
 
 def gpt_parameters(*, hidden: int, layers: int, vocab: int, seq: int) -> int:

@@ -150,3 +150,23 @@ def test_bad_layouts_are_refused(g, topo):
         llm_costs(g, topo, ParallelConfig(dp=4), settings(microbatch_size=2))
     with pytest.raises(ShardplanError, match="cannot fill"):
         llm_costs(g, topo, ParallelConfig(pp=8), settings())
+
+
+def test_materialized_attention_keeps_and_moves_the_scores(g, topo):
+    """Korthikanti et al. 2022: 5 a s^2 b bytes per layer kept for the backward (2-byte
+    activations); the flash kernel keeps none."""
+    import dataclasses
+
+    base = settings(microbatches=1, mixed_precision=True)
+    if "attention" not in ExecutionSettings.__dataclass_fields__:
+        pytest.skip("no attention setting")
+    flash = llm_costs(g, topo, ParallelConfig(), base)
+    mat = llm_costs(g, topo, ParallelConfig(), dataclasses.replace(base,
+                                                                  attention="materialized"))
+    heads = g.meta["transformer"]["heads"]
+    kept = 5 * heads * S * S * B * L
+    assert mat.memory["activations"][0] - flash.memory["activations"][0] == \
+        pytest.approx(kept)
+    assert (mat.forward > flash.forward).all() and (mat.backward > flash.backward).all()
+    with pytest.raises(ShardplanError, match="attention kernel"):
+        llm_costs(g, topo, ParallelConfig(), dataclasses.replace(base, attention="x"))
