@@ -54,8 +54,8 @@ from shardplan.cost._gpu import gpu_model, group_collective_seconds, node_ids, p
 from shardplan.errors import ShardplanError
 from shardplan.ir import ExecutionSettings, Graph, ParallelConfig, Topology
 
-__all__ = ["ATTENTION_KERNELS", "TP_REGIONS", "VOCAB_MODULES", "BlockLayout", "LLMCosts", "block_layout",
-           "describe", "llm_costs", "precision_bytes", "stage_nodes"]
+__all__ = ["ATTENTION_KERNELS", "TP_REGIONS", "VOCAB_MODULES", "BlockLayout", "LLMCosts",
+           "block_layout", "describe", "llm_costs", "precision_bytes", "stage_nodes"]
 
 #: Sub-modules of a block whose nodes are split over the tensor-parallel group.
 TP_REGIONS = ("attention", "self_attention", "attn", "feed_forward", "mlp")
