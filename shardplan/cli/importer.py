@@ -80,10 +80,11 @@ def _register_runs(kinds: argparse._SubParsersAction) -> None:
                     "parallelism, recompute, precision, distributed optimizer, FSDP and "
                     "overlap arguments.", epilog=_RUN_EPILOG)
     mg.add_argument("--args", required=True, metavar="ARGS", dest="megatron_args",
-                    help="the arguments, quoted as one string (--vocab-size V is needed when "
+                    help="the arguments, quoted as one string (write --args='--fp16' when it "
+                         "has no blank; --vocab-size V is needed when "
                          "no --tokenizer-type fixes it; shardplan's --data-parallel-size N "
                          "stands for the world size torchrun would give)")
-    _run_options(mg)
+    _run_options(mg, inputs=("cluster",))
     mg.set_defaults(handler=_run_megatron)
     tt = kinds.add_parser(
         "torchtitan", help="a torchtitan run from its TOML or flags file",
@@ -91,19 +92,20 @@ def _register_runs(kinds: argparse._SubParsersAction) -> None:
                     "[training], [parallelism], [activation_checkpoint]) or a file of current "
                     "torchtitan's --section.option flags.", epilog=_RUN_EPILOG)
     tt.add_argument("config", metavar="FILE", help="the TOML or flags file")
-    _run_options(tt)
+    _run_options(tt, inputs=("config", "cluster"))
     tt.set_defaults(handler=_run_torchtitan)
 
 
-def _run_options(p: argparse.ArgumentParser) -> None:
+def _run_options(p: argparse.ArgumentParser, *, inputs: tuple[str, ...]) -> None:
     p.add_argument("--cluster", metavar="SPEC",
                    help="the cluster (a topology kind with options, as 'plan --cluster' takes "
                         "it, e.g. dgx-a100,nodes=4; or a topology file); its GPUs are the run's "
                         "world size")
-    p.add_argument("-o", "--output", metavar="DIR",
+    p.add_argument("-o", "--output", metavar="DIR", dest="output_dir",
                    help="write graph.json, topology.json and plan.json in this folder")
     p.add_argument("--json", action="store_true", help="print the run as read, as JSON")
-    declare_files(p, inputs=("config", "cluster"), outputs=())
+    # the three files in DIR are checked by the command itself (a folder is no output file)
+    declare_files(p, inputs=inputs, outputs=())
 
 
 _FILES = ("graph.json", "topology.json", "plan.json")
@@ -142,16 +144,16 @@ def _begin(args: argparse.Namespace) -> Any:
     from shardplan.errors import ShardplanError
     from shardplan.ir.io import check_output
 
-    if not args.output and not args.json:
+    if not args.output_dir and not args.json:
         raise ShardplanError("say where the run goes: -o DIR or --json")
-    if args.output:
-        if os.path.exists(args.output) and not os.path.isdir(args.output):
-            raise ShardplanError(f"-o {args.output} is not a folder")
+    if args.output_dir:
+        if os.path.exists(args.output_dir) and not os.path.isdir(args.output_dir):
+            raise ShardplanError(f"-o {args.output_dir} is not a folder")
         if args.cluster is None:
             raise ShardplanError("writing graph, topology and plan needs the cluster: "
                                  "--cluster SPEC")
         for name in _FILES:
-            check_output(os.path.join(args.output, name))
+            check_output(os.path.join(args.output_dir, name))
     return _topology(args)
 
 
@@ -194,7 +196,7 @@ def _finish(args: argparse.Namespace, run: Any, topology: Any) -> int:
         note(line)
     if args.json:
         print_json(run_json(run))
-    if not args.output:
+    if not args.output_dir:
         return 0
     from shardplan.capture import capture_spec
 
@@ -203,7 +205,7 @@ def _finish(args: argparse.Namespace, run: Any, topology: Any) -> int:
     plan = layout(graph, topology, run)
     objects = (graph, topology, with_provenance(plan))
     for name, obj in zip(_FILES, objects, strict=True):  # all three made, then written
-        write_json(os.path.join(args.output, name), obj)
+        write_json(os.path.join(args.output_dir, name), obj)
     if not args.json:
-        sys.stdout.write(f"wrote {', '.join(_FILES)} to {args.output} ({run.summary()})\n")
+        sys.stdout.write(f"wrote {', '.join(_FILES)} to {args.output_dir} ({run.summary()})\n")
     return 0
