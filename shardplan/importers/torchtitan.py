@@ -153,6 +153,7 @@ def parse_torchtitan_flags(text: str) -> dict[str, dict[str, Any]]:
                 continue
             raise ShardplanError(f"torchtitan flag --{name} has no section (--section.option)")
         option = option.replace("-", "_")
+        v: Any
         if not values and option.startswith("no_"):
             option, v = option[3:], False
         elif not values:
