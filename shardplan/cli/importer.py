@@ -166,8 +166,9 @@ def run_json(run: Any) -> dict[str, Any]:
 
 
 def layout(graph: Any, topology: Any, run: Any) -> Any:
-    """The LLM plan of ``run`` (``shardplan.strategy.llm.layout_plan``), its execution
-    settings in it and where it came from in its ``imported_from`` field."""
+    """The LLM plan of ``run`` (``shardplan.strategy.llm.layout_plan``: laid out, its
+    objective left for ``simulate`` to price), its execution settings in it and where it came
+    from in its ``imported_from`` field."""
     from dataclasses import replace
 
     from shardplan.errors import ShardplanError
@@ -176,9 +177,9 @@ def layout(graph: Any, topology: Any, run: Any) -> Any:
     for line in notes:
         note(line)
     try:
-        from shardplan.strategy.llm import layout_plan  # type: ignore[import-not-found]
+        from shardplan.strategy.llm import layout_plan
     except ImportError:
-        raise ShardplanError("this shardplan has no LLM plan layout yet "
+        raise ShardplanError("this shardplan has no LLM plan layout "
                              "(shardplan.strategy.llm.layout_plan)") from None
     plan = layout_plan(graph, topology, run.parallel, settings)
     meta = {**plan.meta, "imported_from": {

@@ -1,19 +1,17 @@
 """``shardplan import megatron`` / ``import torchtitan``: the run as JSON, notes, one-line
-refusals, and DIR's three files (capture and the LLM layout stood in for where this
-shardplan lacks them)."""
+refusals, and DIR's three files, which simulate, report and export accept (the capture stood in
+for until the zoo builds GPT and Llama models by their dimensions)."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
-import types
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from shardplan.ir import Graph, Objective, Plan, Stage, load_graph, load_plan, load_topology
+from shardplan.ir import Graph, load_graph, load_plan, load_topology
 from tests.helpers import run_cli
 
 DATA = Path(__file__).resolve().parents[1] / "importers" / "data"
@@ -74,62 +72,70 @@ def test_no_traceback_from_the_console(tmp_path: Path) -> None:
     assert proc.stderr.startswith("shardplan: error: global batch 7")
 
 
-def _stand_ins(monkeypatch: pytest.MonkeyPatch) -> list[tuple]:
-    """A captured graph and the LLM layout, by hand: the calls they get are recorded."""
+def _stand_in_capture(monkeypatch: pytest.MonkeyPatch) -> list[tuple]:
+    """The captured graph, by hand (the planning core's GPT of tests/cost): the calls the
+    capture gets are recorded."""
+    from tests.cost.llm_graph import gpt_graph
+
     calls: list[tuple] = []
 
     def capture_spec(spec: str, *, batch_size: int, seq_len: int) -> Graph:
         calls.append(("capture", spec, batch_size, seq_len))
-        n = 6
-        return Graph.from_arrays(name=spec, fwd_flops=np.ones(n), src=np.arange(n - 1),
-                                 dst=np.arange(1, n), batch_size=batch_size,
-                                 modules=["emb", "layers.0", "layers.1", "layers.2",
-                                          "layers.3", "head"])
-
-    def layout_plan(graph, topology, parallel, settings) -> Plan:  # noqa: ANN001
-        calls.append(("layout", parallel, settings.microbatches))
-        per = parallel.devices_per_rank
-        stages = (Stage((0, 1, 2), tuple(range(per))),
-                  Stage((3, 4, 5), tuple(range(per, 2 * per))))
-        return Plan(graph.name, topology.name, "llm-layout", stages, Objective("x", 0.0),
-                    execution=settings, parallel=parallel)
+        return gpt_graph(hidden=64, layers=4, heads=4, vocab=1024, seq=seq_len,
+                         batch=batch_size)
 
     import shardplan.capture
 
     monkeypatch.setattr(shardplan.capture, "capture_spec", capture_spec)
-    monkeypatch.setitem(sys.modules, "shardplan.strategy.llm",
-                        types.SimpleNamespace(layout_plan=layout_plan))
     return calls
 
 
-def test_writes_graph_topology_and_plan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                        capsys) -> None:
-    calls = _stand_ins(monkeypatch)
+def test_writes_files_every_command_accepts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                            capsys) -> None:
+    calls = _stand_in_capture(monkeypatch)
     out = tmp_path / "run"
     assert run_cli(["import", "megatron", "--args", ARGS, "--cluster", "flat,devices=8",
                     "-o", str(out)]) == 0
     assert "wrote graph.json, topology.json, plan.json" in capsys.readouterr().out
-    assert calls[0] == ("capture", "gpt:hidden=64,layers=4,heads=4,vocab=1024,seq=32", 2, 32)
-    graph, topo = load_graph(out / "graph.json"), load_topology(out / "topology.json")
-    plan = load_plan(out / "plan.json")
+    assert calls == [("capture", "gpt:hidden=64,layers=4,heads=4,vocab=1024,seq=32", 2, 32)]
+    files = [str(out / f) for f in ("plan.json", "graph.json", "topology.json")]
+    graph, topo, plan = load_graph(files[1]), load_topology(files[2]), load_plan(files[0])
     plan.validate(graph, topo)
     assert topo.num_devices == 8 and plan.parallel is not None
     assert (plan.parallel.tp, plan.parallel.pp, plan.parallel.dp) == (2, 2, 2)
     assert plan.settings.microbatches == 4 and plan.settings.microbatch_size == 4
+    assert plan.settings.mixed_precision
     assert plan.meta["imported_from"]["tool"] == "megatron"
+    assert plan.meta["imported_from"]["execution"]["precision"] == "bf16"
+    assert run_cli(["simulate", *files, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["iteration_seconds"] > 0
+    assert run_cli(["report", *files, "-o", str(tmp_path / "r.html")]) == 0
     # export gives the parallel configuration back
     exp = tmp_path / "megatron.json"
-    assert run_cli(["export", str(out / "plan.json"), str(out / "graph.json"),
-                    str(out / "topology.json"), "--to", "megatron", "-o", str(exp)]) == 0
+    assert run_cli(["export", *files, "--to", "megatron", "-o", str(exp)]) == 0
     args = json.loads(exp.read_text())["args"]
     assert args[:4] == ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size",
                         "2"]
+    assert "--bf16" in args
+
+
+def test_torchtitan_writes_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _stand_in_capture(monkeypatch)
+    config = tmp_path / "run.toml"
+    config.write_text((DATA / "llama3_8b.toml").read_text().replace(
+        "data_parallel_shard_degree = -1", "data_parallel_shard_degree = 2\n"
+        "tensor_parallel_degree = 2").replace("tensor_parallel_degree = 1\n", ""))
+    out = tmp_path / "run"
+    assert run_cli(["import", "torchtitan", str(config), "--cluster", "flat,devices=4",
+                    "-o", str(out)]) == 0
+    plan = load_plan(out / "plan.json")
+    assert plan.parallel is not None and plan.parallel.dp_shard == 2
+    assert plan.settings.gradient_sync == "sharded"
 
 
 def test_nothing_is_written_when_a_step_fails(tmp_path: Path,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    _stand_ins(monkeypatch)
-    monkeypatch.delitem(sys.modules, "shardplan.strategy.llm")
+    _stand_in_capture(monkeypatch)
     monkeypatch.setitem(sys.modules, "shardplan.strategy.llm", None)  # not importable
     out = tmp_path / "run"
     assert run_cli(["import", "megatron", "--args", ARGS, "--cluster", "flat,devices=8",
@@ -138,15 +144,10 @@ def test_nothing_is_written_when_a_step_fails(tmp_path: Path,
 
 
 def test_with_the_real_capture_and_layout(tmp_path: Path) -> None:
-    """The whole import, once the zoo knows the GPT-by-dimensions spec and the LLM layout
-    exists (branches llm-models and the lead's strategy.llm)."""
+    """The whole import, once the zoo knows the GPT-by-dimensions spec (branch llm-models)."""
     pytest.importorskip("torch")
     from shardplan.capture import list_models
 
-    try:
-        import shardplan.strategy.llm  # noqa: F401
-    except ImportError:
-        pytest.skip("shardplan.strategy.llm.layout_plan is not in this shardplan yet")
     if not any(m.startswith("gpt") for m in list_models()):
         pytest.skip("the zoo has no gpt:hidden=... spec yet")
     out = tmp_path / "run"
