@@ -271,10 +271,13 @@ class RunConfig:
             kw[k] = v
         notes = []
         if dropped:
-            notes.append(f"this shardplan's execution settings have no {', '.join(dropped)}: "
-                         f"not recorded in the plan")
+            notes.append(f"{', '.join(dropped)} are not among this shardplan's execution "
+                         f"settings: kept in the plan's imported_from only, not priced")
         if isinstance(ExecutionSettings().recompute, bool) and isinstance(kw.get("recompute"),
                                                                           str):
+            if kw["recompute"] == "selective":
+                notes.append("selective recompute is recorded as this shardplan's recompute "
+                             "on (the whole forward again)")
             kw["recompute"] = kw["recompute"] != "none"
         from shardplan.ir.settings import GRADIENT_SYNCS
 

@@ -34,7 +34,8 @@ What is read:
   ``--recompute-activations``: selective), ``--use-distributed-optimizer`` (ZeRO-1:
   ``gradient_sync`` ``zero1``), ``--use-torch-fsdp2`` or ``--use-megatron-fsdp`` with
   ``--data-parallel-sharding-strategy optim_grads_params`` (ZeRO-3: the data-parallel ranks
-  become ``dp_shard``; ``sharded``), ``--overlap-grad-reduce`` (DDP's ``bucketed``),
+  become ``dp_shard``; ``sharded``; ``optim``: ZeRO-1; the default ``no_shard``: DDP),
+  ``--overlap-grad-reduce`` (DDP's ``bucketed``),
   ``--overlap-param-gather``, ``--tp-comm-overlap``, ``--optimizer adam|sgd``.
 
 Anything else in :data:`IGNORED_FLAGS` / :data:`IGNORED_VALUES` (paths, logging, learning
@@ -294,7 +295,10 @@ def _sharding(args: Mapping[str, list[str]], notes: list[str]) -> tuple[bool, st
                          f"FSDP; --use-torch-fsdp2 shards everything (ZeRO-3)")
         return True, "sharded"
     if mfsdp:
-        strategy = strategy or "optim_grads_params"
+        if strategy is None:  # Megatron-LM's default strategy
+            notes.append("--use-megatron-fsdp without --data-parallel-sharding-strategy shards "
+                         "nothing (Megatron-LM's default no_shard): modelled as DDP")
+            strategy = "no_shard"
         if strategy == "optim_grads_params":
             return True, "sharded"
         if strategy == "optim_grads":

@@ -137,6 +137,9 @@ def test_settings() -> None:
     z1 = parse_megatron(GPT + "--use-megatron-fsdp --data-parallel-sharding-strategy optim",
                         num_gpus=8)
     assert z1.parallel == ParallelConfig(dp=8) and z1.execution["gradient_sync"] == "zero1"
+    plain = parse_megatron(GPT + "--use-megatron-fsdp", num_gpus=8)
+    assert plain.parallel == ParallelConfig(dp=8) and plain.execution["gradient_sync"] == "end"
+    assert any("no_shard" in n for n in plain.notes)
     ddp = parse_megatron(GPT + "--overlap-grad-reduce --optimizer sgd", num_gpus=2)
     assert ddp.execution["gradient_sync"] == "bucketed" and ddp.execution["optimizer"] == "sgd"
     fp8 = parse_megatron(GPT + "--bf16 --fp8-format hybrid")
