@@ -91,8 +91,8 @@ def _register_runs(kinds: argparse._SubParsersAction) -> None:
         description="Import a torchtitan run: a v0.2 TOML file ([model] name/flavor, "
                     "[training], [parallelism], [activation_checkpoint]) or a file of current "
                     "torchtitan's --section.option flags.", epilog=_RUN_EPILOG)
-    tt.add_argument("config", metavar="FILE", help="the TOML or flags file")
-    _run_options(tt, inputs=("config", "cluster"))
+    tt.add_argument("run_config", metavar="FILE", help="the TOML or flags file")
+    _run_options(tt, inputs=("run_config", "cluster"))
     tt.set_defaults(handler=_run_torchtitan)
 
 
@@ -133,7 +133,7 @@ def _run_torchtitan(args: argparse.Namespace) -> int:
     from shardplan.ir.io import read_text
 
     topology = _begin(args)
-    sections = torchtitan_options(read_text(args.config), source=args.config)
+    sections = torchtitan_options(read_text(args.run_config), source=args.run_config)
     run = run_of_torchtitan(sections, cluster=args.cluster,
                             num_gpus=None if topology is None else topology.num_devices)
     return _finish(args, run, topology)
