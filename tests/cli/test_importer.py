@@ -155,3 +155,16 @@ def test_with_the_real_capture_and_layout(tmp_path: Path) -> None:
                     "-o", str(out)]) == 0
     assert run_cli(["simulate", str(out / "plan.json"), str(out / "graph.json"),
                     str(out / "topology.json"), "--json"]) == 0
+
+
+def test_an_input_in_dir_is_not_overwritten(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "run"
+    out.mkdir()
+    config = out / "plan.json"
+    config.write_text((DATA / "llama3_8b.toml").read_text())
+    before = config.read_bytes()
+    assert run_cli(["import", "torchtitan", str(config), "--cluster", "flat,devices=8",
+                    "-o", str(out)]) == 2
+    assert "one of this command's inputs" in capsys.readouterr().err
+    assert config.read_bytes() == before and sorted(p.name for p in out.iterdir()) == [
+        "plan.json"]
