@@ -127,7 +127,8 @@ def uneven_stage_layers(num_layers: int, pp: int, vp: int, first: int | None,
     """Blocks per virtual stage when the first and/or last pipeline rank hold ``first`` /
     ``last`` blocks (Megatron's ``--decoder-first/last-pipeline-num-layers``), the other
     ranks the rest evenly, and each rank's blocks split evenly over its ``vp`` virtual
-    stages; None when neither is given. Virtual stage ``j`` is on rank ``j % pp``.
+    stages; None when neither is given or the stages come out even. Virtual stage ``j`` is
+    on rank ``j % pp``.
 
     Raises
     ------
@@ -155,7 +156,8 @@ def uneven_stage_layers(num_layers: int, pp: int, vp: int, first: int | None,
         if c % vp:
             raise ShardplanError(f"pipeline rank {i}'s {c} layers do not split over {vp} "
                                  f"virtual stages")
-    return tuple(counts[j % pp] // vp for j in range(pp * vp))
+    out = tuple(counts[j % pp] // vp for j in range(pp * vp))
+    return None if len(set(out)) == 1 else out  # even after all: the default layout
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -64,6 +64,7 @@ def test_uneven_stage_layers() -> None:
     assert uneven_stage_layers(10, 3, 1, None, 2) == (4, 4, 2)
     assert uneven_stage_layers(12, 2, 2, 4, None) == (2, 4, 2, 4)
     assert uneven_stage_layers(12, 2, 1, None, None) is None
+    assert uneven_stage_layers(12, 2, 1, 6, None) is None  # even after all
     with pytest.raises(ShardplanError, match="virtual stages"):
         uneven_stage_layers(12, 2, 2, 3, None)
 
