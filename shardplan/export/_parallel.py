@@ -113,8 +113,8 @@ def megatron_parallel(plan: Plan, graph: Graph, topology: Topology,
     elif recompute == "selective":
         args += ["--recompute-granularity", "selective"]
     sync = _setting(plan, settings, "gradient_sync")
-    if par.dp_shard > 1:
-        if par.dp > 1:
+    if par.dp_shard > 1 or sync == "sharded":
+        if par.dp > 1 and par.dp_shard > 1:
             raise ShardplanError(f"the plan shards over {par.dp_shard} and replicates over "
                                  f"{par.dp} ranks (HSDP), which shardplan does not write as "
                                  f"Megatron-LM arguments")

@@ -154,3 +154,38 @@ def test_torchtitan_round_trip(text: str, version: str) -> None:
     again = run_of_torchtitan(torchtitan_options(out.text), num_gpus=128)
     _same_run(run, again)
     assert again.model == run.model
+
+
+def _random_megatron(seed: int) -> tuple[str, int]:
+    """A consistent Megatron-LM run drawn at random (seeded), and its GPUs."""
+    rng = np.random.default_rng(seed)
+    tp, pp, cp = (int(rng.choice(c)) for c in ((1, 2, 4), (1, 2, 3), (1, 2)))
+    dp = int(rng.choice((1, 2, 3)))
+    vp = int(rng.choice((1, 2))) if pp > 1 else 1
+    micro = int(rng.choice((1, 2)))
+    layers = pp * vp * int(rng.choice((1, 2)))
+    args = [f"--num-layers {layers} --hidden-size 64 --num-attention-heads 8 --seq-length 64",
+            "--vocab-size 500", f"--tensor-model-parallel-size {tp}",
+            f"--pipeline-model-parallel-size {pp}", f"--context-parallel-size {cp}",
+            f"--micro-batch-size {micro}",
+            f"--global-batch-size {micro * dp * int(rng.choice((1, 4)))}",
+            str(rng.choice(["", "--fp16", "--bf16", "--bf16 --fp8-format e4m3"])),
+            str(rng.choice(["", "--recompute-granularity selective",
+                            "--recompute-granularity full"])),
+            str(rng.choice(["", "--use-distributed-optimizer", "--overlap-grad-reduce",
+                            "--use-torch-fsdp2"]))]
+    if vp > 1:
+        args.append(f"--num-virtual-stages-per-pipeline-rank {vp}")
+    if tp > 1 and rng.random() < 0.5:
+        args.append("--sequence-parallel --tp-comm-overlap")
+    return " ".join(args), tp * pp * cp * dp
+
+
+@pytest.mark.parametrize("seed", range(25))
+def test_random_megatron_runs_round_trip(seed: int) -> None:
+    text, gpus = _random_megatron(seed)
+    run = parse_megatron(text, num_gpus=gpus)
+    plan, graph = _plan(run)
+    out = json.loads(export(plan, graph, build("flat", num_devices=gpus), "megatron").text)
+    again = parse_megatron(_model_args(text) + " " + out["args_text"], num_gpus=gpus)
+    _same_run(run, again)
