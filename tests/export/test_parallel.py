@@ -189,3 +189,39 @@ def test_random_megatron_runs_round_trip(seed: int) -> None:
     out = json.loads(export(plan, graph, build("flat", num_devices=gpus), "megatron").text)
     again = parse_megatron(_model_args(text) + " " + out["args_text"], num_gpus=gpus)
     _same_run(run, again)
+
+
+def _random_torchtitan(seed: int) -> tuple[str, int]:
+    """A consistent torchtitan run drawn at random (seeded), as TOML, and its GPUs."""
+    rng = np.random.default_rng(1000 + seed)
+    rep, shard, tp, pp, cp = (int(rng.choice(c)) for c in
+                              ((1, 2), (1, 2, 4), (1, 2, 8), (1, 2, 4), (1, 2)))
+    local = int(rng.choice((2, 4)))
+    schedule = str(rng.choice(["1F1B", "GPipe", "Interleaved1F1B"]))
+    lines = ["[model]", 'name = "llama3"', 'flavor = "8B"', "[training]",
+             f"local_batch_size = {local}",
+             f"global_batch_size = {local * rep * shard * int(rng.choice((1, 2)))}",
+             "seq_len = 4096",
+             f'mixed_precision_param = "{rng.choice(["bfloat16", "float32"])}"',
+             "[parallelism]", f"data_parallel_replicate_degree = {rep}",
+             f"data_parallel_shard_degree = {shard}", f"tensor_parallel_degree = {tp}",
+             f"pipeline_parallel_degree = {pp}", f'pipeline_parallel_schedule = "{schedule}"',
+             f"pipeline_parallel_microbatch_size = {int(rng.choice((1, 2)))}",
+             f"context_parallel_degree = {cp}",
+             f"enable_async_tensor_parallel = {str(bool(rng.random() < 0.5)).lower()}",
+             "[activation_checkpoint]", f'mode = "{rng.choice(["none", "full", "selective"])}"',
+             'selective_ac_option = "op"']
+    return "\n".join(lines) + "\n", rep * shard * tp * pp * cp
+
+
+@pytest.mark.parametrize("version", ["0.2", "current"])
+@pytest.mark.parametrize("seed", range(12))
+def test_random_torchtitan_runs_round_trip(seed: int, version: str) -> None:
+    text, gpus = _random_torchtitan(seed)
+    run = run_of_torchtitan(torchtitan_options(text), num_gpus=gpus)
+    plan, graph = _plan(run)
+    out = export(plan, graph, build("flat", num_devices=gpus), "torchtitan",
+                 options=ExportOptions(torchtitan_version=version))
+    again = run_of_torchtitan(torchtitan_options(out.text), num_gpus=gpus)
+    _same_run(run, again)
+    assert again.model == run.model
