@@ -14,8 +14,8 @@
 * ``scaled_dot_product_attention`` (and the fused kernels it dispatches to): one
   ``attention`` operator over ``(b, h, q, k, d)`` (batch, heads, query, key, head dimension):
   batch and heads split freely; query, key and head dimension are fixed (splitting them is
-  context parallelism or a split reduction, not a layout of this one operator); the query
-  reads ``(b, h, q, d)``, key and value ``(b, h, k, d)``; ``causal`` records ``is_causal``;
+  context parallelism or a split reduction, not a layout of this one operator), so query,
+  key and value map their batch and heads only; ``causal`` records ``is_causal``;
 * ``view``, ``reshape``, ``flatten``, ``transpose``, ``permute``: zero-cost data movement whose
   dimensions are the output's; shape-preserving ops (``relu``, ``add``, ``gelu``, dropout,
   ...): elementwise.
@@ -30,7 +30,6 @@ re-layout the mapping does not capture is charged as a re-shard.
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Sequence
 from typing import Any
 
@@ -78,9 +77,7 @@ def op_spaces(ops: Sequence[str], out_shapes: Sequence[tuple[int, ...] | None],
     ops : op names (``conv2d``)
     out_shapes : per op, the shape of its (first) output tensor
     in_shapes : per op, the shapes of its tensor arguments in order
-    uses : ``(producer, consumer, shape)`` of every tensor flowing between ops, optionally
-        with a fourth item: the position of the tensor among the consumer's tensor arguments
-        (read by ops whose arguments map differently, such as attention's query and key)
+    uses : ``(producer, consumer, shape)`` of every tensor flowing between ops
     args : per op, its positional arguments (ints and lists are read: dims, strides)
     batch_size : int
     """
@@ -91,8 +88,7 @@ def op_spaces(ops: Sequence[str], out_shapes: Sequence[tuple[int, ...] | None],
         except (IndexError, TypeError, ValueError, ZeroDivisionError):
             spaces.append(None)
     # Input mappings, now that every producer's output is known.
-    for use in uses:
-        prod, cons, shape = use[0], use[1], use[2]
+    for prod, cons, shape in uses:
         sp = spaces[cons]
         src = spaces[prod]
         if sp is None or src is None:
@@ -101,10 +97,6 @@ def op_spaces(ops: Sequence[str], out_shapes: Sequence[tuple[int, ...] | None],
         groups: list[list[str]] = [[] for _ in range(rank)]
         dims = dict((n, s) for n, s in sp["dims"])
         mine = sp.get("_in_dims")
-        per_arg = sp.get("_arg_dims")
-        if per_arg is not None and len(use) > 3 and use[3] is not None \
-                and 0 <= use[3] < len(per_arg):
-            mine = per_arg[use[3]]
         if mine is not None and shape is not None and len(shape) == rank:
             for j, (n, s) in enumerate(zip(mine, shape, strict=False)):
                 if n is not None and dims.get(n) == s and n not in sp.get("fixed", ()):
@@ -123,7 +115,6 @@ def op_spaces(ops: Sequence[str], out_shapes: Sequence[tuple[int, ...] | None],
     for sp in spaces:
         if sp is not None:
             sp.pop("_in_dims", None)
-            sp.pop("_arg_dims", None)
     return spaces
 
 
@@ -203,10 +194,9 @@ def _one(op: str, out: tuple[int, ...] | None, ins: Sequence[tuple[int, ...] | N
         if out[:3] != (b, h, q):
             return None
         dims = [("b", b), ("h", h), ("q", q), ("k", kk), ("d", d)]
-        kv = ["b", "h", "k", "d"]
+        # query, key and value all read (b, h, sequence, d); only b and h ever split
         return _space("attention", dims, ["b", "h", "q", "d"], fixed=["q", "k", "d"],
-                      batch=["b", "h"], _in_dims=["b", "h", "q", "d"],
-                      _arg_dims=[["b", "h", "q", "d"], kv, kv])
+                      batch=["b", "h"], _in_dims=["b", "h", None, None])
     if op == "cat":
         axis = int(args[1]) % r if len(args) > 1 else 0
         dims = list(zip(names, out, strict=True))
@@ -247,8 +237,7 @@ def graph_spaces_of(fx_nodes: Sequence[Any], ops: Sequence[str],
     """Spaces of captured ops from their exported fx nodes; ``pairs`` are the graph's edges
     (the tensor on an edge is taken to have its producer's output shape)."""
     info = [shapes_of(n) for n in fx_nodes]
-    position = _arg_positions(fx_nodes)
-    uses = [(u, v, info[u][0], position[v].get(u)) for u, v in pairs]
+    uses = [(u, v, info[u][0]) for u, v in pairs]
     spaces = op_spaces(ops, [x[0] for x in info], [x[1] for x in info], uses,
                        [x[2] for x in info], batch_size)
     for node, sp in zip(fx_nodes, spaces, strict=True):
@@ -260,29 +249,3 @@ def graph_spaces_of(fx_nodes: Sequence[Any], ops: Sequence[str],
     return spaces
 
 
-def _arg_positions(fx_nodes: Sequence[Any]) -> list[dict[int, int]]:
-    """Per op, for each producing op, the position of its first tensor among the op's tensor
-    arguments (counted as :func:`shapes_of` lists them; ``getitem`` resolved to the op whose
-    output it selects)."""
-    index = {id(n): i for i, n in enumerate(fx_nodes)}
-
-    def producer(a: Any) -> int | None:
-        while a is not None and id(a) not in index and getattr(a, "target", None) is \
-                operator.getitem and a.args and hasattr(a.args[0], "meta"):
-            a = a.args[0]  # a getitem selecting one output of the op before it
-        return index.get(id(a)) if a is not None else None
-
-    out: list[dict[int, int]] = []
-    for n in fx_nodes:
-        found: dict[int, int] = {}
-        pos = 0
-        for a in n.args:
-            items = a if isinstance(a, (list, tuple)) and a and all(
-                hasattr(x, "meta") for x in a) else [a] if hasattr(a, "meta") else []
-            for x in items:
-                src = producer(x)
-                if src is not None:
-                    found.setdefault(src, pos)
-                pos += 1
-        out.append(found)
-    return out
