@@ -113,10 +113,10 @@ def capture(
     -----
     Paper 000, section 3.2. A model whose parameters or inputs are on the meta device is
     captured without allocating them (no ``profile``). ``torch.export.export(strict=False)``
-    traces the model on fake tensors; per-operator FLOPs are counted on fake tensors too (no arithmetic), so capture
-    costs seconds even for large models. O(n + m) in the number of operators and edges, plus
-    one fake dispatch of each operator forward and backward; module folding adds
-    O(k (n + m)) for k atomic instances.
+    traces the model on fake tensors; per-operator FLOPs are counted on fake tensors too (no
+    arithmetic), so capture costs seconds even for large models. O(n + m) in the number of
+    operators and edges, plus one fake dispatch of each operator forward and backward; module
+    folding adds O(k (n + m)) for k atomic instances.
     """
     import torch
 
