@@ -207,7 +207,7 @@ def capture_spec(
     profile: bool = False,
     mode: str = "train",
     progress: Progress | None = None,
-    meta: bool | None = False,
+    meta: bool | None = None,
 ) -> Graph:
     """Build a zoo model by name (:func:`build_model`) and :func:`capture` it.
 
