@@ -46,6 +46,7 @@ import torch
 from torch import nn
 
 from shardplan.errors import ShardplanError, ShardplanWarning
+from shardplan.workload._common import failure
 from shardplan.workload._common import parse_overrides as _parse_overrides
 from shardplan.workload._user import load_user_function as _load_user_function
 from shardplan.workload.gnn import build_gnn as _build_gnn
@@ -213,8 +214,12 @@ def build_model(spec: str, *, batch_size: int = 8, seq_len: int = 128,
                 return _load_user_function(spec)
         return _load_user_function(spec)
     if resolve_meta(spec, meta, seq_len=seq_len):
-        with torch.device("meta"):
-            return _build(spec, head, opts, batch_size, seq_len, image_size, "meta")
+        try:
+            with torch.device("meta"):
+                return _build(spec, head, opts, batch_size, seq_len, image_size, "meta")
+        except (NotImplementedError, RuntimeError) as exc:  # a build that reads values
+            raise ShardplanError(f"{spec!r} cannot be built on the meta device (its "
+                                 f"construction reads tensor values): {failure(exc)}") from None
     return _build(spec, head, opts, batch_size, seq_len, image_size, "cpu")
 
 
