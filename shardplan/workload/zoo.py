@@ -175,12 +175,15 @@ def build_model(spec: str, *, batch_size: int = 8, seq_len: int = 128,
     Parameters
     ----------
     spec : str
-        ``mlp``, ``transformer[,key=value...]``, ``gnn[,key=value...]``, ``torchvision:NAME``,
-        ``transformers:NAME[,key=value...]`` or ``FILE.py:FUNCTION``.
+        ``mlp``, ``transformer[,key=value...]``, ``gnn[,key=value...]``,
+        ``gpt:hidden=H,layers=L,heads=A,vocab=V[,seq=S,ffn=F]``,
+        ``llama3:FLAVOR[,key=value...]``, ``llama2:FLAVOR[,key=value...]``,
+        ``torchvision:NAME``, ``transformers:NAME[,key=value...]`` or ``FILE.py:FUNCTION``.
     batch_size : int
         Leading dimension of the example inputs (ignored for ``FILE.py:FUNCTION``).
     seq_len : int
-        Tokens per sequence for language models.
+        Tokens per sequence for language models (a ``gpt:`` or ``llama*:`` spec's ``seq``
+        takes precedence).
     image_size : int, optional
         Height and width of image inputs (default 224; inception_v3 299).
     meta : bool or None
