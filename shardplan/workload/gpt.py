@@ -28,7 +28,7 @@ from torch import nn
 from shardplan.errors import ShardplanError
 
 __all__ = ["CausalSelfAttention", "DecoderBlock", "FeedForward", "GPTConfig", "GPTDecoder",
-           "GPTDecoderConfig", "MegatronGPT", "build_gpt", "build_transformer",
+           "GPTDecoderConfig", "MegatronGPT", "build_gpt", "build_transformer", "gpt_config",
            "gpt_parameter_count", "gpt_transformer_meta"]
 
 

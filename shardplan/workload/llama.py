@@ -35,8 +35,8 @@ from torch import nn
 from shardplan.errors import ShardplanError
 
 __all__ = ["FLAVORS", "Attention", "FeedForward", "Llama", "LlamaConfig", "RMSNorm",
-           "TransformerBlock", "build_llama", "ffn_hidden_dim", "parameter_count",
-           "transformer_meta"]
+           "TransformerBlock", "apply_rotary", "build_llama", "config_of", "ffn_hidden_dim",
+           "parameter_count", "rope_tables", "transformer_meta"]
 
 
 @dataclass(kw_only=True, slots=True)
