@@ -1,0 +1,93 @@
+"""The LLM plan kind runs (issue 36 item 3): a tiny Llama with torchtitan's module names under
+TP 2, TP 2 x PP 2 and FSDP 2 x TP 2 trains like one process.
+
+Losses of every step (to 1e-6 relative) and final parameters (to 1e-5 of the model's norm,
+as the strategy runs are held) equal single-process training of the unsplit model with the
+same data and micro-batching; the tensor- and data-parallel copies of every parameter agree.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+pytest.importorskip("torch")
+
+from shardplan.errors import ShardplanError  # noqa: E402
+from shardplan.ir import ParallelConfig  # noqa: E402
+from shardplan.runtime import TrainConfig, train_many  # noqa: E402
+from shardplan.runtime._worker import run_single  # noqa: E402
+
+pytestmark = [pytest.mark.torch]
+
+MODEL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tiny_llama.py") + ":build"
+STEPS = 3
+LOSS_RTOL, PARAM_RTOL = 1e-6, 1e-5
+
+
+def llm_config(parallel: ParallelConfig, **kw: object) -> TrainConfig:
+    fields: dict[str, object] = dict(model=MODEL, steps=STEPS, kind="llm", parallel=parallel,
+                                     microbatches=4, microbatch_size=4, optimizer="adam",
+                                     lr=1e-3, return_params=True)
+    fields.update(kw)
+    return TrainConfig(**fields)  # type: ignore[arg-type]
+
+
+def reference(cfg: TrainConfig) -> object:
+    """One process, the unsplit model, each micro-batch whole."""
+    return run_single(TrainConfig(kind="single", model=cfg.model, steps=cfg.steps,
+                                  microbatches=cfg.microbatches,
+                                  microbatch_size=cfg.microbatch_size, optimizer=cfg.optimizer,
+                                  lr=cfg.lr, seed=cfg.seed, return_params=True))
+
+
+def check_equal(cfg: TrainConfig, got: object, ref: object) -> None:
+    import torch
+
+    label = cfg.parallel.label()
+    assert len(got.losses) == len(ref.losses) == cfg.steps
+    for a, b in zip(got.losses, ref.losses, strict=True):
+        assert abs(a - b) <= LOSS_RTOL * abs(b), (label, got.losses, ref.losses)
+    assert set(got.params) == set(ref.params), label
+    holders = cfg.world_size // cfg.parallel.pp  # each parameter lives on one pipeline rank
+    assert {len(c) for c in got.params.values()} == {holders}, label
+    num = den = 0.0
+    for name, (want,) in ref.params.items():
+        copies = got.params[name]
+        for t in copies[1:]:  # tensor- and data-parallel copies stay alike
+            torch.testing.assert_close(t, copies[0], rtol=0, atol=1e-6, msg=f"{label} {name}")
+        num += float((copies[0] - want).norm()) ** 2
+        den += float(want.norm()) ** 2
+    assert num ** 0.5 <= PARAM_RTOL * den ** 0.5, (label, num ** 0.5, den ** 0.5)
+
+
+def test_config_refuses_what_is_not_run() -> None:
+    with pytest.raises(ShardplanError, match="context parallelism"):
+        llm_config(ParallelConfig(cp=2))
+    with pytest.raises(ShardplanError, match="not divisible by the 4"):
+        llm_config(ParallelConfig(dp=2, dp_shard=2), microbatch_size=2)
+    with pytest.raises(ShardplanError, match="parallel layout"):
+        TrainConfig(model=MODEL, steps=1, kind="llm")
+    assert llm_config(ParallelConfig(tp=2, pp=2)).world_size == 4
+
+
+@pytest.mark.multiprocess
+def test_tensor_parallel_two_processes() -> None:
+    """TP 2 alone, and TP 2 with full recompute and SGD: one launch of 2 processes."""
+    cfgs = [llm_config(ParallelConfig(tp=2)),
+            llm_config(ParallelConfig(tp=2), recompute=True, optimizer="sgd", lr=0.5)]
+    for cfg, got in zip(cfgs, train_many(cfgs), strict=True):
+        check_equal(cfg, got, reference(cfg))
+
+
+@pytest.mark.multiprocess
+def test_four_processes() -> None:
+    """TP 2 x PP 2 (1F1B), FSDP 2 x TP 2, and DP 2 x PP 2 with 2 interleaved stages per rank
+    and an uneven first stage: one launch of 4 processes."""
+    cfgs = [llm_config(ParallelConfig(tp=2, pp=2), schedule="1f1b"),
+            llm_config(ParallelConfig(tp=2, dp_shard=2)),
+            llm_config(ParallelConfig(pp=2, dp=2, vp=2, stage_layers=(2, 1, 1, 1)),
+                       schedule="interleaved-1f1b")]
+    for cfg, got in zip(cfgs, train_many(cfgs), strict=True):
+        check_equal(cfg, got, reference(cfg))
