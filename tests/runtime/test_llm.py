@@ -9,6 +9,7 @@ same data and micro-batching; the tensor- and data-parallel copies of every para
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 
@@ -21,6 +22,7 @@ from shardplan.runtime._worker import run_single  # noqa: E402
 
 pytestmark = [pytest.mark.torch]
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 MODEL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tiny_llama.py") + ":build"
 STEPS = 3
 LOSS_RTOL, PARAM_RTOL = 1e-6, 1e-5
@@ -72,13 +74,56 @@ def test_config_refuses_what_is_not_run() -> None:
     assert llm_config(ParallelConfig(tp=2, pp=2)).world_size == 4
 
 
+def _model_bytes() -> dict[str, int]:
+    """Bytes of the tiny Llama's parameters: all, those TP splits, its buffers; and the
+    parameter count."""
+    import tiny_llama
+
+    model, _ = tiny_llama.build()
+    split = ("wq", "wk", "wv", "wo", "w1", "w2", "w3", "tok_embeddings", "output")
+    params = dict(model.named_parameters())
+    return {"all": sum(4 * p.numel() for p in params.values()),
+            "split": sum(4 * p.numel() for n, p in params.items()
+                         if any(f"{s}." in n for s in split)),
+            "buffers": sum(4 * b.numel() for b in model.buffers()),
+            "tensors": len(params)}
+
+
+def check_memory(memory: list[dict[str, int]], tp: int) -> None:
+    """Peak bytes by category of every rank of a ``tp``-way run with Adam: parameters and
+    optimizer state exactly the model's share, categories adding up to the total."""
+    size = _model_bytes()
+    mine = size["all"] - size["split"] + size["split"] // tp
+    assert len(memory) == tp
+    for m in memory:
+        assert m == memory[0]  # the tensor-parallel ranks hold alike
+        assert m["parameters"] == mine + size["buffers"]
+        # Adam: two moments per parameter and one 4-byte step count per tensor
+        assert m["optimizer"] == 2 * mine + 4 * size["tensors"]
+        assert 0 < m["gradients"] <= 1.1 * mine
+        assert m["activations"] > 0
+        assert sum(v for k, v in m.items() if k != "total") == m["total"]
+
+
 @pytest.mark.multiprocess
 def test_tensor_parallel_two_processes() -> None:
-    """TP 2 alone, and TP 2 with full recompute and SGD: one launch of 2 processes."""
+    """TP 2 alone, TP 2 with full recompute and SGD, and TP 2's memory by category: one
+    launch of 2 processes."""
     cfgs = [llm_config(ParallelConfig(tp=2)),
-            llm_config(ParallelConfig(tp=2), recompute=True, optimizer="sgd", lr=0.5)]
-    for cfg, got in zip(cfgs, train_many(cfgs), strict=True):
+            llm_config(ParallelConfig(tp=2), recompute=True, optimizer="sgd", lr=0.5),
+            llm_config(ParallelConfig(tp=2), steps=2, measure_memory=True)]
+    results = train_many(cfgs)
+    for cfg, got in zip(cfgs[:2], results[:2], strict=True):
         check_equal(cfg, got, reference(cfg))
+    check_memory(results[2].memory, 2)
+
+
+@pytest.mark.multiprocess
+def test_memory_one_process() -> None:
+    """MemTracker's peak of one step of the unsplit tiny Llama (a launch of one process)."""
+    cfg = llm_config(ParallelConfig(), steps=2, measure_memory=True)
+    (got,) = train_many([cfg])
+    check_memory(got.memory, 1)
 
 
 @pytest.mark.multiprocess
