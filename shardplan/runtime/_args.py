@@ -91,6 +91,8 @@ class Prepared:
                "global_batch": cfg.global_batch, "settings": self.settings.to_dict()}
         if cfg.shardings:
             out["mesh"] = list(cfg.mesh_shape)
+        if cfg.parallel is not None:
+            out["parallel"] = cfg.parallel.to_dict()
         return out
 
 
@@ -259,13 +261,47 @@ def _strategy_sync(settings: Any) -> str:
     return sync
 
 
+def llm_fields(plan: Any, graph: Any, settings: Any) -> dict[str, Any]:
+    """The fields of a :class:`TrainConfig` running an LLM plan (its ``parallel`` layout,
+    :mod:`shardplan.runtime._llm`): one process per device of the layout, the model split
+    by its module names, so the graph's operators are not matched (the plan's stages name
+    the devices of each virtual stage; their nodes are the planner's record). The layout's
+    ``vp`` decides the schedule: interleaved 1F1B when > 1 (the settings'
+    ``virtual_stages`` are not read), else the settings' GPipe or 1F1B.
+
+    Raises
+    ------
+    ShardplanError
+        A plan that does not fit the graph, an eval-mode graph, stages that are not the
+        layout's ``pp * vp`` virtual stages on ``devices_per_rank`` devices each.
+    """
+    plan.validate(graph)
+    if graph.meta.get("mode", "train") != "train":
+        raise ShardplanError("train needs a graph captured in train mode")
+    pc = plan.parallel
+    if plan.num_stages != pc.num_stages or \
+            any(len(st.devices) != pc.devices_per_rank for st in plan.stages):
+        raise ShardplanError(f"an LLM plan of {pc.label()} has pp x vp = {pc.num_stages} "
+                             f"stages of {pc.devices_per_rank} devices each")
+    # The layout's vp decides: interleaved 1F1B when > 1, and 1F1B for one stage per rank.
+    schedule = "interleaved-1f1b" if pc.vp > 1 else \
+        "1f1b" if settings.schedule == "interleaved-1f1b" else settings.schedule
+    return dict(kind="llm", parallel=pc, nproc=pc.world_size, schedule=schedule,
+                export_batch=int(graph.batch_size), microbatches=int(settings.microbatches),
+                microbatch_size=int(settings.microbatch_size),
+                recompute=bool(settings.recompute))
+
+
 def plan_fields(plan: Any, graph: Any, settings: Any) -> dict[str, Any]:
     """``kind`` and the fields of the :class:`TrainConfig` that runs ``plan``: a pipeline
     (stages replicated over their devices), a strategy (one stage whose devices split its
     layers) or a hybrid (a pipeline whose stages' devices split their layers, with the
     pipeline's schedule). A one-stage plan replicated with ``gradient_sync`` ``bucketed`` or
-    ``sharded`` runs as DDP or FSDP, what the simulator prices. Every check happens here,
-    before any process starts."""
+    ``sharded`` runs as DDP or FSDP, what the simulator prices. A plan with a ``parallel``
+    layout is an LLM plan (:func:`llm_fields`). Every check happens here, before any process
+    starts."""
+    if plan.parallel is not None:
+        return llm_fields(plan, graph, settings)
     if plan.strategy is None:
         fields = {"kind": "pipeline", **pipeline_fields(plan, graph, settings)}
         sync = getattr(settings, "gradient_sync", "end")
@@ -398,7 +434,7 @@ def config_from_args(args: argparse.Namespace) -> Prepared:
         schedule=settings.schedule, microbatches=fields["microbatches"],
         microbatch_size=fields["microbatch_size"])
     if args.baseline == "single":
-        if fields["kind"] == "strategy":  # one process running each micro-batch whole
+        if fields["kind"] in ("strategy", "llm"):  # one process running each micro-batch whole
             cfg = TrainConfig(kind="single", **common)
         else:
             cfg = TrainConfig(kind="single", stages=fields["stages"],
@@ -406,7 +442,7 @@ def config_from_args(args: argparse.Namespace) -> Prepared:
                               replicas=1 if fields.get("shardings") else fields["replicas"],
                               **common)
     elif args.baseline:
-        devices = fields["nproc"] if fields["kind"] == "strategy" else \
+        devices = fields["nproc"] if fields["kind"] in ("strategy", "llm") else \
             len(fields["rank_devices"]) * fields["replicas"]
         cfg = TrainConfig(kind=args.baseline, nproc=args.nproc or devices, **common)
     else:

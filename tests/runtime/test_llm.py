@@ -16,8 +16,9 @@ import pytest
 pytest.importorskip("torch")
 
 from shardplan.errors import ShardplanError  # noqa: E402
-from shardplan.ir import ParallelConfig  # noqa: E402
-from shardplan.runtime import TrainConfig, train_many  # noqa: E402
+from shardplan.generate import chain  # noqa: E402
+from shardplan.ir import ExecutionSettings, Objective, ParallelConfig, Plan, Stage  # noqa: E402
+from shardplan.runtime import TrainConfig, config_for_plan, train_many  # noqa: E402
 from shardplan.runtime._worker import run_single  # noqa: E402
 
 pytestmark = [pytest.mark.torch]
@@ -34,6 +35,22 @@ def llm_config(parallel: ParallelConfig, **kw: object) -> TrainConfig:
                                      lr=1e-3, return_params=True)
     fields.update(kw)
     return TrainConfig(**fields)  # type: ignore[arg-type]
+
+
+def llm_plan(parallel: ParallelConfig, **settings: object) -> tuple[Plan, object]:
+    """A plan of the LLM kind as the planner lays it out (until ``layout_plan`` exists): the
+    ``pp * vp`` virtual stages in pipeline order, stage ``j`` on pipeline rank ``j % pp``'s
+    devices, its nodes a contiguous piece of a stand-in chain graph (the runtime splits the
+    model by module names, not by the graph)."""
+    graph = chain(2 * parallel.num_stages, batch_size=4).replace(meta={"model": MODEL})
+    n, s, per = graph.num_nodes, parallel.num_stages, parallel.devices_per_rank
+    stages = tuple(Stage(tuple(range(j * n // s, (j + 1) * n // s)),
+                         tuple(range((j % parallel.pp) * per, (j % parallel.pp + 1) * per)))
+                   for j in range(s))
+    plan = Plan(graph=graph.name, topology="", algorithm="layout", stages=stages,
+                objective=Objective("none", 0.0), parallel=parallel,
+                execution=ExecutionSettings(**settings))  # type: ignore[arg-type]
+    return plan, graph
 
 
 def reference(cfg: TrainConfig) -> object:
@@ -72,6 +89,24 @@ def test_config_refuses_what_is_not_run() -> None:
     with pytest.raises(ShardplanError, match="parallel layout"):
         TrainConfig(model=MODEL, steps=1, kind="llm")
     assert llm_config(ParallelConfig(tp=2, pp=2)).world_size == 4
+
+
+def test_config_for_plan() -> None:
+    """A plan with a ``parallel`` layout runs as an ``llm`` run with the plan's settings;
+    its virtual stages decide the schedule; stages that are not the layout's are refused."""
+    plan, graph = llm_plan(ParallelConfig(tp=2, pp=2), microbatches=4, microbatch_size=4,
+                           schedule="gpipe", recompute=True)
+    cfg = config_for_plan(plan, graph, steps=1)
+    assert (cfg.kind, cfg.world_size, cfg.schedule, cfg.microbatches, cfg.microbatch_size,
+            cfg.recompute, cfg.model) == ("llm", 4, "gpipe", 4, 4, True, MODEL)
+    assert cfg.parallel == plan.parallel
+    plan, graph = llm_plan(ParallelConfig(pp=2, vp=2), schedule="1f1b", microbatches=4)
+    assert config_for_plan(plan, graph, steps=1).schedule == "interleaved-1f1b"
+    wrong = Plan(graph=plan.graph, topology="", algorithm="layout",
+                 stages=(Stage(tuple(range(graph.num_nodes)), (0, 1)),),
+                 objective=plan.objective, parallel=ParallelConfig(tp=2, pp=2))
+    with pytest.raises(ShardplanError, match="pp x vp = 2 stages of 2 devices"):
+        config_for_plan(wrong, graph, steps=1)
 
 
 def _model_bytes() -> dict[str, int]:
@@ -130,7 +165,9 @@ def test_memory_one_process() -> None:
 def test_four_processes() -> None:
     """TP 2 x PP 2 (1F1B), FSDP 2 x TP 2, and DP 2 x PP 2 with 2 interleaved stages per rank
     and an uneven first stage: one launch of 4 processes."""
-    cfgs = [llm_config(ParallelConfig(tp=2, pp=2), schedule="1f1b"),
+    plan, graph = llm_plan(ParallelConfig(tp=2, pp=2), microbatches=4, microbatch_size=4,
+                           schedule="1f1b")
+    cfgs = [config_for_plan(plan, graph, steps=STEPS, return_params=True),
             llm_config(ParallelConfig(tp=2, dp_shard=2)),
             llm_config(ParallelConfig(pp=2, dp=2, vp=2, stage_layers=(2, 1, 1, 1)),
                        schedule="interleaved-1f1b")]
