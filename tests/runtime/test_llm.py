@@ -1,5 +1,6 @@
-"""The LLM plan kind runs (issue 36 item 3): a tiny Llama with torchtitan's module names under
-TP 2, TP 2 x PP 2 and FSDP 2 x TP 2 trains like one process.
+"""The LLM plan kind runs (issue 36 item 3): the tiny Llama (``llama3:debug``) under TP 2,
+TP 2 x PP 2, FSDP 2 x TP 2 and DP 2 x PP 2 x VP 2 trains like one process, and its memory by
+category is torch's own accounting (MemTracker).
 
 Losses of every step (to 1e-6 relative) and final parameters (to 1e-5 of the model's norm,
 as the strategy runs are held) equal single-process training of the unsplit model with the
@@ -7,9 +8,6 @@ same data and micro-batching; the tensor- and data-parallel copies of every para
 """
 
 from __future__ import annotations
-
-import os
-import sys
 
 import pytest
 
@@ -23,8 +21,8 @@ from shardplan.runtime._worker import run_single  # noqa: E402
 
 pytestmark = [pytest.mark.torch]
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-MODEL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tiny_llama.py") + ":build"
+MODEL = "llama3:debug,seq=16"  # dim 64, 2 blocks, 4 query and 2 key/value heads, vocab 256
+MODEL5 = "llama3:debug,seq=16,n_layers=5"
 STEPS = 3
 LOSS_RTOL, PARAM_RTOL = 1e-6, 1e-5
 
@@ -110,18 +108,18 @@ def test_config_for_plan() -> None:
 
 
 def _model_bytes() -> dict[str, int]:
-    """Bytes of the tiny Llama's parameters: all, those TP splits, its buffers; and the
-    parameter count."""
-    import tiny_llama
+    """Bytes of the tiny Llama's parameters: all, those TP splits, its buffers, its largest
+    tensor; and the parameter count."""
+    from shardplan.workload.zoo import build_model
 
-    model, _ = tiny_llama.build()
+    model, _, _ = build_model(MODEL, batch_size=1)
     split = ("wq", "wk", "wv", "wo", "w1", "w2", "w3", "tok_embeddings", "output")
     params = dict(model.named_parameters())
     return {"all": sum(4 * p.numel() for p in params.values()),
             "split": sum(4 * p.numel() for n, p in params.items()
                          if any(f"{s}." in n for s in split)),
             "buffers": sum(4 * b.numel() for b in model.buffers()),
-            "tensors": len(params)}
+            "tensors": len(params), "largest": max(4 * p.numel() for p in params.values())}
 
 
 def check_memory(memory: list[dict[str, int]], tp: int) -> None:
@@ -135,7 +133,9 @@ def check_memory(memory: list[dict[str, int]], tp: int) -> None:
         assert m["parameters"] == mine + size["buffers"]
         # Adam: two moments per parameter and one 4-byte step count per tensor
         assert m["optimizer"] == 2 * mine + 4 * size["tensors"]
-        assert 0 < m["gradients"] <= 1.1 * mine
+        # at most one gradient in flight beside those accumulated (MemTracker labels the
+        # incoming gradient of a split embedding as well as the accumulated one)
+        assert 0 < m["gradients"] <= mine + size["largest"]
         assert m["activations"] > 0
         assert sum(v for k, v in m.items() if k != "total") == m["total"]
 
@@ -163,13 +163,13 @@ def test_memory_one_process() -> None:
 
 @pytest.mark.multiprocess
 def test_four_processes() -> None:
-    """TP 2 x PP 2 (1F1B), FSDP 2 x TP 2, and DP 2 x PP 2 with 2 interleaved stages per rank
-    and an uneven first stage: one launch of 4 processes."""
+    """TP 2 x PP 2 (1F1B, from a plan), FSDP 2 x TP 2, and DP 2 x PP 2 with 2 interleaved
+    stages per rank and an uneven last stage (5 blocks): one launch of 4 processes."""
     plan, graph = llm_plan(ParallelConfig(tp=2, pp=2), microbatches=4, microbatch_size=4,
                            schedule="1f1b")
     cfgs = [config_for_plan(plan, graph, steps=STEPS, return_params=True),
             llm_config(ParallelConfig(tp=2, dp_shard=2)),
-            llm_config(ParallelConfig(pp=2, dp=2, vp=2, stage_layers=(2, 1, 1, 1)),
-                       schedule="interleaved-1f1b")]
+            llm_config(ParallelConfig(pp=2, dp=2, vp=2, stage_layers=(1, 1, 1, 2)),
+                       model=MODEL5, schedule="interleaved-1f1b")]
     for cfg, got in zip(cfgs, train_many(cfgs), strict=True):
         check_equal(cfg, got, reference(cfg))
