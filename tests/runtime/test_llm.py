@@ -16,7 +16,7 @@ pytest.importorskip("torch")
 from shardplan.errors import ShardplanError  # noqa: E402
 from shardplan.generate import chain  # noqa: E402
 from shardplan.ir import ExecutionSettings, Objective, ParallelConfig, Plan, Stage  # noqa: E402
-from shardplan.runtime import TrainConfig, config_for_plan, train_many  # noqa: E402
+from shardplan.runtime import TrainConfig, config_for_plan, llm_memory, train_many  # noqa: E402
 from shardplan.runtime._worker import run_single  # noqa: E402
 
 pytestmark = [pytest.mark.torch]
@@ -156,20 +156,21 @@ def test_tensor_parallel_two_processes() -> None:
 @pytest.mark.multiprocess
 def test_memory_one_process() -> None:
     """MemTracker's peak of one step of the unsplit tiny Llama (a launch of one process)."""
-    cfg = llm_config(ParallelConfig(), steps=2, measure_memory=True)
-    (got,) = train_many([cfg])
-    check_memory(got.memory, 1)
+    check_memory(llm_memory(llm_config(ParallelConfig())), 1)
 
 
 @pytest.mark.multiprocess
 def test_four_processes() -> None:
-    """TP 2 x PP 2 (1F1B, from a plan), FSDP 2 x TP 2, and DP 2 x PP 2 with 2 interleaved
-    stages per rank and an uneven last stage (5 blocks): one launch of 4 processes."""
+    """TP 2 x PP 2 (1F1B, from a plan), FSDP 2 x TP 2, DP 2 x PP 2 with 2 interleaved
+    stages per rank and an uneven last stage (5 blocks), HSDP (DP 2 x FSDP 2) recomputing,
+    and DP 2 x TP 2 (DTensor gradients all-reduced): one launch of 4 processes."""
     plan, graph = llm_plan(ParallelConfig(tp=2, pp=2), microbatches=4, microbatch_size=4,
                            schedule="1f1b")
     cfgs = [config_for_plan(plan, graph, steps=STEPS, return_params=True),
             llm_config(ParallelConfig(tp=2, dp_shard=2)),
             llm_config(ParallelConfig(pp=2, dp=2, vp=2, stage_layers=(1, 1, 1, 2)),
-                       model=MODEL5, schedule="interleaved-1f1b")]
+                       model=MODEL5, schedule="interleaved-1f1b"),
+            llm_config(ParallelConfig(dp=2, dp_shard=2), recompute=True),
+            llm_config(ParallelConfig(dp=2, tp=2), optimizer="sgd", lr=0.5)]
     for cfg, got in zip(cfgs, train_many(cfgs), strict=True):
         check_equal(cfg, got, reference(cfg))
