@@ -8,10 +8,11 @@ numbering). Every rank builds the whole model (the zoo's seeded weights) and kee
 virtual stages, then, each in its own step:
 
 1. **Pipeline split** by whole transformer blocks (:meth:`ParallelConfig.layers_per_stage`):
-   virtual stage ``j`` (on pipeline rank ``j % pp``) is a copy of the model keeping its
-   blocks, with the token embedding replaced by ``nn.Identity`` unless ``j`` is the first
-   stage and the final norm and output head replaced by ``nn.Identity`` unless it is the last.
-   Parameter names stay the model's (``layers.3.attention.wq.weight``). The model's forward
+   virtual stage ``j`` (on pipeline rank ``j % pp``) is a module of the model's class over
+   its own blocks (the model's, not copies), with the token embedding replaced by
+   ``nn.Identity`` unless ``j`` is the first stage and the final norm and output head
+   replaced by ``nn.Identity`` unless it is the last. Parameter names stay the model's
+   (``layers.3.attention.wq.weight``). The model's forward
    must therefore be the plain chain ``output(norm(blocks(tok_embeddings(tokens))))``, which
    torchtitan's Llama is.
 2. **Tensor parallelism** by module names (:func:`torch.distributed.tensor.parallel.
@@ -47,7 +48,6 @@ repeat one process's masks; the Llama has no dropout.
 
 from __future__ import annotations
 
-import copy
 import functools
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -100,8 +100,12 @@ def _parts(model: nn.Module) -> tuple[nn.Module, nn.Module, nn.Module, nn.Module
 
 
 def split_stages(model: nn.Module, parallel: Any, stages: Sequence[int]) -> list[nn.Module]:
-    """Virtual stages ``stages`` of ``model`` (module docstring, step 1): each a copy keeping
-    its blocks, the embedding only on the first stage, the norm and head only on the last.
+    """Virtual stages ``stages`` of ``model`` (module docstring, step 1): each a module of the
+    model's class holding its own blocks, the embedding only on the first stage, the norm and
+    head only on the last.
+
+    Nothing is copied: the stages share the model's submodules (each block is in one stage)
+    and its buffers; the model itself is left as it was.
 
     Raises
     ------
@@ -111,17 +115,15 @@ def split_stages(model: nn.Module, parallel: Any, stages: Sequence[int]) -> list
     _, layers, _, _ = _parts(model)
     keys = list(layers.keys()) if isinstance(layers, nn.ModuleDict) else \
         [str(i) for i in range(len(layers))]
+    blocks = list(layers.values()) if isinstance(layers, nn.ModuleDict) else list(layers)
     counts = parallel.layers_per_stage(len(keys))
     starts = [sum(counts[:j]) for j in range(len(counts))]
     last = parallel.num_stages - 1
     out = []
     for j in stages:
-        mine = set(keys[starts[j]:starts[j] + counts[j]])
-        stage = copy.deepcopy(model)
-        blocks = _Blocks({k: m for k, m in zip(keys, stage.layers.values()
-                                                if isinstance(stage.layers, nn.ModuleDict)
-                                                else stage.layers, strict=True) if k in mine})
-        stage.layers = blocks
+        stage = _shell(model)
+        span = range(starts[j], starts[j] + counts[j])
+        stage.layers = _Blocks({keys[i]: blocks[i] for i in span})
         if j != 0:
             stage.tok_embeddings = nn.Identity()
         if j != last:
@@ -129,6 +131,23 @@ def split_stages(model: nn.Module, parallel: Any, stages: Sequence[int]) -> list
             stage.output = nn.Identity()
         out.append(stage)
     return out
+
+
+def _shell(model: nn.Module) -> nn.Module:
+    """A module of ``model``'s class with its own hooks and registries (so that FSDP and
+    the checkpoint wrapper change only it) over the model's submodules, parameters, buffers
+    and plain attributes."""
+    stage = type(model).__new__(type(model))
+    nn.Module.__init__(stage)
+    own = set(stage.__dict__)
+    for k, v in model.__dict__.items():
+        if k not in own:
+            stage.__dict__[k] = v
+    stage._parameters.update(model._parameters)
+    stage._buffers.update(model._buffers)
+    stage._non_persistent_buffers_set.update(model._non_persistent_buffers_set)
+    stage._modules.update(model._modules)
+    return stage
 
 
 def tensor_parallel_plan() -> dict[str, Any]:

@@ -163,7 +163,8 @@ def test_memory_one_process() -> None:
 def test_four_processes() -> None:
     """TP 2 x PP 2 (1F1B, from a plan), FSDP 2 x TP 2, DP 2 x PP 2 with 2 interleaved
     stages per rank and an uneven last stage (5 blocks), HSDP (DP 2 x FSDP 2) recomputing,
-    and DP 2 x TP 2 (DTensor gradients all-reduced): one launch of 4 processes."""
+    DP 2 x TP 2 (DTensor gradients all-reduced) and FSDP 2 x PP 2 (GPipe, recomputing): one
+    launch of 4 processes."""
     plan, graph = llm_plan(ParallelConfig(tp=2, pp=2), microbatches=4, microbatch_size=4,
                            schedule="1f1b")
     cfgs = [config_for_plan(plan, graph, steps=STEPS, return_params=True),
@@ -171,6 +172,7 @@ def test_four_processes() -> None:
             llm_config(ParallelConfig(pp=2, dp=2, vp=2, stage_layers=(1, 1, 1, 2)),
                        model=MODEL5, schedule="interleaved-1f1b"),
             llm_config(ParallelConfig(dp=2, dp_shard=2), recompute=True),
-            llm_config(ParallelConfig(dp=2, tp=2), optimizer="sgd", lr=0.5)]
+            llm_config(ParallelConfig(dp=2, tp=2), optimizer="sgd", lr=0.5),
+            llm_config(ParallelConfig(pp=2, dp_shard=2), schedule="gpipe", recompute=True)]
     for cfg, got in zip(cfgs, train_many(cfgs), strict=True):
         check_equal(cfg, got, reference(cfg))
