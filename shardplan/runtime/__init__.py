@@ -24,6 +24,13 @@ redistributing each operator's inputs as its configuration says. A one-stage str
 is a ``strategy`` run (:mod:`shardplan.runtime._tensor_parallel`); a pipeline plan with a
 strategy is a hybrid, whose pipeline stages are such sharded programs.
 
+Plans with a ``parallel`` layout (the LLM plan kind, :class:`shardplan.ir.ParallelConfig`)
+run with torch's own pieces as torchtitan composes them (:mod:`shardplan.runtime._llm`): a
+DeviceMesh in the layout's rank order, the model split into pipeline stages by whole blocks,
+tensor parallelism by module names (``parallelize_module``), FSDP2 / HSDP (``fully_shard``),
+``torch.distributed.pipelining`` schedules; :func:`llm_memory` reports each rank's peak
+memory of a step by category as torch's ``MemTracker`` counts it.
+
 Paper 000, sections 3-4: its pipeline is GPipe over stages placed on GPUs, compared with FSDP
 on an MLP (our ``benchmarks/paper000_table1.py``).
 
