@@ -273,7 +273,8 @@ def llm_fields(plan: Any, graph: Any, settings: Any) -> dict[str, Any]:
     ------
     ShardplanError
         A plan that does not fit the graph, an eval-mode graph, stages that are not the
-        layout's ``pp * vp`` virtual stages on ``devices_per_rank`` devices each.
+        layout's ``pp * vp`` virtual stages on ``devices_per_rank`` devices each, a layout
+        the model's recorded dimensions (``meta["transformer"]``) do not allow.
     """
     plan.validate(graph)
     if graph.meta.get("mode", "train") != "train":
@@ -283,6 +284,7 @@ def llm_fields(plan: Any, graph: Any, settings: Any) -> dict[str, Any]:
             any(len(st.devices) != pc.devices_per_rank for st in plan.stages):
         raise ShardplanError(f"an LLM plan of {pc.label()} has pp x vp = {pc.num_stages} "
                              f"stages of {pc.devices_per_rank} devices each")
+    _check_llm_dimensions(pc, graph.meta.get("transformer"))
     # The layout's vp decides: interleaved 1F1B when > 1, and 1F1B for one stage per rank.
     schedule = "interleaved-1f1b" if pc.vp > 1 else \
         "1f1b" if settings.schedule == "interleaved-1f1b" else settings.schedule
@@ -290,6 +292,21 @@ def llm_fields(plan: Any, graph: Any, settings: Any) -> dict[str, Any]:
                 export_batch=int(graph.batch_size), microbatches=int(settings.microbatches),
                 microbatch_size=int(settings.microbatch_size),
                 recompute=bool(settings.recompute))
+
+
+def _check_llm_dimensions(pc: Any, dims: Any) -> None:
+    """The layout against the model's dimensions, when the graph records them (``capture``
+    writes ``meta["transformer"]`` for Llama and GPT models): blocks for every virtual stage,
+    heads, key/value heads, feed-forward width and vocabulary divisible by ``tp``."""
+    if not isinstance(dims, dict):
+        return
+    if isinstance(dims.get("layers"), int):
+        pc.layers_per_stage(int(dims["layers"]))
+    for key, what in (("heads", "attention heads"), ("kv_heads", "key/value heads"),
+                      ("ffn", "the feed-forward width"), ("vocab", "the vocabulary")):
+        n = dims.get(key)
+        if isinstance(n, int) and n % pc.tp:
+            raise ShardplanError(f"tensor parallelism {pc.tp} does not divide {what} ({n})")
 
 
 def plan_fields(plan: Any, graph: Any, settings: Any) -> dict[str, Any]:

@@ -105,6 +105,15 @@ def test_config_for_plan() -> None:
                  objective=plan.objective, parallel=ParallelConfig(tp=2, pp=2))
     with pytest.raises(ShardplanError, match="pp x vp = 2 stages of 2 devices"):
         config_for_plan(wrong, graph, steps=1)
+    # the model's dimensions as capture records them, checked before any process starts
+    plan, graph = llm_plan(ParallelConfig(tp=4, pp=2))
+    dims = {"family": "llama", "layers": 2, "heads": 4, "kv_heads": 2, "vocab": 256}
+    with pytest.raises(ShardplanError, match="does not divide key/value heads"):
+        config_for_plan(plan, graph.replace(meta={**graph.meta, "transformer": dims}), steps=1)
+    plan, graph = llm_plan(ParallelConfig(pp=2, stage_layers=(2, 1)))
+    with pytest.raises(ShardplanError, match="add up to 3, the model has 2"):
+        config_for_plan(plan, graph.replace(meta={**graph.meta, "transformer": dims}), steps=1)
+    assert config_for_plan(plan, graph, steps=1).kind == "llm"  # dimensions not recorded
 
 
 def _model_bytes() -> dict[str, int]:
