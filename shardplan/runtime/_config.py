@@ -116,6 +116,9 @@ class TrainConfig:
     measure_memory : bool
         ``llm`` runs: track the last step with torch's MemTracker and report every rank's
         peak bytes by category (:attr:`RunResult.memory`).
+    sequence_parallel : bool
+        ``llm`` runs with ``tp > 1``: Megatron's sequence parallelism (norms on sequence
+        shards, reduce-scatter and all-gather in place of the all-reduces).
     """
 
     model: str
@@ -152,6 +155,7 @@ class TrainConfig:
     bucket_bytes: int = 25 * 2**20
     parallel: Any = None
     measure_memory: bool = False
+    sequence_parallel: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:

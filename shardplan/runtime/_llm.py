@@ -23,7 +23,12 @@ virtual stages, then, each in its own step:
    divided too). The embedding is split by the vocabulary (row-wise, its output all-reduced)
    and so is the output head (column-wise, its logits all-gathered: every tensor-parallel
    rank computes the plain cross-entropy on whole logits; torchtitan's ``loss_parallel`` on
-   vocabulary-split logits is not used). Norms are replicated (no sequence parallelism).
+   vocabulary-split logits is not used). Norms are replicated; with ``sequence_parallel``
+   (Megatron's sequence parallelism, torchtitan's layout) they run on sequence shards, the
+   embedding reduce-scatters its output, the attention and the MLP all-gather the sequence
+   at their input and their row-wise projections reduce-scatter it, and the output head
+   gathers the sequence before its vocabulary split. The sequence length must divide by
+   ``tp``.
 3. **Activation recomputation** (``recompute``): every block's forward runs under
    :func:`torch.utils.checkpoint.checkpoint` (non-reentrant), the block's names unchanged.
 4. **FSDP2** (:func:`torch.distributed.fsdp.fully_shard`) over ``dp_shard``, per block and
@@ -150,32 +155,58 @@ def _shell(model: nn.Module) -> nn.Module:
     return stage
 
 
-def tensor_parallel_plan() -> dict[str, Any]:
+def tensor_parallel_plan(*, sequence_parallel: bool = False) -> dict[str, Any]:
     """Megatron's layout of one block by torchtitan's module names (module docstring,
-    step 2)."""
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+    step 2); with ``sequence_parallel``, Megatron's sequence parallelism as torchtitan lays it
+    out: the norms run on sequence shards (``SequenceParallel``), the attention and the MLP
+    gather the sequence at their input and the row-wise projections reduce-scatter it."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+    )
 
-    return {"attention.wq": ColwiseParallel(), "attention.wk": ColwiseParallel(),
-            "attention.wv": ColwiseParallel(), "attention.wo": RowwiseParallel(),
-            "feed_forward.w1": ColwiseParallel(), "feed_forward.w3": ColwiseParallel(),
-            "feed_forward.w2": RowwiseParallel()}
+    plan: dict[str, Any] = {
+        "attention.wq": ColwiseParallel(), "attention.wk": ColwiseParallel(),
+        "attention.wv": ColwiseParallel(), "attention.wo": RowwiseParallel(),
+        "feed_forward.w1": ColwiseParallel(), "feed_forward.w3": ColwiseParallel(),
+        "feed_forward.w2": RowwiseParallel()}
+    if sequence_parallel:
+        plan.update({
+            "attention_norm": SequenceParallel(), "ffn_norm": SequenceParallel(),
+            # the attention's further inputs (rotary tables) stay plain tensors
+            "attention": PrepareModuleInput(input_layouts=(Shard(1), None, None),
+                                            desired_input_layouts=(Replicate(), None, None)),
+            "feed_forward": PrepareModuleInput(input_layouts=(Shard(1),),
+                                               desired_input_layouts=(Replicate(),)),
+            "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
+            "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1))})
+    return plan
 
 
-def _apply_tensor_parallel(stage: nn.Module, tp_mesh: Any, tp: int) -> None:
-    from torch.distributed.tensor import Replicate
+def _apply_tensor_parallel(stage: nn.Module, tp_mesh: Any, tp: int,
+                           sequence_parallel: bool) -> None:
+    from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
         RowwiseParallel,
+        SequenceParallel,
         parallelize_module,
     )
 
+    sp = sequence_parallel
     if not isinstance(stage.tok_embeddings, nn.Identity):
         _divisible(stage.tok_embeddings.weight.shape[0], tp, "the vocabulary")
-        parallelize_module(stage.tok_embeddings, tp_mesh,
-                           RowwiseParallel(input_layouts=Replicate()))
+        parallelize_module(stage.tok_embeddings, tp_mesh, RowwiseParallel(
+            input_layouts=Replicate(), output_layouts=Shard(1) if sp else Replicate()))
     if not isinstance(stage.output, nn.Identity):
         _divisible(stage.output.weight.shape[0], tp, "the vocabulary")
-        parallelize_module(stage.output, tp_mesh, ColwiseParallel(output_layouts=Replicate()))
+        if sp:
+            parallelize_module(stage.norm, tp_mesh, SequenceParallel())
+        parallelize_module(stage.output, tp_mesh, ColwiseParallel(
+            input_layouts=Shard(1) if sp else Replicate(), output_layouts=Replicate()))
     for block in stage.layers.values():
         attention = block.attention
         for name in _HEAD_COUNTS:
@@ -184,7 +215,7 @@ def _apply_tensor_parallel(stage: nn.Module, tp_mesh: Any, tp: int) -> None:
                 _divisible(v, tp, f"attention's {name}")
                 setattr(attention, name, v // tp)
         _divisible(block.feed_forward.w1.weight.shape[0], tp, "the feed-forward width")
-        parallelize_module(block, tp_mesh, tensor_parallel_plan())
+        parallelize_module(block, tp_mesh, tensor_parallel_plan(sequence_parallel=sp))
 
 
 def _divisible(n: int, tp: int, what: str) -> None:
@@ -230,6 +261,8 @@ def run_llm(cfg: TrainConfig, rank: int, world: int) -> RunResult:
     coords = pc.coordinates(rank)
     mesh = build_mesh(pc, device.type)
     model, inputs, _ = _build(cfg, cfg.microbatch_size)
+    if cfg.sequence_parallel and pc.tp > 1:
+        _divisible(int(inputs[0].shape[1]), pc.tp, "the sequence length")
     with torch.no_grad():
         classes = int(model.output.weight.shape[0]) if hasattr(model, "output") else \
             int(model(*inputs).shape[-1])
@@ -239,7 +272,7 @@ def run_llm(cfg: TrainConfig, rank: int, world: int) -> RunResult:
     for st in stages:
         st.to(device)
         if pc.tp > 1:
-            _apply_tensor_parallel(st, mesh["tp"], pc.tp)
+            _apply_tensor_parallel(st, mesh["tp"], pc.tp, cfg.sequence_parallel)
         if cfg.recompute:
             _apply_recompute(st)
         if pc.dp_shard > 1:

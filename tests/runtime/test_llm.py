@@ -151,15 +151,23 @@ def check_memory(memory: list[dict[str, int]], tp: int) -> None:
 
 @pytest.mark.multiprocess
 def test_tensor_parallel_two_processes() -> None:
-    """TP 2 alone, TP 2 with full recompute and SGD, and TP 2's memory by category: one
-    launch of 2 processes."""
+    """TP 2 alone, TP 2 with full recompute and SGD, TP 2 with sequence parallelism, and
+    TP 2's memory by category without and with sequence parallelism: one launch of 2
+    processes."""
     cfgs = [llm_config(ParallelConfig(tp=2)),
             llm_config(ParallelConfig(tp=2), recompute=True, optimizer="sgd", lr=0.5),
-            llm_config(ParallelConfig(tp=2), steps=2, measure_memory=True)]
+            llm_config(ParallelConfig(tp=2), sequence_parallel=True),
+            llm_config(ParallelConfig(tp=2), steps=2, measure_memory=True),
+            llm_config(ParallelConfig(tp=2), steps=2, measure_memory=True,
+                       sequence_parallel=True)]
     results = train_many(cfgs)
-    for cfg, got in zip(cfgs[:2], results[:2], strict=True):
+    for cfg, got in zip(cfgs[:3], results[:3], strict=True):
         check_equal(cfg, got, reference(cfg))
-    check_memory(results[2].memory, 2)
+    plain, sp = results[3].memory, results[4].memory
+    check_memory(plain, 2)
+    check_memory(sp, 2)
+    # sequence parallelism keeps the norms' activations and the residual stream split
+    assert sp[0]["activations"] < plain[0]["activations"]
 
 
 @pytest.mark.multiprocess
@@ -170,7 +178,9 @@ def test_memory_one_process() -> None:
 
 @pytest.mark.multiprocess
 def test_four_processes() -> None:
-    """TP 2 x PP 2 (1F1B, from a plan), FSDP 2 x TP 2, DP 2 x PP 2 with 2 interleaved
+    """TP 2 x PP 2 (1F1B, from a plan), FSDP 2 x TP 2 without and with sequence
+    parallelism, TP 2 x PP 2 x VP 2 with sequence parallelism and an uneven first stage
+    (5 blocks as 2, 1, 1, 1), DP 2 x PP 2 with 2 interleaved
     stages per rank and an uneven last stage (5 blocks), HSDP (DP 2 x FSDP 2) recomputing,
     DP 2 x TP 2 (DTensor gradients all-reduced) and FSDP 2 x PP 2 (GPipe, recomputing): one
     launch of 4 processes."""
@@ -178,6 +188,8 @@ def test_four_processes() -> None:
                            schedule="1f1b")
     cfgs = [config_for_plan(plan, graph, steps=STEPS, return_params=True),
             llm_config(ParallelConfig(tp=2, dp_shard=2)),
+            llm_config(ParallelConfig(tp=2, dp_shard=2), sequence_parallel=True),
+            llm_config(ParallelConfig(tp=2, pp=2, vp=2), model=MODEL5, sequence_parallel=True),
             llm_config(ParallelConfig(pp=2, dp=2, vp=2, stage_layers=(1, 1, 1, 2)),
                        model=MODEL5, schedule="interleaved-1f1b"),
             llm_config(ParallelConfig(dp=2, dp_shard=2), recompute=True),
