@@ -70,6 +70,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="processes of an fsdp/ddp baseline (default: the pipeline's)")
     p.add_argument("--timeout", type=positive_float, default=300.0,
                    help="seconds a collective may wait before the run fails")
+    p.add_argument("--measure-memory", action="store_true",
+                   help="LLM plans: track the last step with torch's MemTracker and add every "
+                        "rank's peak bytes by category to the result ('memory')")
     p.add_argument("-o", "--output", metavar="FILE", help="write the result here (atomically)")
     p.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
 
@@ -289,6 +292,7 @@ def llm_fields(plan: Any, graph: Any, settings: Any) -> dict[str, Any]:
     schedule = "interleaved-1f1b" if pc.vp > 1 else \
         "1f1b" if settings.schedule == "interleaved-1f1b" else settings.schedule
     return dict(kind="llm", parallel=pc, nproc=pc.world_size, schedule=schedule,
+                sequence_parallel=bool(getattr(settings, "sequence_parallel", False)),
                 export_batch=int(graph.batch_size), microbatches=int(settings.microbatches),
                 microbatch_size=int(settings.microbatch_size),
                 recompute=bool(settings.recompute))
@@ -450,6 +454,8 @@ def config_from_args(args: argparse.Namespace) -> Prepared:
         resume=args.resume, timeout=args.timeout, export_batch=fields["export_batch"],
         schedule=settings.schedule, microbatches=fields["microbatches"],
         microbatch_size=fields["microbatch_size"])
+    if getattr(args, "measure_memory", False) and args.baseline:
+        raise ShardplanError("--measure-memory measures the plan's run, not a baseline")
     if args.baseline == "single":
         if fields["kind"] in ("strategy", "llm"):  # one process running each micro-batch whole
             cfg = TrainConfig(kind="single", **common)
@@ -466,6 +472,11 @@ def config_from_args(args: argparse.Namespace) -> Prepared:
         if args.nproc is not None:
             raise ShardplanError("--nproc is for --baseline ddp|fsdp: a plan runs one "
                                  "process per device it uses")
+        if getattr(args, "measure_memory", False):
+            if fields["kind"] != "llm":
+                raise ShardplanError("--measure-memory is for LLM plans (a plan with "
+                                     "'parallel')")
+            common["measure_memory"] = True
         common.update({k: v for k, v in fields.items() if k not in common})
         cfg = TrainConfig(**common)
         if cfg.shardings:

@@ -197,3 +197,34 @@ def test_four_processes() -> None:
             llm_config(ParallelConfig(pp=2, dp_shard=2), schedule="gpipe", recompute=True)]
     for cfg, got in zip(cfgs, train_many(cfgs), strict=True):
         check_equal(cfg, got, reference(cfg))
+
+
+def test_train_command_reads_llm_plans(tmp_path) -> None:
+    """``shardplan train``'s arguments: an LLM plan runs as ``llm`` (``--measure-memory``
+    asks for its memory), its ``single`` and ``fsdp`` baselines run the unsplit model on one
+    process and on the layout's processes; measuring a baseline is refused."""
+    import argparse
+
+    from shardplan.ir import save
+    from shardplan.runtime._args import add_arguments, config_from_args
+    from shardplan.topology import flat
+
+    plan, graph = llm_plan(ParallelConfig(tp=2), microbatches=2, microbatch_size=4)
+    files = [str(tmp_path / f) for f in ("p.json", "g.json", "t.json")]
+    for obj, path in zip((plan, graph, flat(2)), files, strict=True):
+        save(obj, path)
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+
+    def prepare(*extra: str) -> object:
+        return config_from_args(parser.parse_args([*files, "--steps", "2", *extra]))
+
+    run = prepare("--measure-memory")
+    assert (run.config.kind, run.config.world_size, run.config.measure_memory) == \
+        ("llm", 2, True)
+    assert run.summary()["parallel"]["tp"] == 2
+    single, fsdp = prepare("--baseline", "single").config, prepare("--baseline", "fsdp").config
+    assert (single.kind, single.world_size, single.microbatches) == ("single", 1, 2)
+    assert (fsdp.kind, fsdp.world_size) == ("fsdp", 2)
+    with pytest.raises(ShardplanError, match="not a baseline"):
+        prepare("--measure-memory", "--baseline", "single")
