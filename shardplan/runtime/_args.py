@@ -268,7 +268,10 @@ def llm_fields(plan: Any, graph: Any, settings: Any) -> dict[str, Any]:
     """The fields of a :class:`TrainConfig` running an LLM plan (its ``parallel`` layout,
     :mod:`shardplan.runtime._llm`): one process per device of the layout, the model split
     by its module names, so the graph's operators are not matched (the plan's stages name
-    the devices of each virtual stage; their nodes are the planner's record). The layout's
+    the devices of each virtual stage, in the layout's rank order: the ``k``-th device of
+    pipeline rank ``p`` runs layout rank ``p * devices_per_rank + k``, which is process
+    ``p * devices_per_rank + k``, since torch's pipeline schedules take a pipeline group's
+    ranks in increasing order; the stages' nodes are the planner's record). The layout's
     ``vp`` decides the schedule: interleaved 1F1B when > 1 (the settings'
     ``virtual_stages`` are not read), else the settings' GPipe or 1F1B.
 
@@ -288,10 +291,13 @@ def llm_fields(plan: Any, graph: Any, settings: Any) -> dict[str, Any]:
         raise ShardplanError(f"an LLM plan of {pc.label()} has pp x vp = {pc.num_stages} "
                              f"stages of {pc.devices_per_rank} devices each")
     _check_llm_dimensions(pc, graph.meta.get("transformer"))
+    layout_devices = tuple(int(plan.stages[p].devices[k]) for p in range(pc.pp)
+                           for k in range(pc.devices_per_rank))
     # The layout's vp decides: interleaved 1F1B when > 1, and 1F1B for one stage per rank.
     schedule = "interleaved-1f1b" if pc.vp > 1 else \
         "1f1b" if settings.schedule == "interleaved-1f1b" else settings.schedule
     return dict(kind="llm", parallel=pc, nproc=pc.world_size, schedule=schedule,
+                layout_devices=layout_devices,
                 sequence_parallel=bool(getattr(settings, "sequence_parallel", False)),
                 export_batch=int(graph.batch_size), microbatches=int(settings.microbatches),
                 microbatch_size=int(settings.microbatch_size),

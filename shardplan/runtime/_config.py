@@ -119,6 +119,10 @@ class TrainConfig:
     sequence_parallel : bool
         ``llm`` runs with ``tp > 1``: Megatron's sequence parallelism (norms on sequence
         shards, reduce-scatter and all-gather in place of the all-reduces).
+    layout_devices : tuple of int
+        ``llm`` runs: the plan's device of each layout rank (:meth:`ParallelConfig.rank`
+        order); process ``r`` runs layout rank ``r`` on that device (CUDA: the device of
+        that index modulo the GPUs of the host); empty: device ``r``.
     """
 
     model: str
@@ -156,6 +160,7 @@ class TrainConfig:
     parallel: Any = None
     measure_memory: bool = False
     sequence_parallel: bool = False
+    layout_devices: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -229,6 +234,10 @@ class TrainConfig:
             raise ShardplanError("context parallelism (cp > 1) is not run yet")
         if self.checkpoint_dir or self.resume:
             raise ShardplanError("checkpoints of LLM plans are not written yet")
+        if self.layout_devices and (len(self.layout_devices) != pc.world_size
+                                    or len(set(self.layout_devices)) != pc.world_size):
+            raise ShardplanError(f"an LLM run needs {pc.world_size} distinct devices, one "
+                                 f"per layout rank")
         if pc.pp > 1 and pc.vp > 1 and self.microbatches % pc.pp:
             raise ShardplanError(f"interleaved 1F1B needs micro-batches ({self.microbatches}) "
                                  f"divisible by the {pc.pp} pipeline ranks")

@@ -4,8 +4,11 @@
 One :class:`~torch.distributed.device_mesh.DeviceMesh` of every rank, its dimensions in
 :class:`~shardplan.ir.ParallelConfig`'s rank order, slowest first: ``pp``, ``dp_replicate``,
 ``dp_shard``, ``cp``, ``tp`` (so the mesh's row-major numbering is Megatron's rank
-numbering). Every rank builds the whole model (the zoo's seeded weights) and keeps its own
-virtual stages, then, each in its own step:
+numbering). Process ``r`` runs layout rank ``r`` (torch's pipeline schedules take the ranks
+of a pipeline group in increasing order as pipeline ranks 0, 1, ...), on the plan's device
+of that rank (``TrainConfig.layout_devices``; with CUDA, that index modulo the host's GPUs).
+Every rank builds the whole model (the zoo's seeded weights) and keeps its own virtual
+stages, then, each in its own step:
 
 1. **Pipeline split** by whole transformer blocks (:meth:`ParallelConfig.layers_per_stage`):
    virtual stage ``j`` (on pipeline rank ``j % pp``) is a module of the model's class over
@@ -258,6 +261,9 @@ def run_llm(cfg: TrainConfig, rank: int, world: int) -> RunResult:
     if world != pc.world_size:
         raise ShardplanError(f"the plan needs {pc.world_size} processes, the run has {world}")
     device = _device()
+    if cfg.layout_devices and torch.cuda.is_available():  # the plan's device of this rank
+        torch.cuda.set_device(cfg.layout_devices[rank] % torch.cuda.device_count())
+        device = torch.device("cuda", torch.cuda.current_device())
     coords = pc.coordinates(rank)
     mesh = build_mesh(pc, device.type)
     model, inputs, _ = _build(cfg, cfg.microbatch_size)

@@ -35,15 +35,19 @@ def llm_config(parallel: ParallelConfig, **kw: object) -> TrainConfig:
     return TrainConfig(**fields)  # type: ignore[arg-type]
 
 
-def llm_plan(parallel: ParallelConfig, **settings: object) -> tuple[Plan, object]:
+def llm_plan(parallel: ParallelConfig, *, reverse: bool = False, **settings: object
+             ) -> tuple[Plan, object]:
     """A plan of the LLM kind as the planner lays it out (until ``layout_plan`` exists): the
     ``pp * vp`` virtual stages in pipeline order, stage ``j`` on pipeline rank ``j % pp``'s
     devices, its nodes a contiguous piece of a stand-in chain graph (the runtime splits the
-    model by module names, not by the graph)."""
+    model by module names, not by the graph). ``reverse``: pipeline rank ``p`` on the
+    devices the layout's rank order gives pipeline rank ``pp - 1 - p``."""
     graph = chain(2 * parallel.num_stages, batch_size=4).replace(meta={"model": MODEL})
     n, s, per = graph.num_nodes, parallel.num_stages, parallel.devices_per_rank
+    ranks = [parallel.pp - 1 - j % parallel.pp if reverse else j % parallel.pp
+             for j in range(s)]
     stages = tuple(Stage(tuple(range(j * n // s, (j + 1) * n // s)),
-                         tuple(range((j % parallel.pp) * per, (j % parallel.pp + 1) * per)))
+                         tuple(range(ranks[j] * per, (ranks[j] + 1) * per)))
                    for j in range(s))
     plan = Plan(graph=graph.name, topology="", algorithm="layout", stages=stages,
                 objective=Objective("none", 0.0), parallel=parallel,
@@ -97,7 +101,9 @@ def test_config_for_plan() -> None:
     cfg = config_for_plan(plan, graph, steps=1)
     assert (cfg.kind, cfg.world_size, cfg.schedule, cfg.microbatches, cfg.microbatch_size,
             cfg.recompute, cfg.model) == ("llm", 4, "gpipe", 4, 4, True, MODEL)
-    assert cfg.parallel == plan.parallel
+    assert cfg.parallel == plan.parallel and cfg.layout_devices == (0, 1, 2, 3)
+    plan, graph = llm_plan(ParallelConfig(tp=2, pp=2), reverse=True)
+    assert config_for_plan(plan, graph, steps=1).layout_devices == (2, 3, 0, 1)
     plan, graph = llm_plan(ParallelConfig(pp=2, vp=2), schedule="1f1b", microbatches=4)
     assert config_for_plan(plan, graph, steps=1).schedule == "interleaved-1f1b"
     wrong = Plan(graph=plan.graph, topology="", algorithm="layout",
@@ -178,14 +184,14 @@ def test_memory_one_process() -> None:
 
 @pytest.mark.multiprocess
 def test_four_processes() -> None:
-    """TP 2 x PP 2 (1F1B, from a plan), FSDP 2 x TP 2 without and with sequence
-    parallelism, TP 2 x PP 2 x VP 2 with sequence parallelism and an uneven first stage
-    (5 blocks as 2, 1, 1, 1), DP 2 x PP 2 with 2 interleaved
-    stages per rank and an uneven last stage (5 blocks), HSDP (DP 2 x FSDP 2) recomputing,
-    DP 2 x TP 2 (DTensor gradients all-reduced) and FSDP 2 x PP 2 (GPipe, recomputing): one
-    launch of 4 processes."""
+    """TP 2 x PP 2 (1F1B, from a plan placing pipeline rank 0 on devices 2 and 3),
+    FSDP 2 x TP 2 without and with sequence parallelism, TP 2 x PP 2 x VP 2 with sequence
+    parallelism and an uneven first stage (5 blocks as 2, 1, 1, 1), DP 2 x PP 2 with 2
+    interleaved stages per rank and an uneven last stage (5 blocks), HSDP (DP 2 x FSDP 2)
+    recomputing, DP 2 x TP 2 (DTensor gradients all-reduced) and FSDP 2 x PP 2 (GPipe,
+    recomputing): one launch of 4 processes."""
     plan, graph = llm_plan(ParallelConfig(tp=2, pp=2), microbatches=4, microbatch_size=4,
-                           schedule="1f1b")
+                           schedule="1f1b", reverse=True)
     cfgs = [config_for_plan(plan, graph, steps=STEPS, return_params=True),
             llm_config(ParallelConfig(tp=2, dp_shard=2)),
             llm_config(ParallelConfig(tp=2, dp_shard=2), sequence_parallel=True),
