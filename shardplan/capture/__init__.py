@@ -207,7 +207,7 @@ def capture_spec(
     profile: bool = False,
     mode: str = "train",
     progress: Progress | None = None,
-    meta: bool | None = False,
+    meta: bool | None = None,
 ) -> Graph:
     """Build a zoo model by name (:func:`build_model`) and :func:`capture` it.
 
@@ -221,6 +221,9 @@ def capture_spec(
     atomic_names = _atomic_list(atomic)
     _check_options(granularity, atomic_names, mode)
     on_meta = resolve_meta(spec, False if meta is None and profile else meta, seq_len=seq_len)
+    if on_meta and profile:
+        raise ShardplanError("--profile times real compute: it cannot run on a model built "
+                             "on the meta device")
     blocks = block_spec(spec, seq_len=seq_len) if on_meta and granularity == "op" else None
     if blocks is not None and blocks.num_blocks > 2:
         graph = _capture_stamped(spec, blocks, batch_size=batch_size, seq_len=seq_len,

@@ -12,7 +12,7 @@ fails: the nodes of each block are contiguous in program order, prefix first and
 last; the two blocks are the same operators on the same module paths (``layers.0`` read as
 ``layers.1``) with the same FLOPs, bytes, spaces and internal edges; and no edge leaves the
 first block for the suffix (which block would feed the suffix then is not known).
-``tests/capture/test_stamp.py`` checks a stamped graph against a full capture.
+``tests/capture/test_meta.py`` checks stamped graphs against full captures.
 
 fx names are numbered as ``torch.fx`` numbers them (one counter per base name, in program
 order: ``linear``, ``linear_1``, ...): each copy repeats the small graph's steps between

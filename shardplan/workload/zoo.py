@@ -46,6 +46,7 @@ import torch
 from torch import nn
 
 from shardplan.errors import ShardplanError, ShardplanWarning
+from shardplan.workload._common import failure
 from shardplan.workload._common import parse_overrides as _parse_overrides
 from shardplan.workload._user import load_user_function as _load_user_function
 from shardplan.workload.gnn import build_gnn as _build_gnn
@@ -174,12 +175,15 @@ def build_model(spec: str, *, batch_size: int = 8, seq_len: int = 128,
     Parameters
     ----------
     spec : str
-        ``mlp``, ``transformer[,key=value...]``, ``gnn[,key=value...]``, ``torchvision:NAME``,
-        ``transformers:NAME[,key=value...]`` or ``FILE.py:FUNCTION``.
+        ``mlp``, ``transformer[,key=value...]``, ``gnn[,key=value...]``,
+        ``gpt:hidden=H,layers=L,heads=A,vocab=V[,seq=S,ffn=F]``,
+        ``llama3:FLAVOR[,key=value...]``, ``llama2:FLAVOR[,key=value...]``,
+        ``torchvision:NAME``, ``transformers:NAME[,key=value...]`` or ``FILE.py:FUNCTION``.
     batch_size : int
         Leading dimension of the example inputs (ignored for ``FILE.py:FUNCTION``).
     seq_len : int
-        Tokens per sequence for language models.
+        Tokens per sequence for language models (a ``gpt:`` or ``llama*:`` spec's ``seq``
+        takes precedence).
     image_size : int, optional
         Height and width of image inputs (default 224; inception_v3 299).
     meta : bool or None
@@ -213,8 +217,12 @@ def build_model(spec: str, *, batch_size: int = 8, seq_len: int = 128,
                 return _load_user_function(spec)
         return _load_user_function(spec)
     if resolve_meta(spec, meta, seq_len=seq_len):
-        with torch.device("meta"):
-            return _build(spec, head, opts, batch_size, seq_len, image_size, "meta")
+        try:
+            with torch.device("meta"):
+                return _build(spec, head, opts, batch_size, seq_len, image_size, "meta")
+        except (NotImplementedError, RuntimeError) as exc:  # a build that reads values
+            raise ShardplanError(f"{spec!r} cannot be built on the meta device (its "
+                                 f"construction reads tensor values): {failure(exc)}") from None
     return _build(spec, head, opts, batch_size, seq_len, image_size, "cpu")
 
 
