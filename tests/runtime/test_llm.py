@@ -55,6 +55,15 @@ def llm_plan(parallel: ParallelConfig, *, reverse: bool = False, **settings: obj
     return plan, graph
 
 
+def captured(_cache: dict = {}) -> object:  # noqa: B006 - a per-session cache
+    """The tiny Llama's operator graph as ``shardplan capture`` writes it."""
+    from shardplan.capture import capture_spec
+
+    if not _cache:
+        _cache["g"] = capture_spec(MODEL, batch_size=4, seq_len=16)
+    return _cache["g"]
+
+
 def reference(cfg: TrainConfig) -> object:
     """One process, the unsplit model, each micro-batch whole."""
     return run_single(TrainConfig(kind="single", model=cfg.model, steps=cfg.steps,
@@ -184,14 +193,18 @@ def test_memory_one_process() -> None:
 
 @pytest.mark.multiprocess
 def test_four_processes() -> None:
-    """TP 2 x PP 2 (1F1B, from a plan placing pipeline rank 0 on devices 2 and 3),
+    """TP 2 x PP 2 (1F1B, the plan ``layout_plan`` makes of the captured graph),
     FSDP 2 x TP 2 without and with sequence parallelism, TP 2 x PP 2 x VP 2 with sequence
     parallelism and an uneven first stage (5 blocks as 2, 1, 1, 1), DP 2 x PP 2 with 2
     interleaved stages per rank and an uneven last stage (5 blocks), HSDP (DP 2 x FSDP 2)
     recomputing, DP 2 x TP 2 (DTensor gradients all-reduced) and FSDP 2 x PP 2 (GPipe,
     recomputing): one launch of 4 processes."""
-    plan, graph = llm_plan(ParallelConfig(tp=2, pp=2), microbatches=4, microbatch_size=4,
-                           schedule="1f1b", reverse=True)
+    from shardplan.strategy.llm import layout_plan
+    from shardplan.topology import flat
+
+    graph = captured()
+    plan = layout_plan(graph, flat(4), ParallelConfig(tp=2, pp=2),
+                       ExecutionSettings(microbatches=4, microbatch_size=4, schedule="1f1b"))
     cfgs = [config_for_plan(plan, graph, steps=STEPS, return_params=True),
             llm_config(ParallelConfig(tp=2, dp_shard=2)),
             llm_config(ParallelConfig(tp=2, dp_shard=2), sequence_parallel=True),
