@@ -109,10 +109,10 @@ def llm_memory(config: TrainConfig, *, time_limit: float | None = None
     Returns
     -------
     list of dict
-        Per rank (:meth:`ParallelConfig.rank` order), peak bytes of ``parameters``
-        (parameters and buffers; under FSDP the gathered ones alive at the peak),
-        ``gradients``, ``optimizer`` (optimizer state), ``activations`` (activations and
-        temporaries), ``other`` and ``total``
+        Per rank (:meth:`ParallelConfig.rank` order), peak bytes of ``parameters`` (under
+        FSDP the gathered ones alive at the peak too), ``buffers``, ``gradients``,
+        ``optimizer`` (optimizer state), ``activations`` (activations and temporaries),
+        ``other`` and ``total``
         (:func:`shardplan.runtime._llm_memory.peak_by_category`).
 
     Raises

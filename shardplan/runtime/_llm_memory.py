@@ -22,7 +22,8 @@ from torch import nn
 
 __all__ = ["CATEGORIES", "peak_by_category", "start_tracking"]
 
-CATEGORIES = ("parameters", "gradients", "optimizer", "activations", "other", "total")
+CATEGORIES = ("parameters", "buffers", "gradients", "optimizer", "activations", "other",
+              "total")
 
 
 def _step_tracker() -> Any:
@@ -61,14 +62,14 @@ def peak_by_category(tracker: Any) -> dict[str, int]:
     Returns
     -------
     dict of str to int
-        ``parameters`` (parameters and buffers), ``gradients``, ``optimizer`` (optimizer
-        state), ``activations`` (activations and temporaries), ``other`` (tensors MemTracker
-        cannot attribute: inputs, communication buffers, losses) and ``total`` (their sum,
+        ``parameters``, ``buffers`` (the model's, such as rotary tables), ``gradients``,
+        ``optimizer`` (optimizer state), ``activations`` (activations and temporaries),
+        ``other`` (tensors MemTracker cannot attribute) and ``total`` (their sum,
         MemTracker's own peak).
     """
     from torch.distributed._tools.mem_tracker import _MemRefType as Ref
 
-    groups = {"parameters": (Ref.PARAM, Ref.BUFFER), "gradients": (Ref.GRAD,),
+    groups = {"parameters": (Ref.PARAM,), "buffers": (Ref.BUFFER,), "gradients": (Ref.GRAD,),
               "optimizer": (Ref.OPT,), "activations": (Ref.ACT, Ref.TEMP),
               "other": (Ref.OTH,)}
     out = dict.fromkeys(CATEGORIES, 0)
