@@ -44,6 +44,7 @@ from shardplan.cost._llm import (
     block_layout,
     llm_costs,
     precision_bytes,
+    saved_bytes,
     stage_nodes,
 )
 from shardplan.cost._memory import (
@@ -101,4 +102,4 @@ __all__ += ["OBJECTIVE_NAMES", "OPTIMIZER_FLOPS", "VIEWS", "StageTimes", "messag
 __all__ += ["SHARDING_OBJECTIVE", "component_weights", "cross_edge_cost", "plan_components",
             "sharding_cost", "sharding_terms", "weight_imbalance"]
 __all__ += ["BlockLayout", "LLMCosts", "block_layout", "llm_costs", "precision_bytes",
-            "stage_nodes"]
+            "saved_bytes", "stage_nodes"]

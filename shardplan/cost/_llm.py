@@ -55,7 +55,8 @@ from shardplan.errors import ShardplanError
 from shardplan.ir import ExecutionSettings, Graph, ParallelConfig, Topology
 
 __all__ = ["ATTENTION_KERNELS", "TP_REGIONS", "VOCAB_MODULES", "BlockLayout", "LLMCosts",
-           "block_layout", "describe", "llm_costs", "precision_bytes", "stage_nodes"]
+           "block_layout", "describe", "llm_costs", "precision_bytes", "saved_bytes",
+           "stage_nodes"]
 
 #: Sub-modules of a block whose nodes are split over the tensor-parallel group.
 TP_REGIONS = ("attention", "self_attention", "attn", "feed_forward", "mlp")
@@ -82,6 +83,19 @@ SCORE_BYTES_BACKWARD = 19.0
 #: dropout output (2), Korthikanti et al. 2022's 5 a s^2 b.
 SCORE_BYTES_KEPT = 5.0
 _SDPA = re.compile(r"scaled_dot_product|attention")
+#: Operators whose backward reads their inputs (autograd saves them): matrix products,
+#: products and quotients, powers, activations computed from their input, normalisations,
+#: attention (its queries, keys and values), the loss.
+SAVES_INPUTS = frozenset({"linear", "matmul", "mm", "bmm", "addmm", "baddbmm", "mul", "div",
+                          "pow", "silu", "gelu", "relu", "layer_norm", "rms_norm",
+                          "group_norm", "batch_norm", "scaled_dot_product_attention",
+                          "cross_entropy", "nll_loss", "conv1d", "conv2d", "einsum"})
+#: Operators whose backward reads their own output.
+SAVES_OUTPUT = frozenset({"rsqrt", "sqrt", "exp", "tanh", "sigmoid", "softmax",
+                          "log_softmax", "scaled_dot_product_attention"})
+#: Operators that keep a one-byte mask per element of their output.
+SAVES_MASK = frozenset({"dropout", "native_dropout"})
+
 #: Operators that return a view of their input: no kernel runs, no memory is kept (the
 #: captured graph lists them with their output's bytes).
 VIEW_OPS = frozenset({"view", "_unsafe_view", "transpose", "t", "permute", "split",
@@ -230,7 +244,7 @@ class LLMCosts:
         Each pipeline rank's optimizer step.
     memory : dict of str to ndarray
         Per pipeline rank, bytes per device: ``params, gradients, master, optimizer,
-        activations, gathered, total``.
+        activations, gathered, buffers, total``.
     in_flight : ndarray
         Micro-batches each virtual stage holds at its peak.
     microbatches : int
@@ -373,7 +387,7 @@ def llm_costs(graph: Graph, topology: Topology, parallel: ParallelConfig,
     elif recompute == "selective":
         bwd = bwd + np.where(layout.attention_core, fwd, 0.0)
 
-    out_bytes = np.where(views, 0.0, scaled.output_bytes.astype(np.float64)) + \
+    out_bytes = saved_bytes(scaled, views, _ACT_BYTES[precision]) + \
         SCORE_BYTES_KEPT * per_elem * scores
     stages = stage_nodes(layout, parallel)
     s_count = parallel.num_stages
@@ -480,6 +494,13 @@ def llm_costs(graph: Graph, topology: Topology, parallel: ParallelConfig,
 
     # memory per pipeline rank
     in_flight = _in_flight(parallel, settings)
+    # the loss keeps its fp32 log-probabilities of the vocabulary-split logits (the captured
+    # graph ends at the logits; a loss node, when captured, is priced as any node)
+    if not any(_LOSS_OPS.search(o.lower()) for o in graph.ops):
+        head = np.flatnonzero(layout.vocab & (layout.block >= layout.num_blocks))
+        if head.size:
+            last = head[np.argmax(graph.topological_rank[head])]
+            out_bytes[last] += scaled.output_bytes[last] / _ACT_BYTES[precision] * 4.0
     act = np.array([(out_bytes[nodes] / div[nodes]).sum() for nodes in stages])
     if recompute == "full":
         kept = np.zeros(s_count)
@@ -523,14 +544,46 @@ def llm_costs(graph: Graph, topology: Topology, parallel: ParallelConfig,
             unit = max(_largest_block_params(layout, stages[j], n_params, param_div)
                        for j in range(r, s_count, pp))
             mem["gathered"][r] = 2.0 * unit * w_bytes
+    # the model's buffers (rotary tables, ...), as captured, on every rank: each stage's
+    # blocks read them
+    buffers = float(graph.meta.get("buffer_bytes", 0) or 0) if isinstance(graph.meta, dict) \
+        else 0.0
+    mem["buffers"] = np.full(pp, buffers)
     mem["total"] = np.sum([mem[k] for k in ("params", "gradients", "master", "optimizer",
-                                            "activations", "gathered")], axis=0)
+                                            "activations", "gathered", "buffers")], axis=0)
     return LLMCosts(forward=forward, backward=backward, tp_comm_forward=tp_f,
                     tp_comm_backward=tp_b, send_bytes=send, send_seconds=send_s,
                     grad_bytes=grad_bytes, grad_sync_seconds=sync,
                     param_gather_seconds=gather, optimizer_seconds=opt, memory=mem,
                     in_flight=in_flight, microbatches=settings.microbatches,
                     replica_batch=rb)
+
+
+def saved_bytes(graph: Graph, views: np.ndarray, element_bytes: float) -> np.ndarray:
+    """Bytes of every node's output that autograd keeps for the backward, once per tensor.
+
+    A tensor is kept when a consumer's backward reads its inputs (:data:`SAVES_INPUTS`) or
+    its producer's backward reads its output (:data:`SAVES_OUTPUT`); a view keeps its base
+    alive, so the bytes go to the node the view chain starts from; a dropout keeps a
+    one-byte mask per element (:data:`SAVES_MASK`). Integer inputs (token ids) are not
+    nodes. O(n + m)."""
+    n = graph.num_nodes
+    ops = [o.lower() for o in graph.ops]
+    base = np.arange(n)
+    for v in graph.topological_order.tolist():  # a view's storage is its input's
+        if views[v]:
+            preds = graph.predecessors(v)
+            if preds.size:
+                base[v] = base[int(preds[0])]
+    kept = np.zeros(n, dtype=bool)
+    for v in range(n):
+        if ops[v] in SAVES_OUTPUT:
+            kept[base[v]] = True
+        if ops[v] in SAVES_INPUTS:
+            kept[base[graph.predecessors(v)]] = True
+    out = np.where(kept & ~views, graph.output_bytes.astype(np.float64), 0.0)
+    mask = np.array([o in SAVES_MASK for o in ops], dtype=bool)
+    return out + np.where(mask, graph.output_bytes / element_bytes, 0.0)
 
 
 def _score_elements(graph: Graph, layout: BlockLayout, out_elements: np.ndarray) -> np.ndarray:
