@@ -11,9 +11,10 @@ simulates each (every candidate in the one price of :func:`shardplan.cost.llm_co
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -23,7 +24,8 @@ from shardplan.ir import ExecutionSettings, Graph, Objective, ParallelConfig, Pl
 from shardplan.simulate import SimulationResult, simulate
 from shardplan.strategy.llm import OBJECTIVE, check_layout, layout_plan
 
-__all__ = ["LLMCandidate", "LLMSearch", "llm_plan", "llm_search", "node_size"]
+__all__ = ["LLMCandidate", "LLMSearch", "baseline_comparison", "candidates", "knobs", "llm_plan",
+           "llm_search", "moved_knobs", "node_size"]
 
 
 def llm_plan(graph: Graph, topology: Topology, parallel: ParallelConfig,
@@ -138,8 +140,11 @@ def candidates(graph: Graph, topology: Topology, settings: ExecutionSettings, *,
 
 def llm_search(graph: Graph, topology: Topology, settings: ExecutionSettings, *,
                global_batch: int, time_limit: float = 60.0, devices: int | None = None,
-               max_microbatch: int = 8) -> LLMSearch:
-    """The fastest layout of :func:`candidates` that fits, by branch and bound in the
+               max_microbatch: int = 8,
+               include: Sequence[tuple[ParallelConfig, ExecutionSettings]] = ()
+               ) -> LLMSearch:
+    """The fastest layout of :func:`candidates` (and of ``include``: a user's own
+    configuration, so the winner is never slower than it) that fits, by branch and bound in the
     simulator's price, within ``time_limit`` seconds (the best so far when it runs out).
 
     Every candidate is priced once (:func:`~shardplan.cost.llm_costs`: its memory, and a
@@ -156,8 +161,15 @@ def llm_search(graph: Graph, topology: Topology, settings: ExecutionSettings, *,
     ranked: list[LLMCandidate] = []
     considered = 0
     timed_out = False
-    for par, st in candidates(graph, topology, settings, global_batch=global_batch,
-                              devices=devices, max_microbatch=max_microbatch):
+    pool = itertools.chain(include, candidates(graph, topology, settings,
+                                               global_batch=global_batch, devices=devices,
+                                               max_microbatch=max_microbatch))
+    seen: set[tuple[Any, ...]] = set()
+    for par, st in pool:
+        key = (par, st)
+        if key in seen:
+            continue
+        seen.add(key)
         if time.monotonic() - start > time_limit:
             timed_out = True
             break
@@ -186,3 +198,44 @@ def llm_search(graph: Graph, topology: Topology, settings: ExecutionSettings, *,
         ranked.append(LLMCandidate(par, st, res.iteration_seconds, mem, True))
     ranked.sort(key=lambda c: (not c.fits, c.iteration_seconds, c.peak_memory_bytes))
     return LLMSearch(tuple(ranked), time.monotonic() - start, timed_out, considered)
+
+
+def knobs(parallel: ParallelConfig, settings: ExecutionSettings) -> dict[str, Any]:
+    """What a Megatron-LM or torchtitan user sets, by name: degrees, micro-batch per replica,
+    schedule, virtual stages, recompute, sequence parallelism, gradient sync."""
+    per_replica = (settings.microbatch_size or 0) // max(1, parallel.data_parallel)
+    return {"TP": parallel.tp, "PP": parallel.pp, "DP": parallel.dp,
+            "FSDP": parallel.dp_shard, "CP": parallel.cp, "VP": parallel.vp,
+            "micro-batch": per_replica, "micro-batches": settings.microbatches,
+            "schedule": settings.schedule if parallel.pp > 1 else "none",
+            "recompute": settings.recompute,
+            "sequence parallel": bool(getattr(settings, "sequence_parallel", False)),
+            "gradient sync": settings.gradient_sync}
+
+
+def moved_knobs(before: tuple[ParallelConfig, ExecutionSettings],
+                after: tuple[ParallelConfig, ExecutionSettings]) -> list[str]:
+    """``["TP 8 -> 4", "recompute full -> selective", ...]``: the knobs that differ."""
+    a, b = knobs(*before), knobs(*after)
+    return [f"{k} {a[k]} -> {b[k]}" for k in a if a[k] != b[k]]
+
+
+def baseline_comparison(baseline: Plan, graph: Graph, topology: Topology,
+                        found: LLMSearch) -> dict[str, Any]:
+    """The user's own LLM plan simulated beside the search's winner: both times, the
+    speed-up and the knobs the winner moved. Raises when the baseline is not an LLM plan."""
+    if baseline.parallel is None:
+        raise ShardplanError("--baseline must be an LLM plan (a plan with a 'parallel' "
+                             "layout, as 'shardplan import' writes)")
+    res = simulate(baseline, graph, topology, timeline=False)
+    out: dict[str, Any] = {"baseline": baseline.parallel.label(),
+                           "baseline_seconds": res.iteration_seconds,
+                           "baseline_fits": res.fits_memory}
+    best = found.best
+    if best is not None:
+        out.update(winner=best.parallel.label(), winner_seconds=best.iteration_seconds,
+                   speedup=res.iteration_seconds / best.iteration_seconds
+                   if best.iteration_seconds > 0 else math.inf,
+                   moved=moved_knobs((baseline.parallel, baseline.settings),
+                                     (best.parallel, best.settings)))
+    return out
