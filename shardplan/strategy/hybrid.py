@@ -9,8 +9,12 @@ its layers (pipeline x tensor/data parallelism). Same ``Plan`` format: ``stages[
 is stage ``s``'s device group and ``strategy[str(v)]`` the configuration of node ``v`` over
 the group of its stage.
 
-What a per-stage search does not see: tensors arriving from other stages (they arrive whole
-on every device of the stage, so reading them costs no re-shard) and the pipeline's own
+Stage boundaries: an output a stage's configuration splits by the batch alone leaves in
+its batch shards, device ``i`` of the stage sending its own to device ``i`` of the next (as
+a replicated pipeline's replicas do), and is not gathered; any other leaves whole. A
+per-stage search sees that its own outputs need no gather when split by the batch (with the
+``default`` cost model), but not what reading tensors from other stages costs (a shard
+re-sharded to its consumer's layout; the simulator charges it) nor the pipeline's own
 timing beyond its fill and drain; each stage's strategy cost is recorded in the plan's
 ``hybrid`` entry.
 """
@@ -147,16 +151,21 @@ def hybrid_plan(plan: Plan, graph: Graph, topology: Topology | None = None, *,
     strategy: dict[str, tuple[int, ...]] = {}
     report: list[dict[str, Any]] = []
     statuses = [plan.status]
+    sinks = np.ones(graph.num_nodes, dtype=bool)  # the model's outputs
+    sinks[graph.src] = False
     for s, st in enumerate(plan.stages):
         sub, ids = stage_subgraph(graph, st.nodes)
         topo = flat(len(st.devices)) if topology is None else \
             sub_topology(topology, st.devices)
         left = None if time_limit is None else max(1e-3, time_limit - (time.perf_counter()
                                                                        - t0))
-        if opts.get("cost_model") == "default":  # its outputs leave whole
-            opts.setdefault("loss_on_shards", False)
+        stage_opts = dict(opts)
+        if opts.get("cost_model") == "default" and "loss_on_shards" not in opts:
+            # a stage's outputs split by the batch alone go to the next stage's devices in
+            # their shards, ungathered; the model's output leaves whole for the loss
+            stage_opts["loss_on_shards"] = not bool(np.any(sinks[ids]))
         res = registry.run("strategy", algorithm, sub, topo, seed=seed, time_limit=left,
-                           devices=len(st.devices), **opts)
+                           devices=len(st.devices), **stage_opts)
         got = res.plan.strategy or {}
         for i, v in enumerate(ids):
             strategy[str(v)] = tuple(int(f) for f in got[str(i)])
