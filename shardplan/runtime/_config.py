@@ -259,7 +259,9 @@ class RunResult:
     on every device of their stage, although their configuration split them (no DTensor
     sharding rule for the operator, or a random operator other than dropout); ``reshards``:
     operator inputs redistributed with communication in one forward of each stage (the
-    last), summed over the stages.
+    last), summed over the stages. ``boundaries`` (hybrid runs): the values that crossed a
+    stage boundary in batch shards, device to device (graph names); the others crossed
+    whole.
     """
 
     losses: list[float] = field(default_factory=list)
@@ -268,6 +270,7 @@ class RunResult:
     params: dict[str, Any] | None = None
     replicated: list[str] | None = None
     reshards: int | None = None
+    boundaries: list[str] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"losses": self.losses, "seconds_per_step": self.seconds_per_step,
@@ -276,6 +279,8 @@ class RunResult:
             out["replicated"] = list(self.replicated)
         if self.reshards is not None:
             out["reshards"] = int(self.reshards)
+        if self.boundaries is not None:
+            out["boundaries"] = list(self.boundaries)
         return out
 
     @classmethod
@@ -285,4 +290,6 @@ class RunResult:
                    seconds_per_step=[float(v) for v in data["seconds_per_step"]],
                    start_step=int(data["start_step"]),
                    replicated=None if rep is None else [str(v) for v in rep],
-                   reshards=None if data.get("reshards") is None else int(data["reshards"]))
+                   reshards=None if data.get("reshards") is None else int(data["reshards"]),
+                   boundaries=None if data.get("boundaries") is None
+                   else [str(v) for v in data["boundaries"]])

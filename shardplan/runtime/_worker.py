@@ -13,6 +13,7 @@ included, and the same seed repeats a run exactly.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -276,9 +277,12 @@ def _run_pipeline(cfg: TrainConfig, rank: int, world: int) -> RunResult:
     A hybrid plan (``cfg.shardings``: every stage's nodes carry a configuration over the
     stage's devices) runs each stage as a :class:`~shardplan.runtime._dtensor.ShardedProgram`
     on the mesh of its stage's devices instead: those devices run every micro-batch together,
-    each splitting the layers as configured; at the stage boundaries whole activations pass
-    from each device to its counterpart in the next stage (the pipeline groups are the same
-    as for replicas). Gradients are reduced to their parameters' layouts, tied weights
+    each splitting the layers as configured. At the stage boundaries each device sends to
+    its counterpart in the next stage (the pipeline groups are the same as for replicas):
+    an activation its producer's layout splits by the batch alone, its own batch shard,
+    which the next stage reads in that layout and re-shards only where its own layout
+    differs (:func:`~shardplan.runtime._tensor_parallel.boundary_specs`); any other
+    activation whole. Gradients are reduced to their parameters' layouts, tied weights
     summed over their holding stages, and the result equals :func:`run_single` with the
     plan's stages and ``M`` chunks.
     """
@@ -289,7 +293,7 @@ def _run_pipeline(cfg: TrainConfig, rank: int, world: int) -> RunResult:
         _PipelineScheduleRuntime,
     )
 
-    from shardplan.runtime._split import example_tensor, tied_groups
+    from shardplan.runtime._split import tied_groups
 
     lay = _Layout.of(cfg)
     if world != len(lay.grank):
@@ -326,6 +330,12 @@ def _run_pipeline(cfg: TrainConfig, rank: int, world: int) -> RunResult:
 
         mesh = make_mesh(device.type, [[lay.grank[(p, r)] for r in range(lay.replicas)]
                                        for p in range(lay.num_ranks)], cfg.mesh_shape)
+    specs: dict[str, tuple[int, ...]] = {}
+    if tp:  # boundaries a stage's layout splits by the batch alone travel in shards
+        from shardplan.runtime._tensor_parallel import boundary_specs, program_shardings
+
+        specs = boundary_specs(programs, program_shardings(cfg, graph_to_program), probes,
+                               cfg.mesh_shape)
     parts = cfg.parts
     my_part = replica if parts > 1 else 0
 
@@ -349,13 +359,18 @@ def _run_pipeline(cfg: TrainConfig, rank: int, world: int) -> RunResult:
 
             inner = ShardedProgram(prog.module, program_shardings(cfg, graph_to_program), mesh,
                                    params=memo)
+            inner.input_specs = [specs.get(n) for n in prog.inputs]
+            inner.output_specs = [specs.get(n) for n in prog.outputs] if k < num - 1 else None
             sharded.append(inner)
         mod = _StageModule(inner, k, cfg.seed, calls, cfg.recompute)
         ins, outs = probes[k]
+        last_k = k == num - 1
         stage = PipelineStage(
             mod, k, num, device,
-            input_args=tuple(example_tensor(v, device) for v in ins),
-            output_args=tuple(example_tensor(v, device) for v in outs),
+            input_args=tuple(_example(v, specs.get(n), cfg.mesh_shape, device)
+                             for n, v in zip(prog.inputs, ins, strict=True)),
+            output_args=tuple(_example(v, None if last_k else specs.get(n), cfg.mesh_shape,
+                                       device) for n, v in zip(prog.outputs, outs, strict=True)),
             group=pipe_groups[replica])
         stages.append(stage)
         wrappers.append(mod)
@@ -416,10 +431,25 @@ def _run_pipeline(cfg: TrainConfig, rank: int, world: int) -> RunResult:
         every: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(every, (mine_rep, sum(m_.reshards for m_ in sharded), replica))
         result.replicated = sorted({n for names, _, _ in every for n in names})
+        result.boundaries = sorted(graph_names(set(specs), graph_to_program))
         result.reshards = sum(count for _, count, r in every if r == 0)
     if cfg.return_params:
         result.params = _gather_params(programs, mine, rank, model)
     return result
+
+
+def _example(value: Any, spec: tuple[int, ...] | None, mesh: Sequence[int],
+             device: torch.device) -> torch.Tensor:
+    """What one device of a stage sends or receives for ``value``: the whole tensor, or
+    with ``spec`` (:func:`~shardplan.runtime._sharding.boundary_spec`) its batch shard."""
+    from shardplan.runtime._split import example_tensor
+
+    t = example_tensor(value, device)
+    if spec is None:
+        return t
+    parts = math.prod(int(mesh[a]) for a, j in enumerate(spec) if j == 0)
+    shard = t.new_zeros((t.shape[0] // parts, *t.shape[1:]))
+    return shard.requires_grad_(t.requires_grad)
 
 
 def _unique_params(programs: Sequence[Any], mine: Sequence[int]
