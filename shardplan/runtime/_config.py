@@ -260,8 +260,8 @@ class RunResult:
     sharding rule for the operator, or a random operator other than dropout); ``reshards``:
     operator inputs redistributed with communication in one forward of each stage (the
     last), summed over the stages. ``boundaries`` (hybrid runs): the values that crossed a
-    stage boundary in batch shards, device to device (graph names); the others crossed
-    whole.
+    stage boundary in batch shards, device to device, and the model's output when the loss
+    read it so (graph names); the others crossed whole.
     """
 
     losses: list[float] = field(default_factory=list)

@@ -160,14 +160,15 @@ def boundary_specs(programs: Sequence[Any], shardings: Mapping[str, Any],
     program name), the layout of its shards
     (:func:`~shardplan.runtime._sharding.boundary_spec` of its producer's layout;
     ``shardings`` by program name, ``probes`` the stages' example values, ``mesh`` the
-    stages' mesh shape). The model's output and values without such a layout travel whole
-    and are not listed. Every rank computes the same from the same programs."""
+    stages' mesh shape); the model's output so laid out too (each device computes the
+    loss of its shard). Values without such a layout travel whole and are not listed.
+    Every rank computes the same from the same programs."""
     import operator
 
     from shardplan.runtime._sharding import boundary_spec
 
     out: dict[str, tuple[int, ...]] = {}
-    for prog, (_, outs) in zip(programs[:-1], probes[:-1], strict=True):
+    for prog, (_, outs) in zip(programs, probes, strict=True):
         made = {n.name: n for n in prog.module.graph.nodes if n.op == "call_function"}
         for name, value in zip(prog.outputs, outs, strict=True):
             node = made.get(name)  # None: received from an earlier stage, listed there

@@ -470,9 +470,10 @@ def stage_prices(plan: Any, graph: Graph, topology: Topology, settings: Executio
     shards, each device sending its own to its counterpart (the engine's messages,
     :func:`shardplan.simulate._strategy_stages._strategy_stage_times`); each consumer of
     the next stage re-shards it to its own layout where the two differ
-    (:meth:`StagePricer.edge`, every micro-batch). Any other tensor leaving the stage is
-    all-gathered whole (:meth:`StagePricer.gather_seconds`) and read whole (slicing it
-    costs nothing). O(n + m) per stage."""
+    (:meth:`StagePricer.edge`, every micro-batch). A pipeline's model output so split
+    stays split: each device computes the loss of its shard. Any other tensor leaving the
+    stage is all-gathered whole (:meth:`StagePricer.gather_seconds`) and read whole
+    (slicing it costs nothing). O(n + m) per stage."""
     graph_src = set(np.asarray(graph.src).tolist())
     nodes_of = [np.asarray(st.nodes, dtype=np.int64) for st in plan.stages]
     stage_of = np.full(graph.num_nodes, -1, dtype=np.int64)
@@ -503,8 +504,13 @@ def stage_prices(plan: Any, graph: Graph, topology: Topology, settings: Executio
             crossing.add(u)
             if sizes[a] != sizes[b]:
                 uneven.add(u)
+    # the model's outputs of a pipeline: the loss reads each device's batch shard
+    has_out = np.zeros(g.num_nodes, dtype=bool)
+    has_out[g.src] = True
+    sinks = {v for v in range(g.num_nodes) if not has_out[v] and stage_of[v] >= 0} \
+        if len(plan.stages) > 1 else set()
     shards = np.ones(g.num_nodes, dtype=np.int64)
-    for u in sorted(crossing - uneven):
+    for u in sorted((crossing - uneven) | sinks):
         shards[u] = int(pricers[int(stage_of[u])].batch_shards(u, config[u])[0])
     out = []
     for s in range(len(plan.stages)):
@@ -535,9 +541,7 @@ def stage_prices(plan: Any, graph: Graph, topology: Topology, settings: Executio
         # over q > 1 devices is all-gathered over q of them
         leaves = {int(u) for u, v in zip(g.src.tolist(), g.dst.tolist(), strict=True)
                   if stage_of[u] == s and stage_of[v] != s and shards[u] == 1}
-        has_out = np.zeros(g.num_nodes, dtype=bool)
-        has_out[g.src] = True
-        leaves |= {v for v in nodes_of[s].tolist() if not has_out[v]}
+        leaves |= {v for v in nodes_of[s].tolist() if not has_out[v] and shards[v] == 1}
         model_out = {v for v in leaves if v not in graph_src}
         one_stage = len(plan.stages) == 1
         gathers = sum(float(pr.gather_seconds(v, config[v], loss=one_stage and v in model_out)[0])

@@ -11,7 +11,8 @@ the group of its stage.
 
 Stage boundaries: an output a stage's configuration splits by the batch alone leaves in
 its batch shards, device ``i`` of the stage sending its own to device ``i`` of the next (as
-a replicated pipeline's replicas do), and is not gathered; any other leaves whole. A
+a replicated pipeline's replicas do), and is not gathered (the model's output so split
+stays split: each device computes the loss of its shard); any other leaves whole. A
 per-stage search sees that its own outputs need no gather when split by the batch (with the
 ``default`` cost model), but not what reading tensors from other stages costs (a shard
 re-sharded to its consumer's layout; the simulator charges it) nor the pipeline's own
@@ -151,21 +152,16 @@ def hybrid_plan(plan: Plan, graph: Graph, topology: Topology | None = None, *,
     strategy: dict[str, tuple[int, ...]] = {}
     report: list[dict[str, Any]] = []
     statuses = [plan.status]
-    sinks = np.ones(graph.num_nodes, dtype=bool)  # the model's outputs
-    sinks[graph.src] = False
     for s, st in enumerate(plan.stages):
         sub, ids = stage_subgraph(graph, st.nodes)
         topo = flat(len(st.devices)) if topology is None else \
             sub_topology(topology, st.devices)
         left = None if time_limit is None else max(1e-3, time_limit - (time.perf_counter()
                                                                        - t0))
-        stage_opts = dict(opts)
-        if opts.get("cost_model") == "default" and "loss_on_shards" not in opts:
-            # a stage's outputs split by the batch alone go to the next stage's devices in
-            # their shards, ungathered; the model's output leaves whole for the loss
-            stage_opts["loss_on_shards"] = not bool(np.any(sinks[ids]))
+        # (the default cost model's ``loss_on_shards``: a stage's outputs split by the
+        # batch alone go to the next stage's devices, or to the loss, in their shards)
         res = registry.run("strategy", algorithm, sub, topo, seed=seed, time_limit=left,
-                           devices=len(st.devices), **stage_opts)
+                           devices=len(st.devices), **opts)
         got = res.plan.strategy or {}
         for i, v in enumerate(ids):
             strategy[str(v)] = tuple(int(f) for f in got[str(i)])

@@ -1,7 +1,8 @@
 """A hybrid's stage boundaries in batch shards (issue 33): where a stage's layout splits the
 tensor it sends by the batch alone, device ``i`` sends its shard to device ``i`` of the next
 stage (no gather), which reads it in that layout and re-shards it only where its own layout
-differs; training still equals one process (losses to 1e-6, parameters to 1e-5 relative).
+differs, and a model output so split stays split (each device's loss reads its shard);
+training still equals one process (losses to 1e-6, parameters to 1e-5 relative).
 
 One launch of 2 processes: each hybrid has 2 stages on one pipeline rank of 2 devices
 (interleaved 1F1B), so every boundary lies between the two stages' meshes of the same
@@ -54,6 +55,9 @@ def test_batch_sharded_boundaries_train_like_one_process() -> None:
                            options={"cutoff": 1})
         return _config(plan, graph, key, schedule="interleaved-1f1b")
 
+    import numpy as np
+
+    keys = ["gpt2", "transformer", "gpt2"]
     cfgs = [hybrid("gpt2"), hybrid("transformer"), _mixed("gpt2", 5)]
     for cfg in cfgs:
         assert cfg.kind == "pipeline" and cfg.world_size == 2 and len(cfg.stages) == 2
@@ -61,3 +65,8 @@ def test_batch_sharded_boundaries_train_like_one_process() -> None:
     for cfg, got in zip(cfgs, results, strict=True):
         check_equal(cfg, got, reference(cfg))
         assert got.boundaries, cfg.model  # the data-parallel first stage sends shards
+    for got, key in zip(results[:2], keys, strict=False):  # and the loss reads its shard
+        g = graph_of(key)
+        sinks = set(range(g.num_nodes)) - set(np.asarray(g.src).tolist())
+        logits = max(sinks, key=lambda v: float(g.output_bytes[v]))  # the model's output
+        assert g.names[logits] in got.boundaries, key
