@@ -12,7 +12,7 @@ import contextvars
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -424,32 +424,78 @@ def _pase(ctx: Context, task: Task) -> list[Evaluated]:
 
 
 def _hybrid(ctx: Context, task: Task) -> list[Evaluated]:
-    """Parmesan's S stages over R devices each, every stage's layers split over its devices
-    by PaSE's best configurations (pipeline x tensor/data parallelism; a batch split over
-    all R is the replicated stage), searched in the simulator's price at each micro-batch
-    count the variants run."""
+    """Parmesan's S stages over R devices each (in the order of the optimal mapping, where
+    the simulator keeps it), every stage's layers split over its devices by PaSE's best
+    configurations (pipeline x tensor/data parallelism; a batch split over all R is the
+    replicated stage), searched in the simulator's price at each micro-batch count the
+    variants run; per stage, PaSE's or the all-batch configurations, whichever the
+    simulator finds faster (:func:`_stage_choice`)."""
     from shardplan.strategy import hybrid_plan
 
     t0 = time.perf_counter()
     budget = None if task.budget is None else task.budget / 2
     pipeline = _partition(ctx, "parmesan", Task("parmesan", task.stages, task.replicas, budget))
+    mapping = "consecutive"
+    if pipeline.num_stages * pipeline.num_replicas > 1 and not _past_deadline():
+        # the stages' devices in the order the optimal mapping gives Parmesan's replicas
+        # (a box's ring order): the same devices its replicated rows run on
+        mapped = _mapped(ctx, pipeline, None if budget is None else budget / 4)
+        if mapped is not None and mapped.meta.get("judge", {}).get("kept",
+                                                                     "optimal") == "optimal":
+            pipeline, mapping = replace(pipeline, stages=mapped.stages), "optimal"
     runs = _strategy_runs(ctx, task.stages)
     out: list[Evaluated] = []
     for settings in runs:
         if _past_deadline():
             _mark_cut()
             break
+        options = {"cost_model": "default", "execution": settings.to_dict()}
         plan = hybrid_plan(pipeline.with_settings(settings), ctx.graph, ctx.topology,
                            time_limit=None if budget is None else budget / len(runs),
-                           options={"cost_model": "default",
-                                    "execution": settings.to_dict()})
+                           options=options)
+        # every layer split by the batch over all R devices, however few samples each
+        # gets (PaSE's cutoff keeps 4 per device): the stage's replicas
+        replicated = hybrid_plan(pipeline.with_settings(settings), ctx.graph, ctx.topology,
+                                 algorithm="data-parallel", options={**options, "cutoff": 1})
+        plan = _stage_choice(ctx, plan, replicated)
         cut = plan.meta.get("hybrid", {}).get("timed_out_stages", [])
-        out += _variants(ctx, plan, family="hybrid", mapping="consecutive",
+        out += _variants(ctx, plan, family="hybrid", mapping=mapping,
                          searched=time.perf_counter() - t0,
                          microbatches=(settings.microbatches,),
                          note=f"the time limit cut the strategy search of stages {cut} "
                               f"short" if cut else "")
     return out
+
+
+def _stage_choice(ctx: Context, pase: Plan, replicated: Plan) -> Plan:
+    """Per stage, PaSE's configurations or every layer split by the batch over the stage's
+    devices (the replicated stage, whose boundaries travel in batch shards), whichever the
+    simulator finds faster with the other stages fixed: greedy over the stages from the
+    faster of the two whole plans. A per-stage search sees neither what reading another
+    stage's shards costs nor how the pipeline hides a stage's gradient all-reduce behind
+    the other stages' backward, so its own price can prefer a stage layout the pipeline
+    runs slower than the replicated one. The plan returned records its simulated iteration
+    as its objective, and per stage which was kept (``meta["hybrid"]["stage_choice"]``).
+    S + 2 simulations; PaSE's plan unchanged when the task's deadline stops them."""
+    try:
+        timed = [(_simulate(p, ctx), p) for p in (pase, replicated)]
+        (secs, _, fits), best = min(timed, key=lambda t: (not t[0][2], t[0][0]))
+        kinds = ["pase" if best is pase else "all-batch"] * best.num_stages
+        other = replicated if best is pase else pase
+        for k, st in enumerate(best.stages):
+            trial = dict(best.strategy or {})
+            trial.update({str(v): (other.strategy or {})[str(v)] for v in st.nodes})
+            cand = replace(best, strategy=trial)
+            c_secs, _, c_fits = _simulate(cand, ctx)
+            if (not c_fits, c_secs) < (not fits, secs):
+                best, secs, fits = cand, c_secs, c_fits
+                kinds[k] = "all-batch" if kinds[k] == "pase" else "pase"
+    except (TimeLimitError, ShardplanError):
+        return pase
+    meta = dict(pase.meta)
+    meta["hybrid"] = {**dict(meta.get("hybrid", {})), "stage_choice": kinds}
+    return replace(best, meta=meta, status=pase.status,
+                   objective=Objective("iteration_seconds", secs, None))
 
 
 _RUNNERS: dict[str, Callable[[Context, Task], list[Evaluated]]] = {

@@ -305,7 +305,9 @@ class RunResult:
     operator inputs redistributed with communication in one forward of each stage (the
     last), summed over the stages. ``memory`` (``llm`` runs with ``measure_memory``): per
     rank, the peak bytes of the last step by category
-    (:func:`shardplan.runtime._llm_memory.peak_by_category`).
+    (:func:`shardplan.runtime._llm_memory.peak_by_category`). ``boundaries`` (hybrid runs): the values that crossed a
+    stage boundary in batch shards, device to device, and the model's output when the loss
+    read it so (graph names); the others crossed whole.
     """
 
     losses: list[float] = field(default_factory=list)
@@ -315,6 +317,7 @@ class RunResult:
     replicated: list[str] | None = None
     reshards: int | None = None
     memory: list[dict[str, int]] | None = None
+    boundaries: list[str] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"losses": self.losses, "seconds_per_step": self.seconds_per_step,
@@ -325,6 +328,8 @@ class RunResult:
             out["reshards"] = int(self.reshards)
         if self.memory is not None:
             out["memory"] = [dict(m) for m in self.memory]
+        if self.boundaries is not None:
+            out["boundaries"] = list(self.boundaries)
         return out
 
     @classmethod
@@ -336,4 +341,6 @@ class RunResult:
                    replicated=None if rep is None else [str(v) for v in rep],
                    reshards=None if data.get("reshards") is None else int(data["reshards"]),
                    memory=None if data.get("memory") is None else
-                   [{str(k): int(v) for k, v in m.items()} for m in data["memory"]])
+                   [{str(k): int(v) for k, v in m.items()} for m in data["memory"]],
+                   boundaries=None if data.get("boundaries") is None
+                   else [str(v) for v in data["boundaries"]])

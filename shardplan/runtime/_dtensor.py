@@ -180,6 +180,12 @@ class ShardedProgram(nn.Module):
         self.replicated: set[str] = set()
         #: Return outputs split only by their batch as DTensors (see :meth:`_output`).
         self.batch_outputs = False
+        #: A hybrid stage's boundaries: per input (output), the layout of the batch shard
+        #: this device receives (sends) as :func:`~shardplan.runtime._sharding.placements`
+        #: gives it, or None for a whole tensor (:func:`~shardplan.runtime._sharding.
+        #: boundary_spec`). None: every input and output whole.
+        self.input_specs: Sequence[tuple[int, ...] | None] | None = None
+        self.output_specs: Sequence[tuple[int, ...] | None] | None = None
         self.redistributions = 0
         self.reshards = 0
         self.reductions = 0
@@ -280,21 +286,44 @@ class ShardedProgram(nn.Module):
             self.reshards += 1
         return redistribute(t, self.mesh, want)
 
+    def _receive(self, t: Any, spec: tuple[int, ...] | None) -> Any:
+        """An input as this device received it: whole, or its batch shard in ``spec``."""
+        if spec is None or not isinstance(t, torch.Tensor):
+            return self._wrap(t)
+        return DTensor.from_local(t, self.mesh, to_placements(spec), run_check=False)
+
+    def _send(self, t: Any, spec: tuple[int, ...] | None) -> Any:
+        """An output as this device sends it: whole, or its batch shard in ``spec``
+        (re-laid out first where the operator left it otherwise)."""
+        if spec is None or not isinstance(t, torch.Tensor):
+            return self._output(t)
+        return self._to(self._wrap(t), spec).to_local().contiguous()
+
     def forward(self, *inputs: torch.Tensor) -> Any:
-        """Run on whole (replicated) inputs; returns whole outputs (every rank the same)."""
+        """Run on whole (replicated) inputs, or batch shards where :attr:`input_specs`
+        says; returns whole outputs (every rank the same), or batch shards where
+        :attr:`output_specs` says."""
         self.redistributions = 0
         self.reshards = 0
         self.reductions = 0
         env: dict[fx.Node, Any] = {}
+        specs = iter(self.input_specs) if self.input_specs is not None else None
         it = iter(inputs)
         result: Any = None
         for node in self.program.graph.nodes:
             if node.op == "placeholder":
-                env[node] = self._wrap(next(it))
+                env[node] = self._receive(next(it), None if specs is None else next(specs))
             elif node.op == "get_attr":
                 env[node] = self._wrap(_fetch(self.program, str(node.target)))
             elif node.op == "output":
-                result = _map(fx.node.map_arg(node.args[0], env.__getitem__), self._output)
+                outs = fx.node.map_arg(node.args[0], env.__getitem__)
+                if self.output_specs is None:
+                    result = _map(outs, self._output)
+                else:
+                    many = isinstance(outs, (tuple, list))
+                    sent = tuple(self._send(t, sp) for t, sp in
+                                 zip(outs if many else (outs,), self.output_specs, strict=True))
+                    result = sent if many else sent[0]
             else:
                 try:
                     env[node] = self._run(node, env)

@@ -34,8 +34,8 @@ from typing import Any
 
 from shardplan.errors import ShardplanError
 
-__all__ = ["NodeSharding", "arg_groups", "mesh_shape", "node_shardings", "placements",
-           "prime_factors", "strategy_notes"]
+__all__ = ["NodeSharding", "arg_groups", "boundary_spec", "mesh_shape", "node_shardings",
+           "placements", "prime_factors", "strategy_notes"]
 
 Groups = tuple[tuple[str, ...], ...]
 
@@ -144,6 +144,23 @@ def placements(sharding: NodeSharding, groups: Groups, num_axes: int) -> tuple[i
                 if out[a] == -1:
                     out[a] = j
     return tuple(out)
+
+
+def boundary_spec(sharding: NodeSharding | None, shape: Sequence[int],
+                  mesh: Sequence[int]) -> tuple[int, ...] | None:
+    """How a tensor crossing a hybrid's stage boundary travels, per mesh axis as
+    :func:`placements` says: its producer's layout when that splits the tensor's first
+    (batch) dimension alone and the axes splitting it divide it (device ``i`` of the stage
+    then sends its batch shard to device ``i`` of the next, which reads it in that layout);
+    None: the tensor travels whole. The simulator's side is
+    :meth:`shardplan.strategy._price.StagePricer.batch_shards`. O(axes x dims)."""
+    if sharding is None or not shape or len(sharding.output) != len(shape):
+        return None
+    spec = placements(sharding, sharding.output, len(mesh))
+    if 0 not in spec or any(j not in (-1, 0) for j in spec):
+        return None
+    parts = math.prod(int(mesh[a]) for a, j in enumerate(spec) if j == 0)
+    return spec if int(shape[0]) % parts == 0 else None
 
 
 # ----------------------------------------------------------------------- axis assignment

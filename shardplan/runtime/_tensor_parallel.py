@@ -25,7 +25,7 @@ from shardplan.runtime._config import RunResult, TrainConfig
 from shardplan.runtime._data import chunks
 from shardplan.workload._data import batch_for_step, loss_fn_for
 
-__all__ = ["full_params", "graph_names", "program_shardings", "run_strategy",
+__all__ = ["boundary_specs", "full_params", "graph_names", "program_shardings", "run_strategy",
            "sync_stage_grads"]
 
 
@@ -152,6 +152,34 @@ def loss_on_shards(loss_fn: Any, out: Any, target: torch.Tensor) -> tuple[torch.
     y_local = y.redistribute(mesh, pl).to_local()  # a slice: no communication
     local = _map(out, lambda t: t.to_local() if isinstance(t, DTensor) else t)
     return loss_fn(local, y_local), y_local.shape[0] / float(target.shape[0])
+
+
+def boundary_specs(programs: Sequence[Any], shardings: Mapping[str, Any],
+                   probes: Sequence[Any], mesh: Sequence[int]) -> dict[str, tuple[int, ...]]:
+    """A hybrid's stage boundaries that travel in batch shards: per value crossing one (its
+    program name), the layout of its shards
+    (:func:`~shardplan.runtime._sharding.boundary_spec` of its producer's layout;
+    ``shardings`` by program name, ``probes`` the stages' example values, ``mesh`` the
+    stages' mesh shape); the model's output so laid out too (each device computes the
+    loss of its shard). Values without such a layout travel whole and are not listed.
+    Every rank computes the same from the same programs."""
+    import operator
+
+    from shardplan.runtime._sharding import boundary_spec
+
+    out: dict[str, tuple[int, ...]] = {}
+    for prog, (_, outs) in zip(programs, probes, strict=True):
+        made = {n.name: n for n in prog.module.graph.nodes if n.op == "call_function"}
+        for name, value in zip(prog.outputs, outs, strict=True):
+            node = made.get(name)  # None: received from an earlier stage, listed there
+            if node is not None and node.target is operator.getitem:
+                node = node.args[0] if node.args[1] == 0 else None  # a tuple's first
+            if node is None or not isinstance(value, torch.Tensor):
+                continue
+            spec = boundary_spec(shardings.get(node.name), tuple(value.shape), mesh)
+            if spec is not None:
+                out[name] = spec
+    return out
 
 
 def graph_names(program_names: set[str], names: Mapping[str, str]) -> list[str]:

@@ -13,6 +13,7 @@ included, and the same seed repeats a run exactly.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -276,11 +277,16 @@ def _run_pipeline(cfg: TrainConfig, rank: int, world: int) -> RunResult:
     A hybrid plan (``cfg.shardings``: every stage's nodes carry a configuration over the
     stage's devices) runs each stage as a :class:`~shardplan.runtime._dtensor.ShardedProgram`
     on the mesh of its stage's devices instead: those devices run every micro-batch together,
-    each splitting the layers as configured; at the stage boundaries whole activations pass
-    from each device to its counterpart in the next stage (the pipeline groups are the same
-    as for replicas). Gradients are reduced to their parameters' layouts, tied weights
-    summed over their holding stages, and the result equals :func:`run_single` with the
-    plan's stages and ``M`` chunks.
+    each splitting the layers as configured. At the stage boundaries each device sends to
+    its counterpart in the next stage (the pipeline groups are the same as for replicas):
+    an activation its producer's layout splits by the batch alone, its own batch shard,
+    which the next stage reads in that layout and re-shards only where its own layout
+    differs (:func:`~shardplan.runtime._tensor_parallel.boundary_specs`); any other
+    activation whole. A model output so split stays split: each device computes the loss
+    of its shard against its rows of the target (scaled so that the gradients add up to
+    the chunk's mean loss, as data parallelism's do). Gradients are reduced to their
+    parameters' layouts, tied weights summed over their holding stages, and the result
+    equals :func:`run_single` with the plan's stages and ``M`` chunks.
     """
     from torch.distributed.pipelining import PipelineStage
     from torch.distributed.pipelining.schedules import (
@@ -289,7 +295,7 @@ def _run_pipeline(cfg: TrainConfig, rank: int, world: int) -> RunResult:
         _PipelineScheduleRuntime,
     )
 
-    from shardplan.runtime._split import example_tensor, tied_groups
+    from shardplan.runtime._split import tied_groups
 
     lay = _Layout.of(cfg)
     if world != len(lay.grank):
@@ -326,6 +332,12 @@ def _run_pipeline(cfg: TrainConfig, rank: int, world: int) -> RunResult:
 
         mesh = make_mesh(device.type, [[lay.grank[(p, r)] for r in range(lay.replicas)]
                                        for p in range(lay.num_ranks)], cfg.mesh_shape)
+    specs: dict[str, tuple[int, ...]] = {}
+    if tp:  # boundaries a stage's layout splits by the batch alone travel in shards
+        from shardplan.runtime._tensor_parallel import boundary_specs, program_shardings
+
+        specs = boundary_specs(programs, program_shardings(cfg, graph_to_program), probes,
+                               cfg.mesh_shape)
     parts = cfg.parts
     my_part = replica if parts > 1 else 0
 
@@ -349,13 +361,17 @@ def _run_pipeline(cfg: TrainConfig, rank: int, world: int) -> RunResult:
 
             inner = ShardedProgram(prog.module, program_shardings(cfg, graph_to_program), mesh,
                                    params=memo)
+            inner.input_specs = [specs.get(n) for n in prog.inputs]
+            inner.output_specs = [specs.get(n) for n in prog.outputs]
             sharded.append(inner)
         mod = _StageModule(inner, k, cfg.seed, calls, cfg.recompute)
         ins, outs = probes[k]
         stage = PipelineStage(
             mod, k, num, device,
-            input_args=tuple(example_tensor(v, device) for v in ins),
-            output_args=tuple(example_tensor(v, device) for v in outs),
+            input_args=tuple(_example(v, specs.get(n), cfg.mesh_shape, device)
+                             for n, v in zip(prog.inputs, ins, strict=True)),
+            output_args=tuple(_example(v, specs.get(n), cfg.mesh_shape, device)
+                              for n, v in zip(prog.outputs, outs, strict=True)),
             group=pipe_groups[replica])
         stages.append(stage)
         wrappers.append(mod)
@@ -377,6 +393,11 @@ def _run_pipeline(cfg: TrainConfig, rank: int, world: int) -> RunResult:
     own = [p for n, p in params if n not in tied_names]
     tied = [(p, group) for names, group in ties for n, p in params if n in names]
     scale = 1.0 / (m * parts)
+    # a hybrid whose model output leaves the last stage in q batch shards: each device's
+    # loss is its shard's mean, and the gradients' sum over the shards is q times the chunk's
+    loss_spec = specs.get(programs[-1].outputs[0]) if len(programs[-1].outputs) == 1 else None
+    shard_scale = 1.0 / math.prod(int(cfg.mesh_shape[a]) for a, j in enumerate(loss_spec or ())
+                                  if j == 0)
     for step in range(start, cfg.steps):
         _maybe_fault(cfg, rank, step)
         for w in wrappers:
@@ -390,20 +411,22 @@ def _run_pipeline(cfg: TrainConfig, rank: int, world: int) -> RunResult:
             if first:
                 kw["arg_mbs"] = [tuple(t.to(device) for t in xs) for xs, _ in mine_chunks]
             if last:
-                kw["target_mbs"] = [ys.to(device) for _, ys in mine_chunks]
+                kw["target_mbs"] = [_target(ys.to(device), loss_spec, mesh)
+                                    for _, ys in mine_chunks]
         t0 = _time()
         losses: list[torch.Tensor] = []
         sched.step(losses=losses, return_outputs=False, **kw)
         if tp:
             from shardplan.runtime._tensor_parallel import sync_stage_grads
 
-            sync_stage_grads([p for _, p in params], tied, scale)
+            sync_stage_grads([p for _, p in params], tied, scale * shard_scale)
         else:
             _sync_grads(own, tied, replica_groups[me], lay.replicas, scale)
         opt.step()
         opt.zero_grad(set_to_none=True)
         elapsed = _time() - t0
-        # Every device of a hybrid's last stage holds the whole loss: count it once.
+        # Every device of a hybrid's last stage holds the whole loss, or its batch shard's
+        # (equal shards): their mean over the stage's devices is the chunk's.
         part = sum(float(v.detach()) for v in losses) * scale / (lay.replicas if tp else 1)
         _report(result, part, elapsed)
         if _checkpoint.due(cfg, step + 1):
@@ -416,10 +439,38 @@ def _run_pipeline(cfg: TrainConfig, rank: int, world: int) -> RunResult:
         every: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(every, (mine_rep, sum(m_.reshards for m_ in sharded), replica))
         result.replicated = sorted({n for names, _, _ in every for n in names})
+        result.boundaries = sorted(graph_names(set(specs), graph_to_program))
         result.reshards = sum(count for _, count, r in every if r == 0)
     if cfg.return_params:
         result.params = _gather_params(programs, mine, rank, model)
     return result
+
+
+def _example(value: Any, spec: tuple[int, ...] | None, mesh: Sequence[int],
+             device: torch.device) -> torch.Tensor:
+    """What one device of a stage sends or receives for ``value``: the whole tensor, or
+    with ``spec`` (:func:`~shardplan.runtime._sharding.boundary_spec`) its batch shard."""
+    from shardplan.runtime._split import example_tensor
+
+    t = example_tensor(value, device)
+    if spec is None:
+        return t
+    parts = math.prod(int(mesh[a]) for a, j in enumerate(spec) if j == 0)
+    shard = t.new_zeros((t.shape[0] // parts, *t.shape[1:]))
+    return shard.requires_grad_(t.requires_grad)
+
+
+def _target(target: torch.Tensor, spec: tuple[int, ...] | None, mesh: Any) -> torch.Tensor:
+    """The rows of a chunk's target this device's loss reads: all of them, or with
+    ``spec`` those of its batch shard of the model's output (a slice, no communication)."""
+    if spec is None:
+        return target
+    from torch.distributed.tensor import DTensor, Replicate
+
+    from shardplan.runtime._dtensor import to_placements
+
+    whole = DTensor.from_local(target, mesh, [Replicate()] * mesh.ndim, run_check=False)
+    return whole.redistribute(mesh, to_placements(spec)).to_local()
 
 
 def _unique_params(programs: Sequence[Any], mine: Sequence[int]

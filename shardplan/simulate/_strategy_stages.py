@@ -17,7 +17,8 @@ from shardplan.cost import CostModel
 from shardplan.errors import ShardplanError
 from shardplan.ir import ExecutionSettings, Graph, Plan, Topology
 
-__all__ = ["_strategy_engine_inputs", "_strategy_stage_times", "strategy_stage_seconds"]
+__all__ = ["_strategy_engine_inputs", "_strategy_stage_times", "per_device_traffic",
+           "strategy_stage_seconds"]
 
 
 def strategy_stage_seconds(plan: Plan, graph: Graph, topology: Topology,
@@ -27,7 +28,8 @@ def strategy_stage_seconds(plan: Plan, graph: Graph, topology: Topology,
     configurations, priced by :func:`shardplan.strategy._price.stage_prices` (the same
     price PaSE's search uses: compute at the plan's micro-batch and precision, activation
     collectives and re-shards every micro-batch at their sizes, DTensor overheads, the
-    all-gathers of outputs leaving the stage). Weight gradients are not in these seconds:
+    all-gathers of outputs leaving the stage whole, the re-shards of batch shards arriving
+    from another stage). Weight gradients are not in these seconds:
     :func:`simulate` reduces them once per iteration with the plan's gradient
     synchronisation. O(n + m) per stage."""
     from shardplan.strategy._price import stage_prices
@@ -41,11 +43,12 @@ def strategy_stage_seconds(plan: Plan, graph: Graph, topology: Topology,
 def _strategy_stage_times(st: Any, strat: dict[str, Any], cm: CostModel, a_pos: np.ndarray,
                           k: int, order: Sequence[int], topology: Topology) -> Any:
     """``st`` (priced on what each device holds) with the strategy's seconds on every
-    device of each stage, the gradient bytes of the stages' rings, and whole tensors between
-    stages: each device sends the whole activation to its counterpart in the next stage, as
-    the hybrid runtime does. O(S R + messages)."""
+    device of each stage, the gradient bytes of the stages' rings, and the messages between
+    stages as the hybrid runtime sends them: device ``i`` of a stage sends to device ``i``
+    of the next, for every tensor crossing, its batch shard (``bytes / q`` for a tensor
+    its producer splits ``q`` ways by the batch alone, ``strat["shards"]``, between stages
+    of as many devices) or the whole tensor. O(S R + messages)."""
     from shardplan.cost._pipeline import _messages, ring_collectives, stage_traffic
-
     mask = st.devices >= 0
     fwd = np.asarray(strat["forward"])[list(order)]
     bwd = np.asarray(strat["backward"])[list(order)]
@@ -58,12 +61,28 @@ def _strategy_stage_times(st: Any, strat: dict[str, Any], cm: CostModel, a_pos: 
             ring = st.devices[s:s + 1, :r]
             ar[s] = float(ring_collectives(topology, "allreduce", ring, grads[s:s + 1],
                                            cm.inverse_bandwidth)[0])
-    tb, tt = stage_traffic(cm.graph, a_pos, k)
-    whole = tb * np.maximum(reps[:, None], reps[None, :])
-    msgs = _messages(whole, tt, st.devices, reps, topology.latency, cm.inverse_bandwidth)
+    _, tt = stage_traffic(cm.graph, a_pos, k)
+    tb = per_device_traffic(cm.graph, a_pos, k, reps, strat["shards"])
+    msgs = _messages(tb, tt, st.devices, reps, topology.latency, cm.inverse_bandwidth)
     return dataclasses.replace(st, forward=np.where(mask, fwd[:, None], 0.0),
                                backward=np.where(mask, bwd[:, None], 0.0),
                                param_bytes=grads, allreduce=ar, messages=msgs)
+
+
+def per_device_traffic(graph: Graph, a_pos: np.ndarray, k: int, reps: np.ndarray,
+                       shards: np.ndarray) -> np.ndarray:
+    """``(k, k)`` bytes between stages (positions) scaled for the engine's replica pairs,
+    which carry ``1 / max(R_a, R_b)`` of them each: so that each of the pairs carries, per
+    tensor, its batch shard (``bytes / q``, stages of as many devices) or the whole tensor
+    (the tensors :func:`~shardplan.cost._transfer.cut_tensors` finds). O(m log m + k^2).
+    """
+    from shardplan.cost._transfer import cut_tensors
+
+    sa, sb, nbytes, producer = cut_tensors(graph, np.asarray(a_pos, dtype=np.int64), k)
+    wide = np.maximum(reps[sa], reps[sb]).astype(np.float64)
+    q = np.where(reps[sa] == reps[sb], np.asarray(shards)[producer], 1).astype(np.float64)
+    return np.bincount(sa * k + sb, weights=nbytes * wide / q,
+                       minlength=k * k).reshape(k, k)
 
 
 def _strategy_engine_inputs(plan: Plan, graph: Graph, topology: Topology,
@@ -87,4 +106,5 @@ def _strategy_engine_inputs(plan: Plan, graph: Graph, topology: Topology,
     return {"forward": np.array([p["forward"] for p in prices]),
             "backward": np.array([p["backward"] for p in prices]),
             "sync": graph.replace(param_bytes=sync),
+            "shards": np.max([p["shards"] for p in prices], axis=0),
             "held": micro.replace(param_bytes=grads, output_bytes=np.rint(outs))}

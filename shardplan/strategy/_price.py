@@ -258,6 +258,25 @@ class StagePricer:
             out[q == k] = t
         return out
 
+    def batch_shards(self, v: int, configs: np.ndarray) -> np.ndarray:
+        """Per configuration, how many batch shards node ``v``'s output leaves the stage in:
+        ``q`` when the configuration splits the output by its first (batch) tensor dimension
+        alone, ``q`` ways, and ``q`` divides it (each device then sends its shard to its
+        counterpart of the next stage, as a replicated pipeline's replicas do:
+        :func:`shardplan.runtime._sharding.boundary_spec`); 1 for any other layout, which
+        leaves whole (gathered, :meth:`gather_seconds`). O(K d)."""
+        space = self.spaces[v]
+        c = np.asarray(configs, dtype=np.int64).reshape(-1, len(space.dims))
+        ones = np.ones(c.shape[0], dtype=np.int64)
+        if not space.output_shape or not space.output or not space.output[0]:
+            return ones
+        parts = np.rint(space.output_parts(c)).astype(np.int64)
+        lead = np.rint(np.prod(c[:, space.indices(list(space.output[0]))].astype(np.float64),
+                               axis=1)).astype(np.int64)
+        q = np.where((parts == lead) & (parts <= self.num_devices), parts, 1)
+        rows = int(space.output_shape[0])
+        return np.where(rows % np.maximum(q, 1) == 0, q, 1)
+
     # ------------------------------------------------------------------ edges
     def edge(self, u: int, v: int, fu: np.ndarray, fv: np.ndarray, edge_bytes: float
              ) -> np.ndarray | None:
@@ -443,32 +462,64 @@ def stage_prices(plan: Any, graph: Graph, topology: Topology, settings: Executio
                  ) -> list[dict[str, Any]]:
     """Per stage of a plan carrying a ``strategy``: forward and backward seconds of one
     micro-batch on each of its devices, and per node the bytes its gradient adds to the
-    stage's ring (:meth:`StagePricer.sync_bytes`) and its gradient and output bytes per
-    device. O(n + m) per stage."""
-    out = []
+    stage's ring (:meth:`StagePricer.sync_bytes`), its gradient and output bytes per
+    device, and the batch shards it leaves the stage in (``shards``).
+
+    Stage boundaries: a tensor its producer's configuration splits by the batch alone,
+    ``q`` ways (:meth:`StagePricer.batch_shards`), to a stage of as many devices leaves in
+    shards, each device sending its own to its counterpart (the engine's messages,
+    :func:`shardplan.simulate._strategy_stages._strategy_stage_times`); each consumer of
+    the next stage re-shards it to its own layout where the two differ
+    (:meth:`StagePricer.edge`, every micro-batch). A pipeline's model output so split
+    stays split: each device computes the loss of its shard. Any other tensor leaving the
+    stage is all-gathered whole (:meth:`StagePricer.gather_seconds`) and read whole
+    (slicing it costs nothing). O(n + m) per stage."""
     graph_src = set(np.asarray(graph.src).tolist())
     nodes_of = [np.asarray(st.nodes, dtype=np.int64) for st in plan.stages]
     stage_of = np.full(graph.num_nodes, -1, dtype=np.int64)
     for s, nodes in enumerate(nodes_of):
         stage_of[nodes] = s
-    for s, st in enumerate(plan.stages):
-        pr = StagePricer(graph, topology, st.devices, settings)
-        g = pr.graph
-        fwd = bwd = 0.0
-        sync = np.zeros(g.num_nodes)
-        grads = np.zeros(g.num_nodes)
-        local_out = np.zeros(g.num_nodes)
-        config: dict[int, np.ndarray] = {}
-        for v in nodes_of[s].tolist():
+    pricers = [StagePricer(graph, topology, st.devices, settings) for st in plan.stages]
+    g = pricers[0].graph
+    config: dict[int, np.ndarray] = {}
+    for s, nodes in enumerate(nodes_of):
+        for v in nodes.tolist():
             try:
                 config[v] = np.asarray([plan.strategy[str(v)]], dtype=np.int64)
             except KeyError:
                 raise ShardplanError(f"the plan's strategy has no configuration for node "
                                      f"{v}") from None
-            if config[v].shape[1] != len(pr.spaces[v].dims):
+            if config[v].shape[1] != len(pricers[s].spaces[v].dims):
                 raise ShardplanError(f"node {v}'s configuration has {config[v].shape[1]} "
-                                     f"factors; its space has {len(pr.spaces[v].dims)} "
-                                     "dimensions")
+                                     f"factors; its space has "
+                                     f"{len(pricers[s].spaces[v].dims)} dimensions")
+    # the batch shards each tensor crossing a boundary travels in (1: whole); a stage of
+    # another device count has no counterparts, and reads it whole
+    sizes = [len(st.devices) for st in plan.stages]
+    crossing: set[int] = set()
+    uneven: set[int] = set()
+    for u, v in zip(g.src.tolist(), g.dst.tolist(), strict=True):
+        a, b = int(stage_of[u]), int(stage_of[v])
+        if a != b:
+            crossing.add(u)
+            if sizes[a] != sizes[b]:
+                uneven.add(u)
+    # the model's outputs of a pipeline: the loss reads each device's batch shard
+    has_out = np.zeros(g.num_nodes, dtype=bool)
+    has_out[g.src] = True
+    sinks = {v for v in range(g.num_nodes) if not has_out[v] and stage_of[v] >= 0} \
+        if len(plan.stages) > 1 else set()
+    shards = np.ones(g.num_nodes, dtype=np.int64)
+    for u in sorted((crossing - uneven) | sinks):
+        shards[u] = int(pricers[int(stage_of[u])].batch_shards(u, config[u])[0])
+    out = []
+    for s in range(len(plan.stages)):
+        pr = pricers[s]
+        fwd = bwd = 0.0
+        sync = np.zeros(g.num_nodes)
+        grads = np.zeros(g.num_nodes)
+        local_out = np.zeros(g.num_nodes)
+        for v in nodes_of[s].tolist():
             price = pr.node(v, config[v])
             fwd += float(price.forward[0])
             bwd += float(price.backward[0])
@@ -480,23 +531,23 @@ def stage_prices(plan: Any, graph: Graph, topology: Topology, settings: Executio
         comm = 0.0
         for e in range(g.num_edges):
             u, v = int(g.src[e]), int(g.dst[e])
-            if stage_of[u] == s and stage_of[v] == s:
+            inside = stage_of[u] == s
+            if stage_of[v] == s and (inside or shards[u] > 1):  # a shard re-shards here
                 m = pr.edge(u, v, config[u], config[v], float(g.edge_bytes[e]))
                 if m is not None:
                     comm += float(m.reshape(-1)[0])
         share_f = fwd / (fwd + bwd) if fwd + bwd > 0 else 1.0 / 3.0
-        # whole tensors leave the stage (to the loss, or the next stage's devices): an
-        # output split over q > 1 devices is all-gathered over q of them
+        # tensors leaving whole (to the loss, or the next stage's devices): an output split
+        # over q > 1 devices is all-gathered over q of them
         leaves = {int(u) for u, v in zip(g.src.tolist(), g.dst.tolist(), strict=True)
-                  if stage_of[u] == s and stage_of[v] != s}
-        has_out = np.zeros(g.num_nodes, dtype=bool)
-        has_out[g.src] = True
-        leaves |= {v for v in nodes_of[s].tolist() if not has_out[v]}
+                  if stage_of[u] == s and stage_of[v] != s and shards[u] == 1}
+        leaves |= {v for v in nodes_of[s].tolist() if not has_out[v] and shards[v] == 1}
         model_out = {v for v in leaves if v not in graph_src}
         one_stage = len(plan.stages) == 1
         gathers = sum(float(pr.gather_seconds(v, config[v], loss=one_stage and v in model_out)[0])
                       for v in sorted(leaves))
         out.append({"forward": fwd + comm * share_f + gathers,
                     "backward": bwd + comm * (1.0 - share_f),
-                    "sync_bytes": sync, "grad_bytes": grads, "output_bytes": local_out})
+                    "sync_bytes": sync, "grad_bytes": grads, "output_bytes": local_out,
+                    "shards": np.where(stage_of == s, shards, 1)})
     return out

@@ -9,8 +9,13 @@ its layers (pipeline x tensor/data parallelism). Same ``Plan`` format: ``stages[
 is stage ``s``'s device group and ``strategy[str(v)]`` the configuration of node ``v`` over
 the group of its stage.
 
-What a per-stage search does not see: tensors arriving from other stages (they arrive whole
-on every device of the stage, so reading them costs no re-shard) and the pipeline's own
+Stage boundaries: an output a stage's configuration splits by the batch alone leaves in
+its batch shards, device ``i`` of the stage sending its own to device ``i`` of the next (as
+a replicated pipeline's replicas do), and is not gathered (the model's output so split
+stays split: each device computes the loss of its shard); any other leaves whole. A
+per-stage search sees that its own outputs need no gather when split by the batch (with the
+``default`` cost model), but not what reading tensors from other stages costs (a shard
+re-sharded to its consumer's layout; the simulator charges it) nor the pipeline's own
 timing beyond its fill and drain; each stage's strategy cost is recorded in the plan's
 ``hybrid`` entry.
 """
@@ -153,8 +158,8 @@ def hybrid_plan(plan: Plan, graph: Graph, topology: Topology | None = None, *,
             sub_topology(topology, st.devices)
         left = None if time_limit is None else max(1e-3, time_limit - (time.perf_counter()
                                                                        - t0))
-        if opts.get("cost_model") == "default":  # its outputs leave whole
-            opts.setdefault("loss_on_shards", False)
+        # (the default cost model's ``loss_on_shards``: a stage's outputs split by the
+        # batch alone go to the next stage's devices, or to the loss, in their shards)
         res = registry.run("strategy", algorithm, sub, topo, seed=seed, time_limit=left,
                            devices=len(st.devices), **opts)
         got = res.plan.strategy or {}

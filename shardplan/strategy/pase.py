@@ -48,7 +48,7 @@ DEFAULTS: Mapping[str, Any] = {
     "memory_limit": None,       # bytes per device (default cost model)
     "max_table_bytes": 4e9,     # DP table budget; over it the ordering is refused
     "execution": None,          # how the plan runs (default cost model): ExecutionSettings
-    "loss_on_shards": True,     # outputs feed a strategy run's loss (False: a hybrid stage)
+    "loss_on_shards": True,     # batch-split outputs stay split (the loss, the next stage)
 }
 
 

@@ -124,3 +124,27 @@ def test_a_hybrid_row_says_its_stage_searches_were_cut_short() -> None:
         assert r.note.startswith("the time limit cut the strategy search of stages [")
     rows, err, _ = run_task(ctx, Task("hybrid", 2, 2, budget=None))
     assert not err and rows and all(r.note == "" for r in rows)
+
+
+def test_the_hybrid_is_no_slower_than_the_same_stages_replicated() -> None:
+    """Per stage the hybrid keeps PaSE's configurations or the all-batch ones (the stage's
+    replicas, boundaries in batch shards), whichever the simulator finds faster: at every
+    micro-batch count its best row is no slower than Parmesan's same stages replicated
+    (2%), and its plan says which it kept and records its simulated iteration."""
+    from shardplan.planner._families import Task, run_task
+
+    g = transformer(num_layers=2)
+    t = build("dgx1", boxes=1)
+    ctx = Context(g, t, g.batch_size, ExecutionSettings().resolve(g))
+    hybrid, err, _ = run_task(ctx, Task("hybrid", 2, 4, budget=None))
+    assert not err and hybrid
+    parmesan, err, _ = run_task(ctx, Task("parmesan", 2, 4, budget=None))
+    assert not err and parmesan
+    for m in {r.microbatches for r in hybrid}:
+        h = min(r.iteration_seconds for r in hybrid if r.microbatches == m)
+        p = min(r.iteration_seconds for r in parmesan if r.microbatches == m
+                and r.schedule in {x.schedule for x in hybrid})
+        assert h <= p * 1.02, (m, h, p)
+    for r in hybrid:
+        assert set(r.plan["hybrid"]["stage_choice"]) <= {"pase", "all-batch"}
+        assert r.objective == "iteration_seconds"
