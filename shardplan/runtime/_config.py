@@ -305,7 +305,8 @@ class RunResult:
     operator inputs redistributed with communication in one forward of each stage (the
     last), summed over the stages. ``memory`` (``llm`` runs with ``measure_memory``): per
     rank, the peak bytes of the last step by category
-    (:func:`shardplan.runtime._llm_memory.peak_by_category`). ``boundaries`` (hybrid runs): the values that crossed a
+    (:func:`shardplan.runtime._llm_memory.peak_by_category`). ``boundaries`` (hybrid
+    runs): the values that crossed a
     stage boundary in batch shards, device to device, and the model's output when the loss
     read it so (graph names); the others crossed whole.
     """
