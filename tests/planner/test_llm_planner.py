@@ -1,5 +1,6 @@
 """The LLM plan kind's planner: a layout priced by the simulator, and the layout search."""
 
+import dataclasses
 import math
 
 import pytest
@@ -71,3 +72,24 @@ def test_branch_and_bound_finds_what_simulating_every_candidate_finds(g, topo):
 def test_search_honours_its_time_limit(g, topo):
     found = llm_search(g, topo, ExecutionSettings(), global_batch=16, time_limit=0.0)
     assert found.timed_out and found.considered == 0
+
+
+def test_a_baseline_is_searched_and_compared(g, topo):
+    from shardplan.planner._llm import baseline_comparison, moved_knobs
+
+    own_par = ParallelConfig(tp=2, pp=2, dp=2)
+    own = ExecutionSettings(microbatches=2, microbatch_size=16, recompute="full"
+                            if isinstance(ExecutionSettings().recompute, str) else True)
+    baseline = layout_plan(g, topo, own_par, own)
+    found = llm_search(g, topo, ExecutionSettings(), global_batch=32, time_limit=120,
+                       include=[(own_par, baseline.settings)])
+    cmp_ = baseline_comparison(baseline, g, topo, found)
+    assert cmp_["baseline_seconds"] == pytest.approx(simulate(baseline, g, topo)
+                                                     .iteration_seconds)
+    # the winner is never slower than the user's own configuration, which was a candidate
+    assert cmp_["winner_seconds"] <= cmp_["baseline_seconds"]
+    assert cmp_["speedup"] >= 1.0
+    assert moved_knobs((own_par, own), (own_par, own)) == []
+    assert "TP 2 -> 4" in moved_knobs((own_par, own), (ParallelConfig(tp=4, pp=2), own))
+    with pytest.raises(ShardplanError, match="LLM plan"):
+        baseline_comparison(dataclasses.replace(baseline, parallel=None), g, topo, found)
