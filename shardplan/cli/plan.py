@@ -108,34 +108,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _cluster(text: str) -> Any:
     import shardplan.measure  # noqa: F401 - registers the topology kind 'measure'
     from shardplan.ir import load_topology
-    from shardplan.topology import build
+    from shardplan.topology import build, parse_spec
 
     if os.path.exists(text) or text.endswith(".json"):
         return load_topology(text)
-    kind, *opts = text.split(",")
-    options: dict[str, Any] = {}
-    for o in opts:
-        key, sep, value = o.partition("=")
-        if not sep:
-            raise ShardplanError(f"cluster option {o!r} is not KEY=VALUE")
-        given = key.strip()
-        key = given.replace("-", "_")
-        key = {"devices": "num_devices"}.get(key, key)  # the name `topology --devices` uses
-        if key in options:
-            raise ShardplanError(f"cluster option {given!r} is given twice in {text!r}")
-        v: Any = value.strip()
-        if "x" in v and all(part.isdigit() for part in v.split("x")):
-            v = tuple(int(part) for part in v.split("x"))
-        else:
-            for cast in (int, float):
-                try:
-                    v = cast(v)
-                    break
-                except ValueError:
-                    continue
-        options[key] = v
+    kind, options = parse_spec(text)
     _check_size(text, options)
-    return build(kind.strip(), **options)
+    return build(kind, **options)
 
 
 def _check_size(text: str, options: dict[str, Any]) -> None:
