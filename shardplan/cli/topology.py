@@ -236,7 +236,8 @@ def run(args: argparse.Namespace) -> int:
 
     kind, spec = parse_spec(args.kind)
     if kind not in KINDS:
-        raise ShardplanError(f"unknown topology kind {kind!r} (choose from {', '.join(KINDS)})")
+        raise ShardplanError(f"argument KIND: invalid choice: {kind!r} (choose from "
+                             f"{', '.join(KINDS)})")
     args.kind = kind
     opts = options_for(args)
     twice = sorted(set(spec) & set(opts))

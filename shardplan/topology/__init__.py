@@ -23,8 +23,9 @@ kind               builder
 Builders are NumPy/SciPy only and fast. Measuring a machine runs the runtime, so it lives
 above it, in :mod:`shardplan.measure`, which registers its builder here
 (:func:`register_builder`): this package imports neither torch, the runtime, the strategy nor
-the capture package (``docs/architecture.md``). Kinds may also be given as one string ``KIND,key=value,...``
-(``dgx-a100,nodes=4,gpu_memory=40GiB``): :func:`parse_spec`, :func:`build_spec`.
+the capture package (``docs/architecture.md``). Kinds may also be given as one string
+``KIND,key=value,...`` (``dgx-a100,nodes=4,gpu_memory=40GiB``): :func:`parse_spec`,
+:func:`build_spec`.
 
 Examples
 --------
@@ -62,9 +63,9 @@ from shardplan.topology._simple import flat, hierarchical
 __all__ = [
     "BUILDERS", "CLUSTER_PRESETS", "DEVICE_PRESETS", "DGX1_NVLINKS", "ClusterPreset",
     "DevicePreset", "Routes", "build", "build_spec", "dgx1", "dgx1_link_counts", "dgx2_v100",
-    "dgx_a100", "dgx_cluster", "dgx_h100", "flat", "parse_spec", "grid_links", "hierarchical", "kinds", "make_devices",
-    "mesh2d", "mesh3d", "path", "random_blk_1", "random_blk_2", "register_builder", "route",
-    "routes_of", "torus2d", "torus3d", "uniform_dist",
+    "dgx_a100", "dgx_cluster", "dgx_h100", "flat", "grid_links", "hierarchical", "kinds",
+    "make_devices", "mesh2d", "mesh3d", "parse_spec", "path", "random_blk_1", "random_blk_2",
+    "register_builder", "route", "routes_of", "torus2d", "torus3d", "uniform_dist",
 ]
 
 #: Topology builders by kind (the names of ``shardplan topology KIND``).
