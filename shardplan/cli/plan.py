@@ -179,8 +179,8 @@ def _run(args: argparse.Namespace) -> int:
         check_model_trust(str(graph.meta["model"]), from_file=f"the graph {args.model}",
                           trusted=args.trust_model_code)
     changes = settings_changes(args)
-    fixed: dict[str, Any] = {k: changes.pop(k) for k in ("microbatches", "schedule")
-                             if k in changes}
+    fixed: dict[str, Any] = {k: changes.pop(k) for k in ("microbatches", "schedule",
+                                                          "gradient_sync") if k in changes}
     settings, _ = ExecutionSettings().override(**changes)
     with progress_reporter() as progress:
         result = search(graph, topology, global_batch=args.global_batch, settings=settings,
