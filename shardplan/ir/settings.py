@@ -30,8 +30,8 @@ import numpy as np
 
 from shardplan.errors import InvalidFileError, ShardplanError
 
-__all__ = ["DDP_BUCKET_BYTES", "GRADIENT_SYNCS", "OPTIMIZERS", "PRECISIONS", "RECOMPUTES",
-           "SCHEDULES", "ExecutionSettings"]
+__all__ = ["DDP_BUCKET_BYTES", "GRADIENT_SYNCS", "LEGACY_SETTING_KEYS", "OPTIMIZERS",
+           "PRECISIONS", "RECOMPUTES", "SCHEDULES", "ExecutionSettings"]
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
 OPTIMIZERS = ("sgd", "sgd-momentum", "momentum", "adam", "adamw")
@@ -46,6 +46,9 @@ _LEGACY_OPTION_KEYS = ("efficiency", "optimizer", "microbatches", "schedule", "r
 # Keys of plans written before ``precision`` (2026-11): ``mixed_precision`` and the bytes of a
 # stored parameter under it; read by :func:`_legacy_precision`.
 _LEGACY_PRECISION_KEYS = ("mixed_precision", "param_dtype_bytes")
+#: Settings :meth:`ExecutionSettings.override` still takes by their former names (they set
+#: ``precision``): what algorithms accept as options beside the fields.
+LEGACY_SETTING_KEYS = _LEGACY_PRECISION_KEYS
 #: Bytes of one stored (compute) parameter under each precision. fp8 keeps bf16 weights: fp8
 #: is the matrix products' input format, cast from bf16 weights each step, as torchtitan's
 #: float8 training (torchao ``Float8Linear``) and Transformer Engine do.
