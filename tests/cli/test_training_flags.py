@@ -58,7 +58,7 @@ def test_later_commands_override_with_a_note(files, capsys) -> None:
 
 
 @pytest.mark.parametrize("command", ["partition", "map", "simulate", "report", "export",
-                                     "plan"])
+                                     "plan", "strategy"])
 def test_every_planning_or_simulating_command_takes_the_flags(command, capsys) -> None:
     run_cli([command, "--help"])
     text = capsys.readouterr().out
@@ -86,3 +86,14 @@ def test_config_file_takes_a_recompute_value(files, tmp_path) -> None:
                     "--stages", "2", "-o", p]) == 0
     s = load_plan(p).settings
     assert (s.recompute, s.precision) == ("selective", "fp16")
+
+
+def test_strategy_prices_and_records_the_training_settings(files) -> None:
+    g, t, _, p = files
+    assert run_cli(["strategy", g, "--topology", t, "--algorithm", "data-parallel",
+                    "--precision", "bf16", "--recompute", "--quiet", "-o", p]) == 0
+    s = load_plan(p).settings
+    assert (s.precision, s.recompute, s.microbatches) == ("bf16", "full", 1)
+    assert run_cli(["strategy", g, "--topology", t, "--algorithm", "data-parallel",
+                    "--quiet", "-o", p]) == 0
+    assert load_plan(p).settings.precision == "fp32"
