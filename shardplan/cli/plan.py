@@ -113,20 +113,25 @@ def _cluster(text: str) -> Any:
     if os.path.exists(text) or text.endswith(".json"):
         return load_topology(text)
     kind, options = parse_spec(text)
-    _check_size(text, options)
+    _check_size(text, options, kind)
     return build(kind, **options)
 
 
-def _check_size(text: str, options: dict[str, Any]) -> None:
-    """Refuse a builder spec whose device count (``num_devices``, or the product of
-    ``shape``) is beyond what ``plan`` searches, before building it (a million devices take
-    a minute to build). The search checks every topology again."""
+def _check_size(text: str, options: dict[str, Any], kind: str = "") -> None:
+    """Refuse a builder spec whose device count (``num_devices``, the product of
+    ``shape``, or a cluster preset's ``nodes`` x GPUs per node) is beyond what ``plan``
+    searches, before building it (a million devices take a minute to build). The search
+    checks every topology again."""
     from shardplan.planner import MAX_PLAN_DEVICES
+    from shardplan.topology import CLUSTER_PRESETS
 
     shape = options.get("shape")
     count = options.get("num_devices")
     if isinstance(shape, tuple):
         count = math.prod(shape)
+    nodes = options.get("nodes")
+    if kind in CLUSTER_PRESETS and isinstance(nodes, int):
+        count = nodes * CLUSTER_PRESETS[kind].gpus_per_node
     if isinstance(count, int) and count > MAX_PLAN_DEVICES:
         raise ShardplanError(f"--cluster {text!r} has {count} devices; plan searches at most "
                              f"{MAX_PLAN_DEVICES}")

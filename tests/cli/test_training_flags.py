@@ -97,3 +97,16 @@ def test_strategy_prices_and_records_the_training_settings(files) -> None:
     assert run_cli(["strategy", g, "--topology", t, "--algorithm", "data-parallel",
                     "--quiet", "-o", p]) == 0
     assert load_plan(p).settings.precision == "fp32"
+
+
+def test_plan_on_a_cluster_preset_keeps_a_fixed_gradient_sync(files, tmp_path, capsys) -> None:
+    g, _, _, p = files
+    assert run_cli(["plan", g, "--cluster", "dgx-a100,nodes=1", "--families",
+                    "data-parallel", "--workers", "1", "--gradient-sync", "zero1",
+                    "--precision", "bf16", "-o", p, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert {r["gradient_sync"] for r in data["ranked"]} == {"zero1"}
+    s = load_plan(p).settings
+    assert (s.gradient_sync, s.precision) == ("zero1", "bf16")
+    assert run_cli(["plan", g, "--cluster", "dgx-a100,nodes=600", "-o", p]) == 2
+    assert "4800 devices" in capsys.readouterr().err
