@@ -110,3 +110,12 @@ def test_plan_on_a_cluster_preset_keeps_a_fixed_gradient_sync(files, tmp_path, c
     assert (s.gradient_sync, s.precision) == ("zero1", "bf16")
     assert run_cli(["plan", g, "--cluster", "dgx-a100,nodes=600", "-o", p]) == 2
     assert "4800 devices" in capsys.readouterr().err
+
+
+def test_a_strategy_plan_refuses_zero1_in_one_line(files, capsys) -> None:
+    g, t, _, p = files
+    assert run_cli(["strategy", g, "--topology", t, "--algorithm", "data-parallel",
+                    "--quiet", "-o", p]) == 0
+    capsys.readouterr()
+    assert run_cli(["simulate", p, g, t, "--gradient-sync", "zero1", "--json"]) == 2
+    assert "not 'zero1'" in capsys.readouterr().err
