@@ -97,8 +97,12 @@ def capture(
         ``FlopCounterMode`` (with :func:`flop_mapping`) counts over one eager forward of the
         model in the same mode; ``param_bytes`` sum to the bytes of ``model.parameters()``
         (tied weights once); ``weight`` is the parameter count. ``Graph.meta`` records the
-        model, granularity, mode, input and buffer bytes, and any operators whose FLOPs needed
-        a fallback (``flop_fallbacks``).
+        model, granularity, mode, input and buffer bytes, ``parameters`` (the parameter count,
+        tied weights once), ``device`` ``"meta"`` when the model has no storage, a
+        ``transformer`` dict (``family``, ``hidden``, ``layers``, ``heads``, ``kv_heads``,
+        ``ffn``, ``vocab``, ``seq``, ``tied``, ``parameters``) when the model describes its
+        dimensions (``model.transformer_meta(seq_len)``, the zoo's GPT and Llama), and any
+        operators whose FLOPs needed a fallback (``flop_fallbacks``).
 
     Raises
     ------
@@ -107,11 +111,12 @@ def capture(
 
     Notes
     -----
-    Paper 000, section 3.2. ``torch.export.export(strict=False)`` traces the model on fake
-    tensors; per-operator FLOPs are counted on fake tensors too (no arithmetic), so capture
-    costs seconds even for large models. O(n + m) in the number of operators and edges, plus
-    one fake dispatch of each operator forward and backward; module folding adds
-    O(k (n + m)) for k atomic instances.
+    Paper 000, section 3.2. A model whose parameters or inputs are on the meta device is
+    captured without allocating them (no ``profile``). ``torch.export.export(strict=False)``
+    traces the model on fake tensors; per-operator FLOPs are counted on fake tensors too (no
+    arithmetic), so capture costs seconds even for large models. O(n + m) in the number of
+    operators and edges, plus one fake dispatch of each operator forward and backward; module
+    folding adds O(k (n + m)) for k atomic instances.
     """
     import torch
 
@@ -129,6 +134,11 @@ def capture(
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ShardplanError(f"batch size must be a positive integer, got {batch_size!r}")
     name = name or type(model).__name__
+    on_meta = any(t.is_meta for t in (*model.parameters(), *model.buffers(), *(
+        x for x in inputs if isinstance(x, torch.Tensor))))
+    if on_meta and profile:
+        raise ShardplanError("--profile times real compute: it cannot run on a model built "
+                             "on the meta device")
     prefix = OutputSelector.prefix if isinstance(model, OutputSelector) else ""
 
     was_training = model.training
@@ -155,12 +165,19 @@ def capture(
         model.train(was_training)
     param_total = sum(p.numel() * p.element_size() for p in model.parameters())
     meta: dict[str, Any] = {
+        "parameters": sum(p.numel() for p in model.parameters()),  # tied weights once
         "granularity": "op", "mode": mode, "input_bytes": cap.input_bytes,
         "buffer_bytes": cap.buffer_bytes,
         "dropped_buffer_updates": cap.dropped_buffer_updates,
         "model_output_bytes": sum(b for _, _, b in cap.outputs),
         "torch_version": torch.__version__,
     }
+    if on_meta:
+        meta["device"] = "meta"
+    dims = getattr(model, "transformer_meta", None)
+    if callable(dims) and inputs and isinstance(inputs[0], torch.Tensor) \
+            and inputs[0].dim() >= 2:
+        meta["transformer"] = dims(int(inputs[0].shape[1]))
     if cap.flop_methods:
         meta["flop_fallbacks"] = cap.flop_methods
     if loss_cost is not None:
@@ -190,16 +207,31 @@ def capture_spec(
     profile: bool = False,
     mode: str = "train",
     progress: Progress | None = None,
+    meta: bool | None = None,
 ) -> Graph:
     """Build a zoo model by name (:func:`build_model`) and :func:`capture` it.
 
     ``batch_size`` is recorded in the graph for zoo models; for ``FILE.py:FUNCTION`` the
     leading dimension of the function's first input is. ``meta["model"]`` is ``spec``.
+    ``meta``: build on the meta device (True), or when the model would not fit in memory
+    (None, a :class:`~shardplan.errors.ShardplanWarning` says so), or in memory (False).
     """
+    from shardplan.workload.zoo import block_spec, resolve_meta
+
     atomic_names = _atomic_list(atomic)
     _check_options(granularity, atomic_names, mode)
+    on_meta = resolve_meta(spec, False if meta is None and profile else meta, seq_len=seq_len)
+    if on_meta and profile:
+        raise ShardplanError("--profile times real compute: it cannot run on a model built "
+                             "on the meta device")
+    blocks = block_spec(spec, seq_len=seq_len) if on_meta and granularity == "op" else None
+    if blocks is not None and blocks.num_blocks > 2:
+        graph = _capture_stamped(spec, blocks, batch_size=batch_size, seq_len=seq_len,
+                                 name=name, mode=mode, progress=progress)
+        if graph is not None:
+            return graph
     model, inputs, default_name = build_model(spec, batch_size=batch_size, seq_len=seq_len,
-                                              image_size=image_size)
+                                              image_size=image_size, meta=on_meta)
     is_file = ":" in spec and spec.rsplit(":", 1)[0].endswith(".py")
     graph = capture(model, inputs, name=name or default_name, granularity=granularity,
                     atomic=atomic_names, profile=profile, mode=mode,
@@ -208,12 +240,34 @@ def capture_spec(
     return graph.replace(meta={"model": spec, **graph.meta})
 
 
+def _capture_stamped(spec: str, blocks: Any, *, batch_size: int, seq_len: int,
+                     name: str | None, mode: str, progress: Progress | None) -> Graph | None:
+    """Capture ``blocks.two_blocks`` on the meta device and stamp its second block out to
+    ``blocks.num_blocks`` (:func:`~shardplan.capture._stamp.stamp_blocks`); None when the
+    two-block graph cannot be stamped (capture the whole model then)."""
+    from shardplan.capture._stamp import stamp_blocks
+
+    small = capture_spec(blocks.two_blocks, batch_size=batch_size, seq_len=seq_len,
+                         name=name, mode=mode, progress=progress, meta=True)
+    graph = stamp_blocks(small, blocks.num_blocks, container=blocks.container)
+    if graph is None:
+        return None
+    unread = int(small.meta["parameters"]) - int(round(float(small.weight.sum())))
+    meta = {**small.meta, "model": spec, "transformer": dict(blocks.transformer),
+            "parameters": int(round(float(graph.weight.sum()))) + unread,
+            "stamped": {"template_blocks": 2, "blocks": blocks.num_blocks,
+                        "container": blocks.container}}
+    return graph.replace(meta=meta)
+
+
 def build_model(spec: str, *, batch_size: int = 8, seq_len: int = 128,
-                image_size: int | None = None) -> tuple[Any, tuple[Any, ...], str]:
+                image_size: int | None = None, meta: bool | None = False
+                ) -> tuple[Any, tuple[Any, ...], str]:
     """Build ``(model, example_inputs, name)``; see :func:`shardplan.workload.zoo.build_model`."""
     from shardplan.workload.zoo import build_model as _build
 
-    return _build(spec, batch_size=batch_size, seq_len=seq_len, image_size=image_size)
+    return _build(spec, batch_size=batch_size, seq_len=seq_len, image_size=image_size,
+                  meta=meta)
 
 
 def list_models() -> list[str]:

@@ -11,6 +11,11 @@
 * ``batch_norm`` variants (axis: batch), ``layer_norm`` (axis: last), ``softmax`` /
   ``log_softmax`` (axis: the op's dim), ``mean`` (``reduce_mean`` over its dims);
 * ``embedding``: a GEMM (one-hot times table); ``cat``: concat, its axis fixed;
+* ``scaled_dot_product_attention`` (and the fused kernels it dispatches to): one
+  ``attention`` operator over ``(b, h, q, k, d)`` (batch, heads, query, key, head dimension):
+  batch and heads split freely; query, key and head dimension are fixed (splitting them is
+  context parallelism or a split reduction, not a layout of this one operator), so query,
+  key and value map their batch and heads only; ``causal`` records ``is_causal``;
 * ``view``, ``reshape``, ``flatten``, ``transpose``, ``permute``: zero-cost data movement whose
   dimensions are the output's; shape-preserving ops (``relu``, ``add``, ``gelu``, dropout,
   ...): elementwise.
@@ -28,7 +33,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["graph_spaces_of", "op_spaces", "shapes_of"]
+__all__ = ["ATTENTION_OPS", "graph_spaces_of", "op_spaces", "shapes_of"]
+
+#: Operator names captured as one attention operator with a (b, h, q, k, d) space.
+ATTENTION_OPS = ("scaled_dot_product_attention", "_scaled_dot_product_flash_attention",
+                 "_scaled_dot_product_flash_attention_for_cpu",
+                 "_scaled_dot_product_efficient_attention",
+                 "_scaled_dot_product_cudnn_attention")
 
 _ELEMENTWISE = {"relu", "relu_", "gelu", "silu", "tanh", "sigmoid", "add", "add_", "sub",
                 "mul", "div", "dropout", "native_dropout", "hardtanh", "hardtanh_", "clone",
@@ -176,6 +187,16 @@ def _one(op: str, out: tuple[int, ...] | None, ins: Sequence[tuple[int, ...] | N
         dims = [*zip(names[:-1], out[:-1], strict=True), ("n", out[-1]), ("v", table[0])]
         return _space("gemm", dims, [*names[:-1], "n"], m=names[:-1], n=["n"], k=["v"],
                       weight=["v", "n"], _in_dims=names[:-1])
+    if op in ATTENTION_OPS and first is not None and r == 4 and len(ins) >= 3 \
+            and ins[1] is not None and len(first) == 4 and len(ins[1]) == 4:
+        b, h, q, d = first
+        kk = ins[1][2]
+        if out[:3] != (b, h, q):
+            return None
+        dims = [("b", b), ("h", h), ("q", q), ("k", kk), ("d", d)]
+        # query, key and value all read (b, h, sequence, d); only b and h ever split
+        return _space("attention", dims, ["b", "h", "q", "d"], fixed=["q", "k", "d"],
+                      batch=["b", "h"], _in_dims=["b", "h", None, None])
     if op == "cat":
         axis = int(args[1]) % r if len(args) > 1 else 0
         dims = list(zip(names, out, strict=True))
@@ -217,5 +238,14 @@ def graph_spaces_of(fx_nodes: Sequence[Any], ops: Sequence[str],
     (the tensor on an edge is taken to have its producer's output shape)."""
     info = [shapes_of(n) for n in fx_nodes]
     uses = [(u, v, info[u][0]) for u, v in pairs]
-    return op_spaces(ops, [x[0] for x in info], [x[1] for x in info], uses,
-                     [x[2] for x in info], batch_size)
+    spaces = op_spaces(ops, [x[0] for x in info], [x[1] for x in info], uses,
+                       [x[2] for x in info], batch_size)
+    for node, sp in zip(fx_nodes, spaces, strict=True):
+        if sp is not None and sp["kind"] == "attention":
+            causal = node.kwargs.get("is_causal", False)
+            if not causal and len(node.args) > 5:  # positional is_causal
+                causal = node.args[5]
+            sp["causal"] = bool(causal)
+    return spaces
+
+

@@ -21,7 +21,9 @@ from shardplan.cli._common import (
 __all__ = ["register"]
 
 _MODEL_HELP = ("mlp | transformer[,key=value...] | gnn[,key=value...] | torchvision:NAME | "
-               "transformers:NAME[,key=value...] | FILE.py:FUNCTION")
+               "transformers:NAME[,key=value...] | gpt:hidden=H,layers=L,heads=A,vocab=V[,seq=S,"
+               "ffn=F] | llama3:8B|70B|405B|debug[,key=value...] | "
+               "llama2:7B|13B|70B|debug[,key=value...] | FILE.py:FUNCTION")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -32,7 +34,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "module path), or one per instance of the --atomic module types.",
         epilog="transformers NAMEs: bert-tiny, bert-mini, bert-small, bert-medium, bert-base, "
                "bert-large, gpt2, gpt2-medium, gpt2-large, gpt2-xl (published configs, no "
-               "download). FILE.py:FUNCTION: FUNCTION() returns (model, example_inputs).")
+               "download). llama options: seq and torchtitan's model arguments (dim, n_layers, "
+               "n_heads, n_kv_heads, vocab_size, multiple_of, ffn_dim_multiplier, ...). "
+               "FILE.py:FUNCTION: FUNCTION() returns (model, example_inputs).")
     p.add_argument("model", metavar="MODEL", nargs="?", help=_MODEL_HELP)
     p.add_argument("--batch-size", type=positive_int, default=8, metavar="N",
                    help="batch size of the example inputs (default 8)")
@@ -48,6 +52,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="also measure forward/backward seconds per node on this machine")
     p.add_argument("--mode", choices=("train", "eval"), default="train",
                    help="trace the model in training (default) or evaluation mode")
+    p.add_argument("--meta", action="store_true", default=None,
+                   help="build the model on the meta device (no memory: FLOPs, bytes and "
+                        "parameters without storage); without it, GPT and Llama models whose "
+                        "parameters would not fit in memory are built on meta anyway")
     p.add_argument("--name", default=None, help="graph name (default: from MODEL)")
     p.add_argument("--list-models", action="store_true",
                    help="print the zoo's model names and exit")
@@ -84,7 +92,8 @@ def _run(args: argparse.Namespace) -> int:
         graph = capture_spec(args.model, batch_size=args.batch_size, seq_len=args.seq_len,
                              image_size=args.image_size, name=args.name,
                              granularity=args.granularity, atomic=args.atomic,
-                             profile=args.profile, mode=args.mode, progress=progress)
+                             profile=args.profile, mode=args.mode, progress=progress,
+                             meta=args.meta)
     seconds = time.perf_counter() - t0
     emit(args, graph, what="graph")
     if not args.json:

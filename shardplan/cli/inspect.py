@@ -16,11 +16,16 @@ def summarize(obj: Graph | Topology | Plan, *, devices: int | None = None,
               graph: Graph | None = None, topology: Topology | None = None) -> dict[str, Any]:
     """The summary ``shardplan inspect`` prints, as a dict.
 
-    Graphs get lower bounds for ``devices`` devices (default: 1, 8 and 64). Plans are checked
+    Graphs get ``parameters`` (tied weights once), the model's ``transformer`` dimensions
+    when capture recorded them, and lower bounds for ``devices`` devices (default: 1, 8 and
+    64). Plans are checked
     against ``graph``/``topology`` when given.
     """
     out = obj.summary()
     if isinstance(obj, Graph):
+        out["parameters"] = _parameters(obj)
+        if isinstance(obj.meta.get("transformer"), dict):
+            out["transformer"] = dict(obj.meta["transformer"])
         counts = [devices] if devices else [1, 8, 64]
         measured = _measured_work(obj)
         if measured is not None:
@@ -57,6 +62,15 @@ def summarize(obj: Graph | Topology | Plan, *, devices: int | None = None,
         elif topology is not None:
             raise ShardplanError("checking a plan against a topology needs --graph too")
     return out
+
+
+def _parameters(graph: Graph) -> int:
+    """Total parameters, a tied weight once: what capture recorded (``meta["parameters"]``),
+    else the nodes' ``weight`` (each parameter counted at the node that owns it)."""
+    recorded = graph.meta.get("parameters")
+    if isinstance(recorded, int) and not isinstance(recorded, bool) and recorded >= 0:
+        return recorded
+    return int(round(float(graph.weight.sum())))
 
 
 def _measured_work(graph: Graph) -> tuple[np.ndarray, int] | None:

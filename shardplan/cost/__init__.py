@@ -39,6 +39,14 @@ from shardplan.cost._formulas import (
     ring_allreduce_seconds,
     work_seconds,
 )
+from shardplan.cost._llm import (
+    BlockLayout,
+    LLMCosts,
+    block_layout,
+    llm_costs,
+    precision_bytes,
+    stage_nodes,
+)
 from shardplan.cost._memory import (
     OPTIMIZER_STATE,
     SCHEDULES,
@@ -94,3 +102,5 @@ __all__ += ["OBJECTIVE_NAMES", "OPTIMIZER_FLOPS", "VIEWS", "StageTimes", "messag
             "view_of_objective", "view_seconds", "work_seconds"]
 __all__ += ["SHARDING_OBJECTIVE", "component_weights", "cross_edge_cost", "plan_components",
             "sharding_cost", "sharding_terms", "weight_imbalance"]
+__all__ += ["BlockLayout", "LLMCosts", "block_layout", "llm_costs", "precision_bytes",
+            "stage_nodes"]

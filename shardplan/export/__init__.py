@@ -11,6 +11,9 @@ around it, reads.
   ``pipeline_parallel_module_fqns_per_model_part``, schedule, degrees and batch in tokens),
   the same as ``--section.option`` flags, and the schedule CSV beside it; or, for torchtitan
   0.2.x (``ExportOptions(torchtitan_version="0.2")``), the ``[parallelism]`` TOML.
+- an LLM plan (one with ``parallel``) to ``megatron`` or ``torchtitan``: its parallel
+  configuration, batch and training settings as the arguments / options those tools start a
+  run with (:mod:`shardplan.export._parallel`), what ``shardplan import`` reads back.
 - ``megatron``: ``--pipeline-model-parallel-layout`` (``E`` embedding, ``t`` transformer
   layer, ``L`` head and loss, ``|`` between stages) and the TP/PP/DP sizes, as arguments.
 - ``deepspeed``: the layer list, the layer boundaries of every stage and the
@@ -72,6 +75,10 @@ def export(plan: Plan, graph: Graph, topology: Topology, fmt: str, *,
 
         return Export(fmt, json.dumps(chrome_trace(plan, graph, topology, settings, schedule),
                                       separators=(",", ":")) + "\n")
+    if plan.parallel is not None and fmt in ("megatron", "torchtitan"):
+        from shardplan.export._parallel import PARALLEL_EXPORTERS
+
+        return PARALLEL_EXPORTERS[fmt](plan, graph, topology, settings, schedule, opts)
     from shardplan.export import _frameworks
 
     return _frameworks.EXPORTERS[fmt](plan, graph, topology, settings, schedule, opts)

@@ -20,7 +20,8 @@ from shardplan.ir.topology import TOPOLOGY_FORMAT, Device, Level, Link, Topology
 __all__ = [
     "GRAPH_FORMAT", "PLAN_FORMAT", "STATUSES", "TOPOLOGY_FORMAT", "Device", "Edge",
     "ExecutionSettings", "Graph",
-    "Level", "Link", "Node", "Objective", "ParallelConfig", "Plan", "Stage", "Topology", "dumps", "load",
+    "Level", "Link", "Node", "Objective", "ParallelConfig", "Plan", "Stage", "Topology",
+    "dumps", "load",
     "load_graph", "load_plan", "load_topology", "read_json", "save", "write_atomic",
     "write_json",
 ]

@@ -550,6 +550,10 @@ def simulate(plan: Plan, graph: Graph, topology: Topology,
         changes["schedule"] = schedule
     settings, _ = settings.override(**changes)
     settings = settings.resolve(graph)
+    if plan.parallel is not None:  # the LLM plan kind: one simulation per pipeline rank
+        from shardplan.simulate._llm import simulate_llm
+
+        return simulate_llm(plan, graph, topology, settings, timeline=timeline)
     used = sorted({int(d) for stg in plan.stages for d in stg.devices})
     strat: dict[str, Any] | None = None
     if plan.strategy is not None:  # stages are device groups running PaSE configurations

@@ -128,6 +128,17 @@ def layer_cost(space: Space, f: np.ndarray, u: Units, *, weight_grads: bool = Tr
         ft = np.stack([fac([bat]), fac([inp])], axis=1)
         words = _reshard_words(t, fs, ft)
         return gemm + L * S * u.word(space) * words
+    if kind == "attention":
+        # Not in the note (PaSE predates fused attention): softmax(q k^T) v as one operator,
+        # 2 b h q k d multiply-adds forward (the two batched products, causal or not, as
+        # torch's sdpa_flop_count counts) and 5 backward (flash attention recomputes the
+        # scores); b and h split with no communication, the fixed q, k, d never split.
+        # A split of k or d (by a hand-written space) would need the partial products
+        # all-reduced: charged as the GEMM charges a split k.
+        bh = space.attrs.get("batch", ["b", "h"])
+        rest = [x for x in space.dims if x not in bh]
+        out_words = pdev([*bh, "q", "d"])
+        return (u.mac * 7.0 * e + ar(out_words, fac([x for x in rest if x != "q"]), space))
     if kind == "pool":
         b, c, h, w = space.dims[:4]
         rr, ss = (float(x) for x in a.get("window", (1, 1)))

@@ -21,6 +21,11 @@ Kinds and the attributes their cost formula reads (``../shared/pase-cost-model.m
 ``lstm``                  dims ``(L, S, B, N, K)``; the whole multi-layer LSTM
 ``pool``                  ``window`` ``[R, S]``, ``input_hw`` (input height, width); dims
                           ``(b, c, h, w)``
+``attention``             dims ``(b, h, q, k, d)``: scaled dot-product attention as one
+                          operator (``softmax(q k^T) v`` over batch, heads, query, key and
+                          head dimension), ``batch`` (the dims splitting without
+                          communication, ``b`` and ``h``), ``causal``; ``q``, ``k``, ``d``
+                          fixed by capture; flash attention (no s x s tensor is kept)
 ``elementwise``           ``pw``
 ``norm``, ``softmax``     ``axis``
 ``softmax_ce``            ``axis`` (the class axis)
@@ -49,7 +54,7 @@ from shardplan.ir import Graph
 
 __all__ = ["KINDS", "Space", "allowed_factors", "batch_only", "configurations", "graph_spaces"]
 
-KINDS = ("gemm", "lstm", "pool", "elementwise", "norm", "softmax", "softmax_ce",
+KINDS = ("gemm", "lstm", "attention", "pool", "elementwise", "norm", "softmax", "softmax_ce",
          "reduce_mean", "reshape", "concat", "split", "transpose", "opaque")
 
 _MAX_SIZE = 2**53  # sizes are multiplied as float64: beyond this they are not exact
@@ -115,6 +120,14 @@ class Space:
                                            f"{nm!r} that is not one of {list(self.dims)}")
         if len(self.output) != len(self.output_shape):
             raise InvalidFileError("space 'output' and 'output_shape' differ in length")
+        if self.kind == "attention":
+            if self.dims != ("b", "h", "q", "k", "d"):
+                raise InvalidFileError(f"an attention space has dims (b, h, q, k, d), got "
+                                       f"{self.dims!r}")
+            batch = self.attrs.get("batch", ["b", "h"])
+            if not isinstance(batch, (list, tuple)) or any(x not in known for x in batch):
+                raise InvalidFileError(f"attention 'batch' must list dimensions of "
+                                       f"{list(self.dims)}, got {batch!r}")
 
     # ------------------------------------------------------------------ queries
     def index(self, name: str) -> int:

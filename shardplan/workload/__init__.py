@@ -5,14 +5,16 @@ runtime trains, so that neither has to ask the other.
 module                 holds
 =====================  =====================================================================
 :mod:`.zoo`            :func:`build_model` by spec (``mlp``, ``transformer``, ``gnn``,
-                       ``torchvision:NAME``, ``transformers:NAME``, ``FILE.py:FUNCTION``) and
+                       ``gpt:hidden=...``, ``llama3:FLAVOR``, ``llama2:FLAVOR``,
+                       ``torchvision:NAME``, ``transformers:NAME``, ``FILE.py:FUNCTION``),
+                       on the meta device when asked or when too large, and
                        :func:`list_models`
 :mod:`.mlp`            paper 000's MLP
-:mod:`.gpt`            the GPT-style decoder (and, to come, Megatron-style GPT by dimensions)
+:mod:`.gpt`            the small GPT-style decoder and the Megatron-style GPT by dimensions
 :mod:`.gnn`            paper 000's graph neural network
 :mod:`.vision`         torchvision adapters
 :mod:`.hf`             Hugging Face ``transformers`` adapters (BERT, GPT-2)
-:mod:`.llama`          Llama 2 / 3 (issue 36: its room, empty for now)
+:mod:`.llama`          Llama 2 / 3 by their published flavors (torchtitan's dimensions)
 :mod:`.program`        the model exported by ``torch.export`` and which of its nodes are
                        operators (capture's graph nodes, the runtime's split points)
 ``_data``              :func:`build` (the model in training mode), :func:`batch_for_step`

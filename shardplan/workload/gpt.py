@@ -1,9 +1,19 @@
-"""A small GPT-style decoder of ours (zoo name ``transformer[,key=value...]``).
+"""GPT-style decoders: a small one of ours (zoo name ``transformer[,key=value...]``) and a
+Megatron-style GPT given its dimensions (``gpt:hidden=...,layers=...,heads=...,vocab=...,seq=...``).
 
-Pre-LayerNorm decoder blocks with causal self-attention through
+The small decoder: pre-LayerNorm decoder blocks with causal self-attention through
 ``F.scaled_dot_product_attention`` and a GELU MLP, learned position embeddings and an untied
 LM head. Its sizes are :class:`GPTDecoderConfig`'s fields, given as overrides after commas
 (``transformer,num_layers=2``).
+
+The Megatron-style GPT (:class:`MegatronGPT`, arXiv 1909.08053 and 2104.04473): pre-LayerNorm,
+a fused QKV projection, one causal ``F.scaled_dot_product_attention`` call, a GELU MLP of
+width ``ffn`` (default 4 hidden), learned absolute positions, biases everywhere and an output
+head tied to the word embedding. Module names follow torchtitan's so that plans keyed by
+module name read both families alike: ``tok_embeddings``, ``pos_embeddings``,
+``layers.N.attention_norm``, ``layers.N.attention.wqkv``, ``layers.N.attention.wo``,
+``layers.N.ffn_norm``, ``layers.N.feed_forward.w1``, ``layers.N.feed_forward.w2``, ``norm``,
+``output`` (its weight is ``tok_embeddings.weight``).
 """
 
 from __future__ import annotations
@@ -17,8 +27,9 @@ from torch import nn
 
 from shardplan.errors import ShardplanError
 
-__all__ = ["CausalSelfAttention", "DecoderBlock", "FeedForward", "GPTDecoder",
-           "GPTDecoderConfig", "build_transformer"]
+__all__ = ["CausalSelfAttention", "DecoderBlock", "FeedForward", "GPTConfig", "GPTDecoder",
+           "GPTDecoderConfig", "MegatronGPT", "build_gpt", "build_transformer", "gpt_config",
+           "gpt_parameter_count", "gpt_transformer_meta"]
 
 
 @dataclass(kw_only=True, slots=True)
@@ -130,3 +141,152 @@ def build_transformer(overrides: dict[str, Any], batch_size: int, seq_len: int
         raise ShardplanError(f"--seq-len {seq_len} exceeds max_seq_len {cfg.max_seq_len}")
     model = GPTDecoder(cfg)
     return model, (torch.randint(0, cfg.vocab_size, (batch_size, seq_len)),)
+
+
+@dataclass(kw_only=True, slots=True)
+class GPTConfig:
+    """Dimensions of a Megatron-style GPT (the ``gpt:`` spec's keys).
+
+    Attributes
+    ----------
+    hidden, layers, heads, vocab : int
+    seq : int
+        Sequence length: the learned position table's rows and the example inputs' length.
+    ffn : int or None
+        MLP width (None: 4 hidden).
+    """
+
+    hidden: int
+    layers: int
+    heads: int
+    vocab: int
+    seq: int
+    ffn: int | None = None
+
+    def __post_init__(self) -> None:
+        for f in ("hidden", "layers", "heads", "vocab", "seq", "ffn"):
+            v = getattr(self, f)
+            if v is None and f == "ffn":
+                continue
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ShardplanError(f"gpt option {f} must be a positive integer, got {v!r}")
+        if self.hidden % self.heads:
+            raise ShardplanError(f"gpt hidden={self.hidden} is not divisible by "
+                                 f"heads={self.heads}")
+
+    @property
+    def ffn_dim(self) -> int:
+        return self.ffn if self.ffn is not None else 4 * self.hidden
+
+
+def gpt_parameter_count(cfg: GPTConfig) -> int:
+    """Parameters of :class:`MegatronGPT` (the tied head counted once), from its dimensions:
+    per layer QKV and output projections with biases, two LayerNorms and the MLP; plus word
+    and position embeddings and the final LayerNorm. With ``ffn = 4h`` this is Megatron's
+    ``12 l h^2 (1 + 13 / (12 h)) + V h + s h``, plus the final LayerNorm's ``2 h``."""
+    h, f = cfg.hidden, cfg.ffn_dim
+    layer = (3 * h * h + 3 * h) + (h * h + h) + 4 * h + (h * f + f) + (f * h + h)
+    return cfg.layers * layer + cfg.vocab * h + cfg.seq * h + 2 * h
+
+
+def gpt_transformer_meta(cfg: GPTConfig) -> dict[str, Any]:
+    """The dimensions planners read (a graph's ``meta["transformer"]``)."""
+    return {"family": "gpt", "hidden": cfg.hidden, "layers": cfg.layers, "heads": cfg.heads,
+            "kv_heads": cfg.heads, "ffn": cfg.ffn_dim, "vocab": cfg.vocab, "seq": cfg.seq,
+            "tied": True, "parameters": gpt_parameter_count(cfg)}
+
+
+class _GPTAttention(nn.Module):
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        self.heads = cfg.heads
+        self.wqkv = nn.Linear(cfg.hidden, 3 * cfg.hidden)
+        self.wo = nn.Linear(cfg.hidden, cfg.hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, h = x.shape
+        q, k, v = self.wqkv(x).split(h, dim=-1)
+        shape = (b, s, self.heads, h // self.heads)
+        q, k, v = (t.view(shape).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.wo(y.transpose(1, 2).reshape(b, s, h))
+
+
+class _GPTMLP(nn.Module):
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(cfg.hidden, cfg.ffn_dim)
+        self.w2 = nn.Linear(cfg.ffn_dim, cfg.hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.gelu(self.w1(x)))
+
+
+class _GPTBlock(nn.Module):
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        self.attention_norm = nn.LayerNorm(cfg.hidden)
+        self.attention = _GPTAttention(cfg)
+        self.ffn_norm = nn.LayerNorm(cfg.hidden)
+        self.feed_forward = _GPTMLP(cfg)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x))
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+class MegatronGPT(nn.Module):
+    """A Megatron-style GPT: token ids ``(batch, seq)`` -> logits ``(batch, seq, vocab)``."""
+
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.tok_embeddings = nn.Embedding(cfg.vocab, cfg.hidden)
+        self.pos_embeddings = nn.Embedding(cfg.seq, cfg.hidden)
+        self.layers = nn.ModuleDict({str(i): _GPTBlock(cfg) for i in range(cfg.layers)})
+        self.norm = nn.LayerNorm(cfg.hidden)
+        self.output = nn.Linear(cfg.hidden, cfg.vocab, bias=False)
+        self.output.weight = self.tok_embeddings.weight  # tied, as Megatron's
+
+    def transformer_meta(self, seq_len: int) -> dict[str, Any]:
+        """The dimensions planners read (:func:`gpt_transformer_meta`; ``seq_len`` is
+        the configuration's)."""
+        return gpt_transformer_meta(self.cfg)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        pos = torch.arange(ids.shape[1], device=ids.device)
+        h = self.tok_embeddings(ids) + self.pos_embeddings(pos)
+        for layer in self.layers.values():
+            h = layer(h)
+        return self.output(self.norm(h))
+
+
+def gpt_config(overrides: dict[str, Any], seq_len: int) -> GPTConfig:
+    """:class:`GPTConfig` from a ``gpt:`` spec's options (``seq`` defaults to ``seq_len``).
+
+    Raises
+    ------
+    ShardplanError
+        A missing or unknown option, or a bad value.
+    """
+    known = {f.name for f in fields(GPTConfig)}
+    bad = sorted(set(overrides) - known)
+    if bad:
+        raise ShardplanError(f"unknown gpt option {bad[0]!r} (choose from "
+                             f"{', '.join(sorted(known))})")
+    missing = [k for k in ("hidden", "layers", "heads", "vocab") if k not in overrides]
+    if missing:
+        raise ShardplanError(f"gpt needs {', '.join(missing)} (gpt:hidden=H,layers=L,heads=A,"
+                             f"vocab=V[,seq=S,ffn=F])")
+    return GPTConfig(**{"seq": seq_len, **overrides})
+
+
+def build_gpt(overrides: dict[str, Any], batch_size: int, seq_len: int, *,
+              device: str = "cpu") -> tuple[nn.Module, tuple[Any, ...], GPTConfig]:
+    """A :class:`MegatronGPT` and example token ids of ``(batch_size, cfg.seq)``, on
+    ``device`` (``"meta"``: no storage)."""
+    cfg = gpt_config(overrides, seq_len)
+    with torch.device(device):
+        model = MegatronGPT(cfg)
+        ids = torch.randint(0, cfg.vocab, (batch_size, cfg.seq))
+    return model, (ids,), cfg

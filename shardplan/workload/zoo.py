@@ -13,36 +13,64 @@
   ``weights=None``;
 - ``transformers:NAME``: BERT (``BertForMaskedLM``) and GPT-2 (``GPT2LMHeadModel``) built from
   their published configurations, so nothing is downloaded;
+- ``gpt:hidden=H,layers=L,heads=A,vocab=V[,seq=S,ffn=F]``: a Megatron-style GPT given its
+  dimensions (:class:`~shardplan.workload.gpt.MegatronGPT`);
+- ``llama3:FLAVOR``, ``llama2:FLAVOR``: Llama 3 (``8B``, ``70B``, ``405B``, ``debug``) and
+  Llama 2 (``7B``, ``13B``, ``70B``, ``debug``) as torchtitan defines them
+  (:mod:`~shardplan.workload.llama`), with :class:`~shardplan.workload.llama.LlamaConfig`
+  overrides and ``seq`` after commas (``llama3:8B,seq=4096,n_layers=2``);
 - ``FILE.py:FUNCTION``: ``FUNCTION()`` in that file returns ``(model, example_inputs)``.
+
+Models can be built on the meta device (parameters, buffers and inputs without storage):
+``build_model(..., meta=True)``, or ``meta=None`` to decide by size: the LLM families are
+built on meta, with a :class:`~shardplan.errors.ShardplanWarning`, when their float32
+parameters would take over half of this machine's memory (:func:`needs_meta`).
 
 ``transformer``, ``gnn`` and ``transformers:NAME`` take configuration overrides after commas,
 such as ``transformer,num_layers=2``, ``gnn,hidden=64`` or ``transformers:gpt2,n_layer=2``.
 
 One module per model family: :mod:`~shardplan.workload.mlp`, :mod:`~shardplan.workload.gpt`,
 :mod:`~shardplan.workload.gnn`, :mod:`~shardplan.workload.vision` (torchvision),
-:mod:`~shardplan.workload.hf` (transformers), and :mod:`~shardplan.workload.llama` (to come);
-this module names them.
+:mod:`~shardplan.workload.hf` (transformers), and :mod:`~shardplan.workload.llama`; this module
+names them.
 """
 
 from __future__ import annotations
 
+import os
+import warnings
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-from shardplan.errors import ShardplanError
+from shardplan.errors import ShardplanError, ShardplanWarning
+from shardplan.workload._common import failure
 from shardplan.workload._common import parse_overrides as _parse_overrides
 from shardplan.workload._user import load_user_function as _load_user_function
 from shardplan.workload.gnn import build_gnn as _build_gnn
+from shardplan.workload.gpt import build_gpt as _build_gpt
 from shardplan.workload.gpt import build_transformer as _build_transformer
+from shardplan.workload.gpt import gpt_config as _gpt_config
+from shardplan.workload.gpt import gpt_parameter_count as _gpt_parameter_count
+from shardplan.workload.gpt import gpt_transformer_meta as _gpt_meta
 from shardplan.workload.hf import HF_CONFIGS
 from shardplan.workload.hf import build_hf as _build_hf
+from shardplan.workload.llama import FLAVORS as _LLAMA_FLAVORS
+from shardplan.workload.llama import build_llama as _build_llama
+from shardplan.workload.llama import config_of as _llama_config
+from shardplan.workload.llama import parameter_count as _llama_parameter_count
+from shardplan.workload.llama import transformer_meta as _llama_meta
 from shardplan.workload.mlp import MLP
 from shardplan.workload.vision import build_torchvision as _build_torchvision
 from shardplan.workload.vision import torchvision_names as _torchvision_names
 
-__all__ = ["build_model", "list_models"]
+__all__ = ["BlockSpec", "block_spec", "build_model", "list_models", "needs_meta",
+           "parameter_estimate", "resolve_meta"]
+
+#: Build on the meta device when float32 parameters take more than this share of the memory.
+MEMORY_SHARE = 0.5
 
 
 def list_models() -> list[str]:
@@ -50,7 +78,8 @@ def list_models() -> list[str]:
 
     Lists torchvision's classification and segmentation models when torchvision imports.
     """
-    names = ["mlp", "transformer", "gnn", *(f"transformers:{n}" for n in HF_CONFIGS)]
+    names = ["mlp", "transformer", "gnn", *(f"transformers:{n}" for n in HF_CONFIGS),
+             "gpt:hidden=H,layers=L,heads=A,vocab=V,seq=S", *_LLAMA_FLAVORS]
     try:
         cls, seg = _torchvision_names()
     except ImportError:  # pragma: no cover
@@ -58,21 +87,109 @@ def list_models() -> list[str]:
     return names + [f"torchvision:{n}" for n in cls + seg]
 
 
+def parameter_estimate(spec: str, *, seq_len: int = 128) -> int | None:
+    """Parameters of a ``gpt:`` or ``llama*:`` spec from its dimensions (no model built);
+    None for the other families. Raises :class:`ShardplanError` on a bad spec."""
+    head, _, opts = spec.strip().partition(",")
+    kind, _, name = head.partition(":")
+    if kind == "gpt":
+        return _gpt_parameter_count(_gpt_config(_parse_overrides(name + "," + opts, spec),
+                                                seq_len))
+    if kind in ("llama2", "llama3"):
+        return _llama_parameter_count(_llama_config(head, _parse_overrides(opts, spec))[0])
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class BlockSpec:
+    """How a model of identical blocks is captured from two of them.
+
+    Attributes
+    ----------
+    two_blocks : str
+        The spec of the same model with two blocks.
+    num_blocks : int
+        The model's blocks.
+    container : str
+        The module path holding the blocks (``layers.N``).
+    transformer : dict
+        The full model's dimensions (a graph's ``meta["transformer"]``).
+    """
+
+    two_blocks: str
+    num_blocks: int
+    container: str
+    transformer: dict[str, Any]
+
+
+def block_spec(spec: str, *, seq_len: int = 128) -> BlockSpec | None:
+    """For ``gpt:`` and ``llama*:`` specs, the two-block spec capture stamps the full depth
+    from (:mod:`shardplan.capture._stamp`); None for the other families."""
+    head, _, opts = spec.strip().partition(",")
+    kind, _, name = head.partition(":")
+    if kind == "gpt":
+        cfg = _gpt_config(_parse_overrides(name + "," + opts, spec), seq_len)
+        return BlockSpec(f"{spec},layers=2", cfg.layers, "layers", _gpt_meta(cfg))
+    if kind in ("llama2", "llama3"):
+        lcfg, seq = _llama_config(head, _parse_overrides(opts, spec))
+        return BlockSpec(f"{spec},n_layers=2", lcfg.n_layers, "layers",
+                         _llama_meta(lcfg, seq or seq_len))
+    return None
+
+
+def resolve_meta(spec: str, meta: bool | None, *, seq_len: int = 128) -> bool:
+    """``meta`` as given, or (None) whether :func:`needs_meta`; a
+    :class:`~shardplan.errors.ShardplanWarning` says when a model goes to meta by size."""
+    if meta is not None:
+        return bool(meta)
+    if not needs_meta(spec, seq_len=seq_len):
+        return False
+    count = parameter_estimate(spec, seq_len=seq_len) or 0
+    warnings.warn(f"{spec}: {count / 1e9:.1f} B parameters would not fit in this machine's "
+                  f"memory; built on the meta device (no storage)", ShardplanWarning,
+                  stacklevel=3)
+    return True
+
+
+def _memory_bytes() -> int:
+    try:
+        return int(os.sysconf("SC_PHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - non-POSIX
+        return 1 << 34
+
+
+def needs_meta(spec: str, *, seq_len: int = 128, memory_bytes: int | None = None) -> bool:
+    """Whether ``spec``'s float32 parameters would take over :data:`MEMORY_SHARE` of
+    ``memory_bytes`` (default: this machine's physical memory). Known only for the
+    ``gpt:`` and ``llama*:`` families (False for the others)."""
+    count = parameter_estimate(spec, seq_len=seq_len)
+    memory = _memory_bytes() if memory_bytes is None else memory_bytes
+    return count is not None and 4 * count > MEMORY_SHARE * memory
+
+
 def build_model(spec: str, *, batch_size: int = 8, seq_len: int = 128,
-                image_size: int | None = None) -> tuple[nn.Module, tuple[Any, ...], str]:
+                image_size: int | None = None, meta: bool | None = False
+                ) -> tuple[nn.Module, tuple[Any, ...], str]:
     """Build a model of the zoo and example inputs for it, deterministically.
 
     Parameters
     ----------
     spec : str
-        ``mlp``, ``transformer[,key=value...]``, ``gnn[,key=value...]``, ``torchvision:NAME``,
-        ``transformers:NAME[,key=value...]`` or ``FILE.py:FUNCTION``.
+        ``mlp``, ``transformer[,key=value...]``, ``gnn[,key=value...]``,
+        ``gpt:hidden=H,layers=L,heads=A,vocab=V[,seq=S,ffn=F]``,
+        ``llama3:FLAVOR[,key=value...]``, ``llama2:FLAVOR[,key=value...]``,
+        ``torchvision:NAME``, ``transformers:NAME[,key=value...]`` or ``FILE.py:FUNCTION``.
     batch_size : int
         Leading dimension of the example inputs (ignored for ``FILE.py:FUNCTION``).
     seq_len : int
-        Tokens per sequence for language models.
+        Tokens per sequence for language models (a ``gpt:`` or ``llama*:`` spec's ``seq``
+        takes precedence).
     image_size : int, optional
         Height and width of image inputs (default 224; inception_v3 299).
+    meta : bool or None
+        True: build on the meta device (no storage; what capture needs to count FLOPs and
+        bytes). None: on meta when :func:`needs_meta` says the parameters would not fit,
+        with a :class:`~shardplan.errors.ShardplanWarning` saying so. False: real memory.
 
     Returns
     -------
@@ -95,7 +212,22 @@ def build_model(spec: str, *, batch_size: int = 8, seq_len: int = 128,
     torch.manual_seed(0)
     head, _, opts = spec.partition(",")
     if ":" in spec and spec.rsplit(":", 1)[0].endswith(".py"):
+        if meta:
+            with torch.device("meta"):
+                return _load_user_function(spec)
         return _load_user_function(spec)
+    if resolve_meta(spec, meta, seq_len=seq_len):
+        try:
+            with torch.device("meta"):
+                return _build(spec, head, opts, batch_size, seq_len, image_size, "meta")
+        except (NotImplementedError, RuntimeError) as exc:  # a build that reads values
+            raise ShardplanError(f"{spec!r} cannot be built on the meta device (its "
+                                 f"construction reads tensor values): {failure(exc)}") from None
+    return _build(spec, head, opts, batch_size, seq_len, image_size, "cpu")
+
+
+def _build(spec: str, head: str, opts: str, batch_size: int, seq_len: int,
+           image_size: int | None, device: str) -> tuple[nn.Module, tuple[Any, ...], str]:
     if head == "mlp":
         if opts:
             raise ShardplanError("mlp takes no options")
@@ -107,6 +239,14 @@ def build_model(spec: str, *, batch_size: int = 8, seq_len: int = 128,
         model, inputs = _build_gnn(_parse_overrides(opts, spec), batch_size)
         return model, inputs, "gnn"
     kind, _, name = head.partition(":")
+    if kind == "gpt":
+        model, inputs, _ = _build_gpt(_parse_overrides(name + "," + opts, spec), batch_size,
+                                      seq_len, device=device)
+        return model, inputs, "gpt"
+    if kind in ("llama2", "llama3"):
+        model, inputs, _, _ = _build_llama(head, _parse_overrides(opts, spec), batch_size,
+                                           seq_len, device=device)
+        return model, inputs, head.replace(":", "-")
     if kind == "torchvision" and name:
         if opts:
             raise ShardplanError("torchvision models take no options")
@@ -116,4 +256,5 @@ def build_model(spec: str, *, batch_size: int = 8, seq_len: int = 128,
         model, inputs = _build_hf(name, _parse_overrides(opts, spec), batch_size, seq_len)
         return model, inputs, name
     raise ShardplanError(f"unknown model {spec!r} (expected mlp, transformer, gnn, "
+                         f"gpt:hidden=...,layers=..., llama3:FLAVOR, llama2:FLAVOR, "
                          f"torchvision:NAME, transformers:NAME or FILE.py:FUNCTION)")

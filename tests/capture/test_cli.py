@@ -125,3 +125,22 @@ def test_through_the_real_main(tmp_path, capsys) -> None:
     assert main(["capture", "torchvision:nonet", "-o", str(path)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("shardplan: error: unknown torchvision")
+
+
+@pytest.mark.torch
+def test_capture_meta_flag_and_automatic_meta(tmp_path, capsys, monkeypatch) -> None:
+    pytest.importorskip("torch")
+    from shardplan.workload import zoo
+
+    spec = "gpt:hidden=32,layers=2,heads=4,vocab=64,seq=8"
+    rc, out, err = run(["capture", spec, "--meta", "--batch-size", "2", "--json"], capsys)
+    assert rc == 0, err
+    data = json.loads(out)
+    assert data["device"] == "meta" and "note" not in err
+    assert data["transformer"]["parameters"] == data["parameters"]
+    monkeypatch.setattr(zoo, "_memory_bytes", lambda: 1000)  # nothing fits: meta by size
+    rc, out, err = run(["capture", spec, "--batch-size", "2", "--json"], capsys)
+    assert rc == 0, err
+    notes = [line for line in err.splitlines() if line.startswith("shardplan: note:")]
+    assert len(notes) == 1 and "meta device" in notes[0]
+    assert json.loads(out)["device"] == "meta"

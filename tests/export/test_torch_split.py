@@ -71,3 +71,29 @@ def test_exported_split_trains_like_shardplan() -> None:
         theirs.append(total / m)
     assert theirs == pytest.approx(ours, abs=1e-6)
     assert theirs[-1] != pytest.approx(theirs[0], abs=1e-6)  # the steps did train
+
+
+@pytest.mark.parametrize("algorithm", ["uniform", "params"])
+def test_torch_pipeline_builds_the_stages_the_export_names(algorithm: str) -> None:
+    """The captured 4-layer transformer's pipeline plans start stages inside a block; the
+    export moves each start to a module start (a note) and torch's own ``pipeline`` then
+    builds exactly the export's stages, each holding the parameters of the moved stage."""
+    from torch.distributed.pipelining import SplitPoint, pipeline
+
+    from shardplan.export._layers import pipeline_parts
+    from shardplan.registry import run as run_algorithm
+
+    spec = "transformer,num_layers=4"
+    graph = capture_spec(spec, batch_size=2)
+    topo = build_topology("flat", num_devices=2)
+    plan = run_algorithm("partition", algorithm, graph, topo, stages=2).plan
+    out = json.loads(export(plan, graph, topo, "torch").text)
+    parts = pipeline_parts(plan, graph, "torch")
+    assert parts.moved and out["split_spec"] == {"blocks.1.mlp.proj": "BEGINNING"}
+    model, inputs, _ = build(spec, batch_size=2)  # a fresh model: pipeline() marks it
+    pipe = pipeline(model, mb_args=tuple(inputs),
+                    split_spec={p: getattr(SplitPoint, w) for p, w in out["split_spec"].items()})
+    assert pipe.num_stages == out["num_stages"] == 2
+    for i, nodes in enumerate(parts.nodes):
+        held = sum(p.numel() * p.element_size() for p in pipe.get_stage_module(i).parameters())
+        assert held == sum(int(graph.param_bytes[v]) for v in nodes)

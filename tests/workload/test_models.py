@@ -183,3 +183,11 @@ def test_small_gpt2_vocabulary_drops_the_special_token_ids(capsys) -> None:
     full, _, _ = build_model("transformers:gpt2,n_layer=1,n_embd=32,n_head=2", batch_size=1,
                              seq_len=4)
     assert full.config.bos_token_id == 50256
+
+
+def test_meta_builds_have_no_storage_or_say_why_not() -> None:
+    model, (x,), _ = build_model("transformer,num_layers=1", batch_size=2, seq_len=8,
+                                 meta=True)
+    assert x.is_meta and all(p.is_meta for p in model.parameters())
+    with pytest.raises(ShardplanError, match="cannot be built on the meta device"):
+        build_model("gnn", batch_size=2, meta=True)  # its graph is built from values

@@ -1,0 +1,150 @@
+"""What NVIDIA GPUs and NCCL reach of their datasheet figures: the hardware model of LLM plans.
+
+A datasheet gives peaks; kernels and collectives reach a fraction of them that depends on the
+hardware and the library, not on the model being trained. Every constant below is one such
+fraction or latency with the published measurement it comes from (``docs/gpu-model.md``
+lists them with their sources and which rows, if any, informed them: none did). They apply to
+every plan on a GPU of that type, and to nothing else: a topology whose devices are not a
+known GPU type (the CPU topologies ``topology measure`` writes, hand-made ones) is priced at
+its own figures, as before.
+
+- **Matrix products** reach the *maximum achievable matmul FLOP/s* (MAMF) of the GPU: the best
+  large bf16 ``matmul`` measured by a brute-force search over shapes (Bekman, *Machine Learning
+  Engineering*, "Maximum Achievable Matmul FLOPS comparison table", mamf-finder.py): A100 SXM
+  267.9 of 312 TFLOP/s (0.859), H100 SXM 792.1 of 989 (0.801). No V100 figure is published
+  there; V100 takes A100's fraction (an assumption, said so in the results table).
+- **Memory-bound operators** (normalisation, activations, residual additions, softmax, the
+  optimizer step) reach 0.88 of the HBM bandwidth: an A100 80 GB SXM read kernel measured at
+  1.80 of 2.04 TB/s, Nsight Compute agreeing (NVIDIA developer forum, "Trouble to reach peak
+  bandwidth of A100", 2025; the GTC 2025 talk it cites puts the best kernels near 90%).
+- **NCCL collectives** (ring algorithm, *Simple* protocol, the one large messages use): a
+  latency of ``8.4 us`` plus ``3.4 us`` per ring step over NVLink and ``14 us`` per step over
+  the network (NCCL's own tuning model, ``src/graph/tuning.cc``, ``baseLat`` and ``hwLat`` for
+  Ring/Simple), and a bus bandwidth of 0.81 of the link's per-direction bandwidth (nccl-tests
+  ``all_reduce_perf`` ring on 8 x H200 over NVLink 4: 365.6 GB/s bus bandwidth of 450 GB/s,
+  Bekman, *Machine Learning Engineering*, network benchmarks).
+- **Scope.** A group inside one node is one ring over NVLink. A group across ``M`` nodes with
+  ``G`` of its GPUs in each is NCCL's hierarchical pattern: a ring inside each node over NVLink
+  while each GPU exchanges its ``1/G`` share with the other nodes over its own NIC (a ring per
+  rail); the two phases pipeline, so the slower sets the time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from shardplan.ir import Topology
+
+__all__ = ["GPU_MODELS", "GPUModel", "gpu_model", "group_collective_seconds", "node_ids",
+           "p2p_seconds"]
+
+
+@dataclass(frozen=True, slots=True)
+class GPUModel:
+    """What one GPU type reaches of its datasheet (module docstring for the sources).
+
+    Attributes
+    ----------
+    name : str
+    matmul_efficiency : float
+        Achieved / peak tensor-core FLOP/s of large matrix products (MAMF / peak).
+    memory_efficiency : float
+        Achieved / peak HBM bandwidth of streaming kernels.
+    nccl_efficiency : float
+        NCCL ring bus bandwidth / link bandwidth per direction, large messages.
+    nccl_base_latency, nccl_nvlink_step, nccl_net_step : float
+        Seconds: a collective's fixed latency and each ring step's over NVLink and over the
+        network (NCCL tuning model, Ring/Simple).
+    source : str
+    """
+
+    name: str
+    matmul_efficiency: float
+    memory_efficiency: float
+    nccl_efficiency: float = 365.6 / 450.0
+    nccl_base_latency: float = 8.4e-6
+    nccl_nvlink_step: float = 3.4e-6
+    nccl_net_step: float = 14.0e-6
+    source: str = ""
+
+
+_HBM = 1.80 / 2.04  # A100 80 GB read kernel, NVIDIA developer forum (module docstring)
+_MAMF_A100 = 267.9 / 312.0
+GPU_MODELS: dict[str, GPUModel] = {
+    "a100": GPUModel("a100", _MAMF_A100, _HBM,
+                     source="MAMF 267.9 / 312 TFLOP/s (Bekman, ML Engineering); HBM 1.80 / "
+                            "2.04 TB/s (NVIDIA forum); NCCL tuning.cc; 8 x H200 ring busbw"),
+    "h100": GPUModel("h100", 792.1 / 989.0, _HBM,
+                     source="MAMF 792.1 / 989 TFLOP/s (Bekman, ML Engineering); HBM as A100; "
+                            "NCCL tuning.cc; 8 x H200 ring busbw"),
+    "v100": GPUModel("v100", _MAMF_A100, _HBM,
+                     source="no published MAMF: A100's fraction assumed; HBM as A100; NCCL "
+                            "tuning.cc; 8 x H200 ring busbw"),
+}
+
+
+def gpu_model(topology: Topology) -> GPUModel | None:
+    """The hardware model of a topology's devices (its first device's ``type``), or None
+    when they are not a known GPU type."""
+    if not topology.devices:
+        return None
+    kind = str(topology.devices[0].extra.get("type", "")).lower()
+    return GPU_MODELS.get(kind)
+
+
+def node_ids(topology: Topology) -> np.ndarray:
+    """The node (innermost grouping level, e.g. the box) of every device; every device its
+    own node when the topology has no levels. O(devices)."""
+    out = np.arange(topology.num_devices, dtype=np.int64)
+    if topology.levels:
+        for g, group in enumerate(topology.levels[-1].groups):
+            out[list(group)] = g
+    return out
+
+
+def _pair_bandwidth(topology: Topology, a: int, b: int) -> float:
+    return float(topology.bandwidth[a, b])
+
+
+def group_collective_seconds(topology: Topology, model: GPUModel, kind: str,
+                             devices: Any, nbytes: float, nodes: np.ndarray) -> float:
+    """Seconds of NCCL's ``kind`` (``allreduce``, ``allgather``, ``reducescatter``) of
+    ``nbytes`` (the whole tensor) over ``devices`` (module docstring's scope rule). O(R)."""
+    dev = np.asarray(devices, dtype=np.int64).reshape(-1)
+    n = dev.size
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    f = 2.0 if kind == "allreduce" else 1.0
+    node = nodes[dev]
+    uniq, counts = np.unique(node, return_counts=True)
+    m = uniq.size
+    g = int(counts.max())
+    eta = model.nccl_efficiency
+    t_in = t_out = 0.0
+    lat = model.nccl_base_latency
+    if g > 1:
+        local = dev[node == node[0]]
+        b_in = _pair_bandwidth(topology, int(local[0]), int(local[1]))
+        t_in = f * (g - 1) / g * nbytes / (eta * b_in)
+        lat += f * (g - 1) * model.nccl_nvlink_step
+    if m > 1:
+        other = dev[node != node[0]][0]
+        b_out = _pair_bandwidth(topology, int(dev[0]), int(other))
+        t_out = f * (m - 1) / m * (nbytes / g) / (eta * b_out)
+        lat += f * (m - 1) * model.nccl_net_step
+    return lat + max(t_in, t_out)
+
+
+def p2p_seconds(topology: Topology, model: GPUModel | None, a: int, b: int,
+                nbytes: float) -> float:
+    """A point-to-point message (a pipeline send): the link's latency and bandwidth, at
+    NCCL's efficiency on a GPU. O(1)."""
+    if a == b or nbytes <= 0:
+        return 0.0
+    if model is None:
+        return float(topology.transfer_seconds(a, b, nbytes))
+    return float(topology.latency[a, b]) + nbytes / (model.nccl_efficiency *
+                                                     _pair_bandwidth(topology, a, b))

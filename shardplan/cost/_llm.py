@@ -1,0 +1,595 @@
+"""The LLM plan kind's costs: what one micro-batch of each virtual stage takes, and memory.
+
+A plan with a :class:`~shardplan.ir.ParallelConfig` runs whole transformer blocks per virtual
+stage, each block split over ``tp`` devices the way Megatron-LM splits it (arXiv 1909.08053,
+section 3; the layout is in :mod:`shardplan.ir.parallel`). This module prices that layout
+from the captured graph, node by node, so any captured transformer (the zoo's GPT and Llama
+or a user's) is priced the same way:
+
+- **Which nodes split.** A node belongs to block ``N`` when its module path holds
+  ``layers.N`` (``h.N``, ``layer.N``, ``blocks.N`` too). Inside a block, the nodes of its
+  attention and feed-forward sub-modules (:data:`TP_REGIONS`) are split over the
+  tensor-parallel group (attention by heads, the MLP by its hidden width: the column- then
+  row-parallel pairs); the block's norms and residual additions are replicated, or split by
+  ``tp`` along the sequence under sequence parallelism (arXiv 2205.05198, section 4.2.2).
+  The vocabulary-parallel embedding, output head and loss (:data:`VOCAB_MODULES`) split by
+  ``tp``. Context parallelism divides every token-wise node by ``cp``.
+- **Compute.** Every node by the roofline of :func:`~shardplan.cost.roofline_seconds` at the
+  plan's precision, on the per-replica micro-batch, divided by its split. Full recompute adds
+  a block's forward to its backward; selective recompute adds the forward of the attention
+  core (the nodes of the attention region that hold no parameters).
+- **Tensor-parallel communication.** Each split region all-reduces its outputs in the forward
+  (the row-parallel product's partial sums) and the gradients of its inputs in the backward
+  (the column-parallel product's), one collective per distinct tensor crossing the region's
+  border: Megatron's two all-reduces per block in each pass (four with full recompute, which
+  repeats the forward's). Sequence parallelism turns each into a reduce-scatter plus an
+  all-gather of the same bytes, priced as the all-reduce. With ``tp_comm_overlap`` a region's
+  collectives hide behind its own compute (Megatron's ``--tp-comm-overlap``): only what
+  exceeds it is exposed.
+- **Memory.** Per device: parameters, gradients, fp32 master weights and optimizer state
+  (bytes per parameter from the precision, ZeRO's 16 for mixed-precision Adam, arXiv
+  1910.02054), divided by ``tp`` where split, master weights and state by the data-parallel
+  size under ZeRO-1 and everything by ``dp_shard`` under FSDP; activations: every node's output
+  of one micro-batch (at the activation precision, divided as the node is split), kept for
+  each micro-batch in flight of the schedule; full recompute keeps only each block's input
+  and one block's activations while it is recomputed.
+
+Graphs are captured in fp32 unless their ``meta`` says ``dtype_bytes``; activations and
+parameters are rescaled to the plan's precision.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+
+from shardplan.cost._collectives import collective_seconds
+from shardplan.cost._compute import roofline_seconds
+from shardplan.cost._formulas import OPTIMIZER_STATE, optimizer_seconds
+from shardplan.cost._gpu import gpu_model, group_collective_seconds, node_ids, p2p_seconds
+from shardplan.errors import ShardplanError
+from shardplan.ir import ExecutionSettings, Graph, ParallelConfig, Topology
+
+__all__ = ["ATTENTION_KERNELS", "TP_REGIONS", "VOCAB_MODULES", "BlockLayout", "LLMCosts",
+           "block_layout", "describe", "llm_costs", "precision_bytes", "stage_nodes"]
+
+#: Sub-modules of a block whose nodes are split over the tensor-parallel group.
+TP_REGIONS = ("attention", "self_attention", "attn", "feed_forward", "mlp")
+#: Top-level modules split by the vocabulary (the embedding and the output head).
+VOCAB_MODULES = ("tok_embeddings", "output", "lm_head", "wte", "word_embeddings")
+_LOSS_OPS = re.compile(r"cross_entropy|nll_loss|log_softmax")
+_ATTENTION_CORE = re.compile(r"scaled_dot_product|attention|flash|softmax|dropout")
+_BLOCK = re.compile(r"(?:^|\.)(?:layers|h|layer|blocks)\.(\d+)(?:\.|$)")
+
+#: How attention runs: ``flash`` keeps no s x s matrix (FlashAttention, Dao et al. 2022;
+#: torch's scaled_dot_product_attention); ``materialized`` writes the scores to memory
+#: (Megatron-LM's fused scale-mask-softmax kernels of 2020-2022).
+ATTENTION_KERNELS = ("flash", "materialized")
+#: Half-precision bytes moved per score element by materialized attention. Forward: the
+#: Q K^T product writes the scores (2), the fused scale-mask-softmax reads them and writes the
+#: probabilities (2 + 2), dropout reads those and writes its output and its one-byte mask
+#: (2 + 2 + 1), the product with V reads the dropped probabilities (2): 13. Backward: the
+#: gradient of the probabilities written (2), dropout's backward reads it and the mask and
+#: writes (2 + 1 + 2), softmax's backward reads gradient and probabilities and writes (2 + 2 +
+#: 2), the two products with Q and K read the score gradient (2 + 2): 19.
+SCORE_BYTES_FORWARD = 13.0
+SCORE_BYTES_BACKWARD = 19.0
+#: Bytes per score element kept for the backward: softmax output (2), dropout mask (1) and
+#: dropout output (2), Korthikanti et al. 2022's 5 a s^2 b.
+SCORE_BYTES_KEPT = 5.0
+_SDPA = re.compile(r"scaled_dot_product|attention")
+
+#: Bytes of a parameter, its gradient, master copy and each optimizer moment per precision.
+_PARAM_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 2}
+_ACT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 2}
+
+
+def precision_bytes(precision: str) -> tuple[int, int, int]:
+    """``(parameter, gradient, master)`` bytes per parameter at a training precision.
+
+    Half precision (and fp8, whose matrix products read bf16 weights cast on the fly, as
+    Transformer Engine and torchao keep them) stores 2-byte weights and gradients beside
+    4-byte fp32 master weights (Micikevicius et al. 2018); fp32 has no master copy."""
+    if precision not in _PARAM_BYTES:
+        raise ShardplanError(f"unknown precision {precision!r} (choose from "
+                             f"{', '.join(_PARAM_BYTES)})")
+    w = _PARAM_BYTES[precision]
+    return w, w, (0 if precision == "fp32" else 4)
+
+
+def _precision(settings: ExecutionSettings) -> str:
+    p = getattr(settings, "precision", None)
+    if p is not None:
+        return str(p)
+    return "fp16" if settings.mixed_precision else "fp32"
+
+
+def _recompute(settings: ExecutionSettings) -> str:
+    r = settings.recompute
+    if isinstance(r, str):
+        return r
+    return "full" if r else "none"
+
+
+@dataclass(frozen=True)
+class BlockLayout:
+    """Where every node of a transformer graph sits.
+
+    Attributes
+    ----------
+    block : ndarray of int, shape (n,)
+        Transformer block of each node; ``-1`` before the first (embedding), ``num_blocks``
+        after the last (final norm, head, loss).
+    num_blocks : int
+    region : ndarray of int, shape (n,)
+        Split region id of a node inside a block's attention or feed-forward, else ``-1``.
+    vocab : ndarray of bool, shape (n,)
+        Nodes of the vocabulary-parallel embedding, head and loss.
+    attention_core : ndarray of bool, shape (n,)
+        Parameter-free nodes of an attention region (what selective recompute re-runs).
+    """
+
+    block: np.ndarray
+    num_blocks: int
+    region: np.ndarray
+    vocab: np.ndarray
+    attention_core: np.ndarray
+
+    @property
+    def split(self) -> np.ndarray:
+        """Nodes split over the tensor-parallel group."""
+        return (self.region >= 0) | self.vocab
+
+
+def block_layout(graph: Graph) -> BlockLayout:
+    """Assign every node to its transformer block and tensor-parallel role (module docstring).
+
+    Nodes without a block index go before the blocks when no block node precedes them, after
+    otherwise. Raises :class:`ShardplanError` when the graph has no ``layers.N`` modules.
+    O(n + m)."""
+    return _layout_cached(graph)
+
+
+@lru_cache(maxsize=16)
+def _layout_cached(graph: Graph) -> BlockLayout:
+    n = graph.num_nodes
+    block = np.full(n, -2, dtype=np.int64)
+    region_key: dict[str, int] = {}
+    region = np.full(n, -1, dtype=np.int64)
+    vocab = np.zeros(n, dtype=bool)
+    core = np.zeros(n, dtype=bool)
+    for v, (mod, op) in enumerate(zip(graph.modules, graph.ops, strict=True)):
+        m = _BLOCK.search(mod or "")
+        if m is not None:
+            block[v] = int(m.group(1))
+            rest = (mod[m.end():] if m.end() < len(mod) else "").split(".")
+            if rest and rest[0] in TP_REGIONS:
+                key = mod[:m.end()] + "." + rest[0]
+                region[v] = region_key.setdefault(key, len(region_key))
+                if (rest[0] in ("attention", "self_attention", "attn")
+                        and graph.param_bytes[v] == 0 and _ATTENTION_CORE.search(op.lower())):
+                    core[v] = True
+        else:
+            top = (mod or "").split(".")[0]
+            if top in VOCAB_MODULES or _LOSS_OPS.search(op.lower()):
+                vocab[v] = True
+    if not (block >= 0).any():
+        raise ShardplanError(f"graph {graph.name!r} has no transformer blocks (no module "
+                             f"named layers.N): the LLM plan kind needs them")
+    ids = np.unique(block[block >= 0])
+    remap = {int(b): i for i, b in enumerate(ids)}
+    block = np.array([remap.get(int(b), int(b)) for b in block], dtype=np.int64)
+    nb = len(ids)
+    # nodes outside the blocks: after the blocks when a block node reaches them
+    after = np.zeros(n, dtype=bool)
+    for v in graph.topological_order.tolist():
+        if block[v] >= 0 or after[v]:
+            after[graph.successors(v)] = True
+    outside = block == -2
+    block[outside & after] = nb
+    block[outside & ~after] = -1
+    return BlockLayout(block=block, num_blocks=nb, region=region, vocab=vocab,
+                       attention_core=core)
+
+
+@dataclass(frozen=True)
+class LLMCosts:
+    """One micro-batch of every virtual stage, and every pipeline rank's memory and step.
+
+    Seconds are per device (all devices of a stage do the same work at once). Arrays over
+    virtual stages have shape ``(pp * vp,)``; over pipeline ranks ``(pp,)``.
+
+    Attributes
+    ----------
+    forward, backward : ndarray
+        Compute plus exposed tensor-parallel communication of one micro-batch.
+    tp_comm_forward, tp_comm_backward : ndarray
+        Tensor-parallel communication of one micro-batch (before overlap).
+    send_bytes, send_seconds : ndarray
+        Activations virtual stage j sends to j + 1 per device per micro-batch (the last: 0),
+        and the seconds that message takes.
+    grad_bytes : ndarray
+        Gradient bytes per device of each virtual stage (what data parallelism reduces).
+    grad_sync_seconds : ndarray
+        Each virtual stage's gradient reduction over the data-parallel group (all-reduce;
+        reduce-scatter under ZeRO-1 and FSDP).
+    param_gather_seconds : ndarray
+        ZeRO-1: each virtual stage's parameter all-gather after the step; FSDP: one gather of
+        the stage's parameters (done before each forward and each backward).
+    optimizer_seconds : ndarray
+        Each pipeline rank's optimizer step.
+    memory : dict of str to ndarray
+        Per pipeline rank, bytes per device: ``params, gradients, master, optimizer,
+        activations, gathered, total``.
+    in_flight : ndarray
+        Micro-batches each virtual stage holds at its peak.
+    microbatches : int
+    replica_batch : int
+        Sequences per micro-batch per data-parallel replica.
+    """
+
+    forward: np.ndarray
+    backward: np.ndarray
+    tp_comm_forward: np.ndarray
+    tp_comm_backward: np.ndarray
+    send_bytes: np.ndarray
+    send_seconds: np.ndarray
+    grad_bytes: np.ndarray
+    grad_sync_seconds: np.ndarray
+    param_gather_seconds: np.ndarray
+    optimizer_seconds: np.ndarray
+    memory: dict[str, np.ndarray]
+    in_flight: np.ndarray
+    microbatches: int
+    replica_batch: int
+
+
+def stage_nodes(layout: BlockLayout, parallel: ParallelConfig) -> list[np.ndarray]:
+    """The nodes of every virtual stage in pipeline order: its blocks, the embedding with the
+    first and the head with the last. O(n)."""
+    per = parallel.layers_per_stage(layout.num_blocks)
+    bounds = np.concatenate(([0], np.cumsum(per)))
+    key = layout.block.copy()
+    key[key < 0] = 0
+    key[key >= layout.num_blocks] = layout.num_blocks - 1
+    stage_of_block = np.searchsorted(bounds, np.arange(layout.num_blocks), side="right") - 1
+    # an empty stage (0 blocks) keeps nothing; searchsorted picks the last stage that starts
+    # at a block, which is the non-empty one
+    sid = stage_of_block[key]
+    sid[layout.block < 0] = 0
+    sid[layout.block >= layout.num_blocks] = parallel.num_stages - 1
+    return [np.flatnonzero(sid == j) for j in range(parallel.num_stages)]
+
+
+def _replica_batch(graph: Graph, parallel: ParallelConfig, settings: ExecutionSettings) -> int:
+    mb = settings.microbatch_size or graph.batch_size
+    d = parallel.data_parallel
+    if mb % d:
+        raise ShardplanError(f"a micro-batch of {mb} sequences does not divide over "
+                             f"{d} data-parallel replicas")
+    return mb // d
+
+
+def _rank_devices(parallel: ParallelConfig, pp_rank: int) -> np.ndarray:
+    r = parallel.devices_per_rank
+    return np.arange(pp_rank * r, (pp_rank + 1) * r)
+
+
+def _groups(parallel: ParallelConfig, pp_rank: int) -> tuple[np.ndarray, np.ndarray]:
+    """A tensor-parallel group and a data-parallel group of a pipeline rank (device ids)."""
+    base = pp_rank * parallel.devices_per_rank
+    tp = base + np.arange(parallel.tp)
+    step = parallel.tp * parallel.cp
+    dp = base + step * np.arange(parallel.data_parallel)
+    return tp, dp
+
+
+def llm_costs(graph: Graph, topology: Topology, parallel: ParallelConfig,
+              settings: ExecutionSettings) -> LLMCosts:
+    """Price one micro-batch of every virtual stage and every rank's memory (module
+    docstring). O(n + m + pp * vp) plus one collective per region and stage.
+
+    Raises
+    ------
+    ShardplanError
+        When the layout does not fit the graph or the topology (too few devices, a
+        micro-batch that does not divide over the replicas, too few blocks).
+    """
+    if parallel.world_size > topology.num_devices:
+        raise ShardplanError(f"{parallel.label()} needs {parallel.world_size} devices, the "
+                             f"topology has {topology.num_devices}")
+    precision = _precision(settings)
+    recompute = _recompute(settings)
+    sp = bool(getattr(settings, "sequence_parallel", False)) and parallel.tp > 1
+    overlap_tp = bool(getattr(settings, "tp_comm_overlap", False))
+    attention = str(getattr(settings, "attention", "flash"))
+    if attention not in ATTENTION_KERNELS:
+        raise ShardplanError(f"unknown attention kernel {attention!r} (choose from "
+                             f"{', '.join(ATTENTION_KERNELS)})")
+    w_bytes, g_bytes, master_bytes = precision_bytes(precision)
+    dtype_bytes = float(graph.meta.get("dtype_bytes", 4)) if isinstance(graph.meta, dict) \
+        else 4.0
+    act_scale = _ACT_BYTES[precision] / dtype_bytes
+    layout = block_layout(graph)
+    rb = _replica_batch(graph, parallel, settings)
+    g = graph.at_batch_size(rb)
+    n_params = graph.param_bytes.astype(np.float64) / dtype_bytes
+    tp, cp = parallel.tp, parallel.cp
+    split = layout.split
+    in_block = (layout.block >= 0) & (layout.block < layout.num_blocks)
+    div = np.where(split, tp * cp, cp * (tp if sp else 1)).astype(np.float64)
+    div[~in_block & ~split] = cp * (tp if sp else 1)
+    param_div = np.where(split, tp, 1).astype(np.float64)
+
+    dev = 0
+    hw = gpu_model(topology)
+    d0 = topology.devices[dev]
+    flops = float(d0.flops)
+    fp32 = float(d0.extra.get("fp32_flops") or d0.flops)
+    bw = float(d0.extra.get("memory_bandwidth") or np.inf)
+    # what kernels reach of the datasheet (shardplan.cost._gpu); an explicit efficiency
+    # setting replaces the matrix products' fraction
+    if settings.efficiency is not None:
+        flops *= settings.efficiency
+    elif hw is not None:
+        flops *= hw.matmul_efficiency
+    if hw is not None:
+        bw *= hw.memory_efficiency
+    node_of = node_ids(topology) if hw is not None else None
+
+    def collective(kind: str, group: np.ndarray, nbytes: float) -> float:
+        if hw is not None and node_of is not None:
+            return group_collective_seconds(topology, hw, kind, group, nbytes, node_of)
+        return collective_seconds(topology, kind, group, nbytes)
+    scaled = g.replace(output_bytes=np.rint(g.output_bytes * act_scale).astype(np.int64),
+                       edge_bytes=np.rint(g.edge_bytes * act_scale).astype(np.int64),
+                       param_bytes=np.rint(n_params * w_bytes).astype(np.int64))
+    fwd, bwd = roofline_seconds(scaled, flops, fp32, bw,
+                                mixed_precision=precision != "fp32")
+    # attention that writes its s x s scores (Megatron-LM's fused softmax kernels, before
+    # flash attention): the scores' traffic on top of its products (separate kernels)
+    scores = _score_elements(graph, layout, scaled.output_bytes / _ACT_BYTES[precision]) \
+        if attention == "materialized" else np.zeros(graph.num_nodes)
+    per_elem = _ACT_BYTES[precision] / 2.0
+    fwd = fwd + SCORE_BYTES_FORWARD * per_elem * scores / bw
+    bwd = bwd + SCORE_BYTES_BACKWARD * per_elem * scores / bw
+    fwd = fwd / div
+    bwd = bwd / div
+    if recompute == "full":
+        bwd = bwd + np.where(in_block, fwd, 0.0)
+    elif recompute == "selective":
+        bwd = bwd + np.where(layout.attention_core, fwd, 0.0)
+
+    out_bytes = scaled.output_bytes.astype(np.float64) + SCORE_BYTES_KEPT * per_elem * scores
+    stages = stage_nodes(layout, parallel)
+    s_count = parallel.num_stages
+    pp = parallel.pp
+    stage_of = np.empty(graph.num_nodes, dtype=np.int64)
+    for j, nodes in enumerate(stages):
+        stage_of[nodes] = j
+
+    # tensor-parallel collectives: one per distinct tensor crossing a region's border
+    src, dst = graph.src, graph.dst
+    ebytes = scaled.edge_bytes.astype(np.float64) / cp
+    region = np.where(layout.vocab, -2, layout.region)  # the vocabulary nodes: one region
+    r_src, r_dst = region[src], region[dst]
+    tp_f = np.zeros(s_count)
+    tp_b = np.zeros(s_count)
+    exposed_f = np.zeros(s_count)
+    exposed_b = np.zeros(s_count)
+    tp_group, dp_group = _groups(parallel, 0)
+    if tp > 1:
+        crossing_out = (r_src != -1) & (r_dst != r_src)  # a region's output leaves it
+        crossing_in = (r_dst != -1) & (r_src != r_dst)  # a region's input enters it
+        region_compute: dict[tuple[int, int], tuple[float, float]] = {}
+        for reg in np.unique(region[region != -1]):
+            nodes = np.flatnonzero(region == reg)
+            for j in np.unique(stage_of[nodes]):
+                mine = nodes[stage_of[nodes] == j]
+                region_compute[(int(reg), int(j))] = (float(fwd[mine].sum()),
+                                                      float(bwd[mine].sum()))
+        per_region: dict[tuple[int, int], list[float]] = {}
+        ar_cache: dict[float, float] = {}
+
+        def charge(edges: np.ndarray, reg_of: np.ndarray, stage_end: np.ndarray,
+                   slot: int) -> None:
+            seen: set[tuple[int, int]] = set()
+            for e in edges:
+                s_node = int(src[e])
+                key = (int(reg_of[e]), s_node)
+                if key in seen:
+                    continue
+                seen.add(key)
+                nbytes = float(ebytes[e])
+                if nbytes not in ar_cache:  # every block's all-reduces have one size
+                    ar_cache[nbytes] = collective("allreduce", tp_group, nbytes)
+                t = ar_cache[nbytes]
+                j = int(stage_of[stage_end[e]])
+                per_region.setdefault((int(reg_of[e]), j), [0.0, 0.0])[slot] += t
+
+        charge(np.flatnonzero(crossing_out), r_src, src, 0)
+        charge(np.flatnonzero(crossing_in), r_dst, dst, 1)
+        for (reg, j), (cf, cb) in per_region.items():
+            if recompute == "full" and reg != -2:
+                cb += cf
+            tp_f[j] += cf
+            tp_b[j] += cb
+            comp_f, comp_b = region_compute.get((reg, j), (0.0, 0.0))
+            if overlap_tp:
+                exposed_f[j] += max(0.0, cf - comp_f)
+                exposed_b[j] += max(0.0, cb - comp_b)
+            else:
+                exposed_f[j] += cf
+                exposed_b[j] += cb
+
+    forward = np.array([fwd[nodes].sum() for nodes in stages]) + exposed_f
+    backward = np.array([bwd[nodes].sum() for nodes in stages]) + exposed_b
+
+    # pipeline messages: activations crossing from stage j to j + 1 (deduplicated by source),
+    # split over the tensor-parallel ranks (Megatron's scatter-gather of pipeline tensors)
+    send = np.zeros(s_count)
+    cut = stage_of[src] != stage_of[dst]
+    seen_src: set[int] = set()
+    for e in np.flatnonzero(cut):
+        if int(src[e]) in seen_src:
+            continue
+        seen_src.add(int(src[e]))
+        send[stage_of[src[e]]] += ebytes[e] / tp
+    send_s = np.zeros(s_count)
+    for j in range(s_count - 1):
+        a = _rank_devices(parallel, j % pp)[0]
+        b = _rank_devices(parallel, (j + 1) % pp)[0]
+        send_s[j] = p2p_seconds(topology, hw, int(a), int(b), float(send[j]))
+
+    # data parallelism: gradients of each virtual stage, per device
+    p_dev = np.array([(n_params[nodes] / param_div[nodes]).sum() for nodes in stages])
+    grad_bytes = p_dev * g_bytes
+    d = parallel.data_parallel
+    gs = getattr(settings, "gradient_sync", "end")
+    fsdp = parallel.dp_shard > 1 or gs == "sharded"
+    zero1 = gs == "zero1"
+    kind = "reducescatter" if (fsdp or zero1) else "allreduce"
+    sync = np.array([collective(kind, dp_group, float(b)) if d > 1 else 0.0
+                     for b in grad_bytes])
+    gather = np.zeros(s_count)
+    if (fsdp or zero1) and d > 1:
+        gather = np.array([collective("allgather", dp_group, float(p * w_bytes))
+                           for p in p_dev])
+
+    # optimizer step per pipeline rank, over its (sharded) parameters
+    rank_params = np.zeros(pp)
+    for j in range(s_count):
+        rank_params[j % pp] += p_dev[j]
+    opt_share = d if (fsdp or zero1) else 1
+    opt = np.asarray(optimizer_seconds(rank_params / opt_share * 4.0, settings.optimizer,
+                                       fp32, bw), dtype=np.float64)
+
+    # memory per pipeline rank
+    in_flight = _in_flight(parallel, settings)
+    act = np.array([(out_bytes[nodes] / div[nodes]).sum() for nodes in stages])
+    if recompute == "full":
+        kept = np.zeros(s_count)
+        largest_block = np.zeros(s_count)
+        for j, nodes in enumerate(stages):
+            blocks = layout.block[nodes]
+            inside = nodes[(blocks >= 0) & (blocks < layout.num_blocks)]
+            outside = nodes[~np.isin(nodes, inside)]
+            kept[j] = (out_bytes[outside] / div[outside]).sum()
+            if inside.size:
+                per_block = np.bincount(layout.block[inside],
+                                        weights=out_bytes[inside] / div[inside])
+                nb = int(np.count_nonzero(per_block))
+                largest_block[j] = per_block.max()
+                # a block keeps its input: the hidden state, split under sequence parallelism
+                kept[j] += nb * _block_input_bytes(scaled, layout, inside) / \
+                    (cp * (tp if sp else 1))
+        act_held = kept * in_flight + largest_block
+    elif recompute == "selective":
+        core = np.array([(out_bytes[nodes] * layout.attention_core[nodes] / div[nodes]).sum()
+                         for nodes in stages])
+        act_held = (act - core) * in_flight + core
+    else:
+        act_held = act * in_flight
+    state = OPTIMIZER_STATE[settings.optimizer] * 4.0  # fp32 moments
+    mem: dict[str, np.ndarray] = {k: np.zeros(pp) for k in
+                                  ("params", "gradients", "master", "optimizer", "activations",
+                                   "gathered")}
+    shard = parallel.dp_shard if parallel.dp_shard > 1 else (d if gs == "sharded" else 1)
+    for j in range(s_count):
+        r = j % pp
+        mem["params"][r] += p_dev[j] * w_bytes / shard
+        mem["gradients"][r] += p_dev[j] * g_bytes / shard
+        opt_div = shard if shard > 1 else (d if zero1 else 1)
+        mem["master"][r] += p_dev[j] * master_bytes / opt_div
+        mem["optimizer"][r] += p_dev[j] * state / opt_div
+        mem["activations"][r] += act_held[j]
+    if shard > 1:
+        # FSDP holds the running and the prefetched block whole
+        for r in range(pp):
+            unit = max(_largest_block_params(layout, stages[j], n_params, param_div)
+                       for j in range(r, s_count, pp))
+            mem["gathered"][r] = 2.0 * unit * w_bytes
+    mem["total"] = np.sum([mem[k] for k in ("params", "gradients", "master", "optimizer",
+                                            "activations", "gathered")], axis=0)
+    return LLMCosts(forward=forward, backward=backward, tp_comm_forward=tp_f,
+                    tp_comm_backward=tp_b, send_bytes=send, send_seconds=send_s,
+                    grad_bytes=grad_bytes, grad_sync_seconds=sync,
+                    param_gather_seconds=gather, optimizer_seconds=opt, memory=mem,
+                    in_flight=in_flight, microbatches=settings.microbatches,
+                    replica_batch=rb)
+
+
+def _score_elements(graph: Graph, layout: BlockLayout, out_elements: np.ndarray) -> np.ndarray:
+    """Score elements (b x heads x s x s) of every attention node: its output's elements
+    (b x s x heads x d) times ``s / d``, with ``s`` and ``d = hidden / heads`` from the graph's
+    ``transformer`` dimensions; zero elsewhere (and everywhere when the graph has none)."""
+    dims = graph.meta.get("transformer") if isinstance(graph.meta, dict) else None
+    out = np.zeros(graph.num_nodes)
+    if not isinstance(dims, dict):
+        return out
+    try:
+        s, d = float(dims["seq"]), float(dims["hidden"]) / float(dims["heads"])
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+        return out
+    sdpa = layout.attention_core & np.array([_SDPA.search(o.lower()) is not None
+                                             for o in graph.ops], dtype=bool)
+    out[sdpa] = out_elements[sdpa] * s / d
+    return out
+
+
+def _block_input_bytes(graph: Graph, layout: BlockLayout, inside: np.ndarray) -> float:
+    """Bytes of one block's input (the hidden state entering the first block of
+    ``inside``), counted once per source."""
+    first = int(layout.block[inside].min())
+    mine = np.zeros(graph.num_nodes, dtype=bool)
+    mine[inside[layout.block[inside] == first]] = True
+    entering = mine[graph.dst] & ~mine[graph.src]
+    seen: dict[int, float] = {}
+    for e in np.flatnonzero(entering):
+        seen[int(graph.src[e])] = float(graph.edge_bytes[e])
+    return float(sum(seen.values()))
+
+
+def _largest_block_params(layout: BlockLayout, nodes: np.ndarray, n_params: np.ndarray,
+                          param_div: np.ndarray) -> float:
+    blocks = layout.block[nodes]
+    inside = nodes[(blocks >= 0) & (blocks < layout.num_blocks)]
+    if not inside.size:
+        return float((n_params[nodes] / param_div[nodes]).sum())
+    return float(np.bincount(layout.block[inside],
+                             weights=n_params[inside] / param_div[inside]).max())
+
+
+def _in_flight(parallel: ParallelConfig, settings: ExecutionSettings) -> np.ndarray:
+    """Micro-batches each virtual stage holds at its peak: GPipe ``M``, 1F1B
+    ``min(S - s, M)``, interleaved 1F1B by its action lists
+    (:meth:`~shardplan.ir.schedule.Schedule.in_flight`)."""
+    m = settings.microbatches
+    s = parallel.num_stages
+    if parallel.vp > 1:
+        return np.asarray(_interleaved_in_flight(parallel.pp, parallel.vp, m),
+                          dtype=np.float64)
+    if settings.schedule == "gpipe":
+        return np.full(s, float(m))
+    return np.minimum(s - np.arange(s), m).astype(np.float64)
+
+
+@lru_cache(maxsize=256)
+def _interleaved_in_flight(pp: int, vp: int, m: int) -> tuple[int, ...]:
+    from shardplan.ir.schedule import make_schedule
+
+    return make_schedule("interleaved-1f1b", pp * vp, m, virtual_stages=vp).in_flight()
+
+
+def describe(costs: LLMCosts) -> dict[str, Any]:
+    """A JSON-able summary of :class:`LLMCosts` (seconds and GiB per rank)."""
+    return {
+        "forward_seconds": costs.forward.tolist(),
+        "backward_seconds": costs.backward.tolist(),
+        "tp_comm_seconds": (costs.tp_comm_forward + costs.tp_comm_backward).tolist(),
+        "memory_gib": {k: (v / 2**30).tolist() for k, v in costs.memory.items()},
+    }

@@ -1,0 +1,246 @@
+"""The parallel configuration of an LLM plan (one with ``parallel``) for Megatron-LM and
+torchtitan: the degrees, batch and training settings a run of the plan is started with.
+
+What ``shardplan import megatron`` / ``import torchtitan`` read, written back: importing the
+result gives the same :class:`~shardplan.ir.ParallelConfig` and execution settings. The model's
+own arguments (``--num-layers``, ``[model] flavor``) are not part of a plan: the Megatron
+arguments leave them to the user, the torchtitan file names the flavor when the plan was
+imported from one.
+
+Settings the plan's :class:`~shardplan.ir.ExecutionSettings` do not carry yet (``precision``,
+``sequence_parallel``, ``tp_comm_overlap``, recompute granularity, ``zero1``) are taken from
+what the importer recorded in the plan (``imported_from.execution``), else their defaults.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from typing import Any
+
+from shardplan.errors import ShardplanError
+from shardplan.export._common import EXPORT_FORMAT, Export, ExportOptions
+from shardplan.ir import ExecutionSettings, Graph, Plan, Topology
+from shardplan.ir.parallel import ParallelConfig
+
+__all__ = ["PARALLEL_EXPORTERS", "megatron_parallel", "torchtitan_parallel"]
+
+_DEFAULTS: dict[str, Any] = {"precision": "fp32", "recompute": "none", "gradient_sync": "end",
+                             "sequence_parallel": False, "tp_comm_overlap": False,
+                             "optimizer": "adam"}
+_BLOCK = re.compile(r"(?:^|\.)(?:layers|h|blocks)\.(\d+)(?:\.|$)")
+
+
+def _setting(plan: Plan, settings: ExecutionSettings, name: str) -> Any:
+    """A training setting: the settings' own field when it has it (and, for ``recompute``,
+    a granularity rather than a boolean), else the importer's record, else the default."""
+    recorded = (plan.meta.get("imported_from") or {}).get("execution") or {}
+    if hasattr(settings, name):
+        v = getattr(settings, name)
+        if name == "recompute" and isinstance(v, bool):
+            rec = recorded.get("recompute")
+            return rec if v and rec in ("selective", "full") else "full" if v else "none"
+        if name == "gradient_sync" and v == "end" and recorded.get(name) == "zero1":
+            return "zero1"
+        return v
+    return recorded.get(name, _DEFAULTS[name])
+
+
+def _batch(par: ParallelConfig, settings: ExecutionSettings, tool: str) -> tuple[int, int]:
+    """(micro-batch per data-parallel rank, micro-batches)."""
+    shared = int(settings.microbatch_size or 0)
+    if shared % par.data_parallel:
+        raise ShardplanError(f"{tool} gives every data-parallel rank whole samples, and the "
+                             f"micro-batch of {shared} does not split over "
+                             f"{par.data_parallel} ranks")
+    return shared // par.data_parallel, int(settings.microbatches)
+
+
+def _per_rank(par: ParallelConfig) -> list[int] | None:
+    """Blocks per pipeline rank when ``stage_layers`` is set and each rank's blocks are even
+    over its virtual stages; None when it is not set. Raises otherwise."""
+    if par.stage_layers is None:
+        return None
+    ranks = [0] * par.pp
+    for j, n in enumerate(par.stage_layers):
+        ranks[j % par.pp] += n
+    for j, n in enumerate(par.stage_layers):
+        if n * par.vp != ranks[j % par.pp]:
+            raise ShardplanError(f"the plan's virtual stages hold {list(par.stage_layers)} "
+                                 f"layers: a pipeline rank's virtual stages are not even, "
+                                 f"which no argument expresses")
+    return ranks
+
+
+def megatron_parallel(plan: Plan, graph: Graph, topology: Topology,
+                      settings: ExecutionSettings, schedule: Any, opts: ExportOptions
+                      ) -> Export:
+    """Megatron-LM arguments of an LLM plan (module docstring); JSON with ``args`` (a
+    list), ``args_text`` (one shell-quoted string) and the sizes."""
+    par = plan.parallel
+    assert par is not None
+    micro, count = _batch(par, settings, "megatron")
+    args = ["--tensor-model-parallel-size", str(par.tp),
+            "--pipeline-model-parallel-size", str(par.pp)]
+    if par.vp > 1:
+        args += ["--num-virtual-stages-per-pipeline-rank", str(par.vp)]
+    ranks = _per_rank(par)
+    if ranks is not None and len(set(ranks)) > 1:
+        middle = ranks[1:-1]
+        if len(set(middle)) > 1:
+            raise ShardplanError(f"the plan's pipeline ranks hold {ranks} layers: Megatron-LM "
+                                 f"sets only the first and last rank apart from the others")
+        if not middle or ranks[0] != middle[0]:
+            args += ["--decoder-first-pipeline-num-layers", str(ranks[0])]
+        if not middle or ranks[-1] != middle[0]:
+            args += ["--decoder-last-pipeline-num-layers", str(ranks[-1])]
+    if par.cp > 1:
+        args += ["--context-parallel-size", str(par.cp)]
+    args += ["--micro-batch-size", str(micro),
+             "--global-batch-size", str(micro * par.data_parallel * count)]
+    if par.pp > 1 and settings.schedule == "gpipe":
+        raise ShardplanError("megatron runs 1F1B (interleaved with virtual stages), not gpipe")
+    precision = _setting(plan, settings, "precision")
+    args += {"fp16": ["--fp16"], "bf16": ["--bf16"], "fp8": ["--bf16", "--fp8-format", "hybrid"],
+             "fp32": []}[precision]
+    if _setting(plan, settings, "sequence_parallel") and par.tp > 1:
+        args.append("--sequence-parallel")
+    recompute = _setting(plan, settings, "recompute")
+    if recompute == "full":
+        args += ["--recompute-granularity", "full", "--recompute-method", "uniform",
+                 "--recompute-num-layers", "1"]
+    elif recompute == "selective":
+        args += ["--recompute-granularity", "selective"]
+    sync = _setting(plan, settings, "gradient_sync")
+    if par.dp_shard > 1 or sync == "sharded":
+        if par.dp > 1 and par.dp_shard > 1:
+            raise ShardplanError(f"the plan shards over {par.dp_shard} and replicates over "
+                                 f"{par.dp} ranks (HSDP), which shardplan does not write as "
+                                 f"Megatron-LM arguments")
+        args.append("--use-torch-fsdp2")
+    elif sync == "zero1":
+        args.append("--use-distributed-optimizer")
+    elif sync == "bucketed":
+        args.append("--overlap-grad-reduce")
+    if _setting(plan, settings, "tp_comm_overlap"):
+        args.append("--tp-comm-overlap")
+    optimizer = _setting(plan, settings, "optimizer")
+    notes = []
+    if optimizer not in ("adam", "adamw", "sgd"):
+        notes.append(f"Megatron-LM's optimizers are adam and sgd: {optimizer} written as sgd")
+    args += ["--optimizer", "adam" if optimizer in ("adam", "adamw") else "sgd"]
+    out = {"format": EXPORT_FORMAT, "to": "megatron", "graph": plan.graph,
+           "parallel": par.to_dict(), "world_size": par.world_size,
+           "tensor_model_parallel_size": par.tp, "pipeline_model_parallel_size": par.pp,
+           "context_parallel_size": par.cp, "data_parallel_size": par.data_parallel,
+           "virtual_stages_per_rank": par.vp, "micro_batch_size": micro,
+           "global_batch_size": micro * par.data_parallel * count, "args": args,
+           "args_text": shlex.join(args)}
+    return Export("megatron", json.dumps(out, indent=2) + "\n", notes=tuple(notes))
+
+
+def _num_layers(plan: Plan, graph: Graph) -> int:
+    par = plan.parallel
+    assert par is not None
+    if par.stage_layers is not None:
+        return sum(par.stage_layers)
+    blocks = {int(m.group(1)) for mod in graph.modules if mod
+              for m in [_BLOCK.search(mod)] if m}
+    if not blocks:
+        raise ShardplanError("torchtitan counts pipeline stages in layers, and the graph has "
+                             "no numbered block list (module paths like layers.0)")
+    return max(blocks) + 1
+
+
+_TT_SCHEDULES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved-1f1b": "Interleaved1F1B"}
+_TT_PRECISION = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp8": "bfloat16"}
+
+
+def _toml(value: Any) -> str:
+    return json.dumps(value) if not isinstance(value, bool) else str(value).lower()
+
+
+def torchtitan_parallel(plan: Plan, graph: Graph, topology: Topology,
+                        settings: ExecutionSettings, schedule: Any, opts: ExportOptions
+                        ) -> Export:
+    """torchtitan's options of an LLM plan (module docstring): the ``[parallelism]``,
+    ``[training]``, ``[activation_checkpoint]`` and ``[optimizer]`` sections as TOML
+    (``torchtitan_version="0.2"``) or as ``--section.option`` flags (current)."""
+    par = plan.parallel
+    assert par is not None
+    micro, count = _batch(par, settings, "torchtitan")
+    if par.stage_layers is not None and len(set(par.stage_layers)) > 1:
+        raise ShardplanError(f"the plan's virtual stages hold {list(par.stage_layers)} layers:"
+                             f" uneven stages go to torchtitan as module names, which this "
+                             f"export of the degrees does not write")
+    parallelism: dict[str, Any] = {
+        "data_parallel_replicate_degree": par.dp, "data_parallel_shard_degree": par.dp_shard,
+        "tensor_parallel_degree": par.tp, "context_parallel_degree": par.cp,
+        "pipeline_parallel_degree": par.pp}
+    if par.pp > 1:
+        name = settings.schedule if par.vp == 1 or settings.schedule == "interleaved-1f1b" \
+            else "interleaved-1f1b"
+        parallelism["pipeline_parallel_schedule"] = _TT_SCHEDULES[name]
+        parallelism["pipeline_parallel_microbatch_size"] = micro
+        if par.vp > 1:
+            parallelism["pipeline_parallel_layers_per_stage"] = (
+                _num_layers(plan, graph) // par.num_stages)
+        local = micro * count
+        glob = local * par.data_parallel
+    else:
+        local = micro
+        glob = micro * count * par.data_parallel
+    parallelism["enable_async_tensor_parallel"] = bool(_setting(plan, settings,
+                                                                "tp_comm_overlap"))
+    if par.tp > 1 and not _setting(plan, settings, "sequence_parallel"):
+        parallelism["enable_sequence_parallel"] = False
+    precision = _setting(plan, settings, "precision")
+    training: dict[str, Any] = {"local_batch_size": local, "global_batch_size": glob,
+                                "mixed_precision_param": _TT_PRECISION[precision]}
+    from shardplan.export._frameworks import _seq_len
+
+    imported = plan.meta.get("imported_from") or {}
+    spec = str(imported.get("model", ""))
+    m = re.match(r"^(llama[23]):(\w+),seq=(\d+)$", spec)
+    seq = int(m.group(3)) if m else _seq_len(graph)
+    if seq is not None:
+        training["seq_len"] = seq
+    recompute = _setting(plan, settings, "recompute")
+    ac: dict[str, Any] = {"mode": recompute}
+    if recompute == "selective":
+        ac["selective_ac_option"] = "op"
+    optimizer = _setting(plan, settings, "optimizer")
+    sections: dict[str, dict[str, Any]] = {}
+    if m:
+        sections["model"] = {"name": m.group(1), "flavor": m.group(2)}
+    if precision == "fp8":
+        sections.setdefault("model", {})["converters"] = ["float8"]
+    sections["training"] = training
+    sections["parallelism"] = parallelism
+    sections["activation_checkpoint"] = ac
+    notes = []
+    if optimizer not in ("adam", "adamw"):
+        notes.append(f"torchtitan's optimizers are AdamW and Adam: {optimizer} written as AdamW")
+    sections["optimizer"] = {"name": "Adam" if optimizer == "adam" else "AdamW"}
+    title = (f"shardplan export of plan {plan.graph!r} on {plan.topology!r}: "
+             f"{par.label()}")
+    if opts.torchtitan_version == "0.2":
+        lines = [f"# {title}"]
+        for section, table in sections.items():
+            lines += ["", f"[{section}]"]
+            lines += [f"{k} = {_toml(v)}" for k, v in table.items()]
+        return Export("torchtitan", "\n".join(lines) + "\n", notes=tuple(notes))
+    flags: list[str] = []
+    for section, table in sections.items():
+        for k, v in table.items():
+            if isinstance(v, bool):
+                flags.append(f"--{section}.{k}" if v else f"--{section}.no-{k}")
+            elif isinstance(v, list):
+                flags += [f"--{section}.{k}", *map(str, v)]
+            else:
+                flags += [f"--{section}.{k}", str(v)]
+    return Export("torchtitan", f"# {title}\n{shlex.join(flags)}\n", notes=tuple(notes))
+
+
+PARALLEL_EXPORTERS = {"megatron": megatron_parallel, "torchtitan": torchtitan_parallel}

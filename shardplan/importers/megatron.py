@@ -1,0 +1,498 @@
+"""Import a Megatron-LM run from its command-line arguments (``shardplan import megatron``).
+
+The arguments are read as Megatron-LM's ``megatron/training/arguments.py`` defines them (the
+``core_r0.12`` - ``core_r0.14`` era: ``--num-virtual-stages-per-pipeline-rank``,
+``--decoder-first-pipeline-num-layers``, ``--use-torch-fsdp2``, ``--use-megatron-fsdp`` with
+``--data-parallel-sharding-strategy``); the text is split with :mod:`shlex` and every
+argument is looked up in the tables below -- nothing in it is ever run.
+
+What is read:
+
+- model: ``--num-layers``, ``--hidden-size``, ``--num-attention-heads``,
+  ``--group-query-attention`` with ``--num-query-groups``, ``--ffn-hidden-size`` (default
+  ``4 h``, or Megatron's SwiGLU default ``int(8 h / 3 / 64) * 64``), ``--seq-length``,
+  ``--max-position-embeddings``, the vocabulary (below). ``--swiglu`` or grouped-query
+  attention select the ``llama`` family by dimensions; otherwise the ``gpt`` family. Where
+  ``--normalization``, ``--position-embedding-type`` or
+  ``--untie-embeddings-and-output-weights`` disagree with the family chosen, a note says so.
+- the vocabulary: Megatron takes it from the tokenizer and pads it to a multiple of
+  ``--make-vocab-size-divisible-by`` (128) x tensor parallelism. shardplan reads no tokenizer:
+  ``--vocab-size V`` (Megatron's own argument, the size before padding) is padded as Megatron
+  pads it; ``--padded-vocab-size V`` (shardplan's) is used as given; ``--tokenizer-type
+  GPT2BPETokenizer`` means 50,257 before padding. Otherwise the import stops and asks for one.
+- batch: ``--micro-batch-size``, ``--global-batch-size`` (default: micro-batch x
+  data-parallel size).
+- parallelism: ``--tensor-model-parallel-size``, ``--pipeline-model-parallel-size``,
+  ``--num-layers-per-virtual-pipeline-stage`` or ``--num-virtual-stages-per-pipeline-rank``,
+  ``--decoder-first-pipeline-num-layers`` / ``--decoder-last-pipeline-num-layers`` (uneven
+  stages: :attr:`~shardplan.ir.ParallelConfig.stage_layers`), ``--context-parallel-size``,
+  ``--sequence-parallel``. Megatron takes the world size from ``torchrun``; the data-parallel
+  size is the cluster's GPUs / (tp x pp x cp), or shardplan's own ``--data-parallel-size``
+  (both given: they must agree; neither: 1).
+- settings: ``--fp16`` / ``--bf16`` / ``--fp8-format`` (precision), ``--recompute-granularity
+  full|selective`` with ``--recompute-method`` and ``--recompute-num-layers`` (or the older
+  ``--recompute-activations``: selective), ``--use-distributed-optimizer`` (ZeRO-1:
+  ``gradient_sync`` ``zero1``), ``--use-torch-fsdp2`` or ``--use-megatron-fsdp`` with
+  ``--data-parallel-sharding-strategy optim_grads_params`` (ZeRO-3: the data-parallel ranks
+  become ``dp_shard``; ``sharded``; ``optim``: ZeRO-1; the default ``no_shard``: DDP),
+  ``--overlap-grad-reduce`` (DDP's ``bucketed``),
+  ``--overlap-param-gather``, ``--tp-comm-overlap``, ``--optimizer adam|sgd``.
+
+Anything else in :data:`IGNORED_FLAGS` / :data:`IGNORED_VALUES` (paths, logging, learning
+rates, dropout, kernels' fusion switches) is skipped silently; an argument in no table may
+change the run and is not modelled: one note names it.
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+from collections.abc import Mapping
+from typing import Any
+
+from shardplan.errors import ShardplanError
+from shardplan.importers._run import ModelDims, RunConfig, execution_of, uneven_stage_layers
+from shardplan.ir.parallel import ParallelConfig
+
+__all__ = ["IGNORED_FLAGS", "IGNORED_VALUES", "megatron_args_of_row", "parse_megatron",
+           "split_arguments"]
+
+#: Arguments read, and whether each is a switch (no value).
+_READ_SWITCHES = frozenset({
+    "--group-query-attention", "--swiglu", "--untie-embeddings-and-output-weights",
+    "--sequence-parallel", "--fp16", "--bf16", "--recompute-activations",
+    "--use-distributed-optimizer", "--use-torch-fsdp2", "--use-megatron-fsdp",
+    "--use-custom-fsdp", "--overlap-grad-reduce", "--overlap-param-gather", "--tp-comm-overlap",
+})
+_READ_VALUES = frozenset({
+    "--num-layers", "--hidden-size", "--num-attention-heads", "--num-query-groups",
+    "--ffn-hidden-size", "--seq-length", "--max-position-embeddings", "--vocab-size",
+    "--padded-vocab-size", "--make-vocab-size-divisible-by", "--tokenizer-type",
+    "--normalization", "--position-embedding-type", "--micro-batch-size",
+    "--global-batch-size", "--tensor-model-parallel-size", "--pipeline-model-parallel-size",
+    "--num-layers-per-virtual-pipeline-stage", "--num-virtual-stages-per-pipeline-rank",
+    "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
+    "--context-parallel-size", "--data-parallel-size", "--fp8-format",
+    "--recompute-granularity", "--recompute-method", "--recompute-num-layers",
+    "--data-parallel-sharding-strategy", "--optimizer", "--kv-channels",
+})
+
+#: Switches that do not change what shardplan models (logging, checkpoints, kernel fusion).
+IGNORED_FLAGS = frozenset({
+    "--use-mcore-models", "--use-legacy-models", "--no-masked-softmax-fusion",
+    "--no-bias-gelu-fusion", "--no-bias-dropout-fusion", "--no-gradient-accumulation-fusion",
+    "--no-async-tensor-model-parallel-allreduce", "--no-rope-fusion", "--disable-bias-linear",
+    "--no-position-embedding", "--log-params-norm", "--log-num-zeros-in-grad",
+    "--log-throughput", "--log-timers-to-tensorboard", "--log-validation-ppl-to-tensorboard",
+    "--log-memory-to-tensorboard", "--log-world-size-to-tensorboard", "--no-save-optim",
+    "--no-save-rng", "--no-load-optim", "--no-load-rng", "--finetune", "--use-checkpoint-args",
+    "--exit-on-missing-checkpoint", "--calculate-per-token-loss", "--bias-swiglu-fusion",
+    "--attention-softmax-in-fp32", "--apply-query-key-layer-scaling",
+    "--no-query-key-layer-scaling", "--cross-entropy-loss-fusion", "--manual-gc",
+    "--check-for-nan-in-loss-and-grad", "--no-check-for-nan-in-loss-and-grad",
+    "--mock-data", "--tensorboard-log-interval", "--use-rotary-position-embeddings",
+    "--no-persist-layer-norm", "--apply-layernorm-1p", "--timing-log-level",
+    "--add-qkv-bias", "--qk-layernorm",
+    "--no-create-attention-mask-in-dataloader", "--fp16-lm-cross-entropy",
+})
+#: Arguments with one value that do not change what shardplan models.
+IGNORED_VALUES = frozenset({
+    "--lr", "--min-lr", "--lr-decay-style", "--lr-decay-iters", "--lr-decay-samples",
+    "--lr-warmup-iters", "--lr-warmup-samples", "--lr-warmup-fraction", "--weight-decay",
+    "--clip-grad", "--adam-beta1", "--adam-beta2", "--adam-eps", "--sgd-momentum",
+    "--init-method-std", "--train-iters", "--train-samples", "--log-interval",
+    "--save-interval", "--eval-interval", "--eval-iters", "--save", "--load", "--data-path",
+    "--vocab-file", "--merge-file", "--tokenizer-model", "--split", "--distributed-backend",
+    "--seed", "--tensorboard-dir", "--wandb-project", "--wandb-exp-name", "--wandb-save-dir",
+    "--attention-dropout", "--hidden-dropout", "--loss-scale", "--initial-loss-scale",
+    "--min-loss-scale", "--loss-scale-window", "--hysteresis", "--num-workers",
+    "--dataloader-type", "--data-cache-path", "--transformer-impl", "--attention-backend",
+    "--ckpt-format", "--exit-interval", "--exit-duration-in-mins", "--norm-epsilon",
+    "--rotary-base", "--rotary-percent", "--distributed-timeout-minutes", "--timing-log-option",
+    "--tensorboard-queue-size", "--log-timers-to-tensorboard", "--hf-tokenizer-path",
+    "--ddp-bucket-size", "--bucket-size", "--start-weight-decay", "--end-weight-decay",
+    "--weight-decay-incr-style", "--fp8-amax-history-len", "--fp8-amax-compute-algo",
+    "--fp8-margin", "--fp8-recipe", "--profile-step-start", "--profile-step-end",
+    "--dist-ckpt-format", "--init-method-xavier-uniform", "--data-args-path",
+})
+
+#: Megatron's ``--tokenizer-type`` values whose vocabulary is known without the tokenizer
+#: file (GPT-2's BPE: 50,257 tokens, before padding).
+_TOKENIZER_VOCAB = {"GPT2BPETokenizer": 50257}
+
+
+def split_arguments(text: str) -> list[tuple[str, list[str]]]:
+    """``--a 1 --b --c=2`` -> ``[("--a", ["1"]), ("--b", []), ("--c", ["2"])]``.
+
+    The text is split as a POSIX shell splits it (:func:`shlex.split`; line continuations
+    ``\\`` and newlines are blanks); a token starting with ``--`` starts an argument and the
+    tokens up to the next one are its values (``-1`` is a value).
+
+    Raises
+    ------
+    ShardplanError
+        Unbalanced quotes, or a value before the first argument.
+    """
+    try:
+        tokens = shlex.split(text.replace("\\\n", " "), comments=True)
+    except ValueError as exc:
+        raise ShardplanError(f"cannot split the arguments: {exc}") from None
+    out: list[tuple[str, list[str]]] = []
+    for tok in tokens:
+        if tok.startswith("--") and len(tok) > 2:
+            name, eq, value = tok.partition("=")
+            out.append((name, [value] if eq else []))
+        elif not out:
+            raise ShardplanError(f"expected arguments like --num-layers 24, got {tok!r} first")
+        else:
+            out[-1][1].append(tok)
+    return out
+
+
+def _int(name: str, values: list[str], minimum: int = 1) -> int:
+    try:
+        v = int(values[0])
+    except ValueError:
+        raise ShardplanError(f"{name} takes an integer, got {values[0]!r}") from None
+    if v < minimum:
+        raise ShardplanError(f"{name} must be >= {minimum}, got {v}")
+    return v
+
+
+def _read(text: str) -> tuple[dict[str, list[str]], list[str]]:
+    """The arguments read (name -> values, the last given wins as in argparse) and the
+    notes of those that are not."""
+    args: dict[str, list[str]] = {}
+    notes: list[str] = []
+    unknown: list[str] = []
+    for name, values in split_arguments(text):
+        if name in _READ_SWITCHES:
+            if values:
+                raise ShardplanError(f"{name} takes no value, got {' '.join(values)!r}")
+        elif name in _READ_VALUES:
+            if len(values) != 1:
+                raise ShardplanError(f"{name} takes one value, got {len(values)}")
+        elif name in IGNORED_FLAGS or name in IGNORED_VALUES:
+            continue
+        else:
+            if name not in unknown:
+                unknown.append(name)
+            continue
+        if name in args and args[name] != values:
+            notes.append(f"{name} is given twice: the last ({' '.join(values) or 'on'}) "
+                         f"counts, as in Megatron-LM")
+        args[name] = values
+    notes += [f"Megatron-LM argument {n} changes the run and is not modelled" for n in unknown]
+    return args, notes
+
+
+def _padded_vocab(args: Mapping[str, list[str]], tp: int) -> int:
+    if "--padded-vocab-size" in args:
+        return _int("--padded-vocab-size", args["--padded-vocab-size"])
+    if "--vocab-size" in args:
+        vocab = _int("--vocab-size", args["--vocab-size"])
+    elif args.get("--tokenizer-type", [""])[0] in _TOKENIZER_VOCAB:
+        vocab = _TOKENIZER_VOCAB[args["--tokenizer-type"][0]]
+    else:
+        raise ShardplanError("Megatron-LM reads the vocabulary from the tokenizer: give "
+                             "--vocab-size V (padded as Megatron pads it) or "
+                             "--padded-vocab-size V")
+    divisible = _int("--make-vocab-size-divisible-by",
+                     args.get("--make-vocab-size-divisible-by", ["128"]))
+    multiple = divisible * tp
+    return math.ceil(vocab / multiple) * multiple
+
+
+def _model(args: Mapping[str, list[str]], tp: int, notes: list[str]) -> ModelDims:
+    for need in ("--num-layers", "--hidden-size", "--num-attention-heads", "--seq-length"):
+        if need not in args:
+            raise ShardplanError(f"the model needs {need}")
+    layers = _int("--num-layers", args["--num-layers"])
+    hidden = _int("--hidden-size", args["--hidden-size"])
+    heads = _int("--num-attention-heads", args["--num-attention-heads"])
+    seq = _int("--seq-length", args["--seq-length"])
+    if "--kv-channels" in args and _int("--kv-channels", args["--kv-channels"]) * heads != hidden:
+        notes.append("--kv-channels other than hidden / heads is not modelled (attention's "
+                     "width is the hidden size)")
+    kv = heads
+    if "--group-query-attention" in args:
+        kv = _int("--num-query-groups", args.get("--num-query-groups", ["1"]))
+    elif "--num-query-groups" in args:
+        notes.append("--num-query-groups without --group-query-attention is ignored, as "
+                     "Megatron-LM ignores it")
+    swiglu = "--swiglu" in args
+    if "--ffn-hidden-size" in args:
+        ffn = _int("--ffn-hidden-size", args["--ffn-hidden-size"])
+    else:
+        ffn = int(4 * hidden * 2 / 3 / 64) * 64 if swiglu else 4 * hidden
+    family = "llama" if swiglu or kv != heads else "gpt"
+    norm = args.get("--normalization", ["LayerNorm"])[0]
+    if norm not in ("LayerNorm", "RMSNorm"):
+        raise ShardplanError(f"--normalization is LayerNorm or RMSNorm, got {norm!r}")
+    pos = args.get("--position-embedding-type", ["learned_absolute"])[0]
+    if pos not in ("learned_absolute", "rope", "mrope", "relative", "yarn", "none"):
+        raise ShardplanError(f"unknown --position-embedding-type {pos!r}")
+    untied = "--untie-embeddings-and-output-weights" in args
+    want = {"gpt": ("LayerNorm", "learned_absolute", False), "llama": ("RMSNorm", "rope", True)}
+    w_norm, w_pos, w_untied = want[family]
+    what = "Llama-style (SwiGLU / grouped queries)" if family == "llama" else "GPT"
+    if norm != w_norm:
+        notes.append(f"--normalization {norm} is modelled as the {what} model's {w_norm}")
+    if pos != w_pos:
+        notes.append(f"--position-embedding-type {pos} is modelled as the {what} model's "
+                     f"{w_pos}")
+    if untied != w_untied:
+        notes.append(f"{'untied' if untied else 'tied'} embedding and output weights are "
+                     f"modelled as the {what} model's {'untied' if w_untied else 'tied'} ones")
+    if family == "gpt" and "--max-position-embeddings" in args and pos == "learned_absolute":
+        maxpos = _int("--max-position-embeddings", args["--max-position-embeddings"])
+        if maxpos < seq:
+            raise ShardplanError(f"--seq-length {seq} is longer than "
+                                 f"--max-position-embeddings {maxpos}")
+    return ModelDims(family=family, hidden=hidden, num_layers=layers, num_heads=heads,
+                     num_kv_heads=kv, ffn=ffn, vocab=_padded_vocab(args, tp), seq_len=seq)
+
+
+def _recompute(args: Mapping[str, list[str]], layers_per_chunk: int, notes: list[str]) -> str:
+    gran = args.get("--recompute-granularity", [None])[0]
+    if gran is None:
+        if "--recompute-activations" in args:
+            return "selective"
+        for extra in ("--recompute-method", "--recompute-num-layers"):
+            if extra in args:
+                notes.append(f"{extra} without --recompute-granularity full does nothing")
+        return "none"
+    if gran == "selective":
+        return "selective"
+    if gran != "full":
+        raise ShardplanError(f"--recompute-granularity is full or selective, got {gran!r}")
+    method = args.get("--recompute-method", ["uniform"])[0]
+    if method not in ("uniform", "block"):
+        raise ShardplanError(f"--recompute-method is uniform or block, got {method!r}")
+    n = _int("--recompute-num-layers", args.get("--recompute-num-layers", ["1"]))
+    if method == "uniform" and n > 1:
+        notes.append(f"--recompute-method uniform --recompute-num-layers {n} (one checkpoint "
+                     f"per {n} layers) is modelled as every layer's input kept")
+    if method == "block" and n < layers_per_chunk:
+        notes.append(f"--recompute-method block --recompute-num-layers {n} recomputes {n} of "
+                     f"each stage's {layers_per_chunk} layers: modelled as all of them")
+    return "full"
+
+
+def _sharding(args: Mapping[str, list[str]], notes: list[str]) -> tuple[bool, str]:
+    """(fully sharded data parallelism, gradient sync)."""
+    fsdp2 = "--use-torch-fsdp2" in args
+    mfsdp = "--use-megatron-fsdp" in args or "--use-custom-fsdp" in args
+    dist_opt = "--use-distributed-optimizer" in args
+    strategy = args.get("--data-parallel-sharding-strategy", [None])[0]
+    if strategy not in (None, "no_shard", "optim", "optim_grads", "optim_grads_params"):
+        raise ShardplanError(f"unknown --data-parallel-sharding-strategy {strategy!r}")
+    if fsdp2 and mfsdp:
+        raise ShardplanError("--use-torch-fsdp2 and --use-megatron-fsdp exclude each other")
+    if fsdp2:
+        if strategy not in (None, "optim_grads_params"):
+            notes.append(f"--data-parallel-sharding-strategy {strategy} applies to Megatron "
+                         f"FSDP; --use-torch-fsdp2 shards everything (ZeRO-3)")
+        return True, "sharded"
+    if mfsdp:
+        if strategy is None:  # Megatron-LM's default strategy
+            notes.append("--use-megatron-fsdp without --data-parallel-sharding-strategy shards "
+                         "nothing (Megatron-LM's default no_shard): modelled as DDP")
+            strategy = "no_shard"
+        if strategy == "optim_grads_params":
+            return True, "sharded"
+        if strategy == "optim_grads":
+            notes.append("--data-parallel-sharding-strategy optim_grads (ZeRO-2) is modelled "
+                         "as ZeRO-1: gradients are not kept sharded")
+            return False, "zero1"
+        if strategy == "optim":
+            return False, "zero1"
+        return False, "bucketed" if "--overlap-grad-reduce" in args else "end"
+    if strategy is not None and strategy != "no_shard":
+        notes.append(f"--data-parallel-sharding-strategy {strategy} needs --use-megatron-fsdp:"
+                     f" ignored, as Megatron-LM ignores it")
+    if dist_opt:
+        return False, "zero1"
+    return False, "bucketed" if "--overlap-grad-reduce" in args else "end"
+
+
+def parse_megatron(text: str, *, num_gpus: int | None = None, cluster: str | None = None
+                   ) -> RunConfig:
+    """Read a Megatron-LM argument string into a checked :class:`RunConfig`.
+
+    Parameters
+    ----------
+    text : str
+        The arguments, as given to ``pretrain_gpt.py`` (quoted as a shell quotes them).
+    num_gpus : int, optional
+        GPUs of the cluster: the data-parallel size is ``num_gpus / (tp x pp x cp)``.
+    cluster : str, optional
+        The cluster spec, recorded in the result.
+
+    Returns
+    -------
+    RunConfig
+        With ``notes`` naming every argument that changes the run and is not modelled.
+
+    Raises
+    ------
+    ShardplanError
+        A missing or malformed argument, or an inconsistent run (:class:`RunConfig`).
+
+    Notes
+    -----
+    Megatron-LM's choices kept: ``--sequence-parallel`` is switched off without tensor
+    parallelism (with a note), as Megatron does; the interleaved schedule is used when a
+    pipeline rank holds more than one virtual stage; the fp8 formats count as ``fp8``.
+    O(number of arguments).
+
+    Examples
+    --------
+    >>> run = parse_megatron("--num-layers 24 --hidden-size 1024 --num-attention-heads 16 "
+    ...                      "--seq-length 1024 --vocab-size 50257 --micro-batch-size 4 "
+    ...                      "--global-batch-size 64 --tensor-model-parallel-size 2 --bf16",
+    ...                      num_gpus=8)
+    >>> run.parallel.label(), run.model.vocab, run.microbatches
+    ('TP 2 x DP 4', 50432, 4)
+    """
+    args, notes = _read(text)
+    tp = _int("--tensor-model-parallel-size", args.get("--tensor-model-parallel-size", ["1"]))
+    pp = _int("--pipeline-model-parallel-size", args.get("--pipeline-model-parallel-size",
+                                                         ["1"]))
+    cp = _int("--context-parallel-size", args.get("--context-parallel-size", ["1"]))
+    model = _model(args, tp, notes)
+    per_vp = args.get("--num-layers-per-virtual-pipeline-stage")
+    per_rank = args.get("--num-virtual-stages-per-pipeline-rank")
+    first = _int("--decoder-first-pipeline-num-layers", args["--decoder-first-pipeline-num-layers"],
+                 0) if "--decoder-first-pipeline-num-layers" in args else None
+    last = _int("--decoder-last-pipeline-num-layers", args["--decoder-last-pipeline-num-layers"],
+                0) if "--decoder-last-pipeline-num-layers" in args else None
+    if per_vp and per_rank:
+        raise ShardplanError("give --num-layers-per-virtual-pipeline-stage or "
+                             "--num-virtual-stages-per-pipeline-rank, not both")
+    vp = 1
+    if per_rank:
+        vp = _int("--num-virtual-stages-per-pipeline-rank", per_rank)
+    elif per_vp:
+        n = _int("--num-layers-per-virtual-pipeline-stage", per_vp)
+        if first is not None or last is not None:
+            raise ShardplanError("uneven first/last pipeline stages go with "
+                                 "--num-virtual-stages-per-pipeline-rank")
+        if model.num_layers % (pp * n):
+            raise ShardplanError(f"{model.num_layers} layers are not a multiple of pp {pp} x "
+                                 f"{n} layers per virtual stage")
+        vp = model.num_layers // (pp * n)
+    stage_layers = uneven_stage_layers(model.num_layers, pp, vp, first, last)
+    fsdp, sync = _sharding(args, notes)
+    if "--overlap-param-gather" in args and sync == "zero1":
+        notes.append("--overlap-param-gather (the distributed optimizer's all-gather hidden "
+                     "behind the next forward) is not modelled")
+    if "--overlap-grad-reduce" in args and sync == "zero1":
+        notes.append("--overlap-grad-reduce with the distributed optimizer is modelled as "
+                     "one reduce-scatter after the last backward")
+    model_parallel = tp * pp * cp
+    dp_given = (_int("--data-parallel-size", args["--data-parallel-size"])
+                if "--data-parallel-size" in args else None)
+    if num_gpus is not None:
+        if num_gpus % model_parallel:
+            raise ShardplanError(f"the cluster's {num_gpus} GPUs are not a multiple of tp x pp x "
+                                 f"cp = {model_parallel}")
+        dp = num_gpus // model_parallel
+        if dp_given is not None and dp_given != dp:
+            raise ShardplanError(f"--data-parallel-size {dp_given} and the cluster's {num_gpus} "
+                                 f"GPUs / (tp x pp x cp = {model_parallel}) = {dp} disagree")
+    else:
+        dp = dp_given or 1
+    parallel = ParallelConfig(tp=tp, pp=pp, cp=cp, vp=vp, stage_layers=stage_layers,
+                              dp=1 if fsdp else dp, dp_shard=dp if fsdp else 1)
+    if "--micro-batch-size" not in args:
+        raise ShardplanError("the batch needs --micro-batch-size")
+    micro = _int("--micro-batch-size", args["--micro-batch-size"])
+    glob = (_int("--global-batch-size", args["--global-batch-size"])
+            if "--global-batch-size" in args else micro * dp)
+    if "--fp8-format" in args:
+        if args["--fp8-format"][0] not in ("e4m3", "hybrid"):
+            raise ShardplanError(f"--fp8-format is e4m3 or hybrid, got "
+                                 f"{args['--fp8-format'][0]!r}")
+        precision = "fp8"
+    elif "--fp16" in args and "--bf16" in args:
+        raise ShardplanError("--fp16 and --bf16 exclude each other")
+    else:
+        precision = "fp16" if "--fp16" in args else "bf16" if "--bf16" in args else "fp32"
+    seq_par = "--sequence-parallel" in args
+    if seq_par and tp == 1:
+        notes.append("--sequence-parallel without tensor parallelism is switched off, as "
+                     "Megatron-LM does")
+        seq_par = False
+    optimizer = args.get("--optimizer", ["adam"])[0]
+    if optimizer not in ("adam", "sgd"):
+        raise ShardplanError(f"--optimizer is adam or sgd, got {optimizer!r}")
+    per_chunk = max(parallel.layers_per_stage(model.num_layers))
+    execution = execution_of(parallel, micro_batch_size=micro, global_batch=glob,
+                             precision=precision,
+                             recompute=_recompute(args, per_chunk, notes),
+                             gradient_sync=sync, sequence_parallel=seq_par,
+                             tp_comm_overlap="--tp-comm-overlap" in args, optimizer=optimizer)
+    return RunConfig(model=model, cluster=cluster, num_gpus=num_gpus, parallel=parallel,
+                     micro_batch_size=micro, global_batch=glob, execution=execution,
+                     notes=tuple(notes), source="megatron")
+
+
+def _cell(row: Mapping[str, Any], key: str) -> str:
+    v = row.get(key)
+    return "" if v is None else str(v).strip()
+
+
+def megatron_args_of_row(row: Mapping[str, Any]) -> str:
+    """The Megatron-LM arguments of one row of ``gpu-runs/*.csv`` (its README's rules).
+
+    A row gives ``hidden``, ``heads``, ``layers``, ``vocab``, ``seq``, ``tp``, ``pp``, ``vp``
+    (virtual stages per rank; empty: 1), ``dp``, ``global_batch``, ``micro_batch`` (empty: not
+    published; 1 is written), ``precision``, ``recompute`` (``full``: uniform, one layer;
+    ``selective``), ``sequence_parallel`` (0/1) and ``optimizer_sharding`` (``zero3...``:
+    Megatron FSDP of everything; ``zero1`` / ``distributed``: the distributed optimizer).
+    The data-parallel size goes in as shardplan's ``--data-parallel-size``.
+    """
+    def num(key: str, default: int | None = None) -> int:
+        text = _cell(row, key)
+        if not text:
+            if default is None:
+                raise ShardplanError(f"row {_cell(row, 'id') or '?'} has no {key}")
+            return default
+        try:
+            return int(float(text))
+        except ValueError:
+            raise ShardplanError(f"row {_cell(row, 'id') or '?'}: {key} is not a number: "
+                                 f"{text!r}") from None
+
+    layers, pp, vp = num("layers"), num("pp", 1), num("vp", 1)
+    out = ["--num-layers", str(layers), "--hidden-size", str(num("hidden")),
+           "--num-attention-heads", str(num("heads")), "--seq-length", str(num("seq")),
+           "--max-position-embeddings", str(num("seq")), "--vocab-size", str(num("vocab")),
+           "--micro-batch-size", str(num("micro_batch", 1)),
+           "--global-batch-size", str(num("global_batch")),
+           "--tensor-model-parallel-size", str(num("tp", 1)),
+           "--pipeline-model-parallel-size", str(pp),
+           "--data-parallel-size", str(num("dp", 1))]
+    if vp > 1:
+        out += ["--num-layers-per-virtual-pipeline-stage", str(layers // (pp * vp))]
+    precision = _cell(row, "precision").lower()
+    if precision in ("fp16", "bf16"):
+        out.append(f"--{precision}")
+    elif precision == "fp8":
+        out += ["--bf16", "--fp8-format", "hybrid"]
+    recompute = _cell(row, "recompute").lower()
+    if recompute == "full":
+        out += ["--recompute-granularity", "full", "--recompute-method", "uniform",
+                "--recompute-num-layers", "1"]
+    elif recompute == "selective":
+        out += ["--recompute-granularity", "selective"]
+    if _cell(row, "sequence_parallel") in ("1", "true", "True"):
+        out.append("--sequence-parallel")
+    sharding = _cell(row, "optimizer_sharding").lower()
+    if sharding.startswith("zero3"):
+        out += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy",
+                "optim_grads_params"]
+    elif sharding.startswith(("zero1", "distributed")):
+        out.append("--use-distributed-optimizer")
+    return shlex.join(out)

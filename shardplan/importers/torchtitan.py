@@ -1,0 +1,358 @@
+"""Import a torchtitan run (``shardplan import torchtitan``): a v0.2 TOML file or a file of
+current torchtitan's ``--section.option`` flags.
+
+Option names follow torchtitan's ``config/job_config.py`` of the 0.2 releases (the
+``[parallelism]``, ``[training]``, ``[activation_checkpoint]`` sections the published
+benchmarks' TOML files use) and, for flag files, its later command line (``--module M --config
+llama3_8b`` recipes; ``--training.num_tokens_per_microbatch_per_dp_rank`` /
+``num_tokens_per_train_step`` batches in tokens; tyro's ``--section.no-option`` switches).
+TOML is read with :mod:`tomllib`, flags with :mod:`shlex`; nothing in either is run.
+
+What is read:
+
+- ``[model] name, flavor`` (``llama3`` 8B / 70B / 405B, ``llama2`` 7B / 13B / 70B) and
+  ``converters = ["float8"]`` (or ``[float8] enable_float8_linear``): precision ``fp8``.
+- ``[training] local_batch_size`` (older ``batch_size``): samples per data-parallel rank and
+  step of gradient accumulation; ``global_batch_size`` (-1: local x data-parallel degree; a
+  multiple of it accumulates gradients); ``seq_len``; ``mixed_precision_param`` (bfloat16:
+  ``bf16``, float16: ``fp16``, float32: ``fp32``).
+- ``[parallelism] data_parallel_replicate_degree`` (``dp``), ``data_parallel_shard_degree``
+  (``dp_shard``; -1: the GPUs the other degrees leave), ``tensor_parallel_degree``,
+  ``pipeline_parallel_degree`` with ``pipeline_parallel_schedule`` (1F1B, GPipe,
+  Interleaved1F1B; the other looped schedules are modelled as interleaved 1F1B, with a note),
+  ``pipeline_parallel_layers_per_stage`` (virtual stages per rank; looped schedules default to
+  2, as torchtitan does), ``pipeline_parallel_microbatch_size``, ``context_parallel_degree``,
+  ``enable_async_tensor_parallel`` (``tp_comm_overlap``). Tensor parallelism in torchtitan
+  shards the norms' activations by the sequence (``sequence_parallel``) unless
+  ``enable_sequence_parallel = false``.
+- ``[activation_checkpoint] mode`` none / selective / full; ``selective_ac_option = "op"`` is
+  ``selective``, a layer period N is ``full`` (with a note when N > 1: every N-th layer).
+- ``[optimizer] name`` (AdamW, Adam).
+
+Gradients: with ``dp_shard > 1`` FSDP2 shards everything (``sharded``); plain replicas run
+DDP (``bucketed``). The batch: without a pipeline a data-parallel rank's micro-batch is its
+``local_batch_size``; with one, ``pipeline_parallel_microbatch_size``. Keys of the sections
+in :data:`IGNORED` are skipped; any other key or section may change the run and gets a note.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import tomllib
+from collections.abc import Mapping
+from typing import Any
+
+from shardplan.errors import ShardplanError
+from shardplan.importers._run import RunConfig, execution_of, flavor_dims
+from shardplan.ir.parallel import ParallelConfig
+
+__all__ = ["IGNORED", "READ", "parse_torchtitan_flags", "parse_torchtitan_toml",
+           "run_of_torchtitan", "torchtitan_options"]
+
+#: The keys read, by section.
+READ: dict[str, frozenset[str]] = {
+    "model": frozenset({"name", "flavor", "converters"}),
+    "training": frozenset({"batch_size", "local_batch_size", "global_batch_size", "seq_len",
+                           "mixed_precision_param", "num_tokens_per_microbatch_per_dp_rank",
+                           "num_tokens_per_train_step"}),
+    "parallelism": frozenset({
+        "data_parallel_replicate_degree", "data_parallel_shard_degree",
+        "tensor_parallel_degree", "pipeline_parallel_degree", "pipeline_parallel_schedule",
+        "pipeline_parallel_layers_per_stage", "pipeline_parallel_microbatch_size",
+        "context_parallel_degree", "enable_async_tensor_parallel", "enable_sequence_parallel",
+        "num_pp_microbatches"}),
+    "activation_checkpoint": frozenset({"mode", "selective_ac_option"}),
+    "float8": frozenset({"enable_float8_linear"}),
+    "optimizer": frozenset({"name"}),
+}
+#: Keys that do not change what shardplan models, by section ("*": the whole section).
+IGNORED: dict[str, frozenset[str]] = {
+    **{s: frozenset({"*"}) for s in ("job", "profiling", "metrics", "checkpoint",
+                                     "lr_scheduler", "validation", "comm", "fault_tolerance",
+                                     "memory_estimation", "debug")},
+    "model": frozenset({"tokenizer_path", "hf_assets_path", "print_after_conversion"}),
+    "training": frozenset({"steps", "max_norm", "dataset", "dataset_path", "warmup_steps",
+                           "mixed_precision_reduce", "seed", "deterministic", "gc_freq",
+                           "dataloader"}),
+    "optimizer": frozenset({"lr", "eps", "weight_decay", "beta1", "beta2", "implementation",
+                            "min_lr_factor"}),
+    "parallelism": frozenset({"disable_loss_parallel", "enable_compiled_autograd",
+                              "pipeline_parallel_schedule_csv", "world_size",
+                              "context_parallel_rotate_method"}),
+    "activation_checkpoint": frozenset({"preserve_rng_state", "determinism_check", "debug",
+                                        "per_op_sac_force_recompute_mm_shapes_by_fqns"}),
+    "float8": frozenset({"recipe_name", "precompute_float8_dynamic_scale_for_fsdp",
+                         "enable_fsdp_float8_all_gather", "filter_fqns", "emulate"}),
+}
+_SCHEDULES = {"1f1b": "1f1b", "gpipe": "gpipe", "interleaved1f1b": "interleaved-1f1b"}
+_LOOPED = ("loopedbfs", "interleavedzerobubble", "zbvzerobubble", "dualpipev")
+_PRECISION = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
+_RECIPE = re.compile(r"^(llama[23])_(\d+b)$", re.IGNORECASE)
+
+
+def parse_torchtitan_toml(text: str, *, source: str = "<toml>") -> dict[str, dict[str, Any]]:
+    """The sections of a torchtitan TOML file (:mod:`tomllib`); one-line error if it is not
+    TOML or a section is not a table."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ShardplanError(f"{source}: not TOML: {exc}") from None
+    for name, section in data.items():
+        if not isinstance(section, dict):
+            raise ShardplanError(f"{source}: {name!r} is not a [section]")
+    return data
+
+
+def _value(text: str) -> Any:
+    low = text.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            continue
+    return text
+
+
+def parse_torchtitan_flags(text: str) -> dict[str, dict[str, Any]]:
+    """The ``--section.option value`` flags of current torchtitan as sections (what
+    :func:`parse_torchtitan_toml` gives for a TOML file).
+
+    ``--a.b=v`` and ``--a.b v`` are the same; a flag with no value is ``true`` and tyro's
+    ``--a.no-b`` / ``--a.no_b`` is ``b = false``; hyphens in names are underscores; several
+    values make a list. ``--module M --config NAME`` (a recipe) are kept under the section
+    ``""``.
+
+    Raises
+    ------
+    ShardplanError
+        Unbalanced quotes, a value before the first flag, or a flag without a section.
+    """
+    try:
+        tokens = shlex.split(text.replace("\\\n", " "), comments=True)
+    except ValueError as exc:
+        raise ShardplanError(f"cannot split the flags: {exc}") from None
+    pairs: list[tuple[str, list[str]]] = []
+    for tok in tokens:
+        if tok.startswith("--") and len(tok) > 2:
+            name, eq, value = tok.partition("=")
+            pairs.append((name[2:], [value] if eq else []))
+        elif not pairs:
+            raise ShardplanError(f"expected flags like --parallelism.tensor_parallel_degree 8,"
+                                 f" got {tok!r} first")
+        else:
+            pairs[-1][1].append(tok)
+    out: dict[str, dict[str, Any]] = {}
+    for name, values in pairs:
+        section, dot, option = name.partition(".")
+        if not dot:
+            if name in ("module", "config"):
+                out.setdefault("", {})[name] = values[0] if values else ""
+                continue
+            raise ShardplanError(f"torchtitan flag --{name} has no section (--section.option)")
+        option = option.replace("-", "_")
+        v: Any
+        if not values and option.startswith("no_"):
+            option, v = option[3:], False
+        elif not values:
+            v = True
+        elif len(values) == 1:
+            v = _value(values[0])
+        else:
+            v = [_value(x) for x in values]
+        out.setdefault(section.replace("-", "_"), {})[option] = v
+    return out
+
+
+def _int(sections: Mapping[str, Mapping[str, Any]], section: str, key: str, default: int,
+         minimum: int = 1) -> int:
+    v = sections.get(section, {}).get(key, default)
+    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+        raise ShardplanError(f"[{section}] {key} must be an integer >= {minimum}, got {v!r}")
+    return v
+
+
+def _notes_of_unread(sections: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    notes = []
+    for section, table in sections.items():
+        if section == "":
+            continue
+        ignored = IGNORED.get(section, frozenset())
+        if "*" in ignored:
+            continue
+        if section not in READ and section not in IGNORED:
+            notes.append(f"torchtitan section [{section}] changes the run and is not modelled")
+            continue
+        for key in table:
+            if key not in READ.get(section, ()) and key not in ignored:
+                notes.append(f"torchtitan option {section}.{key} changes the run and is not "
+                             f"modelled")
+    return notes
+
+
+def _model(sections: Mapping[str, Mapping[str, Any]]) -> tuple[str, str]:
+    model = sections.get("model", {})
+    recipe = sections.get("", {}).get("config")
+    if "name" in model or "flavor" in model or not recipe:
+        if "name" not in model or "flavor" not in model:
+            raise ShardplanError("the model needs [model] name and flavor (llama3, 8B)")
+        return str(model["name"]), str(model["flavor"])
+    m = _RECIPE.match(str(recipe))
+    if m is None:
+        raise ShardplanError(f"recipe --config {recipe!r} names no model shardplan knows "
+                             f"(llama3_8b, llama3_70b, llama3_405b, llama2_7b, ...)")
+    return m.group(1).lower(), m.group(2).upper()
+
+
+def run_of_torchtitan(sections: Mapping[str, Mapping[str, Any]], *,
+                      num_gpus: int | None = None, cluster: str | None = None) -> RunConfig:
+    """Read the sections of a torchtitan config into a checked :class:`RunConfig`.
+
+    Parameters
+    ----------
+    sections : mapping
+        From :func:`parse_torchtitan_toml` or :func:`parse_torchtitan_flags`.
+    num_gpus : int, optional
+        GPUs of the cluster: resolves ``data_parallel_shard_degree = -1`` and must equal the
+        product of the degrees.
+    cluster : str, optional
+        The cluster spec, recorded in the result.
+
+    Raises
+    ------
+    ShardplanError
+        A missing or malformed option, or an inconsistent run (the degrees' product not the
+        GPUs, a batch that does not divide, ...).
+    """
+    notes = _notes_of_unread(sections)
+    train = sections.get("training", {})
+    par_s = sections.get("parallelism", {})
+    name, flavor = _model(sections)
+    seq = _int(sections, "training", "seq_len", 2048)
+    model = flavor_dims(name, flavor, seq)
+    rep = _int(sections, "parallelism", "data_parallel_replicate_degree", 1)
+    tp = _int(sections, "parallelism", "tensor_parallel_degree", 1)
+    pp = _int(sections, "parallelism", "pipeline_parallel_degree", 1)
+    cp = _int(sections, "parallelism", "context_parallel_degree", 1)
+    shard = par_s.get("data_parallel_shard_degree", -1)
+    if shard == -1:
+        if num_gpus is None:
+            raise ShardplanError("data_parallel_shard_degree -1 takes the GPUs the other "
+                                 "degrees leave: give the cluster (--cluster)")
+        rest = rep * tp * pp * cp
+        if num_gpus % rest:
+            raise ShardplanError(f"the cluster's {num_gpus} GPUs are not a multiple of "
+                                 f"replicate x tp x pp x cp = {rest}")
+        shard = num_gpus // rest
+    shard = _int({"parallelism": {"s": shard}}, "parallelism", "s", 1)
+    sched_name = str(par_s.get("pipeline_parallel_schedule", "1F1B"))
+    key = sched_name.lower().replace("_", "")
+    if key in _SCHEDULES:
+        schedule = _SCHEDULES[key]
+    elif key in _LOOPED:
+        schedule = "interleaved-1f1b"
+        if pp > 1:
+            notes.append(f"pipeline schedule {sched_name} is modelled as Interleaved1F1B")
+    else:
+        raise ShardplanError(f"unknown pipeline_parallel_schedule {sched_name!r}")
+    vp = 1
+    if pp > 1 and schedule == "interleaved-1f1b":
+        lps = par_s.get("pipeline_parallel_layers_per_stage")
+        if lps is None:
+            vp = 2
+        else:
+            lps = _int(sections, "parallelism", "pipeline_parallel_layers_per_stage", 1)
+            if model.num_layers % lps or (model.num_layers // lps) % pp:
+                raise ShardplanError(f"{model.num_layers} layers in stages of {lps} do not "
+                                     f"give every one of the {pp} pipeline ranks as many")
+            vp = model.num_layers // lps // pp
+            if vp == 1:
+                schedule = "1f1b"
+    elif pp == 1:
+        schedule = "1f1b"
+    parallel = ParallelConfig(tp=tp, pp=pp, cp=cp, dp=rep, dp_shard=shard, vp=vp)
+    dp_total = parallel.data_parallel
+    if "num_tokens_per_microbatch_per_dp_rank" in train:
+        tokens = _int(sections, "training", "num_tokens_per_microbatch_per_dp_rank", 1)
+        if tokens % seq:
+            raise ShardplanError(f"{tokens} tokens per micro-batch are not whole sequences of "
+                                 f"{seq}")
+        local = tokens // seq
+        step = _int(sections, "training", "num_tokens_per_train_step", tokens * dp_total)
+        if step % seq:
+            raise ShardplanError(f"{step} tokens per step are not whole sequences of {seq}")
+        glob = step // seq
+        micro = local
+    else:
+        local_key = "local_batch_size" if "local_batch_size" in train else "batch_size"
+        local = _int(sections, "training", local_key, 8)
+        glob = train.get("global_batch_size", -1)
+        glob = local * dp_total if glob == -1 else _int(sections, "training",
+                                                        "global_batch_size", 1)
+        if glob % (local * dp_total):
+            raise ShardplanError(f"global_batch_size {glob} is not a multiple of "
+                                 f"{local_key} {local} x data-parallel degree {dp_total}")
+        micro = local
+        if pp > 1:
+            micro = _int(sections, "parallelism", "pipeline_parallel_microbatch_size", 1)
+            if local % micro:
+                raise ShardplanError(f"{local_key} {local} is not a multiple of "
+                                     f"pipeline_parallel_microbatch_size {micro}")
+    param = str(train.get("mixed_precision_param", "bfloat16"))
+    if param not in _PRECISION:
+        raise ShardplanError(f"unknown mixed_precision_param {param!r} (choose from "
+                             f"{', '.join(_PRECISION)})")
+    precision = _PRECISION[param]
+    converters = sections.get("model", {}).get("converters", [])
+    converters = [converters] if isinstance(converters, str) else list(converters)
+    if "float8" in converters or sections.get("float8", {}).get("enable_float8_linear"):
+        precision = "fp8"
+    optimizer = str(sections.get("optimizer", {}).get("name", "AdamW")).lower()
+    if optimizer not in ("adamw", "adam"):
+        raise ShardplanError(f"optimizer {optimizer!r} is not one shardplan models (AdamW, "
+                             f"Adam)")
+    sync = "sharded" if shard > 1 else "bucketed" if rep > 1 else "end"
+    seq_par = tp > 1 and bool(par_s.get("enable_sequence_parallel", True))
+    execution = execution_of(parallel, micro_batch_size=micro, global_batch=glob,
+                             schedule=schedule, precision=precision,
+                             recompute=_recompute(sections, notes), gradient_sync=sync,
+                             sequence_parallel=seq_par,
+                             tp_comm_overlap=bool(par_s.get("enable_async_tensor_parallel")),
+                             optimizer=optimizer)
+    return RunConfig(model=model, cluster=cluster, num_gpus=num_gpus, parallel=parallel,
+                     micro_batch_size=micro, global_batch=glob, execution=execution,
+                     notes=tuple(notes), source="torchtitan")
+
+
+def _recompute(sections: Mapping[str, Mapping[str, Any]], notes: list[str]) -> str:
+    ac = sections.get("activation_checkpoint", {})
+    mode = str(ac.get("mode", "selective"))
+    if mode in ("none", "full"):
+        return mode
+    if mode == "memory_budget":
+        notes.append("activation_checkpoint mode memory_budget is modelled as selective")
+        return "selective"
+    if mode != "selective":
+        raise ShardplanError(f"activation_checkpoint mode is none, selective or full, got "
+                             f"{mode!r}")
+    option = str(ac.get("selective_ac_option", "2"))
+    if option == "op":
+        return "selective"
+    if not option.isdigit() or int(option) < 1:
+        raise ShardplanError(f"selective_ac_option is 'op' or a layer period, got {option!r}")
+    if int(option) > 1:
+        notes.append(f"selective_ac_option {option} (every {option}-th layer checkpointed) is "
+                     f"modelled as every layer")
+    return "full"
+
+
+def torchtitan_options(text: str, *, source: str = "<config>") -> dict[str, dict[str, Any]]:
+    """The sections of a torchtitan config file's text: ``--section.option`` flags when its
+    first line that is not blank or a comment starts with ``--``, else TOML."""
+    lines = [ln.strip() for ln in text.splitlines()]
+    first = next((ln for ln in lines if ln and not ln.startswith("#")), "")
+    if first.startswith("--"):
+        return parse_torchtitan_flags(text)
+    return parse_torchtitan_toml(text, source=source)

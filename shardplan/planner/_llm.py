@@ -1,0 +1,188 @@
+"""The LLM plan kind: price a layout in the simulator, and search the layouts of a cluster.
+
+:func:`llm_plan` lays out a :class:`~shardplan.ir.ParallelConfig` (:func:`shardplan.strategy.
+llm.layout_plan`) and records the simulator's iteration time as its objective, so an imported
+configuration and a searched one are priced alike. :func:`llm_search` enumerates what a
+Megatron-LM or torchtitan user chooses -- tensor parallelism inside a node (dividing the
+heads), pipeline ranks (dividing the blocks), the data-parallel rest, the micro-batch, virtual
+stages, recompute, sequence parallelism -- keeps the layouts predicted to fit in memory, and
+simulates each (every candidate in the one price of :func:`shardplan.cost.llm_costs`).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from typing import Any
+
+from shardplan.cost._llm import block_layout, llm_costs
+from shardplan.errors import ShardplanError
+from shardplan.ir import ExecutionSettings, Graph, Objective, ParallelConfig, Plan, Topology
+from shardplan.simulate import SimulationResult, simulate
+from shardplan.strategy.llm import OBJECTIVE, check_layout, layout_plan
+
+__all__ = ["LLMCandidate", "LLMSearch", "llm_plan", "llm_search", "node_size"]
+
+
+def llm_plan(graph: Graph, topology: Topology, parallel: ParallelConfig,
+             settings: ExecutionSettings, *, algorithm: str = "llm",
+             search_seconds: float = 0.0) -> tuple[Plan, SimulationResult]:
+    """The plan of ``parallel`` with the simulated iteration as its objective."""
+    plan = layout_plan(graph, topology, parallel, settings, algorithm=algorithm,
+                       search_seconds=search_seconds)
+    result = simulate(plan, graph, topology, timeline=False)
+    return replace(plan, objective=Objective(OBJECTIVE, result.iteration_seconds)), result
+
+
+def node_size(topology: Topology) -> int:
+    """Devices per node: the smallest group of the topology's first level (its boxes), or
+    all devices when it has no levels."""
+    if topology.levels:
+        return min(len(g) for g in topology.levels[0].groups)
+    return topology.num_devices
+
+
+@dataclass(frozen=True)
+class LLMCandidate:
+    """One layout the search simulated."""
+
+    parallel: ParallelConfig
+    settings: ExecutionSettings
+    iteration_seconds: float
+    peak_memory_bytes: float
+    fits: bool
+
+    def row(self) -> dict[str, Any]:
+        s = self.settings
+        return {"parallel": self.parallel.label(), "layout": self.parallel.to_dict(),
+                "microbatch_size": s.microbatch_size, "microbatches": s.microbatches,
+                "schedule": s.schedule, "recompute": s.recompute,
+                "sequence_parallel": getattr(s, "sequence_parallel", False),
+                "iteration_seconds": self.iteration_seconds,
+                "peak_memory_gib": self.peak_memory_bytes / 2**30, "fits": self.fits}
+
+
+@dataclass(frozen=True)
+class LLMSearch:
+    """What :func:`llm_search` found: candidates best first (those that fit first)."""
+
+    ranked: tuple[LLMCandidate, ...]
+    seconds: float
+    timed_out: bool
+    considered: int
+
+    @property
+    def best(self) -> LLMCandidate | None:
+        return next((c for c in self.ranked if c.fits), None)
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _recompute_values(settings: ExecutionSettings) -> tuple[Any, ...]:
+    r = settings.recompute
+    if isinstance(r, str):
+        return ("none", "selective", "full")
+    return (False, True)
+
+
+def candidates(graph: Graph, topology: Topology, settings: ExecutionSettings, *,
+               global_batch: int, devices: int | None = None,
+               max_microbatch: int = 8) -> Iterator[tuple[ParallelConfig, ExecutionSettings]]:
+    """Every layout of ``devices`` (default: all) for ``global_batch`` sequences: TP a
+    divisor of the node size and of the heads, PP a divisor of the blocks, DP the rest (which
+    must divide the batch), per-replica micro-batches of 1 to ``max_microbatch``, 1 to 4
+    virtual stages when the blocks allow, each recompute level, sequence parallelism with
+    TP. O(product of the choices)."""
+    n = devices or topology.num_devices
+    layout = block_layout(graph)
+    dims = graph.meta.get("transformer") if isinstance(graph.meta, dict) else None
+    heads = dims.get("heads") if isinstance(dims, dict) else None
+    kv = dims.get("kv_heads") if isinstance(dims, dict) else None
+    node = node_size(topology)
+    for tp in _divisors(min(node, n)):
+        if any(isinstance(h, int) and h % tp for h in (heads, kv)):
+            continue
+        for pp in _divisors(n // tp):
+            if layout.num_blocks % pp:
+                continue
+            dp = n // (tp * pp)
+            if global_batch % dp:
+                continue
+            per_replica = global_batch // dp
+            for mb in (1, 2, 4, 8, 16):
+                if mb > max_microbatch or per_replica % mb:
+                    continue
+                m = per_replica // mb
+                if pp > 1 and m < pp:
+                    continue
+                for vp in (1, 2, 3, 4):
+                    if vp > 1 and (pp == 1 or layout.num_blocks % (pp * vp) or m % pp):
+                        continue
+                    for rc in _recompute_values(settings):
+                        for sp in ((False, True) if tp > 1 else (False,)):
+                            kw: dict[str, Any] = dict(
+                                microbatch_size=mb * dp, microbatches=m, recompute=rc,
+                                schedule="interleaved-1f1b" if vp > 1 else "1f1b",
+                                virtual_stages=vp if vp > 1 else settings.virtual_stages)
+                            if hasattr(settings, "sequence_parallel"):
+                                kw["sequence_parallel"] = sp
+                            elif sp:
+                                continue
+                            yield (ParallelConfig(tp=tp, pp=pp, dp=dp, vp=vp),
+                                   replace(settings, **kw))
+
+
+def llm_search(graph: Graph, topology: Topology, settings: ExecutionSettings, *,
+               global_batch: int, time_limit: float = 60.0, devices: int | None = None,
+               max_microbatch: int = 8) -> LLMSearch:
+    """The fastest layout of :func:`candidates` that fits, by branch and bound in the
+    simulator's price, within ``time_limit`` seconds (the best so far when it runs out).
+
+    Every candidate is priced once (:func:`~shardplan.cost.llm_costs`: its memory, and a
+    lower bound on its iteration, the busiest rank's compute and step); those that fit are
+    simulated in the order of their bounds, and the search stops when the next bound is no
+    better than the best simulated iteration: no candidate left can beat it, so the winner is
+    the simulator's best of them all. O(candidates * (n + pp * vp)) plus one simulation
+    per candidate whose bound is below the winner's time."""
+    from shardplan.simulate._llm import lower_bound_seconds, simulate_llm
+
+    start = time.monotonic()
+    capacity = float(topology.device_memory.min())
+    priced: list[tuple[float, ParallelConfig, ExecutionSettings, Any, float]] = []
+    ranked: list[LLMCandidate] = []
+    considered = 0
+    timed_out = False
+    for par, st in candidates(graph, topology, settings, global_batch=global_batch,
+                              devices=devices, max_microbatch=max_microbatch):
+        if time.monotonic() - start > time_limit:
+            timed_out = True
+            break
+        considered += 1
+        try:
+            check_layout(graph, topology, par, st)
+            costs = llm_costs(graph, topology, par, st)
+        except ShardplanError:
+            continue
+        mem = float(costs.memory["total"].max())
+        if mem > capacity:
+            ranked.append(LLMCandidate(par, st, math.inf, mem, False))
+            continue
+        priced.append((lower_bound_seconds(costs, par), par, st, costs, mem))
+    priced.sort(key=lambda x: x[0])
+    best = math.inf
+    for bound, par, st, costs, mem in priced:
+        if bound >= best:
+            break  # every remaining candidate's bound is at least the winner's time
+        if time.monotonic() - start > time_limit:
+            timed_out = True
+            break
+        plan = layout_plan(graph, topology, par, st)
+        res = simulate_llm(plan, graph, topology, plan.settings, timeline=False, costs=costs)
+        best = min(best, res.iteration_seconds)
+        ranked.append(LLMCandidate(par, st, res.iteration_seconds, mem, True))
+    ranked.sort(key=lambda c: (not c.fits, c.iteration_seconds, c.peak_memory_bytes))
+    return LLMSearch(tuple(ranked), time.monotonic() - start, timed_out, considered)

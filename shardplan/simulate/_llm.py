@@ -1,0 +1,217 @@
+"""One training iteration of an LLM plan (tensor x pipeline x data / fully sharded).
+
+The devices of an LLM plan's pipeline rank all do the same work at the same time (its
+tensor-parallel ranks split each operator, its data-parallel replicas each take their share of
+the micro-batch), so the iteration is simulated once per pipeline rank, on the rank's schedule
+(:mod:`shardplan.ir.schedule`: GPipe, 1F1B, or interleaved 1F1B with ``vp`` virtual stages on
+the same devices), with the per-micro-batch times of :func:`shardplan.cost.llm_costs` (the one
+price of this plan kind):
+
+- a forward of (virtual stage j, micro-batch m) starts when its rank is free and the
+  activations of (j - 1, m) have arrived (the message of ``send_seconds``; free on the same
+  rank); a backward when the gradient of (j + 1, m) has arrived;
+- data parallelism: each virtual stage's gradient reduction runs on the rank's communication
+  stream, one after the other; with ``gradient_sync`` ``bucketed``, ``zero1`` or ``sharded``
+  it starts when the stage's last backward ends (Megatron's ``--overlap-grad-reduce``, FSDP's
+  reduce-scatter after each backward), with ``end`` after the rank's last computation;
+- FSDP (``dp_shard > 1`` or ``sharded``): each forward and backward gathers the stage's
+  parameters block by block, the next block's gather prefetched under the current block's
+  compute, so an action takes ``max(compute, gather) + gather / blocks`` (the first block's
+  gather is never hidden);
+- the step: the optimizer over the rank's (sharded) parameters after the last reduction;
+  under ZeRO-1 the updated parameters are then all-gathered (exposed: Megatron's
+  ``--overlap-param-gather`` overlaps it with the next forward, which this model does not).
+
+Context parallelism's ring exchange of keys and values is not priced yet (its compute split is).
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+
+from shardplan.cost._llm import LLMCosts, block_layout, llm_costs, stage_nodes
+from shardplan.errors import ShardplanError
+from shardplan.ir import ExecutionSettings, Graph, ParallelConfig, Plan, Topology
+from shardplan.ir.schedule import BACKWARD, FORWARD, REDUCE_GRAD, Schedule, make_schedule
+from shardplan.simulate.result import Interval, SimulationResult
+
+__all__ = ["llm_schedule", "lower_bound_seconds", "simulate_llm"]
+
+
+@lru_cache(maxsize=64)
+def llm_schedule(pp: int, vp: int, microbatches: int, name: str) -> Schedule:
+    """The schedule an LLM plan runs: interleaved 1F1B over ``pp`` ranks when ``vp > 1``,
+    else ``name`` (``gpipe`` or ``1f1b``) over ``pp`` stages."""
+    if vp > 1:
+        return make_schedule("interleaved-1f1b", pp * vp, microbatches, virtual_stages=vp)
+    return make_schedule("1f1b" if name == "interleaved-1f1b" else name, pp, microbatches)
+
+
+def simulate_llm(plan: Plan, graph: Graph, topology: Topology,
+                 settings: ExecutionSettings, *, timeline: bool = True,
+                 costs: LLMCosts | None = None) -> SimulationResult:
+    """Simulate one iteration of an LLM plan (module docstring). O(pp * vp * M).
+
+    ``costs``: the plan's :func:`~shardplan.cost.llm_costs` when the caller has them already
+    (a search that checked memory first); computed here otherwise.
+
+    Raises
+    ------
+    ShardplanError
+        A layout that does not fit the graph or topology, or a schedule that does not fit
+        the micro-batches.
+    """
+    par = plan.parallel
+    if par is None:
+        raise ShardplanError("not an LLM plan (it has no 'parallel' layout)")
+    settings = settings.resolve(graph)
+    if costs is None:
+        costs = llm_costs(graph, topology, par, settings)
+    pp, vp, s_count = par.pp, par.vp, par.num_stages
+    m_count = settings.microbatches
+    sch = llm_schedule(pp, vp, m_count, settings.schedule)
+    gs = settings.gradient_sync
+    fsdp = par.dp_shard > 1 or gs == "sharded"
+    overlapped = gs in ("bucketed", "zero1", "sharded") or fsdp
+    layout = block_layout(graph)
+    blocks = np.array([max(1, int(np.unique(layout.block[nodes][
+        (layout.block[nodes] >= 0) & (layout.block[nodes] < layout.num_blocks)]).size))
+        for nodes in stage_nodes(layout, par)], dtype=np.float64)
+
+    def duration(j: int, op: str) -> float:
+        compute = float(costs.forward[j] if op == FORWARD else costs.backward[j])
+        if not fsdp or par.data_parallel <= 1:
+            return compute
+        g = float(costs.param_gather_seconds[j])
+        return max(compute, g) + g / blocks[j]
+
+    rank_of = [j % pp for j in range(s_count)]
+    f_done = np.full((s_count, m_count), np.nan)
+    b_done = np.full((s_count, m_count), np.nan)
+    clock = np.zeros(pp)
+    stream = np.zeros(pp)
+    busy = np.zeros(pp)
+    reduce_at: list[list[tuple[int, float]]] = [[] for _ in range(pp)]
+    heads = [0] * pp
+    intervals: list[Interval] = []
+    first_dev = [r * par.devices_per_rank for r in range(pp)]
+
+    def ready(r: int, act: Any) -> float | None:
+        j, m = act.stage, act.microbatch
+        if act.op == FORWARD:
+            if j == 0:
+                return 0.0
+            t = f_done[j - 1, m]
+            if math.isnan(t):
+                return None
+            return float(t) + (float(costs.send_seconds[j - 1]) if rank_of[j - 1] != r
+                               else 0.0)
+        if act.op == BACKWARD:
+            if math.isnan(f_done[j, m]):
+                return None
+            if j == s_count - 1:
+                return float(f_done[j, m])
+            t = b_done[j + 1, m]
+            if math.isnan(t):
+                return None
+            return float(t) + (float(costs.send_seconds[j]) if rank_of[j + 1] != r else 0.0)
+        return 0.0
+
+    remaining = sum(len(a) for a in sch.ranks)
+    while remaining:
+        progressed = False
+        for r in range(pp):
+            acts = sch.ranks[r]
+            while heads[r] < len(acts):
+                act = acts[heads[r]]
+                if act.op == REDUCE_GRAD:
+                    reduce_at[r].append((act.stage, float(clock[r])))
+                    heads[r] += 1
+                    remaining -= 1
+                    progressed = True
+                    continue
+                if act.op not in (FORWARD, BACKWARD):
+                    raise ShardplanError(f"the LLM simulator runs F and B actions, not "
+                                         f"{act.op!r}")
+                t = ready(r, act)
+                if t is None:
+                    break
+                start = max(float(clock[r]), t)
+                dur = duration(act.stage, act.op)
+                end = start + dur
+                (f_done if act.op == FORWARD else b_done)[act.stage, act.microbatch] = end
+                clock[r] = end
+                busy[r] += dur
+                if timeline:
+                    intervals.append(Interval(first_dev[r], start, end, act.op, act.stage,
+                                              act.microbatch))
+                heads[r] += 1
+                remaining -= 1
+                progressed = True
+        if not progressed:
+            raise ShardplanError("the LLM plan's schedule deadlocks")
+
+    pipeline = float(clock.max())
+    finish = np.zeros(pp)
+    ar_seconds = np.zeros(s_count)
+    opt = costs.optimizer_seconds
+    for r in range(pp):
+        t_stream = 0.0
+        for j, t in reduce_at[r]:
+            start = max(t if overlapped else float(clock[r]), t_stream)
+            t_stream = start + float(costs.grad_sync_seconds[j])
+            ar_seconds[j] = float(costs.grad_sync_seconds[j])
+            if timeline and costs.grad_sync_seconds[j] > 0:
+                intervals.append(Interval(first_dev[r], start, t_stream, "allreduce", j))
+        stream[r] = t_stream
+        step_start = max(float(clock[r]), t_stream)
+        t_end = step_start + float(opt[r])
+        if timeline:
+            intervals.append(Interval(first_dev[r], step_start, t_end, "OPT", r))
+        if gs == "zero1" and par.data_parallel > 1:
+            t_end += sum(float(costs.param_gather_seconds[j]) for j in range(r, s_count, pp))
+        finish[r] = t_end
+    iteration = float(finish.max())
+
+    per_rank_work = np.zeros(pp)
+    for j in range(s_count):
+        per_rank_work[j % pp] += duration(j, FORWARD) + duration(j, BACKWARD)
+    n_dev = par.world_size
+    devices = tuple(range(n_dev))
+    rank_of_dev = np.arange(n_dev) // par.devices_per_rank
+    capacity = topology.device_memory
+    samples = int(settings.global_batch or m_count * graph.batch_size)
+    bubble = 1.0 - float(busy.sum()) / (pp * pipeline) if pipeline > 0 else 0.0
+    opts = settings.to_dict()
+    opts.update(num_microbatches=m_count, schedule=sch.name, virtual_stages=vp,
+                parallel=par.to_dict())
+    return SimulationResult(
+        schedule=sch, stage_order=tuple(range(s_count)), num_microbatches=m_count,
+        num_replicas=par.devices_per_rank, samples_per_iteration=samples,
+        iteration_seconds=iteration, pipeline_seconds=pipeline,
+        throughput=samples / iteration if iteration > 0 else math.inf,
+        bubble_fraction=float(max(0.0, bubble)), devices=devices,
+        busy_seconds=tuple(float(busy[r]) for r in rank_of_dev),
+        peak_memory_bytes=tuple(float(costs.memory["total"][r]) for r in rank_of_dev),
+        memory_capacity_bytes=tuple(float(capacity[d]) for d in devices),
+        allreduce_seconds=tuple(float(x) for x in ar_seconds),
+        optimizer_seconds=float(opt.max()),
+        ideal_seconds=float(m_count * per_rank_work.max()),
+        intervals=tuple(sorted(intervals, key=lambda iv: (iv.start, iv.device, iv.end)))
+        if timeline else (),
+        options=opts,
+    )
+
+
+def lower_bound_seconds(costs: LLMCosts, parallel: ParallelConfig) -> float:
+    """A lower bound on :func:`simulate_llm`'s iteration: the busiest pipeline rank's compute
+    (every micro-batch's forward and backward of its virtual stages, at least what the
+    simulator charges) followed by its optimizer step. O(pp * vp)."""
+    work = np.zeros(parallel.pp)
+    for j in range(parallel.num_stages):
+        work[j % parallel.pp] += float(costs.forward[j] + costs.backward[j])
+    return float((work * costs.microbatches + costs.optimizer_seconds).max())

@@ -1,0 +1,74 @@
+"""The GPU hardware model (shardplan.cost._gpu): NCCL by scope, kernels at their fractions."""
+
+import pytest
+
+from shardplan.cost import llm_costs
+from shardplan.cost._collectives import collective_seconds
+from shardplan.cost._gpu import GPU_MODELS, gpu_model, group_collective_seconds, node_ids
+from shardplan.ir import ExecutionSettings, ParallelConfig
+from shardplan.topology import build
+from tests.cost.llm_graph import gpt_graph
+
+NVL, NIC = 300e9, 25e9
+
+
+def a100(nodes):
+    return build("hierarchical", shape=(nodes, 8), bandwidth=(NIC, NVL), latency=(5e-6, 2e-6),
+                 device="a100")
+
+
+def test_known_gpu_types_and_unknown_devices():
+    assert gpu_model(a100(1)) is GPU_MODELS["a100"]
+    assert gpu_model(build("flat", num_devices=2, device="a100")) is GPU_MODELS["a100"]
+    cpu = build("flat", num_devices=2)
+    cpu = cpu.replace(devices=tuple(d.__class__(d.name, d.memory_bytes, d.flops, {})
+                                    for d in cpu.devices))
+    assert gpu_model(cpu) is None
+    m = GPU_MODELS["a100"]
+    assert m.matmul_efficiency == pytest.approx(267.9 / 312)
+    assert 0.8 < m.nccl_efficiency < 0.82
+
+
+def test_inside_a_node_a_ring_over_nvlink():
+    t = a100(1)
+    m = GPU_MODELS["a100"]
+    s = 64e6
+    got = group_collective_seconds(t, m, "allreduce", range(8), s, node_ids(t))
+    want = m.nccl_base_latency + 14 * m.nccl_nvlink_step + 2 * 7 / 8 * s / (
+        m.nccl_efficiency * NVL)
+    assert got == pytest.approx(want)
+    half = group_collective_seconds(t, m, "allgather", range(8), s, node_ids(t))
+    assert half == pytest.approx(m.nccl_base_latency + 7 * m.nccl_nvlink_step +
+                                 7 / 8 * s / (m.nccl_efficiency * NVL))
+
+
+def test_across_nodes_each_gpu_uses_its_own_nic():
+    t = a100(4)
+    m = GPU_MODELS["a100"]
+    s = 1e9
+    ids = node_ids(t)
+    # all 32 GPUs: 8 per node share the inter-node traffic (1/8 each over its NIC)
+    full = group_collective_seconds(t, m, "allreduce", range(32), s, ids)
+    out = 2 * 3 / 4 * (s / 8) / (m.nccl_efficiency * NIC)
+    inside = 2 * 7 / 8 * s / (m.nccl_efficiency * NVL)
+    assert full == pytest.approx(m.nccl_base_latency + 14 * m.nccl_nvlink_step +
+                                 6 * m.nccl_net_step + max(out, inside))
+    # one GPU per node (a data-parallel group under TP 8): the whole tensor over one NIC
+    rail = group_collective_seconds(t, m, "allreduce", [0, 8, 16, 24], s, ids)
+    assert rail == pytest.approx(m.nccl_base_latency + 6 * m.nccl_net_step +
+                                 2 * 3 / 4 * s / (m.nccl_efficiency * NIC))
+    assert rail > 5 * full
+    # the topology's own ring (no GPU model) prices the whole ring at its slowest link
+    assert collective_seconds(t, "allreduce", list(range(32)), s) > full
+
+
+def test_llm_costs_use_the_fractions_on_gpus():
+    g = gpt_graph(hidden=2048, layers=2, seq=512, batch=4)
+    st = ExecutionSettings(microbatch_size=4, microbatches=1, mixed_precision=True)
+    gpu = llm_costs(g, a100(1), ParallelConfig(), st)
+    peak = llm_costs(g, a100(1), ParallelConfig(), st.__class__(
+        microbatch_size=4, microbatches=1, mixed_precision=True, efficiency=1.0))
+    # every node slower than at the datasheet's peak, by at most 1 / the smaller fraction
+    m = GPU_MODELS["a100"]
+    ratio = gpu.forward.sum() / peak.forward.sum()
+    assert 1.0 < ratio <= 1 / min(m.matmul_efficiency, m.memory_efficiency) + 1e-9

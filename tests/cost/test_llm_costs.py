@@ -1,0 +1,172 @@
+"""The LLM plan kind's costs (shardplan.cost._llm) on a GPT written as capture makes it."""
+
+import numpy as np
+import pytest
+
+from shardplan.cost import block_layout, llm_costs, precision_bytes, stage_nodes
+from shardplan.cost._gpu import gpu_model, group_collective_seconds, node_ids
+from shardplan.errors import ShardplanError
+from shardplan.ir import ExecutionSettings, Graph, ParallelConfig
+from shardplan.topology import build
+from tests.cost.llm_graph import gpt_graph, gpt_parameters
+
+H, L, S, V, B = 64, 4, 32, 128, 2
+
+
+@pytest.fixture(scope="module")
+def g():
+    return gpt_graph(hidden=H, layers=L, seq=S, vocab=V, batch=B)
+
+
+@pytest.fixture(scope="module")
+def topo():
+    return build("dgx1")
+
+
+def allreduce(topo, group, nbytes):
+    return group_collective_seconds(topo, gpu_model(topo), "allreduce", group, nbytes,
+                                    node_ids(topo))
+
+
+def settings(**kw):
+    kw.setdefault("microbatch_size", B)
+    kw.setdefault("microbatches", 4)
+    return ExecutionSettings(**kw)
+
+
+def test_fixture_has_megatrons_parameter_count(g):
+    assert g.param_bytes.sum() / 4 == gpt_parameters(hidden=H, layers=L, vocab=V, seq=S)
+
+
+def test_block_layout_roles(g):
+    lay = block_layout(g)
+    assert lay.num_blocks == L
+    assert np.unique(lay.region[lay.region >= 0]).size == 2 * L  # attention and MLP per block
+    names = [g.names[v] for v in np.flatnonzero(lay.vocab)]
+    assert names == ["tok", "output", "loss"]
+    assert lay.block[g.names.index("tok")] == -1
+    assert lay.block[g.names.index("norm")] == L
+    assert [g.names[v] for v in np.flatnonzero(lay.attention_core)] == \
+        [f"layers.{i}.sdpa" for i in range(L)]
+    # norms and residual additions are replicated, not split
+    assert not lay.split[g.names.index("layers.0.ln1")]
+    assert not lay.split[g.names.index("layers.0.add1")]
+    with pytest.raises(ShardplanError, match="no transformer blocks"):
+        block_layout(Graph.from_arrays(name="x", fwd_flops=[1.0], src=[], dst=[]))
+
+
+def test_stage_nodes_whole_blocks_embedding_first_head_last(g):
+    lay = block_layout(g)
+    st = stage_nodes(lay, ParallelConfig(pp=2, stage_layers=(1, 3)))
+    assert sorted(np.concatenate(st).tolist()) == list(range(g.num_nodes))
+    first = {g.names[v] for v in st[0]}
+    assert {"tok", "pos", "embed_add", "layers.0.wo"} <= first
+    assert not any(n.startswith("layers.1") for n in first)
+    assert {"norm", "output", "loss", "layers.3.w2"} <= {g.names[v] for v in st[1]}
+
+
+def test_tensor_parallel_megatrons_two_allreduces_per_block_and_pass(g, topo):
+    tp_group = [0, 1]
+    act = B * S * H * 2  # bf16 hidden state of one micro-batch
+    one = allreduce(topo, tp_group, act)
+    c = llm_costs(g, topo, ParallelConfig(tp=2), settings(precision="bf16")
+                  if "precision" in ExecutionSettings.__dataclass_fields__ else
+                  settings(mixed_precision=True))
+    # 2 per block, and the vocabulary-parallel embedding's (forward) / head's (backward)
+    assert c.tp_comm_forward.sum() == pytest.approx((2 * L + 1) * one)
+    assert c.tp_comm_backward.sum() == pytest.approx((2 * L + 1) * one)
+    full = llm_costs(g, topo, ParallelConfig(tp=2), settings(recompute=_full()))
+    none = llm_costs(g, topo, ParallelConfig(tp=2), settings())
+    # full recompute repeats the blocks' forward all-reduces in the backward
+    extra = full.tp_comm_backward.sum() - none.tp_comm_backward.sum()
+    assert extra == pytest.approx(2 * L * allreduce(topo, tp_group, B * S * H * 4))
+    assert llm_costs(g, topo, ParallelConfig(), settings()).tp_comm_forward.sum() == 0
+
+
+def _full():
+    f = ExecutionSettings.__dataclass_fields__["recompute"]
+    return "full" if f.type in ("str", str) else True
+
+
+def test_split_nodes_take_a_tp_share_of_compute(g, topo):
+    one = llm_costs(g, topo, ParallelConfig(), settings())
+    two = llm_costs(g, topo, ParallelConfig(tp=2), settings())
+    # compute without communication: the split share halves, the replicated stays
+    comp1 = one.forward.sum()
+    comp2 = two.forward.sum() - two.tp_comm_forward.sum()
+    assert comp1 / 2 < comp2 < comp1
+
+
+def test_memory_bytes_per_parameter_and_their_division(g, topo):
+    p = gpt_parameters(hidden=H, layers=L, vocab=V, seq=S)
+    mixed = settings(mixed_precision=True) if "precision" not in \
+        ExecutionSettings.__dataclass_fields__ else settings(precision="bf16")
+    c = llm_costs(g, topo, ParallelConfig(), mixed)
+    m = c.memory
+    assert m["params"][0] == pytest.approx(2 * p)
+    assert m["gradients"][0] == pytest.approx(2 * p)
+    assert m["master"][0] == pytest.approx(4 * p)
+    assert m["optimizer"][0] == pytest.approx(8 * p)  # Adam: ZeRO's 16 bytes in all
+    assert precision_bytes("fp32") == (4, 4, 0)
+    # tensor parallelism divides what is split (all but norms, biases of rows, positions)
+    t = llm_costs(g, topo, ParallelConfig(tp=2), mixed).memory
+    replicated = (S * H + (2 * 2 * L + 2) * H + 2 * L * H)
+    assert t["params"][0] == pytest.approx(2 * ((p - replicated) / 2 + replicated), rel=0.02)
+    # FSDP shards all of it over 8, ZeRO-1 the master weights and moments over the replicas
+    f = llm_costs(g, topo, ParallelConfig(dp_shard=8), settings(microbatch_size=8)).memory
+    d = llm_costs(g, topo, ParallelConfig(dp=8), settings(microbatch_size=8)).memory
+    assert f["params"][0] == pytest.approx(d["params"][0] / 8)
+    assert f["optimizer"][0] == pytest.approx(d["optimizer"][0] / 8)
+
+
+def test_activation_memory_close_to_megatrons_formula(g, topo):
+    """arXiv 2205.05198: s b h (34 + 5 a s / h) bytes per layer at 2 bytes, no parallelism;
+    the graph keeps no s x s matrix (flash attention), so 34 s b h against our sum of the
+    nodes' outputs (2 bytes)."""
+    st = settings(mixed_precision=True, microbatches=1) if "precision" not in \
+        ExecutionSettings.__dataclass_fields__ else settings(precision="bf16", microbatches=1)
+    c = llm_costs(g, topo, ParallelConfig(), st)
+    per_layer_formula = 34 * S * B * H
+    lay = block_layout(g)
+    blocks = (lay.block >= 0) & (lay.block < L)
+    ours = g.output_bytes[blocks].sum() / 2 / L  # fp32 captured -> 2 bytes
+    assert ours == pytest.approx(per_layer_formula, rel=0.1)
+    assert c.memory["activations"][0] >= ours * L
+
+
+def test_recompute_and_pipeline_in_flight_change_activations(g, topo):
+    base = llm_costs(g, topo, ParallelConfig(pp=2), settings(microbatches=8))
+    assert base.in_flight.tolist() == [2, 1]
+    full = llm_costs(g, topo, ParallelConfig(pp=2), settings(microbatches=8,
+                                                                recompute=_full()))
+    assert (full.memory["activations"] < base.memory["activations"]).all()
+    assert (full.backward > base.backward).all()
+
+
+def test_bad_layouts_are_refused(g, topo):
+    with pytest.raises(ShardplanError, match="needs 16 devices"):
+        llm_costs(g, topo, ParallelConfig(tp=2, dp=8), settings(microbatch_size=8))
+    with pytest.raises(ShardplanError, match="does not divide"):
+        llm_costs(g, topo, ParallelConfig(dp=4), settings(microbatch_size=2))
+    with pytest.raises(ShardplanError, match="cannot fill"):
+        llm_costs(g, topo, ParallelConfig(pp=8), settings())
+
+
+def test_materialized_attention_keeps_and_moves_the_scores(g, topo):
+    """Korthikanti et al. 2022: 5 a s^2 b bytes per layer kept for the backward (2-byte
+    activations); the flash kernel keeps none."""
+    import dataclasses
+
+    base = settings(microbatches=1, mixed_precision=True)
+    if "attention" not in ExecutionSettings.__dataclass_fields__:
+        pytest.skip("no attention setting")
+    flash = llm_costs(g, topo, ParallelConfig(), base)
+    mat = llm_costs(g, topo, ParallelConfig(), dataclasses.replace(base,
+                                                                  attention="materialized"))
+    heads = g.meta["transformer"]["heads"]
+    kept = 5 * heads * S * S * B * L
+    assert mat.memory["activations"][0] - flash.memory["activations"][0] == \
+        pytest.approx(kept)
+    assert (mat.forward > flash.forward).all() and (mat.backward > flash.backward).all()
+    with pytest.raises(ShardplanError, match="attention kernel"):
+        llm_costs(g, topo, ParallelConfig(), dataclasses.replace(base, attention="x"))

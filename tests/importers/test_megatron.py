@@ -1,0 +1,191 @@
+"""Megatron-LM argument import: every published GPU run, Llama-style models, notes, errors."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+
+from shardplan.errors import ShardplanError
+from shardplan.importers.megatron import megatron_args_of_row, parse_megatron, split_arguments
+from shardplan.ir import ParallelConfig
+
+RUNS = Path(__file__).resolve().parents[3] / "shared" / "gpu-runs"
+ROWS = [row for f in sorted(RUNS.glob("*.csv")) for row in csv.DictReader(f.open())]
+
+GPT = ("--num-layers 24 --hidden-size 1024 --num-attention-heads 16 --seq-length 1024 "
+       "--max-position-embeddings 1024 --vocab-size 51200 --micro-batch-size 2 ")
+
+
+def _n(row: dict, key: str, default: int = 1) -> int:
+    return int(row[key]) if row[key].strip() else default
+
+
+@pytest.mark.skipif(not ROWS, reason="no gpu-runs CSV beside the repository")
+@pytest.mark.parametrize("row", ROWS, ids=[r["id"] for r in ROWS])
+def test_every_published_row_imports(row: dict) -> None:
+    run = parse_megatron(megatron_args_of_row(row), num_gpus=int(row["gpus"]))
+    tp, pp, vp, dp = _n(row, "tp"), _n(row, "pp"), _n(row, "vp"), _n(row, "dp")
+    zero3 = row["optimizer_sharding"].startswith("zero3")
+    assert run.parallel == ParallelConfig(tp=tp, pp=pp, vp=vp, dp=1 if zero3 else dp,
+                                          dp_shard=dp if zero3 else 1)
+    assert run.parallel.world_size == int(row["gpus"])
+    m = run.model
+    assert (m.family, m.hidden, m.num_heads, m.num_layers, m.vocab, m.seq_len) == (
+        "gpt", int(row["hidden"]), int(row["heads"]), int(row["layers"]), int(row["vocab"]),
+        int(row["seq"]))
+    assert m.ffn == 4 * m.hidden and m.num_kv_heads == m.num_heads
+    micro = _n(row, "micro_batch")
+    assert run.micro_batch_size == micro and run.global_batch == int(row["global_batch"])
+    ex = run.execution
+    assert ex["microbatch_size"] == micro * dp
+    assert ex["microbatches"] == int(row["global_batch"]) // (micro * dp)
+    assert ex["precision"] == row["precision"]
+    assert ex["recompute"] == row["recompute"]
+    assert ex["sequence_parallel"] == (row["sequence_parallel"] == "1")
+    assert ex["gradient_sync"] == ("sharded" if zero3 else "end")
+    assert ex["schedule"] == ("interleaved-1f1b" if vp > 1 else "1f1b")
+    assert ex["virtual_stages"] == vp
+    assert run.notes == ()
+    assert run.model.spec.startswith(f"gpt:hidden={row['hidden']},layers={row['layers']},")
+
+
+def test_data_parallel_size_from_the_cluster() -> None:
+    run = parse_megatron(GPT + "--global-batch-size 64 --tensor-model-parallel-size 2 "
+                         "--pipeline-model-parallel-size 2", num_gpus=16)
+    assert run.parallel == ParallelConfig(tp=2, pp=2, dp=4)
+    assert run.microbatches == 8 and run.execution["microbatch_size"] == 8
+    # no cluster and no --data-parallel-size: one replica; the default global batch
+    alone = parse_megatron(GPT)
+    assert alone.parallel.world_size == 1 and alone.global_batch == 2
+
+
+def test_vocabulary_padded_as_megatron_pads_it() -> None:
+    base = GPT.replace("--vocab-size 51200 ", "")
+    assert parse_megatron(base + "--vocab-size 50257").model.vocab == 50304
+    assert parse_megatron(base + "--vocab-size 50257 --tensor-model-parallel-size 8",
+                          num_gpus=8).model.vocab == 51200
+    assert parse_megatron(base + "--tokenizer-type GPT2BPETokenizer").model.vocab == 50304
+    assert parse_megatron(base + "--padded-vocab-size 50257").model.vocab == 50257
+    assert parse_megatron(base + "--vocab-size 1000 --make-vocab-size-divisible-by 64"
+                          ).model.vocab == 1024
+    with pytest.raises(ShardplanError, match="--vocab-size"):
+        parse_megatron(base)
+
+
+LLAMA = ("--num-layers 32 --hidden-size 4096 --num-attention-heads 32 --group-query-attention "
+         "--num-query-groups 8 --ffn-hidden-size 14336 --seq-length 8192 "
+         "--max-position-embeddings 8192 --vocab-size 128256 --swiglu --normalization RMSNorm "
+         "--position-embedding-type rope --untie-embeddings-and-output-weights "
+         "--micro-batch-size 1 --global-batch-size 128 --bf16 ")
+
+
+def test_llama_style_arguments_select_the_llama_family() -> None:
+    run = parse_megatron(LLAMA + "--tensor-model-parallel-size 8 --sequence-parallel "
+                         "--use-distributed-optimizer --overlap-grad-reduce "
+                         "--overlap-param-gather --tp-comm-overlap", num_gpus=64)
+    # 128,256 padded to a multiple of 128 x tp 8, as Megatron-LM trains it
+    assert run.model.spec == ("llama:hidden=4096,layers=32,heads=32,kv_heads=8,ffn=14336,"
+                              "vocab=129024,seq=8192")
+    assert run.parallel == ParallelConfig(tp=8, dp=8)
+    ex = run.execution
+    assert ex["gradient_sync"] == "zero1" and ex["tp_comm_overlap"] and ex["sequence_parallel"]
+    assert ex["precision"] == "bf16" and ex["recompute"] == "none"
+    assert any("--overlap-param-gather" in n for n in run.notes)
+    # swiglu's default FFN width, as Megatron computes it
+    bare = LLAMA.replace("--ffn-hidden-size 14336 ", "")
+    assert parse_megatron(bare, num_gpus=1).model.ffn == int(4 * 4096 * 2 / 3 / 64) * 64
+    # a GPT model with RMSNorm: the GPT family, and a note
+    rms = parse_megatron(GPT + "--normalization RMSNorm")
+    assert rms.model.family == "gpt" and any("RMSNorm" in n for n in rms.notes)
+    # a tensor-parallel degree that splits the heads but not the 8 query groups
+    with pytest.raises(ShardplanError, match="query groups"):
+        parse_megatron(LLAMA + "--tensor-model-parallel-size 16", num_gpus=16)
+
+
+def test_virtual_and_uneven_stages() -> None:
+    vp = parse_megatron(GPT + "--pipeline-model-parallel-size 4 "
+                        "--num-layers-per-virtual-pipeline-stage 2 --global-batch-size 16")
+    assert vp.parallel.vp == 3 and vp.execution["schedule"] == "interleaved-1f1b"
+    same = parse_megatron(GPT + "--pipeline-model-parallel-size 4 "
+                          "--num-virtual-stages-per-pipeline-rank 3 --global-batch-size 16")
+    assert same.parallel == vp.parallel
+    uneven = parse_megatron(GPT + "--pipeline-model-parallel-size 4 "
+                            "--decoder-first-pipeline-num-layers 3 "
+                            "--decoder-last-pipeline-num-layers 5")
+    assert uneven.parallel.stage_layers == (3, 8, 8, 5)
+    both = parse_megatron(GPT + "--pipeline-model-parallel-size 2 "
+                          "--num-virtual-stages-per-pipeline-rank 2 "
+                          "--decoder-first-pipeline-num-layers 8")
+    # rank 0: 8 layers in 2 virtual stages; rank 1: 16 in 2
+    assert both.parallel.stage_layers == (4, 8, 4, 8)
+    with pytest.raises(ShardplanError, match="not an even split"):
+        parse_megatron(GPT + "--pipeline-model-parallel-size 3 "
+                       "--decoder-first-pipeline-num-layers 3")
+    with pytest.raises(ShardplanError, match="do not divide evenly"):
+        parse_megatron(GPT + "--pipeline-model-parallel-size 5")
+    with pytest.raises(ShardplanError, match="virtual pipeline stages need"):
+        parse_megatron(GPT + "--num-virtual-stages-per-pipeline-rank 2")
+
+
+def test_settings() -> None:
+    fsdp = parse_megatron(GPT + "--use-torch-fsdp2 --fp16", num_gpus=8)
+    assert fsdp.parallel == ParallelConfig(dp_shard=8)
+    assert fsdp.execution["gradient_sync"] == "sharded"
+    assert fsdp.execution["precision"] == "fp16"
+    z1 = parse_megatron(GPT + "--use-megatron-fsdp --data-parallel-sharding-strategy optim",
+                        num_gpus=8)
+    assert z1.parallel == ParallelConfig(dp=8) and z1.execution["gradient_sync"] == "zero1"
+    plain = parse_megatron(GPT + "--use-megatron-fsdp", num_gpus=8)
+    assert plain.parallel == ParallelConfig(dp=8) and plain.execution["gradient_sync"] == "end"
+    assert any("no_shard" in n for n in plain.notes)
+    ddp = parse_megatron(GPT + "--overlap-grad-reduce --optimizer sgd", num_gpus=2)
+    assert ddp.execution["gradient_sync"] == "bucketed" and ddp.execution["optimizer"] == "sgd"
+    fp8 = parse_megatron(GPT + "--bf16 --fp8-format hybrid")
+    assert fp8.execution["precision"] == "fp8"
+    sel = parse_megatron(GPT + "--recompute-activations")
+    assert sel.execution["recompute"] == "selective"
+    part = parse_megatron(GPT + "--recompute-granularity full --recompute-method block "
+                          "--recompute-num-layers 4")
+    assert part.execution["recompute"] == "full" and any("block" in n for n in part.notes)
+    sp = parse_megatron(GPT + "--sequence-parallel")
+    assert not sp.execution["sequence_parallel"] and any("sequence" in n for n in sp.notes)
+    cp = parse_megatron(GPT + "--context-parallel-size 2", num_gpus=2)
+    assert cp.parallel == ParallelConfig(cp=2)
+
+
+def test_unmodelled_arguments_get_a_note_and_harmless_ones_none() -> None:
+    run = parse_megatron(GPT + "--lr 1e-4 --min-lr 1e-5 --save /ckpt --log-interval 10 "
+                         "--num-experts 8 --moe-router-topk 2 --rampup-batch-size 16 16 1000")
+    assert run.notes == tuple(f"Megatron-LM argument {a} changes the run and is not modelled"
+                              for a in ("--num-experts", "--moe-router-topk",
+                                        "--rampup-batch-size"))
+
+
+@pytest.mark.parametrize(("extra", "gpus", "reason"), [
+    ("--tensor-model-parallel-size 3", 3, "does not divide the 16 attention heads"),
+    ("--global-batch-size 10", 4, "not a multiple of micro-batch 2 x data-parallel size 4"),
+    ("--tensor-model-parallel-size 4", 6, "not a multiple of tp x pp x cp = 4"),
+    ("--data-parallel-size 2", 4, "disagree"),
+    ("--fp16 --bf16", None, "exclude each other"),
+    ("--seq-length 2048", None, "longer than --max-position-embeddings"),
+    ("--context-parallel-size 3", 3, "multiple of 2 x context parallelism 3"),
+    ("--recompute-granularity most", None, "full or selective"),
+    ("--micro-batch-size x", None, "takes an integer"),
+    ("--fp16 1", None, "takes no value"),
+])
+def test_inconsistent_runs_are_refused(extra: str, gpus: int | None, reason: str) -> None:
+    with pytest.raises(ShardplanError, match=reason):
+        parse_megatron(GPT + extra, num_gpus=gpus)
+
+
+def test_splitting() -> None:
+    assert split_arguments("--a 1 --b --c=2 \\\n --d -1 'x y'") == [
+        ("--a", ["1"]), ("--b", []), ("--c", ["2"]), ("--d", ["-1", "x y"])]
+    with pytest.raises(ShardplanError, match="got 'pretrain_gpt.py' first"):
+        split_arguments("pretrain_gpt.py --num-layers 2")
+    with pytest.raises(ShardplanError, match="cannot split"):
+        split_arguments("--a 'unclosed")
+    with pytest.raises(ShardplanError, match="needs --num-layers"):
+        parse_megatron("--hidden-size 8")

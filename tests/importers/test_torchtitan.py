@@ -1,0 +1,149 @@
+"""torchtitan import: a v0.2 TOML file and the same run as current flags, batches, errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from shardplan.errors import ShardplanError
+from shardplan.importers.torchtitan import (
+    parse_torchtitan_flags,
+    parse_torchtitan_toml,
+    run_of_torchtitan,
+    torchtitan_options,
+)
+from shardplan.ir import ParallelConfig
+
+DATA = Path(__file__).parent / "data"
+
+
+def _run(text: str, gpus: int | None = 64):  # noqa: ANN202 - RunConfig
+    return run_of_torchtitan(torchtitan_options(text), num_gpus=gpus)
+
+
+def test_llama3_8b_toml_and_its_flags_give_the_same_run() -> None:
+    toml = run_of_torchtitan(torchtitan_options((DATA / "llama3_8b.toml").read_text()),
+                             num_gpus=64, cluster="dgx-h100,nodes=8")
+    flags = run_of_torchtitan(torchtitan_options((DATA / "llama3_8b.flags").read_text()),
+                              num_gpus=64, cluster="dgx-h100,nodes=8")
+    assert toml == flags
+    assert toml.model.spec == "llama3:8B,seq=8192"
+    assert toml.parallel == ParallelConfig(dp_shard=64)
+    assert toml.micro_batch_size == 1 and toml.global_batch == 64
+    assert toml.execution["recompute"] == "selective"
+    assert toml.execution["gradient_sync"] == "sharded"
+    assert toml.execution["precision"] == "bf16" and toml.execution["optimizer"] == "adamw"
+    assert toml.notes == ()
+
+
+HYBRID = """
+[model]
+name = "llama3"
+flavor = "70B"
+converters = ["float8"]
+[training]
+local_batch_size = 8
+global_batch_size = 128
+seq_len = 8192
+[parallelism]
+data_parallel_replicate_degree = 2
+data_parallel_shard_degree = -1
+tensor_parallel_degree = 8
+pipeline_parallel_degree = 4
+pipeline_parallel_schedule = "Interleaved1F1B"
+pipeline_parallel_microbatch_size = 2
+context_parallel_degree = 2
+enable_async_tensor_parallel = true
+[activation_checkpoint]
+mode = "full"
+"""
+
+
+def test_every_degree_and_the_batch() -> None:
+    run = _run(HYBRID, gpus=256)
+    assert run.parallel == ParallelConfig(dp=2, dp_shard=2, tp=8, pp=4, cp=2, vp=2)
+    # 8 local samples in micro-batches of 2; 128 = 8 x 4 data-parallel ranks x 4 steps
+    assert run.micro_batch_size == 2 and run.microbatches == 16
+    ex = run.execution
+    assert ex["schedule"] == "interleaved-1f1b" and ex["virtual_stages"] == 2
+    assert ex["precision"] == "fp8" and ex["recompute"] == "full"
+    assert ex["tp_comm_overlap"] and ex["sequence_parallel"]
+    flags = parse_torchtitan_flags(
+        "--model.name llama3 --model.flavor 70B --model.converters float8 "
+        "--training.local_batch_size 8 --training.global_batch_size 128 "
+        "--training.seq_len 8192 --parallelism.data_parallel_replicate_degree 2 "
+        "--parallelism.tensor_parallel_degree 8 --parallelism.pipeline_parallel_degree 4 "
+        "--parallelism.pipeline-parallel-schedule Interleaved1F1B "
+        "--parallelism.pipeline_parallel_microbatch_size=2 "
+        "--parallelism.context_parallel_degree 2 --parallelism.enable_async_tensor_parallel "
+        "--activation_checkpoint.mode full")
+    assert run_of_torchtitan(flags, num_gpus=256) == run
+
+
+def test_layers_per_stage_and_schedules() -> None:
+    text = HYBRID.replace('pipeline_parallel_microbatch_size = 2',
+                          'pipeline_parallel_microbatch_size = 2\n'
+                          'pipeline_parallel_layers_per_stage = 5')
+    assert _run(text, gpus=256).parallel.vp == 4  # 80 layers / 5 = 16 stages on 4 ranks
+    zbv = _run(HYBRID.replace("Interleaved1F1B", "ZBVZeroBubble"), gpus=256)
+    assert zbv.execution["schedule"] == "interleaved-1f1b"
+    assert any("ZBVZeroBubble" in n for n in zbv.notes)
+    single = _run(HYBRID.replace("Interleaved1F1B", "GPipe"), gpus=256)
+    assert single.parallel.vp == 1 and single.execution["schedule"] == "gpipe"
+
+
+def test_tokens_per_step_batches_of_current_torchtitan() -> None:
+    sections = parse_torchtitan_flags(
+        "--module llama3 --config llama3_8b --training.seq_len 4096 "
+        "--training.num_tokens_per_microbatch_per_dp_rank 8192 "
+        "--training.num_tokens_per_train_step 1048576 "
+        "--parallelism.data_parallel_shard_degree 8 --parallelism.no-enable-sequence-parallel")
+    run = run_of_torchtitan(sections)
+    assert run.model.spec == "llama3:8B,seq=4096"
+    assert run.micro_batch_size == 2 and run.global_batch == 256 and run.microbatches == 16
+
+
+def test_notes_for_options_that_change_the_run() -> None:
+    text = (DATA / "llama3_8b.toml").read_text() + (
+        "\n[compile]\nenable = true\n[experimental]\ncustom_import = 'x'\n")
+    text = text.replace('selective_ac_option = "op"', 'selective_ac_option = "2"')
+    run = _run(text)
+    assert run.execution["recompute"] == "full"
+    assert run.notes == (
+        "torchtitan section [compile] changes the run and is not modelled",
+        "torchtitan section [experimental] changes the run and is not modelled",
+        "selective_ac_option 2 (every 2-th layer checkpointed) is modelled as every layer")
+
+
+@pytest.mark.parametrize(("change", "gpus", "reason"), [
+    (("tensor_parallel_degree = 8", "tensor_parallel_degree = 16"), 256,
+     "does not divide the 8 query groups"),
+    (("global_batch_size = 128", "global_batch_size = 100"), 256, "not a multiple of"),
+    (("pipeline_parallel_microbatch_size = 2", "pipeline_parallel_microbatch_size = 3"), 256,
+     "not a multiple of pipeline_parallel_microbatch_size 3"),
+    (("data_parallel_shard_degree = -1", "data_parallel_shard_degree = 4"), 256,
+     "uses 512 GPUs"),
+    (("data_parallel_shard_degree = -1", "data_parallel_shard_degree = -1"), 100,
+     "not a multiple of replicate x tp x pp x cp = 128"),
+    (("flavor = \"70B\"", "flavor = \"7B\""), 256, "unknown llama3 flavor"),
+    (("mode = \"full\"", "mode = \"some\""), 256, "none, selective or full"),
+    (("Interleaved1F1B", "Fancy"), 256, "unknown pipeline_parallel_schedule"),
+])
+def test_inconsistent_configs_are_refused(change: tuple[str, str], gpus: int,
+                                          reason: str) -> None:
+    with pytest.raises(ShardplanError, match=reason):
+        _run(HYBRID.replace(*change), gpus=gpus)
+
+
+def test_reading_errors() -> None:
+    with pytest.raises(ShardplanError, match="not TOML"):
+        parse_torchtitan_toml("[model\nname = 1", source="x.toml")
+    with pytest.raises(ShardplanError, match="GPUs the other degrees leave"):
+        _run(HYBRID, gpus=None)
+    with pytest.raises(ShardplanError, match="has no section"):
+        parse_torchtitan_flags("--steps 10")
+    with pytest.raises(ShardplanError, match="names no model"):
+        run_of_torchtitan(parse_torchtitan_flags("--module m --config my_model"), num_gpus=8)
+    with pytest.raises(ShardplanError, match="name and flavor"):
+        _run("[training]\nseq_len = 10\n")

@@ -1,0 +1,73 @@
+"""The LLM plan kind's planner: a layout priced by the simulator, and the layout search."""
+
+import math
+
+import pytest
+
+from shardplan.cost import llm_costs
+from shardplan.errors import ShardplanError
+from shardplan.ir import ExecutionSettings, ParallelConfig
+from shardplan.planner._llm import candidates, llm_plan, llm_search, node_size
+from shardplan.simulate import simulate
+from shardplan.simulate._llm import lower_bound_seconds
+from shardplan.strategy.llm import layout_plan
+from shardplan.topology import build
+from tests.cost.llm_graph import gpt_graph
+
+
+@pytest.fixture(scope="module")
+def g():
+    return gpt_graph(layers=4, hidden=32, seq=16, vocab=64)
+
+
+@pytest.fixture(scope="module")
+def topo():
+    return build("dgx1")
+
+
+def test_llm_plan_objective_is_the_simulated_iteration(g, topo):
+    st = ExecutionSettings(microbatches=4, microbatch_size=8)
+    plan, res = llm_plan(g, topo, ParallelConfig(tp=2, pp=2, dp=2), st)
+    assert plan.objective.value == res.iteration_seconds
+    assert plan.objective.value == simulate(plan, g, topo).iteration_seconds
+    assert math.isinf(layout_plan(g, topo, ParallelConfig(), st).objective.value)
+
+
+def test_layout_refusals(g, topo):
+    st = ExecutionSettings(microbatches=4, microbatch_size=8)
+    with pytest.raises(ShardplanError, match="needs 16 devices"):
+        layout_plan(g, topo, ParallelConfig(tp=2, dp=8), st)
+    with pytest.raises(ShardplanError, match="multiple of"):
+        layout_plan(g, topo, ParallelConfig(pp=2, vp=2), ExecutionSettings(microbatches=5))
+    heads = g.replace(meta={"transformer": {"heads": 3}})
+    with pytest.raises(ShardplanError, match="does not divide the model's 3 heads"):
+        layout_plan(heads, topo, ParallelConfig(tp=2), st)
+
+
+def test_branch_and_bound_finds_what_simulating_every_candidate_finds(g, topo):
+    found = llm_search(g, topo, ExecutionSettings(), global_batch=16, time_limit=120)
+    assert not found.timed_out and found.best is not None
+    best = found.best
+    # exhaustively: every candidate that fits, simulated; the bound never exceeds the time
+    times = []
+    for par, st in candidates(g, topo, ExecutionSettings(), global_batch=16):
+        costs = llm_costs(g, topo, par, st)
+        if costs.memory["total"].max() > topo.device_memory.min():
+            continue
+        plan = layout_plan(g, topo, par, st)
+        t = simulate(plan, g, topo).iteration_seconds
+        assert lower_bound_seconds(costs, par) <= t * (1 + 1e-12)
+        times.append(t)
+    assert best.iteration_seconds == pytest.approx(min(times))
+    # the bound pruned: fewer simulations than candidates that fit
+    assert sum(c.fits for c in found.ranked) < len(times)
+    # the winner re-simulates to its recorded time
+    plan = layout_plan(g, topo, best.parallel, best.settings)
+    assert simulate(plan, g, topo).iteration_seconds == pytest.approx(best.iteration_seconds)
+    assert best.parallel.world_size == 8
+    assert node_size(topo) == 8
+
+
+def test_search_honours_its_time_limit(g, topo):
+    found = llm_search(g, topo, ExecutionSettings(), global_batch=16, time_limit=0.0)
+    assert found.timed_out and found.considered == 0
