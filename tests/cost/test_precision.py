@@ -87,3 +87,19 @@ def test_selective_recompute_prices_as_none_and_full_adds_a_forward() -> None:
     assert np.array_equal(sel.node_seconds(0)[1], b0)
     assert np.allclose(full.node_seconds(0)[1], b0 + f0)
     assert sel.recompute is False and full.recompute is True
+
+
+def test_the_llm_cost_model_runs_fp8_products_at_the_fp8_peak() -> None:
+    from shardplan.cost import llm_costs
+    from shardplan.ir import ParallelConfig
+    from tests.cost.llm_graph import gpt_graph
+
+    g = gpt_graph(hidden=2048, layers=2, seq=512, batch=4)
+    h100 = build("dgx-h100", nodes=1)
+    bf16, fp8 = (llm_costs(g, h100, ParallelConfig(),
+                           ExecutionSettings(microbatch_size=4, microbatches=1, precision=p))
+                 for p in ("bf16", "fp8"))
+    assert fp8.forward.sum() < bf16.forward.sum()
+    with pytest.raises(ShardplanError, match="fp8"):
+        llm_costs(g, build("dgx-a100", nodes=1), ParallelConfig(),
+                  ExecutionSettings(microbatch_size=4, microbatches=1, precision="fp8"))
