@@ -9,8 +9,8 @@ The topology is two levels (nodes, then the GPUs of a node) of a
 :class:`~shardplan.ir._pairs.LevelPairs` model: any pair's bandwidth and latency are computed
 from the two device ids on demand, so ``dgx-a100,nodes=384`` (3,072 GPUs) builds in a second or
 two and holds some 30 MB (its 3,072 device objects), not the 150 MB of dense matrices. Its one
-level, ``box``, groups the GPUs of each node, so a planner tells intra-node from inter-node pairs by it (as
-for :func:`~shardplan.topology.dgx1`).
+level, ``box``, groups the GPUs of each node, so a planner tells intra-node from inter-node
+pairs by it (as for :func:`~shardplan.topology.dgx1`).
 """
 
 from __future__ import annotations
