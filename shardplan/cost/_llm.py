@@ -82,6 +82,12 @@ SCORE_BYTES_BACKWARD = 19.0
 #: dropout output (2), Korthikanti et al. 2022's 5 a s^2 b.
 SCORE_BYTES_KEPT = 5.0
 _SDPA = re.compile(r"scaled_dot_product|attention")
+#: Operators that return a view of their input: no kernel runs, no memory is kept (the
+#: captured graph lists them with their output's bytes).
+VIEW_OPS = frozenset({"view", "_unsafe_view", "transpose", "t", "permute", "split",
+                      "split_with_sizes", "unbind", "expand", "unsqueeze", "squeeze", "select",
+                      "slice", "alias", "detach", "chunk", "narrow", "as_strided",
+                      "view_as", "flatten", "unflatten"})
 
 #: Bytes of a parameter, its gradient, master copy and each optimizer moment per precision.
 _PARAM_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 2}
@@ -353,6 +359,9 @@ def llm_costs(graph: Graph, topology: Topology, parallel: ParallelConfig,
                        param_bytes=np.rint(n_params * w_bytes).astype(np.int64))
     fwd, bwd = roofline_seconds(scaled, flops, fp32, bw,
                                 mixed_precision=precision != "fp32")
+    views = np.array([o.lower() in VIEW_OPS for o in graph.ops], dtype=bool)
+    fwd[views] = 0.0
+    bwd[views] = 0.0
     # attention that writes its s x s scores (Megatron-LM's fused softmax kernels, before
     # flash attention): the scores' traffic on top of its products (separate kernels)
     scores = _score_elements(graph, layout, scaled.output_bytes / _ACT_BYTES[precision]) \
@@ -367,7 +376,8 @@ def llm_costs(graph: Graph, topology: Topology, parallel: ParallelConfig,
     elif recompute == "selective":
         bwd = bwd + np.where(layout.attention_core, fwd, 0.0)
 
-    out_bytes = scaled.output_bytes.astype(np.float64) + SCORE_BYTES_KEPT * per_elem * scores
+    out_bytes = np.where(views, 0.0, scaled.output_bytes.astype(np.float64)) + \
+        SCORE_BYTES_KEPT * per_elem * scores
     stages = stage_nodes(layout, parallel)
     s_count = parallel.num_stages
     pp = parallel.pp

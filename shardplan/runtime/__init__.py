@@ -24,6 +24,13 @@ redistributing each operator's inputs as its configuration says. A one-stage str
 is a ``strategy`` run (:mod:`shardplan.runtime._tensor_parallel`); a pipeline plan with a
 strategy is a hybrid, whose pipeline stages are such sharded programs.
 
+Plans with a ``parallel`` layout (the LLM plan kind, :class:`shardplan.ir.ParallelConfig`)
+run with torch's own pieces as torchtitan composes them (:mod:`shardplan.runtime._llm`): a
+DeviceMesh in the layout's rank order, the model split into pipeline stages by whole blocks,
+tensor parallelism by module names (``parallelize_module``), FSDP2 / HSDP (``fully_shard``),
+``torch.distributed.pipelining`` schedules; :func:`llm_memory` reports each rank's peak
+memory of a step by category as torch's ``MemTracker`` counts it.
+
 Paper 000, sections 3-4: its pipeline is GPipe over stages placed on GPUs, compared with FSDP
 on an MLP (our ``benchmarks/paper000_table1.py``).
 
@@ -40,7 +47,7 @@ from shardplan.runtime._args import config_for_plan
 from shardplan.runtime._config import KINDS, OPTIMIZERS, SCHEDULES, RunResult, TrainConfig
 
 __all__ = ["KINDS", "OPTIMIZERS", "SCHEDULES", "RunResult", "TrainConfig", "config_for_plan",
-           "contiguous_plan", "load_checkpoint_into", "train", "train_many"]
+           "contiguous_plan", "llm_memory", "load_checkpoint_into", "train", "train_many"]
 
 
 def contiguous_plan(graph: Any, num_stages: int, replicas: int = 1) -> Any:
@@ -88,6 +95,39 @@ def train_many(configs: Sequence[TrainConfig], *, time_limit: float | None = Non
     from shardplan.runtime._launch import launch
 
     return launch(list(configs), sizes.pop(), time_limit=time_limit)
+
+
+def llm_memory(config: TrainConfig, *, time_limit: float | None = None
+               ) -> list[dict[str, int]]:
+    """Peak memory of one training step of an LLM plan, by category, on every rank, as
+    torch's own accounting (``MemTracker``) counts it: what the cost model's prediction is
+    checked against.
+
+    Runs ``config`` (kind ``llm``, from :func:`config_for_plan`) for two steps on its
+    processes and tracks the second (the optimizer state exists from the first).
+
+    Returns
+    -------
+    list of dict
+        Per rank (:meth:`ParallelConfig.rank` order), peak bytes of ``parameters`` (under
+        FSDP the gathered ones alive at the peak too), ``buffers``, ``gradients``,
+        ``optimizer`` (optimizer state), ``activations`` (activations and temporaries),
+        ``other`` and ``total``
+        (:func:`shardplan.runtime._llm_memory.peak_by_category`).
+
+    Raises
+    ------
+    ShardplanError
+        Not an LLM run, or the run failed.
+    """
+    from dataclasses import replace
+
+    if config.kind != "llm":
+        raise ShardplanError("memory is measured for LLM plans (a plan with 'parallel')")
+    cfg = replace(config, steps=2, measure_memory=True, return_params=False)
+    memory = train(cfg, time_limit=time_limit).memory
+    assert memory is not None
+    return list(memory)
 
 
 def load_checkpoint_into(directory: str, model: Any) -> int:

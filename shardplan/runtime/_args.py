@@ -70,6 +70,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="processes of an fsdp/ddp baseline (default: the pipeline's)")
     p.add_argument("--timeout", type=positive_float, default=300.0,
                    help="seconds a collective may wait before the run fails")
+    p.add_argument("--measure-memory", action="store_true",
+                   help="LLM plans: track the last step with torch's MemTracker and add every "
+                        "rank's peak bytes by category to the result ('memory')")
     p.add_argument("-o", "--output", metavar="FILE", help="write the result here (atomically)")
     p.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
 
@@ -91,6 +94,8 @@ class Prepared:
                "global_batch": cfg.global_batch, "settings": self.settings.to_dict()}
         if cfg.shardings:
             out["mesh"] = list(cfg.mesh_shape)
+        if cfg.parallel is not None:
+            out["parallel"] = cfg.parallel.to_dict()
         return out
 
 
@@ -259,13 +264,71 @@ def _strategy_sync(settings: Any) -> str:
     return sync
 
 
+def llm_fields(plan: Any, graph: Any, settings: Any) -> dict[str, Any]:
+    """The fields of a :class:`TrainConfig` running an LLM plan (its ``parallel`` layout,
+    :mod:`shardplan.runtime._llm`): one process per device of the layout, the model split
+    by its module names, so the graph's operators are not matched (the plan's stages name
+    the devices of each virtual stage, in the layout's rank order: the ``k``-th device of
+    pipeline rank ``p`` runs layout rank ``p * devices_per_rank + k``, which is process
+    ``p * devices_per_rank + k``, since torch's pipeline schedules take a pipeline group's
+    ranks in increasing order; the stages' nodes are the planner's record). The layout's
+    ``vp`` decides the schedule: interleaved 1F1B when > 1 (the settings'
+    ``virtual_stages`` are not read), else the settings' GPipe or 1F1B.
+
+    Raises
+    ------
+    ShardplanError
+        A plan that does not fit the graph, an eval-mode graph, stages that are not the
+        layout's ``pp * vp`` virtual stages on ``devices_per_rank`` devices each, a layout
+        the model's recorded dimensions (``meta["transformer"]``) do not allow.
+    """
+    plan.validate(graph)
+    if graph.meta.get("mode", "train") != "train":
+        raise ShardplanError("train needs a graph captured in train mode")
+    pc = plan.parallel
+    if plan.num_stages != pc.num_stages or \
+            any(len(st.devices) != pc.devices_per_rank for st in plan.stages):
+        raise ShardplanError(f"an LLM plan of {pc.label()} has pp x vp = {pc.num_stages} "
+                             f"stages of {pc.devices_per_rank} devices each")
+    _check_llm_dimensions(pc, graph.meta.get("transformer"))
+    layout_devices = tuple(int(plan.stages[p].devices[k]) for p in range(pc.pp)
+                           for k in range(pc.devices_per_rank))
+    # The layout's vp decides: interleaved 1F1B when > 1, and 1F1B for one stage per rank.
+    schedule = "interleaved-1f1b" if pc.vp > 1 else \
+        "1f1b" if settings.schedule == "interleaved-1f1b" else settings.schedule
+    return dict(kind="llm", parallel=pc, nproc=pc.world_size, schedule=schedule,
+                layout_devices=layout_devices,
+                sequence_parallel=bool(getattr(settings, "sequence_parallel", False)),
+                export_batch=int(graph.batch_size), microbatches=int(settings.microbatches),
+                microbatch_size=int(settings.microbatch_size),
+                recompute=bool(settings.recompute))
+
+
+def _check_llm_dimensions(pc: Any, dims: Any) -> None:
+    """The layout against the model's dimensions, when the graph records them (``capture``
+    writes ``meta["transformer"]`` for Llama and GPT models): blocks for every virtual stage,
+    heads, key/value heads, feed-forward width and vocabulary divisible by ``tp``."""
+    if not isinstance(dims, dict):
+        return
+    if isinstance(dims.get("layers"), int):
+        pc.layers_per_stage(int(dims["layers"]))
+    for key, what in (("heads", "attention heads"), ("kv_heads", "key/value heads"),
+                      ("ffn", "the feed-forward width"), ("vocab", "the vocabulary")):
+        n = dims.get(key)
+        if isinstance(n, int) and n % pc.tp:
+            raise ShardplanError(f"tensor parallelism {pc.tp} does not divide {what} ({n})")
+
+
 def plan_fields(plan: Any, graph: Any, settings: Any) -> dict[str, Any]:
     """``kind`` and the fields of the :class:`TrainConfig` that runs ``plan``: a pipeline
     (stages replicated over their devices), a strategy (one stage whose devices split its
     layers) or a hybrid (a pipeline whose stages' devices split their layers, with the
     pipeline's schedule). A one-stage plan replicated with ``gradient_sync`` ``bucketed`` or
-    ``sharded`` runs as DDP or FSDP, what the simulator prices. Every check happens here,
-    before any process starts."""
+    ``sharded`` runs as DDP or FSDP, what the simulator prices. A plan with a ``parallel``
+    layout is an LLM plan (:func:`llm_fields`). Every check happens here, before any process
+    starts."""
+    if plan.parallel is not None:
+        return llm_fields(plan, graph, settings)
     if plan.strategy is None:
         fields = {"kind": "pipeline", **pipeline_fields(plan, graph, settings)}
         sync = getattr(settings, "gradient_sync", "end")
@@ -397,8 +460,10 @@ def config_from_args(args: argparse.Namespace) -> Prepared:
         resume=args.resume, timeout=args.timeout, export_batch=fields["export_batch"],
         schedule=settings.schedule, microbatches=fields["microbatches"],
         microbatch_size=fields["microbatch_size"])
+    if getattr(args, "measure_memory", False) and args.baseline:
+        raise ShardplanError("--measure-memory measures the plan's run, not a baseline")
     if args.baseline == "single":
-        if fields["kind"] == "strategy":  # one process running each micro-batch whole
+        if fields["kind"] in ("strategy", "llm"):  # one process running each micro-batch whole
             cfg = TrainConfig(kind="single", **common)
         else:
             cfg = TrainConfig(kind="single", stages=fields["stages"],
@@ -406,13 +471,18 @@ def config_from_args(args: argparse.Namespace) -> Prepared:
                               replicas=1 if fields.get("shardings") else fields["replicas"],
                               **common)
     elif args.baseline:
-        devices = fields["nproc"] if fields["kind"] == "strategy" else \
+        devices = fields["nproc"] if fields["kind"] in ("strategy", "llm") else \
             len(fields["rank_devices"]) * fields["replicas"]
         cfg = TrainConfig(kind=args.baseline, nproc=args.nproc or devices, **common)
     else:
         if args.nproc is not None:
             raise ShardplanError("--nproc is for --baseline ddp|fsdp: a plan runs one "
                                  "process per device it uses")
+        if getattr(args, "measure_memory", False):
+            if fields["kind"] != "llm":
+                raise ShardplanError("--measure-memory is for LLM plans (a plan with "
+                                     "'parallel')")
+            common["measure_memory"] = True
         common.update({k: v for k, v in fields.items() if k not in common})
         cfg = TrainConfig(**common)
         if cfg.shardings:

@@ -12,7 +12,7 @@ from shardplan.errors import ShardplanError
 
 __all__ = ["KINDS", "OPTIMIZERS", "SCHEDULES", "RunResult", "TrainConfig", "mix_seed"]
 
-KINDS = ("pipeline", "strategy", "ddp", "fsdp", "single")
+KINDS = ("pipeline", "strategy", "llm", "ddp", "fsdp", "single")
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
 OPTIMIZERS = ("adam", "adamw", "sgd", "sgd-momentum", "momentum")
 
@@ -110,6 +110,19 @@ class TrainConfig:
         Collect the final parameters (by name) in the result (tests).
     fault : tuple of (int, int) or None
         Test hook: ``(rank, step)``: that rank kills itself (SIGKILL) when it starts that step.
+    parallel : ParallelConfig or None
+        ``llm`` runs: the plan's layout (tp x pp x dp x dp_shard x cp x vp,
+        :mod:`shardplan.ir.parallel`), run by :mod:`shardplan.runtime._llm`.
+    measure_memory : bool
+        ``llm`` runs: track the last step with torch's MemTracker and report every rank's
+        peak bytes by category (:attr:`RunResult.memory`).
+    sequence_parallel : bool
+        ``llm`` runs with ``tp > 1``: Megatron's sequence parallelism (norms on sequence
+        shards, reduce-scatter and all-gather in place of the all-reduces).
+    layout_devices : tuple of int
+        ``llm`` runs: the plan's device of each layout rank (:meth:`ParallelConfig.rank`
+        order); process ``r`` runs layout rank ``r`` on that device (CUDA: the device of
+        that index modulo the GPUs of the host); empty: device ``r``.
     """
 
     model: str
@@ -144,6 +157,10 @@ class TrainConfig:
     fault: tuple[int, int] | None = None
     gradient_sync: str = "end"
     bucket_bytes: int = 25 * 2**20
+    parallel: Any = None
+    measure_memory: bool = False
+    sequence_parallel: bool = False
+    layout_devices: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -178,11 +195,16 @@ class TrainConfig:
             raise ShardplanError("checkpoint-every must be >= 0")
         if self.resume and not self.checkpoint_dir:
             raise ShardplanError("--resume needs --checkpoint-dir")
+        if (self.kind == "llm") != (self.parallel is not None):
+            raise ShardplanError("an llm run needs the plan's parallel layout, and only it "
+                                 "has one")
+        if self.kind == "llm":
+            self._check_llm()
         if self.kind == "pipeline":
             self._check_pipeline()
         if self.kind == "strategy" or (self.kind == "pipeline" and self.shardings):
             self._check_strategy()
-        if self.microbatch_size % self.parts and self.kind in ("pipeline", "single"):
+        if self.microbatch_size % self.parts and self.kind in ("pipeline", "single", "llm"):
             raise ShardplanError(f"micro-batch size {self.microbatch_size} is not divisible by "
                                  f"the {self.parts} replicas that share it")
         if self.kind in ("ddp", "fsdp") and self.microbatch_size < self.parts:
@@ -205,6 +227,21 @@ class TrainConfig:
         if len(set(devices)) != len(devices):
             raise ShardplanError("a device runs two pipeline ranks")
 
+    def _check_llm(self) -> None:
+        """What the LLM runtime (:mod:`shardplan.runtime._llm`) does not run yet."""
+        pc = self.parallel
+        if pc.cp > 1:
+            raise ShardplanError("context parallelism (cp > 1) is not run yet")
+        if self.checkpoint_dir or self.resume:
+            raise ShardplanError("checkpoints of LLM plans are not written yet")
+        if self.layout_devices and (len(self.layout_devices) != pc.world_size
+                                    or len(set(self.layout_devices)) != pc.world_size):
+            raise ShardplanError(f"an LLM run needs {pc.world_size} distinct devices, one "
+                                 f"per layout rank")
+        if pc.pp > 1 and pc.vp > 1 and self.microbatches % pc.pp:
+            raise ShardplanError(f"interleaved 1F1B needs micro-batches ({self.microbatches}) "
+                                 f"divisible by the {pc.pp} pipeline ranks")
+
     def _check_strategy(self) -> None:
         size = 1
         for a in self.mesh_shape:
@@ -225,6 +262,8 @@ class TrainConfig:
     def parts(self) -> int:
         """Equal parts of one micro-batch: one per replica (pipeline, single) or process; 1
         when the devices split layers rather than data (strategy, hybrid)."""
+        if self.kind == "llm":
+            return int(self.parallel.data_parallel)
         if self.shardings or self.kind == "strategy":
             return 1
         return self.nproc if self.kind in ("ddp", "fsdp") else self.replicas
@@ -238,6 +277,8 @@ class TrainConfig:
     def world_size(self) -> int:
         if self.kind == "pipeline":
             return len(self.rank_devices) * self.replicas
+        if self.kind == "llm":
+            return int(self.parallel.world_size)
         return 1 if self.kind == "single" else self.nproc
 
     @property
@@ -246,7 +287,10 @@ class TrainConfig:
         return max(1, self.microbatch_size // self.parts)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        if self.parallel is not None:
+            out["parallel"] = self.parallel.to_dict()
+        return out
 
 
 @dataclass(slots=True)
@@ -259,7 +303,9 @@ class RunResult:
     on every device of their stage, although their configuration split them (no DTensor
     sharding rule for the operator, or a random operator other than dropout); ``reshards``:
     operator inputs redistributed with communication in one forward of each stage (the
-    last), summed over the stages.
+    last), summed over the stages. ``memory`` (``llm`` runs with ``measure_memory``): per
+    rank, the peak bytes of the last step by category
+    (:func:`shardplan.runtime._llm_memory.peak_by_category`).
     """
 
     losses: list[float] = field(default_factory=list)
@@ -268,6 +314,7 @@ class RunResult:
     params: dict[str, Any] | None = None
     replicated: list[str] | None = None
     reshards: int | None = None
+    memory: list[dict[str, int]] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"losses": self.losses, "seconds_per_step": self.seconds_per_step,
@@ -276,6 +323,8 @@ class RunResult:
             out["replicated"] = list(self.replicated)
         if self.reshards is not None:
             out["reshards"] = int(self.reshards)
+        if self.memory is not None:
+            out["memory"] = [dict(m) for m in self.memory]
         return out
 
     @classmethod
@@ -285,4 +334,6 @@ class RunResult:
                    seconds_per_step=[float(v) for v in data["seconds_per_step"]],
                    start_step=int(data["start_step"]),
                    replicated=None if rep is None else [str(v) for v in rep],
-                   reshards=None if data.get("reshards") is None else int(data["reshards"]))
+                   reshards=None if data.get("reshards") is None else int(data["reshards"]),
+                   memory=None if data.get("memory") is None else
+                   [{str(k): int(v) for k, v in m.items()} for m in data["memory"]])

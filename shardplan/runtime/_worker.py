@@ -507,4 +507,8 @@ def run_config(cfg: TrainConfig, rank: int, world: int) -> RunResult:
         from shardplan.runtime._tensor_parallel import run_strategy
 
         return run_strategy(cfg, rank, world)
+    if cfg.kind == "llm":
+        from shardplan.runtime._llm import run_llm
+
+        return run_llm(cfg, rank, world)
     return _run_baseline(cfg, rank, world)

@@ -154,6 +154,10 @@ class GPTConfig:
         Sequence length: the learned position table's rows and the example inputs' length.
     ffn : int or None
         MLP width (None: 4 hidden).
+    dropout : float
+        Megatron-LM's ``--hidden-dropout`` and ``--attention-dropout`` (both 0.1 by default,
+        as there): after the embeddings, after each block's attention and MLP outputs, and
+        on the attention probabilities.
     """
 
     hidden: int
@@ -162,8 +166,12 @@ class GPTConfig:
     vocab: int
     seq: int
     ffn: int | None = None
+    dropout: float = 0.1
 
     def __post_init__(self) -> None:
+        if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)) \
+                or not 0.0 <= self.dropout < 1.0:
+            raise ShardplanError(f"gpt dropout must be in [0, 1), got {self.dropout!r}")
         for f in ("hidden", "layers", "heads", "vocab", "seq", "ffn"):
             v = getattr(self, f)
             if v is None and f == "ffn":
@@ -200,6 +208,7 @@ class _GPTAttention(nn.Module):
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
         self.heads = cfg.heads
+        self.dropout = cfg.dropout
         self.wqkv = nn.Linear(cfg.hidden, 3 * cfg.hidden)
         self.wo = nn.Linear(cfg.hidden, cfg.hidden)
 
@@ -208,7 +217,8 @@ class _GPTAttention(nn.Module):
         q, k, v = self.wqkv(x).split(h, dim=-1)
         shape = (b, s, self.heads, h // self.heads)
         q, k, v = (t.view(shape).transpose(1, 2) for t in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                           dropout_p=self.dropout if self.training else 0.0)
         return self.wo(y.transpose(1, 2).reshape(b, s, h))
 
 
@@ -225,14 +235,18 @@ class _GPTMLP(nn.Module):
 class _GPTBlock(nn.Module):
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
+        self.dropout = cfg.dropout
         self.attention_norm = nn.LayerNorm(cfg.hidden)
         self.attention = _GPTAttention(cfg)
         self.ffn_norm = nn.LayerNorm(cfg.hidden)
         self.feed_forward = _GPTMLP(cfg)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = x + self.attention(self.attention_norm(x))
-        return h + self.feed_forward(self.ffn_norm(h))
+        # Megatron's bias-dropout-add: the hidden dropout on the block's full hidden state,
+        # after the row-parallel product's all-reduce (so it is not tensor-parallel work)
+        p = self.dropout if self.training else 0.0
+        h = x + F.dropout(self.attention(self.attention_norm(x)), p)
+        return h + F.dropout(self.feed_forward(self.ffn_norm(h)), p)
 
 
 class MegatronGPT(nn.Module):
@@ -255,7 +269,8 @@ class MegatronGPT(nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         pos = torch.arange(ids.shape[1], device=ids.device)
-        h = self.tok_embeddings(ids) + self.pos_embeddings(pos)
+        h = F.dropout(self.tok_embeddings(ids) + self.pos_embeddings(pos), self.cfg.dropout,
+                      self.training)
         for layer in self.layers.values():
             h = layer(h)
         return self.output(self.norm(h))
