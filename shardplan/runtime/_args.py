@@ -301,7 +301,7 @@ def llm_fields(plan: Any, graph: Any, settings: Any) -> dict[str, Any]:
                 sequence_parallel=bool(getattr(settings, "sequence_parallel", False)),
                 export_batch=int(graph.batch_size), microbatches=int(settings.microbatches),
                 microbatch_size=int(settings.microbatch_size),
-                recompute=bool(settings.recompute))
+                recompute=settings.recompute == "full")
 
 
 def _check_llm_dimensions(pc: Any, dims: Any) -> None:
