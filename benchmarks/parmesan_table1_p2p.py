@@ -75,7 +75,8 @@ def machine() -> Topology:
 
 def settings(microbatch_size: int, mixed_precision: bool) -> dict:
     return {"microbatch_size": microbatch_size, "microbatches": MICROBATCHES,
-            "schedule": "1f1b", "recompute": True, "mixed_precision": mixed_precision}
+            "schedule": "1f1b", "recompute": "full",
+            "precision": "fp16" if mixed_precision else "fp32"}
 
 
 def p2p_over_allreduce(plan: Plan, graph: Graph, topo: Topology) -> float:

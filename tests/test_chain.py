@@ -35,7 +35,7 @@ def test_settings_survive_every_command(files, capsys):
                     "--replicas", "2", *SETTINGS, "-o", part]) == 0
     made = load_plan(part).settings
     assert (made.efficiency, made.microbatches, made.schedule, made.recompute,
-            made.optimizer) == (0.5, 4, "gpipe", True, "sgd")
+            made.optimizer) == (0.5, 4, "gpipe", "full", "sgd")
     assert (made.microbatch_size, made.global_batch) == (16, 64)
     assert run_cli(["map", part, g, t, "--algorithm", "optimal", "-o", mapped]) == 0
     assert load_plan(mapped).settings == made
@@ -51,7 +51,7 @@ def test_settings_survive_every_command(files, capsys):
     sim = json.loads(out.out)
     assert out.err == ""
     assert (sim["num_microbatches"], sim["schedule"]) == (4, "gpipe")
-    assert sim["options"]["recompute"] is True and sim["options"]["efficiency"] == 0.5
+    assert sim["options"]["recompute"] == "full" and sim["options"]["efficiency"] == 0.5
     assert sim["samples_per_iteration"] == 64
     # a flag overrides one setting, says so, and the rest stay
     assert run_cli(["simulate", mapped, g, t, "--json", "--efficiency", "1.0"]) == 0

@@ -205,9 +205,31 @@ SETTING_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "virtual_stages": ("--virtual-stages", {"type": positive_int, "metavar": "V",
                                             "help": "interleaved-1f1b: stages per rank "
                                                     "(default 2)"}),
-    "recompute": ("--recompute", {"action": "store_const", "const": True,
-                                  "help": "activation recomputation (backward re-runs "
-                                          "forward)"}),
+    "recompute": ("--recompute", {"nargs": "?", "const": "full",
+                                  "choices": ("none", "selective", "full"),
+                                  "help": "activation recomputation: full (the backward "
+                                          "re-runs the forward; plain --recompute), "
+                                          "selective (attention's softmax and dropout "
+                                          "only; priced as none outside the LLM plan kind) "
+                                          "or none (default)"}),
+    "precision": ("--precision", {"choices": ("fp32", "bf16", "fp16", "fp8"),
+                                  "help": "training precision: matrix products at the "
+                                          "device's fp32, tensor-core (bf16/fp16) or fp8 "
+                                          "rate (H100 only); half and fp8 keep 2-byte "
+                                          "weights and gradients beside fp32 master "
+                                          "weights and optimizer state (default fp32)"}),
+    "gradient_sync": ("--gradient-sync", {
+        "choices": ("end", "bucketed", "sharded", "zero1"),
+        "help": "how replicas synchronise gradients: end (one all-reduce after the last "
+                "backward, default), bucketed (DDP), sharded (FSDP / ZeRO-3), zero1 (the "
+                "distributed optimizer: reduce-scatter, a sharded step, all-gather)"}),
+    "sequence_parallel": ("--sequence-parallel", {
+        "action": "store_const", "const": True,
+        "help": "Megatron's sequence parallelism (recorded; the LLM plan kind prices it)"}),
+    "tp_comm_overlap": ("--tp-comm-overlap", {
+        "action": "store_const", "const": True,
+        "help": "Megatron's tensor-parallel communication overlap (recorded; the LLM plan "
+                "kind prices it)"}),
     "optimizer": ("--optimizer", {"choices": ("sgd", "sgd-momentum", "momentum", "adam",
                                               "adamw"),
                                   "help": "optimizer whose state and step are counted "

@@ -5,7 +5,9 @@ The file holds option values by their long name (``microbatches = 8``, ``time-li
 ``_`` and ``-`` alike). Top-level keys apply to every command that has the option and are
 ignored by the others (a key no command has is an error); a table ``[simulate]`` applies to
 that command only, and every key in it must be one of its options. ``true`` gives a switch
-(``recompute = true``), ``false`` leaves it off; a list gives the option's values in order.
+(``recompute = true``), ``false`` leaves it off; an option whose value is optional takes
+either (``recompute = true`` or ``recompute = "selective"``); a list gives the option's
+values in order.
 The values become command-line tokens inserted before the command's own, so argparse checks
 them as it checks typed flags, and a flag given on the command line, coming later, wins.
 Positional arguments (files) stay on the command line.
@@ -66,6 +68,9 @@ def _tokens(key: str, value: Any, act: argparse.Action, where: str) -> list[str]
         if not isinstance(value, bool):
             raise ShardplanError(f"{where}: {key} is a switch, give true or false")
         return [flag] if value else []
+    if act.nargs == "?" and isinstance(value, bool):  # a switch with an optional value
+        return [flag] if value else [flag, "none"] if act.choices and "none" in act.choices \
+            else []
     if isinstance(value, bool):
         raise ShardplanError(f"{where}: {key} takes a value, not {str(value).lower()}")
     if isinstance(value, list):

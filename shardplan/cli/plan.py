@@ -108,46 +108,30 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _cluster(text: str) -> Any:
     import shardplan.measure  # noqa: F401 - registers the topology kind 'measure'
     from shardplan.ir import load_topology
-    from shardplan.topology import build
+    from shardplan.topology import build, parse_spec
 
     if os.path.exists(text) or text.endswith(".json"):
         return load_topology(text)
-    kind, *opts = text.split(",")
-    options: dict[str, Any] = {}
-    for o in opts:
-        key, sep, value = o.partition("=")
-        if not sep:
-            raise ShardplanError(f"cluster option {o!r} is not KEY=VALUE")
-        given = key.strip()
-        key = given.replace("-", "_")
-        key = {"devices": "num_devices"}.get(key, key)  # the name `topology --devices` uses
-        if key in options:
-            raise ShardplanError(f"cluster option {given!r} is given twice in {text!r}")
-        v: Any = value.strip()
-        if "x" in v and all(part.isdigit() for part in v.split("x")):
-            v = tuple(int(part) for part in v.split("x"))
-        else:
-            for cast in (int, float):
-                try:
-                    v = cast(v)
-                    break
-                except ValueError:
-                    continue
-        options[key] = v
-    _check_size(text, options)
-    return build(kind.strip(), **options)
+    kind, options = parse_spec(text)
+    _check_size(text, options, kind)
+    return build(kind, **options)
 
 
-def _check_size(text: str, options: dict[str, Any]) -> None:
-    """Refuse a builder spec whose device count (``num_devices``, or the product of
-    ``shape``) is beyond what ``plan`` searches, before building it (a million devices take
-    a minute to build). The search checks every topology again."""
+def _check_size(text: str, options: dict[str, Any], kind: str = "") -> None:
+    """Refuse a builder spec whose device count (``num_devices``, the product of
+    ``shape``, or a cluster preset's ``nodes`` x GPUs per node) is beyond what ``plan``
+    searches, before building it (a million devices take a minute to build). The search
+    checks every topology again."""
     from shardplan.planner import MAX_PLAN_DEVICES
+    from shardplan.topology import CLUSTER_PRESETS
 
     shape = options.get("shape")
     count = options.get("num_devices")
     if isinstance(shape, tuple):
         count = math.prod(shape)
+    nodes = options.get("nodes")
+    if kind in CLUSTER_PRESETS and isinstance(nodes, int):
+        count = nodes * CLUSTER_PRESETS[kind].gpus_per_node
     if isinstance(count, int) and count > MAX_PLAN_DEVICES:
         raise ShardplanError(f"--cluster {text!r} has {count} devices; plan searches at most "
                              f"{MAX_PLAN_DEVICES}")
@@ -200,8 +184,8 @@ def _run(args: argparse.Namespace) -> int:
         check_model_trust(str(graph.meta["model"]), from_file=f"the graph {args.model}",
                           trusted=args.trust_model_code)
     changes = settings_changes(args)
-    fixed: dict[str, Any] = {k: changes.pop(k) for k in ("microbatches", "schedule")
-                             if k in changes}
+    fixed: dict[str, Any] = {k: changes.pop(k) for k in ("microbatches", "schedule",
+                                                          "gradient_sync") if k in changes}
     settings, _ = ExecutionSettings().override(**changes)
     with progress_reporter() as progress:
         result = search(graph, topology, global_batch=args.global_batch, settings=settings,

@@ -18,6 +18,7 @@ import time
 from typing import Any
 
 from shardplan.cli._common import (
+    SETTING_FLAGS,
     add_output,
     declare_files,
     emit,
@@ -31,6 +32,11 @@ from shardplan.cli._common import (
 from shardplan.errors import ShardplanError
 
 __all__ = ["format_table", "register"]
+
+#: The training settings a strategy search prices (``ExecutionSettings`` fields; the
+#: micro-batching flags do not apply: a strategy runs one micro-batch of the graph's batch).
+TRAINING_FLAGS = ("precision", "recompute", "gradient_sync", "sequence_parallel",
+                  "tp_comm_overlap")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -67,6 +73,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="stop the search after SEC seconds with the best plan so far")
     p.add_argument("--seed", type=nonnegative_int, default=0, help="recorded (deterministic)")
     p.add_argument("--quiet", action="store_true", help="do not print the per-layer table")
+    for dest in TRAINING_FLAGS:
+        flag, kw = SETTING_FLAGS[dest]
+        p.add_argument(flag, dest=dest, default=None, **kw)
     add_output(p)
     declare_files(p, inputs=("graph", "topology", "import_tables"),
                   outputs=("output", "export_tables"))
@@ -143,6 +152,9 @@ def _run(args: argparse.Namespace) -> int:
         options["ordering"] = args.ordering
     if args.model_parallel is not None:
         options["model_parallel"] = args.model_parallel
+    execution = _execution(args)
+    if execution is not None:
+        options["execution"] = execution.to_dict()
 
     from shardplan.strategy.pase import devices_of
     from shardplan.strategy.tables import build_tables, graph_spaces
@@ -160,9 +172,26 @@ def _run(args: argparse.Namespace) -> int:
     with progress_reporter() as progress:
         result = registry.run("strategy", args.algorithm, graph, topology, seed=args.seed,
                               time_limit=_remaining(args, t0), progress=progress, **options)
+    plan = result.plan
+    if execution is not None and args.cost_model == "pase":
+        # the paper's cost model prices none of them; the plan carries them to later commands
+        note("the pase cost model does not price --precision, --recompute or --gradient-sync "
+             "(--cost-model default does); they are recorded in the plan")
+        plan = plan.with_settings(execution.resolve(graph))
     dims = [sp.dims for sp in graph_spaces(graph)]
-    _report(args, result.plan, graph.names, graph.ops, dims, devices)
+    _report(args, plan, graph.names, graph.ops, dims, devices)
     return 0
+
+
+def _execution(args: argparse.Namespace) -> Any:
+    """The settings the training flags ask the search to price (one micro-batch, as a
+    strategy search without them prices), or None when none was given."""
+    from shardplan.ir import ExecutionSettings
+
+    changes = {k: getattr(args, k) for k in TRAINING_FLAGS if getattr(args, k) is not None}
+    if not changes:
+        return None
+    return ExecutionSettings(microbatches=1).override(**changes)[0]
 
 
 def _run_imported(args: argparse.Namespace, t0: float) -> int:
@@ -173,7 +202,8 @@ def _run_imported(args: argparse.Namespace, t0: float) -> int:
     from shardplan.strategy.tables import Tables
 
     for flag, value in (("--cost-model", args.cost_model != "pase"), ("--cutoff", args.cutoff),
-                        ("--memory-limit", args.memory_limit)):
+                        ("--memory-limit", args.memory_limit),
+                        ("--precision etc.", _execution(args) is not None)):
         if value:
             raise ShardplanError(f"{flag} does not apply to --import-tables (the file holds "
                                  "the costs)")

@@ -24,7 +24,8 @@ from shardplan.ir.topology import DENSE_JSON_DEVICES
 
 __all__ = ["register", "run"]
 
-KINDS = ("flat", "hierarchical", "dgx1", "mesh2d", "torus2d", "mesh3d", "torus3d",
+CLUSTERS = ("dgx-a100", "dgx-h100", "dgx2-v100")
+KINDS = ("flat", "hierarchical", "dgx1", *CLUSTERS, "mesh2d", "torus2d", "mesh3d", "torus3d",
          "random-blk-1", "random-blk-2", "uniform-dist", "measure")
 _RANDOM = ("random-blk-1", "random-blk-2", "uniform-dist")
 _GRIDS = ("mesh2d", "torus2d", "mesh3d", "torus3d")
@@ -42,6 +43,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "random-blk-2": ("devices", "bandwidth", "latency", "seed", "block_size",
                      "super_block_size"),
     "uniform-dist": ("devices", "bandwidth", "latency", "seed"),
+    **{k: ("nodes", "gpu_memory", "nic_gbps", "nics") for k in CLUSTERS},
     "measure": ("nproc", "backend", "timeout", "sizes", "repeats", "collectives",
                 "collective_sizes"),
 }
@@ -55,7 +57,8 @@ _OPTION_FLAGS = {
     "nvlink_bandwidth": "--nvlink-bandwidth", "pcie_bandwidth": "--pcie-bandwidth",
     "seed": "--seed", "block_size": "--block-size", "super_block_size": "--super-block-size",
     "nproc": "--nproc", "backend": "--backend", "timeout": "--timeout", "sizes": "--sizes",
-    "repeats": "--repeats",
+    "repeats": "--repeats", "nodes": "--nodes", "gpu_memory": "--gpu-memory",
+    "nic_gbps": "--nic-gbps", "nics": "--nics",
 }
 
 
@@ -73,7 +76,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                "(uniform-dist: 1 class; random-blk-1: inter-block, intra-block; random-blk-2: "
                "inter-super-block, inter-block, intra-block).",
     )
-    p.add_argument("kind", metavar="KIND", choices=KINDS, help=" | ".join(KINDS))
+    p.add_argument("kind", metavar="KIND[,KEY=VALUE...]",
+                   help=" | ".join(KINDS) + "; options may follow the kind, comma-separated, "
+                        "by the builder's names (dgx-a100,nodes=4,gpu_memory=40GiB)")
     g = p.add_argument_group("shape")
     g.add_argument("--devices", type=positive_int, metavar="N",
                    help="number of devices (flat: 8, random kinds: 64 by default)")
@@ -82,6 +87,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--level-names", type=split_names, metavar="A,B,...",
                    help="hierarchical: one name per level (default region,rack,box,gpu)")
     g.add_argument("--boxes", type=positive_int, metavar="N", help="dgx1: boxes of 8 GPUs")
+    g.add_argument("--nodes", type=positive_int, metavar="N",
+                   help="dgx-a100, dgx-h100 (8 GPUs each), dgx2-v100 (16): nodes (default 1)")
+    g.add_argument("--gpu-memory", metavar="BYTES",
+                   help="dgx-*: memory of every GPU, bytes or with a unit (40GiB)")
+    g.add_argument("--nic-gbps", type=positive_float, metavar="GBPS",
+                   help="dgx-*: line rate of one InfiniBand NIC, Gb/s (200, 400, 100)")
+    g.add_argument("--nics", type=positive_int, metavar="N",
+                   help="dgx-*: InfiniBand NICs per node (default 8)")
     g.add_argument("--block-size", type=positive_int, metavar="B",
                    help="random-blk-1/2: devices per block (default 4)")
     g.add_argument("--super-block-size", type=positive_int, metavar="S",
@@ -160,10 +173,14 @@ def options_for(args: argparse.Namespace) -> dict[str, Any]:
         raise ShardplanError("topology measure needs --nproc N")
     opts: dict[str, Any] = {}
     if args.device_type is not None:
+        if kind in CLUSTERS:
+            raise ShardplanError(f"topology {kind} sets its GPU type; --device-type does not "
+                                 f"apply")
         opts["device"] = args.device_type
     for key in ("memory_bytes", "flops", "name"):
         if getattr(args, key) is not None:
-            opts[key] = getattr(args, key)
+            opts["gpu_memory" if kind in CLUSTERS and key == "memory_bytes" else key] = \
+                getattr(args, key)
 
     if kind in _DEFAULT_DEVICES:
         opts["num_devices"] = args.devices if args.devices is not None \
@@ -191,6 +208,10 @@ def options_for(args: argparse.Namespace) -> dict[str, Any]:
                     "pcie_bandwidth"):
             if getattr(args, key) is not None:
                 opts[key] = getattr(args, key)
+    elif kind in CLUSTERS:
+        for key in ALLOWED[kind]:
+            if getattr(args, key) is not None:
+                opts[key] = getattr(args, key)
     elif kind in _RANDOM:
         for key in ("bandwidth", "latency", "seed", "block_size", "super_block_size"):
             if getattr(args, key) is not None:
@@ -211,7 +232,19 @@ def run(args: argparse.Namespace) -> int:
 
     if not args.output and not args.json:
         raise ShardplanError("say where the topology goes: -o FILE or --json")
-    topo = build(args.kind, **options_for(args))
+    from shardplan.topology import parse_spec
+
+    kind, spec = parse_spec(args.kind)
+    if kind not in KINDS:
+        raise ShardplanError(f"argument KIND: invalid choice: {kind!r} (choose from "
+                             f"{', '.join(KINDS)})")
+    args.kind = kind
+    opts = options_for(args)
+    twice = sorted(set(spec) & set(opts))
+    if twice:
+        raise ShardplanError(f"topology option {twice[0]!r} is given both after the kind and "
+                             f"as a flag")
+    topo = build(kind, **opts, **spec)
     dense = True if args.dense else False if args.compact else None
     n = topo.num_devices
     if dense is None and 1024 < n <= DENSE_JSON_DEVICES:

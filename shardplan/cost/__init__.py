@@ -25,6 +25,7 @@ Everything is NumPy: a whole partition is a few ``np.bincount`` over its assignm
 
 from shardplan.cost._compute import (
     loss_charge,
+    matmul_peak_flops,
     node_seconds,
     partition_compute_seconds,
     roofline_seconds,
@@ -97,6 +98,7 @@ __all__ = [
 ]
 __all__ += ["OBJECTIVE_NAMES", "OPTIMIZER_FLOPS", "VIEWS", "StageTimes", "message_seconds",
             "optimizer_seconds", "pipeline_factor", "ring_allreduce_seconds", "roofline_seconds",
+            "matmul_peak_flops",
     "stage_times",
             "view_of_objective", "view_seconds", "work_seconds"]
 __all__ += ["SHARDING_OBJECTIVE", "component_weights", "cross_edge_cost", "plan_components",

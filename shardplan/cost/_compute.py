@@ -10,9 +10,10 @@ import numpy as np
 
 from shardplan.cost._checks import check_assignment, check_nodes, check_positive, check_rate_array
 from shardplan.cost._formulas import work_seconds
-from shardplan.ir import Graph
+from shardplan.errors import ShardplanError
+from shardplan.ir import Graph, Topology
 
-__all__ = ["MATMUL_OPS", "is_matmul", "loss_charge", "node_seconds",
+__all__ = ["MATMUL_OPS", "is_matmul", "loss_charge", "matmul_peak_flops", "node_seconds",
            "partition_compute_seconds", "roofline_seconds", "split_work",
            "stage_compute_seconds"]
 
@@ -26,6 +27,45 @@ MATMUL_OPS = re.compile(r"(^|[._])(conv|convolution|linear|mm|bmm|addmm|baddbmm|
 def is_matmul(op: str) -> bool:
     """Whether an operator's FLOPs are matrix products (see :data:`MATMUL_OPS`)."""
     return MATMUL_OPS.search(op.lower()) is not None
+
+
+def matmul_peak_flops(topology: Topology, precision: str) -> np.ndarray:
+    """Every device's peak rate for matrix products at a training precision, FLOP/s (D,).
+
+    ``fp32``: :attr:`Topology.device_fp32_flops` (CUDA cores; a device that declares no
+    fp32 rate, its ``flops``). ``bf16`` / ``fp16``: :attr:`Topology.device_flops` (the
+    dense tensor-core rate every device preset gives as ``flops``). ``fp8``:
+    :attr:`Topology.device_fp8_flops` (the optional per-device field ``fp8_flops``; H100
+    SXM: 1,979 TFLOP/s dense).
+
+    Raises
+    ------
+    ShardplanError
+        ``fp8`` on a topology with a device that declares no fp8 rate (A100 and V100 have
+        no fp8 tensor cores): one line naming the device. We refuse rather than fall back
+        to bf16, so that a plan never claims fp8 speed it cannot have.
+
+    Examples
+    --------
+    >>> from shardplan.topology import flat
+    >>> float(matmul_peak_flops(flat(2, device="h100"), "fp8")[0])
+    1.979e+15
+    """
+    if precision == "fp32":
+        return topology.device_fp32_flops
+    if precision in ("bf16", "fp16"):
+        return topology.device_flops
+    if precision != "fp8":
+        raise ShardplanError(f"unknown precision {precision!r} (choose from fp32, bf16, "
+                             f"fp16, fp8)")
+    fp8 = topology.device_fp8_flops
+    if fp8.size and not np.all(fp8 > 0):
+        d = topology.devices[int(np.argmin(fp8 > 0))]
+        kind = d.extra.get("type")
+        raise ShardplanError(f"precision fp8 needs devices with fp8 tensor cores (H100); "
+                             f"device {d.name!r}{f' ({kind})' if kind else ''} declares no "
+                             f"fp8_flops: use bf16")
+    return fp8
 
 
 def roofline_seconds(graph: Graph, flops: float, fp32_flops: float, bandwidth: float, *,

@@ -14,7 +14,8 @@ from typing import Any
 import numpy as np
 
 __all__ = ["OPTIMIZER_FLOPS", "OPTIMIZER_STATE", "OPTIMIZER_STEP_TEMPORARY", "message_seconds",
-           "optimizer_seconds", "ring_allreduce_seconds", "stage_memory", "work_seconds"]
+           "optimizer_seconds", "ring_allreduce_seconds", "stage_memory", "sync_shards",
+           "work_seconds"]
 
 OPTIMIZER_STATE: Mapping[str, float] = {
     "sgd": 0.0,
@@ -104,11 +105,23 @@ def optimizer_seconds(param_bytes: Any, optimizer: str, rate: Any,
                       n * OPTIMIZER_BYTES[optimizer] / np.asarray(bandwidth))
 
 
+def sync_shards(gradient_sync: str, replicas: Any) -> tuple[Any, Any]:
+    """``(shards, state_shards)`` of :func:`stage_memory` for a gradient synchronisation
+    over ``replicas``: ``sharded`` (FSDP / ZeRO-3) splits everything over the replicas
+    ``(replicas, 1)``; ``zero1`` (the distributed optimizer) only the master weights and
+    optimizer state ``(1, replicas)``; ``end`` and ``bucketed`` nothing ``(1, 1)``."""
+    if gradient_sync == "sharded":
+        return replicas, 1
+    if gradient_sync == "zero1":
+        return 1, replicas
+    return 1, 1
+
+
 def stage_memory(*, params: Any, outputs: Any, received: Any, inputs: Any, extra: Any,
                  in_flight: Any, replicas: Any, optimizer: str, recompute: bool,
                  mixed_precision: bool = False, param_dtype_bytes: int = 2,
                  shards: Any = 1, gathered: Any = 0.0,
-                 largest_param: Any = 0.0) -> dict[str, Any]:
+                 largest_param: Any = 0.0, state_shards: Any = 1) -> dict[str, Any]:
     """Every memory term of a stage, bytes per device, elementwise over stages.
 
     With ``P = params`` (parameter bytes):
@@ -130,6 +143,10 @@ def stage_memory(*, params: Any, outputs: Any, received: Any, inputs: Any, extra
       optimizer state are split over ``shards`` devices, and ``gathered`` bytes of
       parameters are held whole at a time (the units all-gathered for the running and the
       prefetched layer).
+    - the distributed optimizer (ZeRO-1, ``gradient_sync="zero1"``): master weights,
+      optimizer state and the step's temporaries are split over ``state_shards`` devices
+      (further, after ``shards``); parameters and gradients stay whole (Rajbhandari et al.
+      2020, section 5.1, P_os; Megatron's ``--use-distributed-optimizer``).
 
     - ``step_temporary``: what the optimizer step allocates for a moment,
       :data:`OPTIMIZER_STEP_TEMPORARY` copies of the ``largest_param`` tensor (fp32 master
@@ -143,12 +160,13 @@ def stage_memory(*, params: Any, outputs: Any, received: Any, inputs: Any, extra
     """
     factor = OPTIMIZER_STATE[optimizer]
     p = np.asarray(params, dtype=np.float64) / np.asarray(shards, dtype=np.float64)
+    state = p / np.asarray(state_shards, dtype=np.float64)
     if mixed_precision:
-        master = p * (_MASTER_BYTES / param_dtype_bytes)
+        master = state * (_MASTER_BYTES / param_dtype_bytes)
         opt = factor * master
     else:
         master = np.zeros_like(p)
-        opt = factor * p
+        opt = factor * state
     flight = np.asarray(in_flight, dtype=np.float64)
     if recompute:
         acts = flight * (np.asarray(received) + inputs) + (np.asarray(outputs) - inputs)
@@ -158,7 +176,8 @@ def stage_memory(*, params: Any, outputs: Any, received: Any, inputs: Any, extra
     extra = np.asarray(extra, dtype=np.float64) + 0.0 * p
     whole = np.asarray(gathered, dtype=np.float64) + 0.0 * p
     temp = OPTIMIZER_STEP_TEMPORARY[optimizer] * np.asarray(largest_param, dtype=np.float64) \
-        / np.asarray(shards, dtype=np.float64) + 0.0 * p
+        / np.asarray(shards, dtype=np.float64) / np.asarray(state_shards, dtype=np.float64) \
+        + 0.0 * p
     if mixed_precision:
         temp = temp * (_MASTER_BYTES / param_dtype_bytes)
     total = p + p + master + opt + np.maximum(acts, temp) + extra + whole

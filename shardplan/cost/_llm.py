@@ -48,7 +48,7 @@ from typing import Any
 import numpy as np
 
 from shardplan.cost._collectives import collective_seconds
-from shardplan.cost._compute import roofline_seconds
+from shardplan.cost._compute import matmul_peak_flops, roofline_seconds
 from shardplan.cost._formulas import OPTIMIZER_STATE, optimizer_seconds
 from shardplan.cost._gpu import gpu_model, group_collective_seconds, node_ids, p2p_seconds
 from shardplan.errors import ShardplanError
@@ -348,7 +348,10 @@ def llm_costs(graph: Graph, topology: Topology, parallel: ParallelConfig,
     dev = 0
     hw = gpu_model(topology)
     d0 = topology.devices[dev]
-    flops = float(d0.flops)
+    # the matrix products' peak at the precision (fp8: the device's fp8 rate, refused on
+    # GPUs without one; fp32 products run on fp32_flops inside the roofline)
+    flops = float(matmul_peak_flops(topology, "fp8")[dev]) if precision == "fp8" \
+        else float(d0.flops)
     fp32 = float(d0.extra.get("fp32_flops") or d0.flops)
     bw = float(d0.extra.get("memory_bandwidth") or np.inf)
     # what kernels reach of the datasheet (shardplan.cost._gpu); an explicit efficiency

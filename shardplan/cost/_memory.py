@@ -82,7 +82,7 @@ def partition_memory_breakdown(
     graph: Graph, assignment: Sequence[int] | np.ndarray, num_stages: int | None = None, *,
     optimizer: str = "adam", in_flight: Any = 1, recompute: bool = False,
     mixed_precision: bool = False, param_dtype_bytes: int = 2, replicas: Any = 1,
-    sharded: bool = False, unit_bytes: float = 0.0,
+    sharded: bool = False, unit_bytes: float = 0.0, optimizer_sharded: bool = False,
 ) -> dict[str, np.ndarray]:
     """Every term of every stage's memory, in bytes per device of the stage.
 
@@ -132,6 +132,9 @@ def partition_memory_breakdown(
         units of ``unit_bytes`` of parameters (the running and the prefetched one, at most
         the stage's parameters) held whole.
     unit_bytes : float
+    optimizer_sharded : bool
+        The distributed optimizer (ZeRO-1): master weights, optimizer state and the step's
+        temporaries split over the replicas; parameters and gradients whole.
 
     Returns
     -------
@@ -172,7 +175,8 @@ def partition_memory_breakdown(
                         param_dtype_bytes=param_dtype_bytes,
                         shards=reps if sharded else 1,
                         gathered=np.minimum(2.0 * unit_bytes, params) if sharded else 0.0,
-                        largest_param=largest)
+                        largest_param=largest,
+                        state_shards=reps if optimizer_sharded and not sharded else 1)
 
 
 def partition_memory_bytes(

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from shardplan.cost._checks import check_assignment, check_nodes, check_positive
-from shardplan.cost._compute import roofline_seconds, split_work
+from shardplan.cost._compute import matmul_peak_flops, roofline_seconds, split_work
 from shardplan.cost._formulas import work_seconds
 from shardplan.cost._memory import (
     optimizer_state_factor,
@@ -26,6 +26,7 @@ from shardplan.cost._transfer import (
 )
 from shardplan.errors import ShardplanError
 from shardplan.ir import ExecutionSettings, Graph, Plan, Topology
+from shardplan.ir.settings import PRECISIONS
 
 __all__ = ["CostModel", "lower_bound_seconds", "plan_arrays"]
 
@@ -119,6 +120,10 @@ class CostModel:
     mixed_precision : bool, default False
         fp32 master weights and optimizer state beside ``param_dtype_bytes`` parameters.
     param_dtype_bytes : int, default 2
+    precision : {"", "fp32", "bf16", "fp16", "fp8"}, default ""
+        The training precision (:attr:`ExecutionSettings.precision`): the rate of matrix
+        products (:func:`~shardplan.cost.matmul_peak_flops`). ``""``: ``fp16`` under
+        ``mixed_precision``, else ``fp32`` (what the two keywords meant before it).
     efficiency : float, default 1.0
         Fraction of a device's peak FLOP/s that FLOP-derived times achieve.
     roofline : bool, default False
@@ -152,6 +157,7 @@ class CostModel:
     optimizer: str = "adam"
     mixed_precision: bool = False
     param_dtype_bytes: int = 2
+    precision: str = ""
     efficiency: float = 1.0
     recompute: bool = False
     profile_flops: float | None = None
@@ -168,7 +174,8 @@ class CostModel:
         return cls(resolved.graph_for(graph), topology, optimizer=resolved.optimizer,
                    mixed_precision=resolved.mixed_precision,
                    param_dtype_bytes=resolved.param_dtype_bytes,
-                   efficiency=resolved.efficiency_or_peak, recompute=resolved.recompute,
+                   precision=resolved.precision,
+                   efficiency=resolved.efficiency_or_peak, recompute=resolved.recompute_full,
                    profile_flops=resolved.profile_flops, execution=resolved,
                    roofline=resolved.efficiency is None)
 
@@ -180,9 +187,17 @@ class CostModel:
             return self.execution
         return ExecutionSettings(
             microbatch_size=int(self.graph.batch_size), optimizer=self.optimizer,
-            mixed_precision=self.mixed_precision, param_dtype_bytes=self.param_dtype_bytes,
-            efficiency=self.efficiency, recompute=self.recompute,
+            precision=self.compute_precision, efficiency=self.efficiency,
+            recompute="full" if self.recompute else "none",
             profile_flops=self.profile_flops)
+
+    @property
+    def compute_precision(self) -> str:
+        """``precision``, or what ``mixed_precision`` means when it is unset (``fp16`` or
+        ``fp32``)."""
+        if self.precision:
+            return self.precision
+        return "fp16" if self.mixed_precision else "fp32"
 
     def __post_init__(self) -> None:
         if not isinstance(self.graph, Graph):
@@ -197,6 +212,11 @@ class CostModel:
                 self.param_dtype_bytes, (int, np.integer)) or self.param_dtype_bytes < 1:
             raise ShardplanError(f"param_dtype_bytes must be a positive integer, got "
                                  f"{self.param_dtype_bytes!r}")
+        if self.precision and self.precision not in PRECISIONS:
+            raise ShardplanError(f"unknown precision {self.precision!r} (choose from "
+                                 f"{', '.join(PRECISIONS)})")
+        if self.topology is not None and self.compute_precision == "fp8":
+            matmul_peak_flops(self.topology, "fp8")  # refuses devices without fp8
 
     # ------------------------------------------------------------------ precomputed
     @cached_property
@@ -226,8 +246,9 @@ class CostModel:
         if not (np.isfinite(bw).any() or np.any(fp32 != peak)):
             return fm, ff, bm, bf  # devices that declare nothing but a FLOP rate
         ref = int(np.argmax(peak))
-        tf, tb = roofline_seconds(self.graph, peak[ref], fp32[ref], bw[ref],
-                                  mixed_precision=self.mixed_precision)
+        mm = matmul_peak_flops(topo, self.compute_precision)
+        tf, tb = roofline_seconds(self.graph, mm[ref], fp32[ref], bw[ref],
+                                  mixed_precision=self.compute_precision != "fp32")
         return fm, np.where(ff > 0, tf * peak[ref], 0.0), bm, \
             np.where(bf > 0, tb * peak[ref], 0.0)
 
@@ -286,8 +307,14 @@ class CostModel:
 
     @cached_property
     def device_rate(self) -> np.ndarray:
-        """Effective FLOP/s of every device: ``flops * efficiency``, shape (D,)."""
-        return self._topo().device_flops * self.efficiency
+        """Effective FLOP/s of every device: ``flops * efficiency``, shape (D,). Without
+        the roofline (an ``efficiency`` given) every FLOP runs at that one rate, and under
+        ``fp8`` the rate is the device's fp8 peak times the efficiency (the roofline prices
+        fp8 matrix products itself, see :attr:`_work`)."""
+        topo = self._topo()
+        if not self.roofline and self.compute_precision == "fp8":
+            return matmul_peak_flops(topo, "fp8") * self.efficiency
+        return topo.device_flops * self.efficiency
 
     @cached_property
     def device_speed(self) -> np.ndarray:
@@ -475,13 +502,15 @@ class CostModel:
                          num_stages: int | None = None, *, in_flight: Any = 1,
                          replicas: Any = 1) -> dict[str, np.ndarray]:
         """Every memory term of every stage; see :func:`partition_memory_breakdown` (with
-        the settings' sharded data parallelism when they ask for it)."""
+        the settings' sharded data parallelism or distributed optimizer when they ask for
+        it)."""
         s = self.settings
         return partition_memory_breakdown(
             self.graph, assignment, num_stages, optimizer=self.optimizer, in_flight=in_flight,
             recompute=self.recompute, mixed_precision=self.mixed_precision,
             param_dtype_bytes=self.param_dtype_bytes, replicas=replicas,
-            sharded=s.gradient_sync == "sharded", unit_bytes=float(s.bucket_bytes))
+            sharded=s.gradient_sync == "sharded", unit_bytes=float(s.bucket_bytes),
+            optimizer_sharded=s.gradient_sync == "zero1")
 
     def partition_memory_bytes(self, assignment: Sequence[int] | np.ndarray,
                                num_stages: int | None = None, *, in_flight: Any = 1,

@@ -418,6 +418,9 @@ def stage_times(model: Any, assignment: Sequence[int] | np.ndarray, stage_device
         if sharded:  # reduce-scatter once; all-gather before every forward and backward
             ar[rows] = ring_collectives(topology, "reducescatter", ring, params[rows], inv)
             gather[rows] = ring_collectives(topology, "allgather", ring, params[rows], inv)
+        elif settings.gradient_sync == "zero1":  # reduce-scatter, step the shard, all-gather
+            ar[rows] = ring_collectives(topology, "reducescatter", ring, params[rows], inv) \
+                + ring_collectives(topology, "allgather", ring, params[rows], inv)
         else:
             ar[rows] = ring_collectives(topology, "allreduce", ring, params[rows], inv)
     if sharded:  # the gathers stream on the replicas' communication, every micro-batch
@@ -437,7 +440,8 @@ def stage_times(model: Any, assignment: Sequence[int] | np.ndarray, stage_device
         flight = np.asarray(in_flight, dtype=np.float64)
     mem = model.memory_breakdown(a, k, in_flight=flight, replicas=reps)["total"]
     cap = np.where(mask, topology.device_memory[d0], np.inf).min(axis=1)
-    shard = reps[:, None] if sharded else 1  # each replica steps its shard
+    # each replica steps its shard (FSDP, and the distributed optimizer)
+    shard = reps[:, None] if sharded or settings.gradient_sync == "zero1" else 1
     membw = topology.device_memory_bandwidth[d0]
     opt = optimizer_seconds(params[:, None] / shard, model.optimizer, rate, membw)
     measured = optimizer_seconds_per_byte(topology, model.optimizer)  # topology measure's

@@ -266,7 +266,11 @@ class RunConfig:
         known = {f.name: f for f in fields(ExecutionSettings)}
         kw: dict[str, Any] = {}
         dropped = []
+        from shardplan.ir.settings import LEGACY_SETTING_KEYS
+
         for k, v in self.execution.items():
+            if k in LEGACY_SETTING_KEYS and "precision" in known:
+                continue  # derived from precision (ExecutionSettings.mixed_precision, ...)
             if k not in known:
                 dropped.append(k)
                 continue

@@ -30,16 +30,49 @@ import numpy as np
 
 from shardplan.errors import InvalidFileError, ShardplanError
 
-__all__ = ["DDP_BUCKET_BYTES", "GRADIENT_SYNCS", "OPTIMIZERS", "SCHEDULES", "ExecutionSettings"]
+__all__ = ["DDP_BUCKET_BYTES", "GRADIENT_SYNCS", "LEGACY_SETTING_KEYS", "OPTIMIZERS",
+           "PRECISIONS", "RECOMPUTES", "SCHEDULES", "ExecutionSettings"]
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
 OPTIMIZERS = ("sgd", "sgd-momentum", "momentum", "adam", "adamw")
-GRADIENT_SYNCS = ("end", "bucketed", "sharded")
+GRADIENT_SYNCS = ("end", "bucketed", "sharded", "zero1")
+PRECISIONS = ("fp32", "bf16", "fp16", "fp8")
+RECOMPUTES = ("none", "selective", "full")
 DDP_BUCKET_BYTES = 25 * 2**20  # torch DistributedDataParallel's default bucket_cap_mb
 
 # Keys older plans kept among their algorithm options (before the ``execution`` field).
 _LEGACY_OPTION_KEYS = ("efficiency", "optimizer", "microbatches", "schedule", "recompute",
                        "profile_flops")
+# Keys of plans written before ``precision`` (2026-11): ``mixed_precision`` and the bytes of a
+# stored parameter under it; read by :func:`_legacy_precision`.
+_LEGACY_PRECISION_KEYS = ("mixed_precision", "param_dtype_bytes")
+#: Settings :meth:`ExecutionSettings.override` still takes by their former names (they set
+#: ``precision``): what algorithms accept as options beside the fields.
+LEGACY_SETTING_KEYS = _LEGACY_PRECISION_KEYS
+#: Bytes of one stored (compute) parameter under each precision. fp8 keeps bf16 weights: fp8
+#: is the matrix products' input format, cast from bf16 weights each step, as torchtitan's
+#: float8 training (torchao ``Float8Linear``) and Transformer Engine do.
+_PARAM_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 2}
+
+
+def _legacy_precision(data: Mapping[str, Any]) -> str | None:
+    """The ``precision`` an older plan's ``mixed_precision`` / ``param_dtype_bytes`` mean:
+    mixed precision with 2-byte parameters is ``fp16`` (Micikevicius et al. 2018, the
+    mixed precision the old field described; bf16 prices the same), with 1-byte ``fp8``,
+    with 4-byte ``fp32``; no mixed precision is ``fp32``. None when neither key is there."""
+    if not any(data.get(k) is not None for k in _LEGACY_PRECISION_KEYS):
+        return None
+    mixed = data.get("mixed_precision", False)
+    if not isinstance(mixed, bool):
+        raise ShardplanError(f"mixed_precision must be true or false, got {mixed!r}")
+    if not mixed:
+        return "fp32"
+    width = _int("param_dtype_bytes", data.get("param_dtype_bytes", 2))
+    by_width = {1: "fp8", 2: "fp16", 4: "fp32"}
+    if width not in by_width:
+        raise ShardplanError(f"param_dtype_bytes {width} names no precision (1: fp8, "
+                             f"2: fp16, 4: fp32)")
+    return by_width[width]
 
 
 def _int(name: str, v: Any, low: int = 1) -> int:
@@ -63,14 +96,28 @@ class ExecutionSettings:
         Pipeline schedule (default ``1f1b``).
     virtual_stages : int
         ``interleaved-1f1b``: plan stages per pipeline rank (default 2); 1 otherwise.
-    recompute : bool
-        Activation recomputation: the backward re-runs the forward, only stage inputs are
-        stashed between the passes.
+    recompute : {"none", "selective", "full"}
+        Activation recomputation (default ``none``). ``full``: the backward re-runs the
+        forward, only stage inputs are stashed between the passes (GPipe; Megatron's
+        ``--recompute-granularity full``). ``selective``: only attention's softmax and
+        dropout are recomputed (Megatron's ``--recompute-granularity selective``, arXiv
+        2205.05198 section 5); the operator-graph cost model prices it as ``none`` (no
+        extra compute, the same activations: its graphs have no separate attention-score
+        tensors to drop), the LLM plan kind uses its own activation formula. ``true`` /
+        ``false`` (plans written before the three values) load as ``full`` / ``none``.
     optimizer : {"sgd", "sgd-momentum", "momentum", "adam", "adamw"}
-    mixed_precision : bool
-        Parameters stored in ``param_dtype_bytes`` bytes beside fp32 master weights and
-        optimizer state.
-    param_dtype_bytes : int
+    precision : {"fp32", "bf16", "fp16", "fp8"}
+        Training precision (default ``fp32``). ``fp32``: parameters, gradients and optimizer
+        state in fp32, matrix products at the device's fp32 rate. ``bf16`` / ``fp16``:
+        mixed precision (Micikevicius et al. 2018): 2-byte parameters and gradients, fp32
+        master weights and optimizer state, matrix products at the device's tensor-core
+        rate (``Device.flops``). ``fp8``: as bf16 (bf16 weights, cast to fp8 for the matrix
+        products, as torchtitan's float8 and Transformer Engine do) with the matrix
+        products at the device's fp8 rate (``fp8_flops``; H100 only). The graph's
+        ``param_bytes`` are taken as the parameters in this precision (as they were under
+        ``mixed_precision``). Plans written before this field give ``mixed_precision`` and
+        ``param_dtype_bytes`` instead: see :func:`_legacy_precision`; both stay readable as
+        derived properties.
     efficiency : float or None
         Fraction of a device's peak FLOP/s that FLOP-derived times reach; None: the device
         model's own (peak today).
@@ -81,7 +128,7 @@ class ExecutionSettings:
     profile_flops : float or None
         Peak FLOP/s of the machine a graph's measured seconds come from (they are rescaled to
         each device); None: measured seconds are used as they are.
-    gradient_sync : {"end", "bucketed", "sharded"}
+    gradient_sync : {"end", "bucketed", "sharded", "zero1"}
         How a stage's replicas synchronise gradients: ``end`` -- one ring all-reduce of the
         stage's gradients after its last backward (default; what the pipeline runtime
         does); ``bucketed`` -- DDP: gradients in buckets of ``bucket_bytes``, each
@@ -90,32 +137,53 @@ class ExecutionSettings:
         optimizer state sharded over the replicas, each unit of ``bucket_bytes`` of
         parameters all-gathered before its forward and again before its backward (the next
         unit prefetched), its gradients reduce-scattered after the last micro-batch's
-        backward.
+        backward; ``zero1`` -- the distributed optimizer (ZeRO stage 1, Megatron's
+        ``--use-distributed-optimizer``): full parameters and gradients on every replica,
+        the gradients reduce-scattered after the last backward, each replica stepping its
+        shard of the master weights and optimizer state, the updated parameters
+        all-gathered after the step.
     bucket_bytes : int
         DDP bucket and FSDP unit size (default 25 MiB, torch DDP's ``bucket_cap_mb``).
+    sequence_parallel : bool
+        Megatron's ``--sequence-parallel``: tensor parallelism's all-reduces become
+        reduce-scatter plus all-gather, LayerNorm and dropout activations split by the
+        tensor-parallel degree. Recorded for the LLM plan kind (``simulate/_llm.py``); the
+        operator-graph cost model does not read it.
+    tp_comm_overlap : bool
+        Megatron's ``--tp-comm-overlap``: tensor-parallel communication overlapped with the
+        matrix products around it. Recorded for the LLM plan kind, like
+        ``sequence_parallel``.
     """
 
     microbatch_size: int | None = None
     microbatches: int = 8
     schedule: str = "1f1b"
     virtual_stages: int = 2
-    recompute: bool = False
+    recompute: str = "none"
     optimizer: str = "adam"
-    mixed_precision: bool = False
-    param_dtype_bytes: int = 2
+    precision: str = "fp32"
     efficiency: float | None = None
     overlap: bool = True
     profile_flops: float | None = None
     gradient_sync: str = "end"
     bucket_bytes: int = DDP_BUCKET_BYTES
+    sequence_parallel: bool = False
+    tp_comm_overlap: bool = False
 
     def __post_init__(self) -> None:
         if self.microbatch_size is not None:
             _int("microbatch_size", self.microbatch_size)
         _int("microbatches", self.microbatches)
         _int("virtual_stages", self.virtual_stages)
-        _int("param_dtype_bytes", self.param_dtype_bytes)
         _int("bucket_bytes", self.bucket_bytes)
+        if isinstance(self.recompute, bool):  # plans and callers of the boolean setting
+            object.__setattr__(self, "recompute", "full" if self.recompute else "none")
+        if self.recompute not in RECOMPUTES:
+            raise ShardplanError(f"recompute must be one of {', '.join(RECOMPUTES)}, got "
+                                 f"{self.recompute!r}")
+        if self.precision not in PRECISIONS:
+            raise ShardplanError(f"unknown precision {self.precision!r} (choose from "
+                                 f"{', '.join(PRECISIONS)})")
         if self.gradient_sync not in GRADIENT_SYNCS:
             raise ShardplanError(f"unknown gradient sync {self.gradient_sync!r} (choose from "
                                  f"{', '.join(GRADIENT_SYNCS)})")
@@ -125,7 +193,7 @@ class ExecutionSettings:
         if self.optimizer not in OPTIMIZERS:
             raise ShardplanError(f"unknown optimizer {self.optimizer!r} (choose from "
                                  f"{', '.join(OPTIMIZERS)})")
-        for name in ("recompute", "mixed_precision", "overlap"):
+        for name in ("overlap", "sequence_parallel", "tp_comm_overlap"):
             if not isinstance(getattr(self, name), bool):
                 raise ShardplanError(f"{name} must be true or false, got "
                                      f"{getattr(self, name)!r}")
@@ -143,6 +211,24 @@ class ExecutionSettings:
             raise ShardplanError("interleaved-1f1b needs virtual_stages >= 2")
 
     # ------------------------------------------------------------------ derived
+    @property
+    def recompute_full(self) -> bool:
+        """Whether the backward re-runs the whole forward (``recompute == "full"``): what
+        the operator-graph cost model prices (``selective`` prices as ``none``)."""
+        return self.recompute == "full"
+
+    @property
+    def mixed_precision(self) -> bool:
+        """Half or fp8 compute with fp32 master weights and optimizer state (every
+        precision but ``fp32``)."""
+        return self.precision != "fp32"
+
+    @property
+    def param_dtype_bytes(self) -> int:
+        """Bytes of one stored parameter (and gradient): 4 for fp32, 2 for bf16, fp16 and
+        fp8 (bf16 weights cast to fp8 for the matrix products)."""
+        return _PARAM_BYTES[self.precision]
+
     @property
     def stages_per_rank(self) -> int:
         """Plan stages one pipeline rank runs: ``virtual_stages`` when interleaved, else 1."""
@@ -188,6 +274,13 @@ class ExecutionSettings:
         microbatches`` (after any ``microbatches`` change), which must divide evenly.
         """
         changes = {k: v for k, v in changes.items() if v is not None}
+        legacy = {k: changes.pop(k) for k in _LEGACY_PRECISION_KEYS if k in changes}
+        if legacy and "precision" not in changes:
+            if "mixed_precision" not in legacy:
+                legacy["mixed_precision"] = self.mixed_precision
+            changes["precision"] = _legacy_precision(legacy)
+        if isinstance(changes.get("recompute"), bool):
+            changes["recompute"] = "full" if changes["recompute"] else "none"
         names = {f.name for f in fields(self)}
         unknown = sorted(set(changes) - names - {"global_batch"})
         if unknown:
@@ -211,7 +304,12 @@ class ExecutionSettings:
 
     # ------------------------------------------------------------------ JSON
     def to_dict(self) -> dict[str, Any]:
+        """The ``execution`` object of a plan file; ``mixed_precision`` and
+        ``param_dtype_bytes`` are written too (derived from ``precision``) for readers of
+        the fields they replaced."""
         d = asdict(self)
+        d["mixed_precision"] = self.mixed_precision
+        d["param_dtype_bytes"] = self.param_dtype_bytes
         if self.global_batch is not None:
             d["global_batch"] = self.global_batch
         return d
@@ -226,6 +324,10 @@ class ExecutionSettings:
         names = {f.name for f in fields(cls)}
         kw = {k: v for k, v in data.items() if k in names and v is not None}
         try:
+            if "precision" not in kw:
+                old = _legacy_precision(data)
+                if old is not None:
+                    kw["precision"] = old
             s = cls(**kw)
         except ShardplanError as exc:
             raise InvalidFileError(f"plan 'execution': {exc}") from None
@@ -246,6 +348,9 @@ class ExecutionSettings:
         keys it kept among its options, the defaults for the rest."""
         kw = {k: options[k] for k in _LEGACY_OPTION_KEYS if options.get(k) is not None}
         try:
+            old = _legacy_precision(options)
+            if old is not None:
+                kw["precision"] = old
             return cls(**kw)
         except ShardplanError as exc:
             raise InvalidFileError(f"plan options: {exc}") from None

@@ -301,6 +301,13 @@ class Topology:
                         dtype=np.float64)
 
     @property
+    def device_fp8_flops(self) -> np.ndarray:
+        """Every device's dense fp8 tensor-core rate (optional field ``fp8_flops``), 0 where
+        absent (no fp8), FLOP/s."""
+        return np.array([float(d.extra.get("fp8_flops") or 0.0) for d in self.devices],
+                        dtype=np.float64)
+
+    @property
     def device_memory_bandwidth(self) -> np.ndarray:
         """Every device's memory bandwidth (optional field ``memory_bandwidth``), ``inf``
         where absent (no memory roof), bytes/s."""

@@ -10,6 +10,7 @@ import numpy as np
 
 from shardplan.errors import InfeasibleError, ShardplanError
 from shardplan.ir import ExecutionSettings, Graph, Objective, Plan, Stage, Topology
+from shardplan.ir.settings import LEGACY_SETTING_KEYS
 from shardplan.mapping._stage_time import (
     MODELS,
     MappingProblem,
@@ -23,6 +24,7 @@ __all__ = ["SETTING_KEYS", "mapped_plan", "prepare"]
 
 #: Execution settings a mapping takes as options, overriding the plan's (``None``: keep).
 SETTING_KEYS: dict[str, Any] = {**{k: None for k in ExecutionSettings.__dataclass_fields__},
+                                **{k: None for k in LEGACY_SETTING_KEYS},
                                 "global_batch": None}
 
 

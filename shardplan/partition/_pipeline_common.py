@@ -45,6 +45,7 @@ from shardplan.cost import (
 from shardplan.cost._collectives import measured_seconds, ring_steps
 from shardplan.errors import InfeasibleError, ShardplanError
 from shardplan.ir import ExecutionSettings, Graph, Objective, Plan, Stage, Topology
+from shardplan.ir.settings import LEGACY_SETTING_KEYS
 from shardplan.registry import Result
 
 __all__ = ["OBJECTIVES", "SETTING_DEFAULTS", "build_plan", "placement", "shape_candidates",
@@ -60,6 +61,7 @@ OBJECTIVES = ("overlap", "eq3")
 #: the ``objective`` view.
 SETTING_DEFAULTS: dict[str, Any] = {
     **{k: None for k in ExecutionSettings.__dataclass_fields__},
+    **{k: None for k in LEGACY_SETTING_KEYS},
     "global_batch": None, "objective": None,
 }
 

@@ -51,7 +51,7 @@ import scipy.sparse as sp
 
 from shardplan.cost import CostModel, pipeline_factor, ring_allreduce_seconds, view_seconds
 from shardplan.cost._collectives import measured_seconds, ring_steps
-from shardplan.cost._formulas import stage_memory, work_seconds
+from shardplan.cost._formulas import stage_memory, sync_shards, work_seconds
 from shardplan.cost._memory import in_flight_microbatches
 from shardplan.errors import ShardplanError
 from shardplan.ir import ExecutionSettings, Graph, Topology
@@ -200,12 +200,18 @@ class StageContext:
     @property
     def state_factor(self) -> float:
         """Memory per parameter byte that does not depend on the micro-batch (parameters,
-        gradients, optimizer state and master weights), as :func:`stage_memory` counts."""
+        gradients, optimizer state and master weights), as :func:`stage_memory` counts,
+        per device of a stage on ``num_replicas`` replicas: split over them under FSDP
+        (``sharded``: all of it) and the distributed optimizer (``zero1``: master weights
+        and optimizer state), so that the clustering's memory check admits what fits only
+        sharded."""
+        shards, state_shards = sync_shards(self.settings.gradient_sync, self.num_replicas)
         return float(stage_memory(params=1.0, outputs=0.0, received=0.0, inputs=0.0,
                                   extra=0.0, in_flight=0.0, replicas=1,
                                   optimizer=self.settings.optimizer, recompute=False,
                                   mixed_precision=self.settings.mixed_precision,
-                                  param_dtype_bytes=self.settings.param_dtype_bytes)["total"])
+                                  param_dtype_bytes=self.settings.param_dtype_bytes,
+                                  shards=shards, state_shards=state_shards)["total"])
 
     @classmethod
     def build(cls, model: CostModel, topology: Topology, settings: ExecutionSettings,
@@ -252,10 +258,11 @@ class StageContext:
         mem = stage_memory(params=params[None, :], outputs=outputs[None, :],
                            received=recv_bytes[None, :], inputs=inputs[None, :],
                            extra=extra[None, :], in_flight=self.in_flight[:, None],
-                           replicas=r, optimizer=s.optimizer, recompute=s.recompute,
+                           replicas=r, optimizer=s.optimizer, recompute=s.recompute_full,
                            mixed_precision=s.mixed_precision,
                            param_dtype_bytes=s.param_dtype_bytes,
                            shards=r if sharded else 1,
+                           state_shards=r if s.gradient_sync == "zero1" else 1,
                            gathered=np.minimum(2.0 * s.bucket_bytes, params[None, :])
                            if sharded else 0.0)["total"]
         return np.where(mem <= self.memory[:, None], times, np.inf)

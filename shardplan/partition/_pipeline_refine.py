@@ -143,10 +143,11 @@ class StageState:
         t = view_seconds(self.view, comp.T, send, recv, ar[None, :], self.steps).max(axis=0)
         mem = stage_memory(params=self.s_params, outputs=self.s_out, received=self.B.sum(axis=0),
                            inputs=self.s_in, extra=self.s_extra, in_flight=self.flight,
-                           replicas=r, optimizer=s.optimizer, recompute=s.recompute,
+                           replicas=r, optimizer=s.optimizer, recompute=s.recompute_full,
                            mixed_precision=s.mixed_precision,
                            param_dtype_bytes=s.param_dtype_bytes,
                            shards=r if sharded else 1,
+                           state_shards=r if s.gradient_sync == "zero1" else 1,
                            gathered=np.minimum(2.0 * s.bucket_bytes, self.s_params)
                            if sharded else 0.0)["total"]
         return np.where(mem <= self.mem_cap, t, np.inf)
@@ -274,10 +275,11 @@ class StageState:
                          self.steps).max(axis=1)
         mem = stage_memory(params=params, outputs=out, received=bm.sum(axis=1), inputs=inb,
                            extra=extra, in_flight=self.flight, replicas=r,
-                           optimizer=s.optimizer, recompute=s.recompute,
+                           optimizer=s.optimizer, recompute=s.recompute_full,
                            mixed_precision=s.mixed_precision,
                            param_dtype_bytes=s.param_dtype_bytes,
                            shards=r if sharded else 1,
+                           state_shards=r if s.gradient_sync == "zero1" else 1,
                            gathered=np.minimum(2.0 * s.bucket_bytes, params)
                            if sharded else 0.0)["total"]
         return np.where(mem <= self.mem_cap, t, np.inf)

@@ -10,6 +10,7 @@ import numpy as np
 from shardplan.cost._sharding import SHARDING_OBJECTIVE, sharding_cost
 from shardplan.errors import ShardplanError
 from shardplan.ir import ExecutionSettings, Graph, Objective, Plan, Stage, Topology
+from shardplan.ir.settings import LEGACY_SETTING_KEYS
 from shardplan.partition._sharding_problem import STARTS, Problem
 
 __all__ = ["ACYCLIC_DOC", "SETTING_DEFAULTS", "acyclic_report", "check_bool_option",
@@ -19,6 +20,7 @@ __all__ = ["ACYCLIC_DOC", "SETTING_DEFAULTS", "acyclic_report", "check_bool_opti
 #: The execution settings a sharding partitioner takes (they do not change the sharding cost;
 #: the plan carries them to ``train``): see :class:`~shardplan.ir.ExecutionSettings`.
 SETTING_DEFAULTS: dict[str, Any] = {**{k: None for k in ExecutionSettings.__dataclass_fields__},
+                                    **{k: None for k in LEGACY_SETTING_KEYS},
                                     "global_batch": None}
 
 

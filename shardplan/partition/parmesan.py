@@ -143,7 +143,7 @@ def partition_shape(graph: Graph, topology: Topology, model: CostModel,
     stats: dict[str, Any] = {"stages": num_stages, "replicas": num_replicas}
     check = deadline.expired
     if exact_fronted is not None:
-        units = Units.from_assignment(cg, np.arange(n), n, recompute=settings.recompute,
+        units = Units.from_assignment(cg, np.arange(n), n, recompute=settings.recompute_full,
                                       model=model)
         fronted = exact_fronted
         stats.update(mode="exact", units=n, fronted=int(fronted[0].shape[0]))
@@ -161,7 +161,7 @@ def partition_shape(graph: Graph, topology: Topology, model: CostModel,
         while True:
             k = clusterer.run(target)
             unit_of = clusterer.unit_of()
-            units = Units.from_assignment(cg, unit_of, k, recompute=settings.recompute,
+            units = Units.from_assignment(cg, unit_of, k, recompute=settings.recompute_full,
                                           model=model)
             found = enumerate_fronted(units.preds, int(opts["max_fronted"]))
             if found is not None or target <= 2 * num_stages or k > target:

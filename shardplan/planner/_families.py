@@ -228,11 +228,14 @@ def _variants(ctx: Context, plan: Plan, *, family: str, mapping: str, searched: 
               runnable: bool = True, note: str = "",
               microbatches: Sequence[int] | None = None) -> list[Evaluated]:
     """``plan`` simulated under every schedule x micro-batch count x gradient sync that
-    fits it (``microbatches``: only these counts: a plan searched for one); one row each.
+    fits it (``microbatches``: only these counts: a plan searched for one; a gradient sync
+    the user fixed replaces ``syncs``); one row each.
     Once the task's deadline has passed, the variants not yet simulated are left out, and a
     simulation still running at it stops (its row too)."""
     s, r = plan.num_stages, plan.num_replicas
     out: list[Evaluated] = []
+    if ctx.fixed.get("gradient_sync"):  # the user's --gradient-sync: that one alone
+        syncs = (str(ctx.fixed["gradient_sync"]),)
     scheds = list(schedules if schedules is not None else ctx.schedules)
     if s == 1:
         scheds = ["gpipe"]  # one stage: every schedule is the same

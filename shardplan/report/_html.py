@@ -93,7 +93,7 @@ def report_html(plan: Plan, graph: Graph, topology: Topology, result: Simulation
     parts.append(_table(["simulation", ""], [
         ["schedule", f"{result.schedule.name}, {result.num_microbatches} micro-batches of "
                      f"{(result.options or {}).get('microbatch_size', '?')} samples"
-                     f"{', recompute' if (result.options or {}).get('recompute') else ''}"],
+                     f"{_recompute_text((result.options or {}).get('recompute'))}"],
         ["iteration", f"{_ms(result.iteration_seconds)} ms"],
         ["throughput", f"{result.throughput:.5g} samples/s"],
         ["bubble fraction", f"{result.bubble_fraction:.1%}"],
@@ -182,3 +182,11 @@ def write_report(plan: Plan, graph: Graph, topology: Topology,
     write_atomic(path, text)
     return {"html": str(path), "pngs": pngs, "graph_drawer": drawer,
             **result.to_dict()}
+
+
+def _recompute_text(value: object) -> str:
+    """``, recompute full`` (or ``selective``) for a simulation's ``recompute`` option, ``''``
+    for none; ``True`` / ``False`` from results written before the three values."""
+    if value is True:
+        value = "full"
+    return f", recompute {value}" if value not in (None, False, "none") else ""

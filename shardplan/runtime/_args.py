@@ -219,7 +219,7 @@ def pipeline_fields(plan: Any, graph: Any, settings: Any) -> dict[str, Any]:
         rank_devices=tuple(tuple(int(d) for d in devs) for devs in view.rank_devices),
         replicas=reps.pop(), schedule=settings.schedule, export_batch=int(graph.batch_size),
         microbatches=int(settings.microbatches), microbatch_size=int(settings.microbatch_size),
-        recompute=bool(settings.recompute),
+        recompute=settings.recompute == "full",
     )
 
 
@@ -250,7 +250,7 @@ def strategy_fields(plan: Any, graph: Any, settings: Any) -> dict[str, Any]:
                                  run_batch=int(settings.microbatch_size)),
         mesh_shape=mesh_shape(devices), schedule=settings.schedule,
         export_batch=int(graph.batch_size), microbatches=int(settings.microbatches),
-        microbatch_size=int(settings.microbatch_size), recompute=bool(settings.recompute),
+        microbatch_size=int(settings.microbatch_size), recompute=settings.recompute == "full",
         gradient_sync=_strategy_sync(settings), bucket_bytes=int(settings.bucket_bytes))
 
 
@@ -301,7 +301,7 @@ def llm_fields(plan: Any, graph: Any, settings: Any) -> dict[str, Any]:
                 sequence_parallel=bool(getattr(settings, "sequence_parallel", False)),
                 export_batch=int(graph.batch_size), microbatches=int(settings.microbatches),
                 microbatch_size=int(settings.microbatch_size),
-                recompute=bool(settings.recompute))
+                recompute=settings.recompute == "full")
 
 
 def _check_llm_dimensions(pc: Any, dims: Any) -> None:

@@ -52,8 +52,10 @@ class _Collectives(_Messages):
     # ------------------------------------------------------------------ collectives
     def reduce_ready(self, s: int) -> None:
         """A replica passed the stage's ``REDUCE_GRAD``: with ``end`` sync, the stage's
-        all-reduce starts once all have; otherwise the buckets' or units' collectives
-        (launched during the last backward) are what the optimizer waits for."""
+        all-reduce starts once all have (``zero1``: its reduce-scatter, the parameters'
+        all-gather following each replica's optimizer step); otherwise the buckets' or
+        units' collectives (launched during the last backward) are what the optimizer
+        waits for."""
         self.ar_ready[s] += 1
         r = int(self.reps[s])
         if self.ar_ready[s] < r:
@@ -62,10 +64,11 @@ class _Collectives(_Messages):
             self.ar_start[s] = self.t
         if r == 1 or self.grad_bytes[s] <= 0:
             self.reduce_done(s)
-        elif self.sync == "end":
+        elif self.sync in ("end", "zero1"):  # zero1: the all-gather follows the step
             self.grad_left[s] = 1
+            kind = "allreduce" if self.sync == "end" else "reducescatter"
             for _ in range(r):
-                self.issue(("allreduce", s, "grad", 0, float(self.grad_bytes[s])))
+                self.issue((kind, s, "grad", 0, float(self.grad_bytes[s])))
         elif self.grad_left[s] == 0:
             self.reduce_done(s)
 

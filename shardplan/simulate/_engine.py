@@ -59,6 +59,10 @@ objective, ``shardplan cost`` and the simulator price the same compute and the s
   (:mod:`shardplan.simulate._ring`), the same result as stepping them.
 - **Optimizer step.** A device steps once its actions are done and the all-reduces of its
   stages are over, for the model's optimizer seconds.
+- **Distributed optimizer** (``gradient_sync="zero1"``). The all-reduce is a ring
+  reduce-scatter (``R - 1`` steps); each replica steps its ``1/R`` of the master weights
+  (the model's optimizer seconds over its shard), then the stage's parameters are ring
+  all-gathered (``R - 1`` steps); the device's iteration ends when that gather has.
 - **Memory.** A device holds its stages' parameters, gradients, optimizer state and extra
   memory throughout, plus one micro-batch's activations per (stage, micro-batch) from the
   start of its forward to the end of its backward, and during its optimizer step the step's
@@ -417,9 +421,25 @@ class _Sim(_Collectives):
             self.busy(w.device, -1)
             self.memory(w.device, -self.step_mem[w.device])
             w.busy = False
-            w.done = True
             self.intervals.append(Interval(w.device, start, self.t, "OPT", min(w.stages)))
-            self.finish[w.device] = self.t
+            # the distributed optimizer (zero1): the updated parameter shards are
+            # all-gathered after the step; the iteration ends on this device when they are
+            gathers = [s for s in w.stages if self.sync == "zero1" and self.reps[s] > 1
+                       and self.grad_bytes[s] > 0]
+            left = [len(gathers)]
+
+            def gathered() -> None:
+                left[0] -= 1
+                if left[0] <= 0:
+                    w.done = True
+                    self.finish[w.device] = self.t
+
+            if not gathers:
+                gathered()
+            for s in gathers:
+                key = ("allgather", s, "param", 0, float(self.grad_bytes[s]))
+                self.waiters.setdefault(key[:4], []).append(gathered)
+                self.issue(key)
 
         self.at(self.t + self.opt_seconds[w.device] + self.take_debt(w.device), finish)
 
@@ -582,7 +602,7 @@ def simulate(plan: Plan, graph: Graph, topology: Topology,
         if settings.gradient_sync == "sharded":
             raise ShardplanError("a schedule with split backwards (I/W) runs with gradient "
                                  "sync 'end' or 'bucketed', not 'sharded'")
-        share = weight_share(graph, a_pos, k, recompute=settings.recompute)
+        share = weight_share(graph, a_pos, k, recompute=settings.recompute_full)
     sim = _Sim(view, st, static, per_mb, topology, settings.overlap, settings.gradient_sync,
                buckets, units, share, step_memory=step_extra)
     sim.timeline = timeline

@@ -95,9 +95,9 @@ def _strategy_engine_inputs(plan: Plan, graph: Graph, topology: Topology,
     every output). O(n + m) per stage."""
     from shardplan.strategy._price import stage_prices
 
-    if settings.gradient_sync == "sharded":
-        raise ShardplanError("a strategy plan synchronises gradients with 'end' or "
-                             "'bucketed', not 'sharded'")
+    if settings.gradient_sync in ("sharded", "zero1"):
+        raise ShardplanError(f"a strategy plan synchronises gradients with 'end' or "
+                             f"'bucketed', not {settings.gradient_sync!r}")
     prices = stage_prices(plan, graph, topology, settings)
     sync = np.sum([p["sync_bytes"] for p in prices], axis=0)
     grads = np.sum([p["grad_bytes"] for p in prices], axis=0)

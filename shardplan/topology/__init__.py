@@ -10,6 +10,9 @@ kind               builder
 ``flat``           :func:`flat`: one bandwidth and latency for every pair
 ``hierarchical``   :func:`hierarchical`: region > rack > box > GPU, one link class per level
 ``dgx1``           :func:`dgx1`: DGX-1 V100 boxes (NV2, NV1, PCIe inside; Ethernet between)
+``dgx-a100``       :func:`dgx_a100`, :func:`dgx_h100`, :func:`dgx2_v100` (``dgx-h100``,
+                   ``dgx2-v100``): GPU cluster presets, ``nodes`` NVSwitch nodes joined by
+                   InfiniBand, every figure from a datasheet (:data:`CLUSTER_PRESETS`)
 ``mesh2d`` ...     :func:`mesh2d`, :func:`torus2d`, :func:`mesh3d`, :func:`torus3d`
 ``random-blk-1``   :func:`random_blk_1`, :func:`random_blk_2`, :func:`uniform_dist`: paper 002's
                    random heterogeneous topologies (definitions in their docstrings)
@@ -20,8 +23,9 @@ kind               builder
 Builders are NumPy/SciPy only and fast. Measuring a machine runs the runtime, so it lives
 above it, in :mod:`shardplan.measure`, which registers its builder here
 (:func:`register_builder`): this package imports neither torch, the runtime, the strategy nor
-the capture package (``docs/architecture.md``). GPU cluster presets (issue 36) belong here,
-beside :data:`DEVICE_PRESETS` and :func:`dgx1`.
+the capture package (``docs/architecture.md``). Kinds may also be given as one string
+``KIND,key=value,...`` (``dgx-a100,nodes=4,gpu_memory=40GiB``): :func:`parse_spec`,
+:func:`build_spec`.
 
 Examples
 --------
@@ -41,6 +45,14 @@ from typing import Any
 
 from shardplan.errors import ShardplanError
 from shardplan.ir.topology import Topology
+from shardplan.topology._clusters import (
+    CLUSTER_PRESETS,
+    ClusterPreset,
+    dgx2_v100,
+    dgx_a100,
+    dgx_cluster,
+    dgx_h100,
+)
 from shardplan.topology._devices import DEVICE_PRESETS, DevicePreset, make_devices
 from shardplan.topology._dgx import DGX1_NVLINKS, dgx1, dgx1_link_counts
 from shardplan.topology._grid import grid_links, mesh2d, mesh3d, torus2d, torus3d
@@ -49,10 +61,11 @@ from shardplan.topology._routing import Routes, path, route, routes_of
 from shardplan.topology._simple import flat, hierarchical
 
 __all__ = [
-    "BUILDERS", "DEVICE_PRESETS", "DGX1_NVLINKS", "DevicePreset", "Routes", "build", "dgx1",
-    "dgx1_link_counts", "flat", "grid_links", "hierarchical", "kinds", "make_devices",
-    "mesh2d", "mesh3d", "path", "random_blk_1", "random_blk_2", "register_builder", "route",
-    "routes_of", "torus2d", "torus3d", "uniform_dist",
+    "BUILDERS", "CLUSTER_PRESETS", "DEVICE_PRESETS", "DGX1_NVLINKS", "ClusterPreset",
+    "DevicePreset", "Routes", "build", "build_spec", "dgx1", "dgx1_link_counts", "dgx2_v100",
+    "dgx_a100", "dgx_cluster", "dgx_h100", "flat", "grid_links", "hierarchical", "kinds",
+    "make_devices", "mesh2d", "mesh3d", "parse_spec", "path", "random_blk_1", "random_blk_2",
+    "register_builder", "route", "routes_of", "torus2d", "torus3d", "uniform_dist",
 ]
 
 #: Topology builders by kind (the names of ``shardplan topology KIND``).
@@ -60,6 +73,9 @@ BUILDERS: dict[str, Callable[..., Topology]] = {
     "flat": flat,
     "hierarchical": hierarchical,
     "dgx1": dgx1,
+    "dgx-a100": dgx_a100,
+    "dgx-h100": dgx_h100,
+    "dgx2-v100": dgx2_v100,
     "mesh2d": mesh2d,
     "torus2d": torus2d,
     "mesh3d": mesh3d,
@@ -132,3 +148,58 @@ def build(kind: str, **options: Any) -> Topology:
                    if p.default is inspect.Parameter.empty and p.name not in options]
         raise ShardplanError(f"topology {key} needs {', '.join(missing)}") from None
     return fn(**options)
+
+
+def parse_spec(text: str) -> tuple[str, dict[str, Any]]:
+    """``"KIND,key=value,..."`` -> ``(kind, options)``, as ``plan --cluster`` and
+    ``shardplan topology`` read it.
+
+    Keys take ``-`` or ``_`` (``devices`` is ``num_devices``, the name of ``topology
+    --devices``); a value ``AxB`` becomes a tuple of ints, a number an int or a float, and
+    anything else stays a string for the builder to read (``gpu_memory=40GiB``).
+
+    Examples
+    --------
+    >>> parse_spec("dgx-a100,nodes=4,gpu_memory=40GiB")
+    ('dgx-a100', {'nodes': 4, 'gpu_memory': '40GiB'})
+
+    Raises
+    ------
+    ShardplanError
+        An option that is not ``KEY=VALUE``, or a key given twice.
+    """
+    kind, *opts = str(text).split(",")
+    options: dict[str, Any] = {}
+    for o in opts:
+        key, sep, value = o.partition("=")
+        if not sep or not key.strip():
+            raise ShardplanError(f"topology option {o!r} is not KEY=VALUE (in {text!r})")
+        given = key.strip()
+        key = given.replace("-", "_")
+        key = {"devices": "num_devices"}.get(key, key)
+        if key in options:
+            raise ShardplanError(f"topology option {given!r} is given twice in {text!r}")
+        v: Any = value.strip()
+        if "x" in v and all(part.isdigit() for part in v.split("x")):
+            v = tuple(int(part) for part in v.split("x"))
+        else:
+            for cast in (int, float):
+                try:
+                    v = cast(v)
+                    break
+                except ValueError:
+                    continue
+        options[key] = v
+    return kind.strip(), options
+
+
+def build_spec(text: str) -> Topology:
+    """The topology ``"KIND,key=value,..."`` names (:func:`parse_spec`, then :func:`build`).
+
+    Examples
+    --------
+    >>> build_spec("dgx-h100,nodes=2").num_devices
+    16
+    """
+    kind, options = parse_spec(text)
+    return build(kind, **options)

@@ -14,7 +14,7 @@ from shardplan.errors import ShardplanError
 from shardplan.ir.topology import Device
 
 __all__ = ["DEVICE_PRESETS", "DevicePreset", "MAX_DEVICES", "MAX_MATRIX_BYTES",
-           "check_dense_size", "check_device_count",
+           "check_bytes", "check_dense_size", "check_device_count",
            "generator_meta", "make_devices", "resolve_device"]
 
 GIB = 2**30
@@ -39,6 +39,8 @@ class DevicePreset:
         in full precision, and every other operator's compute roof.
     memory_bandwidth : float
         Peak device-memory bandwidth, bytes/s: the roof of memory-bound operators.
+    fp8_flops : float
+        Peak dense fp8 tensor-core rate, FLOP/s; 0: the device has no fp8 (V100, A100).
     """
 
     name: str
@@ -47,6 +49,7 @@ class DevicePreset:
     source: str
     fp32_flops: float = 0.0
     memory_bandwidth: float = 0.0
+    fp8_flops: float = 0.0
 
 
 #: Published peak numbers of the accelerators the papers use. Each ``flops`` is the *dense*
@@ -69,9 +72,10 @@ DEVICE_PRESETS: dict[str, DevicePreset] = {
     "h100": DevicePreset(
         "h100", 80 * GIB, 989e12,
         "NVIDIA H100 SXM5 80 GB: 989 TFLOP/s dense bf16 tensor core (H100 datasheet lists "
-        "1,979 with sparsity; the Hopper whitepaper gives 989.4 dense), 67 TFLOP/s fp32, "
-        "3.35 TB/s HBM3 (H100 SXM datasheet)",
-        fp32_flops=67e12, memory_bandwidth=3.35e12,
+        "1,979 with sparsity; the Hopper whitepaper gives 989.4 dense), 1,979 TFLOP/s dense "
+        "fp8 (datasheet: 3,958 with sparsity), 67 TFLOP/s fp32, 3.35 TB/s HBM3 (H100 SXM "
+        "datasheet)",
+        fp32_flops=67e12, memory_bandwidth=3.35e12, fp8_flops=1979e12,
     ),
 }
 
@@ -111,6 +115,38 @@ def check_count(name: str, value: Any, *, minimum: int = 1) -> int:
     if v < minimum:
         raise ShardplanError(f"{name} must be an integer >= {minimum}, got {value!r}")
     return v
+
+
+_BYTE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+               "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def check_bytes(name: str, value: Any) -> float:
+    """A memory size: a positive number of bytes, or a string with a unit (``"40GiB"``,
+    ``"80 GB"``, ``"1.5e9"``; KB/MB/GB/TB are powers of 1000, KiB/MiB/GiB/TiB of 1024).
+
+    Examples
+    --------
+    >>> check_bytes("gpu_memory", "40GiB") == 40 * 2**30
+    True
+    """
+    if isinstance(value, str):
+        text = value.strip().lower().replace(" ", "")
+        num = text.rstrip("abcdefghijklmnopqrstuvwxyz")
+        unit = text[len(num):]
+        if unit not in _BYTE_UNITS or not num:
+            raise ShardplanError(f"{name} must be bytes like 40GiB or 8e10, got {value!r}")
+        return check_positive(name, float(num) * _BYTE_UNITS[unit]) if _is_number(num) \
+            else check_positive(name, value)
+    return check_positive(name, value)
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 MAX_MATRIX_BYTES = 4 * 2**30
@@ -252,4 +288,6 @@ def make_devices(names: Sequence[str], device: str | DevicePreset = "v100",
     if flops is None and preset.memory_bandwidth > 0:
         extra["fp32_flops"] = preset.fp32_flops
         extra["memory_bandwidth"] = preset.memory_bandwidth
+    if flops is None and preset.fp8_flops > 0:
+        extra["fp8_flops"] = preset.fp8_flops
     return tuple(Device(name=n, memory_bytes=mem, flops=fl, extra=dict(extra)) for n in names)

@@ -152,7 +152,7 @@ def test_config_file(files: list[str], tmp_path: Path,
                     "heuristic", "-o", str(out)]) == 0
     plan = json.loads(out.read_text())
     assert plan["seed"] == 7 and plan["execution"]["microbatches"] == 5
-    assert plan["execution"]["recompute"] is True
+    assert plan["execution"]["recompute"] == "full"  # true: plain --recompute
     assert run_cli(["--config", str(conf), "partition", files[1], files[2], "--algorithm",
                     "heuristic", "--seed", "2", "--microbatches", "3", "-o", str(out)]) == 0
     plan = json.loads(out.read_text())
@@ -164,7 +164,8 @@ def test_config_file(files: list[str], tmp_path: Path,
                         ("[partition]\nschedule_out = 'x'\n", "[partition] has no option"),
                         ("[nosuch]\nx = 1\n", "[nosuch] is not a command"),
                         ("microbatches = 'many'\n", "microbatches"),
-                        ("recompute = 3\n", "switch"),
+                        ("recompute = 3\n", "argument --recompute: invalid choice"),
+                        ("overlap = 3\n", "switch"),
                         ("x = \n", "not valid TOML")):
         conf.write_text(text)
         assert run_cli(["--config", str(conf), "partition", files[1], files[2],

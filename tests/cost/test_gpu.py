@@ -64,10 +64,10 @@ def test_across_nodes_each_gpu_uses_its_own_nic():
 
 def test_llm_costs_use_the_fractions_on_gpus():
     g = gpt_graph(hidden=2048, layers=2, seq=512, batch=4)
-    st = ExecutionSettings(microbatch_size=4, microbatches=1, mixed_precision=True)
+    st = ExecutionSettings(microbatch_size=4, microbatches=1, precision="bf16")
     gpu = llm_costs(g, a100(1), ParallelConfig(), st)
     peak = llm_costs(g, a100(1), ParallelConfig(), st.__class__(
-        microbatch_size=4, microbatches=1, mixed_precision=True, efficiency=1.0))
+        microbatch_size=4, microbatches=1, precision="bf16", efficiency=1.0))
     # every node slower than at the datasheet's peak, by at most 1 / the smaller fraction
     m = GPU_MODELS["a100"]
     ratio = gpu.forward.sum() / peak.forward.sum()

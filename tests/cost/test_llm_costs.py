@@ -162,7 +162,7 @@ def test_materialized_attention_keeps_and_moves_the_scores(g, topo):
     activations); the flash kernel keeps none."""
     import dataclasses
 
-    base = settings(microbatches=1, mixed_precision=True)
+    base = settings(microbatches=1, precision="bf16")
     if "attention" not in ExecutionSettings.__dataclass_fields__:
         pytest.skip("no attention setting")
     flash = llm_costs(g, topo, ParallelConfig(), base)

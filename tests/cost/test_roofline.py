@@ -38,7 +38,7 @@ def test_v100_roofline_by_hand():
     assert fwd[1] == pytest.approx(2e6 / 900e9)
     assert bwd[1] == pytest.approx(3e6 / 900e9)
     # mixed precision: the linear layer reaches the tensor cores, memory-bound at 6 MB
-    mixed = CostModel.from_settings(g, topo, ExecutionSettings(mixed_precision=True))
+    mixed = CostModel.from_settings(g, topo, ExecutionSettings(precision="bf16"))
     fwd, _ = mixed.node_seconds(0)
     assert fwd[0] == pytest.approx(max(2e9 / 125e12, 6e6 / 900e9))
     # an efficiency given in the settings prices FLOPs at that fraction of the peak, as before

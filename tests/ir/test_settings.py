@@ -91,3 +91,72 @@ def test_graph_at_batch_size_scales_per_sample_columns() -> None:
     assert g.at_batch_size(4) is g
     with pytest.raises(InvalidFileError):
         g.at_batch_size(0)
+
+
+def test_training_settings_and_their_derived_fields() -> None:
+    s = ExecutionSettings()
+    assert (s.precision, s.recompute, s.gradient_sync) == ("fp32", "none", "end")
+    assert not s.mixed_precision and s.param_dtype_bytes == 4 and not s.recompute_full
+    assert (s.sequence_parallel, s.tp_comm_overlap) == (False, False)
+    for p, width in (("bf16", 2), ("fp16", 2), ("fp8", 2)):
+        t = ExecutionSettings(precision=p)
+        assert t.mixed_precision and t.param_dtype_bytes == width
+    assert ExecutionSettings(recompute="full").recompute_full
+    assert not ExecutionSettings(recompute="selective").recompute_full
+    # booleans (callers and plans of the two-valued setting) become full / none
+    assert ExecutionSettings(recompute=True).recompute == "full"
+    assert ExecutionSettings(recompute=False).recompute == "none"
+    z = ExecutionSettings(gradient_sync="zero1", sequence_parallel=True, tp_comm_overlap=True)
+    back = Plan.from_dict(_plan(execution=z).to_dict()).settings
+    assert back == z
+
+
+@pytest.mark.parametrize("kw", [{"precision": "int8"}, {"recompute": "some"},
+                                {"gradient_sync": "zero2"}, {"sequence_parallel": 1},
+                                {"tp_comm_overlap": "yes"}])
+def test_bad_training_settings(kw) -> None:
+    with pytest.raises(ShardplanError) as err:
+        ExecutionSettings(**kw)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("old, precision", [
+    ({"mixed_precision": True, "param_dtype_bytes": 2}, "fp16"),
+    ({"mixed_precision": True}, "fp16"),
+    ({"mixed_precision": True, "param_dtype_bytes": 1}, "fp8"),
+    ({"mixed_precision": False, "param_dtype_bytes": 2}, "fp32"),
+    ({"recompute": True}, "fp32"),
+])
+def test_older_plans_load(old, precision) -> None:
+    d = _plan(execution=ExecutionSettings()).to_dict()
+    d["execution"] = {"microbatches": 4, **old}
+    s = Plan.from_dict(d).settings
+    assert s.precision == precision
+    assert s.recompute == ("full" if old.get("recompute") else "none")
+    # legacy options of plans without an execution field
+    d = _plan().to_dict()
+    d["options"] = {"recompute": True}
+    assert Plan.from_dict(d).settings.recompute == "full"
+
+
+def test_written_plans_keep_the_old_fields_for_old_readers() -> None:
+    d = ExecutionSettings(precision="bf16").to_dict()
+    assert d["precision"] == "bf16" and d["mixed_precision"] is True
+    assert d["param_dtype_bytes"] == 2
+    assert ExecutionSettings.from_dict(d).precision == "bf16"  # precision wins
+
+
+def test_legacy_precision_values_are_checked() -> None:
+    d = _plan().to_dict()
+    d["execution"] = {"mixed_precision": True, "param_dtype_bytes": 3}
+    with pytest.raises(InvalidFileError, match="param_dtype_bytes 3"):
+        Plan.from_dict(d)
+
+
+def test_override_of_the_training_settings() -> None:
+    s = ExecutionSettings()
+    new, notes = s.override(precision="bf16", recompute="selective", gradient_sync="zero1")
+    assert (new.precision, new.recompute, new.gradient_sync) == ("bf16", "selective", "zero1")
+    assert "precision bf16 overrides the plan's fp32" in notes
+    new, _ = s.override(recompute=True, mixed_precision=True)
+    assert (new.recompute, new.precision) == ("full", "fp16")

@@ -130,3 +130,13 @@ def test_cli_errors(files: tuple[Path, Path, Path], tmp_path: Path,
     assert run_cli(["simulate", plan, graph, str(small)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("shardplan: error: stage 2 uses a device") and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("value, text", [("full", ", recompute full"),
+                                         ("selective", ", recompute selective"),
+                                         ("none", ""), (None, ""), (True, ", recompute full"),
+                                         (False, "")])
+def test_the_simulation_row_names_the_recompute_setting(value, text) -> None:
+    from shardplan.report._html import _recompute_text
+
+    assert _recompute_text(value) == text

@@ -111,6 +111,9 @@ def test_config_for_plan() -> None:
     assert (cfg.kind, cfg.world_size, cfg.schedule, cfg.microbatches, cfg.microbatch_size,
             cfg.recompute, cfg.model) == ("llm", 4, "gpipe", 4, 4, True, MODEL)
     assert cfg.parallel == plan.parallel and cfg.layout_devices == (0, 1, 2, 3)
+    for rc, on in (("none", False), ("selective", False), ("full", True)):  # full only
+        plan, graph = llm_plan(ParallelConfig(tp=2, pp=2), recompute=rc)
+        assert config_for_plan(plan, graph, steps=1).recompute is on
     plan, graph = llm_plan(ParallelConfig(tp=2, pp=2), reverse=True)
     assert config_for_plan(plan, graph, steps=1).layout_devices == (2, 3, 0, 1)
     plan, graph = llm_plan(ParallelConfig(pp=2, vp=2), schedule="1f1b", microbatches=4)

@@ -627,3 +627,26 @@ def test_owed_cpu_is_the_share_of_each_messages_overlap_with_compute(
                 continue
             owed += sum(max(0.0, min(e, iv.end) - max(b, iv.start)) for b, e in spans)
         assert extra == pytest.approx(shares[d] * owed, rel=1e-6, abs=1e-9)
+
+
+def test_zero1_reduce_scatters_steps_a_shard_and_all_gathers_after_the_step() -> None:
+    """The distributed optimizer: one ring reduce-scatter after the last backward, each
+    replica steps half the parameters, then one ring all-gather; uncontended the two
+    collectives take an all-reduce's time, so the iteration is the all-reduce run's less
+    half its optimizer step; memory less than DDP's (master and Adam state sharded)."""
+    from shardplan.ir import ExecutionSettings
+
+    g = _chain(4, 1.0, 2.0, params=40_000_000)
+    slow = _flat(2, bandwidth=1e9, latency=1e-5)
+    plan = _dp_plan(2).with_settings(ExecutionSettings(microbatches=3, schedule="gpipe",
+                                                       optimizer="adam",
+                                                       precision="bf16"))
+    end = simulate(plan, g, slow)
+    zero1 = simulate(plan, g, slow, gradient_sync="zero1", timeline=True)
+    ar = allreduce_seconds(slow, [0, 1], 4 * 40_000_000)
+    opt = end.optimizer_seconds
+    assert end.iteration_seconds == pytest.approx(3 * 6 + ar + opt, rel=1e-9)
+    assert zero1.iteration_seconds == pytest.approx(3 * 6 + ar + opt / 2, rel=1e-9)
+    kinds = [iv.kind for iv in zero1.intervals if iv.device == 0]
+    assert kinds.index("reducescatter") < kinds.index("OPT") < kinds.index("allgather")
+    assert max(zero1.peak_memory_bytes) < max(end.peak_memory_bytes)

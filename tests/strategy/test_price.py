@@ -84,7 +84,8 @@ def test_compute_is_the_simulators_at_the_plans_precision() -> None:
     out = {}
     for mixed in (False, True):
         pr = StagePricer(g, topo, range(4),
-                         ExecutionSettings(microbatches=1, mixed_precision=mixed))
+                         ExecutionSettings(microbatches=1,
+                                           precision="bf16" if mixed else "fp32"))
         price = pr.node(0, batch_only)
         nf, nb = pr.cm.node_seconds(0)
         assert price.forward == pytest.approx(nf[0] / np.array([1, 2, 4]), rel=1e-12)

@@ -124,3 +124,28 @@ def test_cli_measure(tmp_path, capsys) -> None:
     topo = load_topology(out)
     assert topo.num_devices == 2 and topo.bandwidth[0, 1] > 0
     assert capsys.readouterr().err == ""
+
+
+def test_cluster_kinds_by_comma_spec_and_flags(tmp_path) -> None:
+    from shardplan.ir import load_topology
+
+    out = tmp_path / "a.json"
+    assert _run(["topology", "dgx-a100,nodes=2,gpu_memory=40GiB", "--nic-gbps", "400",
+                 "-o", str(out)]) == 0
+    t = load_topology(out)
+    assert t.num_devices == 16 and t.device_memory[0] == 40 * 2**30
+    assert float(t.bandwidth[0, 8]) == 50e9 and t.levels[0].name == "box"
+    assert _run(["topology", "dgx2-v100", "--nodes", "2", "--memory-bytes", str(16 * 2**30),
+                 "-o", str(out)]) == 0
+    assert load_topology(out).device_memory[0] == 16 * 2**30
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["dgx-h100", "--boxes", "2"], "does not apply"),
+    (["dgx-h100", "--device-type", "a100"], "sets its GPU type"),
+    (["dgx-h100,nodes=2", "--nodes", "2"], "given both"),
+])
+def test_cluster_kind_errors(argv, message, capsys, tmp_path) -> None:
+    assert _run(["topology", *argv, "-o", str(tmp_path / "t.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err
