@@ -230,6 +230,11 @@ SETTING_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
         "action": "store_const", "const": True,
         "help": "Megatron's tensor-parallel communication overlap (recorded; the LLM plan "
                 "kind prices it)"}),
+    "attention": ("--attention", {
+        "choices": ("flash", "materialized"),
+        "help": "LLM plans: the attention kernel (flash, default: no s x s scores in memory; "
+                "materialized: Megatron-LM's 2020-2022 fused softmax, which writes and keeps "
+                "them)"}),
     "optimizer": ("--optimizer", {"choices": ("sgd", "sgd-momentum", "momentum", "adam",
                                               "adamw"),
                                   "help": "optimizer whose state and step are counted "

@@ -53,6 +53,7 @@ from shardplan.cost._formulas import OPTIMIZER_STATE, optimizer_seconds
 from shardplan.cost._gpu import gpu_model, group_collective_seconds, node_ids, p2p_seconds
 from shardplan.errors import ShardplanError
 from shardplan.ir import ExecutionSettings, Graph, ParallelConfig, Topology
+from shardplan.ir.settings import ATTENTION_KERNELS
 
 __all__ = ["ATTENTION_KERNELS", "TP_REGIONS", "VOCAB_MODULES", "BlockLayout", "LLMCosts",
            "block_layout", "describe", "llm_costs", "precision_bytes", "saved_bytes",
@@ -66,10 +67,11 @@ _LOSS_OPS = re.compile(r"cross_entropy|nll_loss|log_softmax")
 _ATTENTION_CORE = re.compile(r"scaled_dot_product|attention|flash|softmax|dropout")
 _BLOCK = re.compile(r"(?:^|\.)(?:layers|h|layer|blocks)\.(\d+)(?:\.|$)")
 
-#: How attention runs: ``flash`` keeps no s x s matrix (FlashAttention, Dao et al. 2022;
-#: torch's scaled_dot_product_attention); ``materialized`` writes the scores to memory
-#: (Megatron-LM's fused scale-mask-softmax kernels of 2020-2022).
-ATTENTION_KERNELS = ("flash", "materialized")
+#: How attention runs (:data:`~shardplan.ir.settings.ATTENTION_KERNELS`): ``flash`` keeps no
+#: s x s matrix (FlashAttention, Dao et al. 2022; torch's scaled_dot_product_attention);
+#: ``materialized`` writes the scores to memory (Megatron-LM's fused scale-mask-softmax
+#: kernels of 2020-2022).
+#:
 #: Half-precision bytes moved per score element by materialized attention. Forward: the
 #: Q K^T product writes the scores (2), the fused scale-mask-softmax reads them and writes the
 #: probabilities (2 + 2), dropout reads those and writes its output and its one-byte mask
@@ -326,7 +328,7 @@ def llm_costs(graph: Graph, topology: Topology, parallel: ParallelConfig,
     recompute = _recompute(settings)
     sp = bool(getattr(settings, "sequence_parallel", False)) and parallel.tp > 1
     overlap_tp = bool(getattr(settings, "tp_comm_overlap", False))
-    attention = str(getattr(settings, "attention", "flash"))
+    attention = settings.attention
     if attention not in ATTENTION_KERNELS:
         raise ShardplanError(f"unknown attention kernel {attention!r} (choose from "
                              f"{', '.join(ATTENTION_KERNELS)})")

@@ -30,10 +30,11 @@ import numpy as np
 
 from shardplan.errors import InvalidFileError, ShardplanError
 
-__all__ = ["DDP_BUCKET_BYTES", "GRADIENT_SYNCS", "LEGACY_SETTING_KEYS", "OPTIMIZERS",
-           "PRECISIONS", "RECOMPUTES", "SCHEDULES", "ExecutionSettings"]
+__all__ = ["ATTENTION_KERNELS", "DDP_BUCKET_BYTES", "GRADIENT_SYNCS", "LEGACY_SETTING_KEYS",
+           "OPTIMIZERS", "PRECISIONS", "RECOMPUTES", "SCHEDULES", "ExecutionSettings"]
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
+ATTENTION_KERNELS = ("flash", "materialized")
 OPTIMIZERS = ("sgd", "sgd-momentum", "momentum", "adam", "adamw")
 GRADIENT_SYNCS = ("end", "bucketed", "sharded", "zero1")
 PRECISIONS = ("fp32", "bf16", "fp16", "fp8")
@@ -153,6 +154,11 @@ class ExecutionSettings:
         Megatron's ``--tp-comm-overlap``: tensor-parallel communication overlapped with the
         matrix products around it. Recorded for the LLM plan kind, like
         ``sequence_parallel``.
+    attention : {"flash", "materialized"}
+        How the attention kernel runs, for the LLM plan kind: ``flash`` keeps no s x s
+        matrix (FlashAttention; torch's scaled_dot_product_attention, torchtitan, current
+        Megatron-LM); ``materialized`` writes the scores to memory and keeps them for the
+        backward (Megatron-LM's fused scale-mask-softmax kernels of 2020-2022).
     """
 
     microbatch_size: int | None = None
@@ -169,6 +175,7 @@ class ExecutionSettings:
     bucket_bytes: int = DDP_BUCKET_BYTES
     sequence_parallel: bool = False
     tp_comm_overlap: bool = False
+    attention: str = "flash"
 
     def __post_init__(self) -> None:
         if self.microbatch_size is not None:
@@ -187,6 +194,9 @@ class ExecutionSettings:
         if self.gradient_sync not in GRADIENT_SYNCS:
             raise ShardplanError(f"unknown gradient sync {self.gradient_sync!r} (choose from "
                                  f"{', '.join(GRADIENT_SYNCS)})")
+        if self.attention not in ATTENTION_KERNELS:
+            raise ShardplanError(f"unknown attention kernel {self.attention!r} (choose from "
+                                 f"{', '.join(ATTENTION_KERNELS)})")
         if self.schedule not in SCHEDULES:
             raise ShardplanError(f"unknown schedule {self.schedule!r} (choose from "
                                  f"{', '.join(SCHEDULES)})")

@@ -69,9 +69,7 @@ def test_tensor_parallel_megatrons_two_allreduces_per_block_and_pass(g, topo):
     tp_group = [0, 1]
     act = B * S * H * 2  # bf16 hidden state of one micro-batch
     one = allreduce(topo, tp_group, act)
-    c = llm_costs(g, topo, ParallelConfig(tp=2), settings(precision="bf16")
-                  if "precision" in ExecutionSettings.__dataclass_fields__ else
-                  settings(mixed_precision=True))
+    c = llm_costs(g, topo, ParallelConfig(tp=2), settings(precision="bf16"))
     # 2 per block, and the vocabulary-parallel embedding's (forward) / head's (backward)
     assert c.tp_comm_forward.sum() == pytest.approx((2 * L + 1) * one)
     assert c.tp_comm_backward.sum() == pytest.approx((2 * L + 1) * one)
@@ -84,8 +82,7 @@ def test_tensor_parallel_megatrons_two_allreduces_per_block_and_pass(g, topo):
 
 
 def _full():
-    f = ExecutionSettings.__dataclass_fields__["recompute"]
-    return "full" if f.type in ("str", str) else True
+    return "full"
 
 
 def test_split_nodes_take_a_tp_share_of_compute(g, topo):
@@ -99,8 +96,7 @@ def test_split_nodes_take_a_tp_share_of_compute(g, topo):
 
 def test_memory_bytes_per_parameter_and_their_division(g, topo):
     p = gpt_parameters(hidden=H, layers=L, vocab=V, seq=S)
-    mixed = settings(mixed_precision=True) if "precision" not in \
-        ExecutionSettings.__dataclass_fields__ else settings(precision="bf16")
+    mixed = settings(precision="bf16")
     c = llm_costs(g, topo, ParallelConfig(), mixed)
     m = c.memory
     assert m["params"][0] == pytest.approx(2 * p)
@@ -127,8 +123,7 @@ def test_activation_memory_close_to_megatrons_formula(g, topo):
 
     from shardplan.cost import saved_bytes
 
-    st = settings(mixed_precision=True, microbatches=1) if "precision" not in \
-        ExecutionSettings.__dataclass_fields__ else settings(precision="bf16", microbatches=1)
+    st = settings(precision="bf16", microbatches=1)
     c = llm_costs(g, topo, ParallelConfig(), st)
     lay = block_layout(g)
     blocks = (lay.block >= 0) & (lay.block < L)
@@ -163,8 +158,6 @@ def test_materialized_attention_keeps_and_moves_the_scores(g, topo):
     import dataclasses
 
     base = settings(microbatches=1, precision="bf16")
-    if "attention" not in ExecutionSettings.__dataclass_fields__:
-        pytest.skip("no attention setting")
     flash = llm_costs(g, topo, ParallelConfig(), base)
     mat = llm_costs(g, topo, ParallelConfig(), dataclasses.replace(base,
                                                                   attention="materialized"))
@@ -174,4 +167,4 @@ def test_materialized_attention_keeps_and_moves_the_scores(g, topo):
         pytest.approx(kept)
     assert (mat.forward > flash.forward).all() and (mat.backward > flash.backward).all()
     with pytest.raises(ShardplanError, match="attention kernel"):
-        llm_costs(g, topo, ParallelConfig(), dataclasses.replace(base, attention="x"))
+        dataclasses.replace(base, attention="x")

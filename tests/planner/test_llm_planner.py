@@ -78,8 +78,7 @@ def test_a_baseline_is_searched_and_compared(g, topo):
     from shardplan.planner._llm import baseline_comparison, moved_knobs
 
     own_par = ParallelConfig(tp=2, pp=2, dp=2)
-    own = ExecutionSettings(microbatches=2, microbatch_size=16, recompute="full"
-                            if isinstance(ExecutionSettings().recompute, str) else True)
+    own = ExecutionSettings(microbatches=2, microbatch_size=16, recompute="full")
     baseline = layout_plan(g, topo, own_par, own)
     found = llm_search(g, topo, ExecutionSettings(), global_batch=32, time_limit=120,
                        include=[(own_par, baseline.settings)])
