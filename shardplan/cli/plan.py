@@ -91,6 +91,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seq-len", type=positive_int, default=128, metavar="L",
                    help="capture: tokens per sample (default 128)")
     add_settings_arguments(p, skip=("microbatch_size", "global_batch"))
+    p.add_argument("--baseline", metavar="PLAN",
+                   help="an LLM plan of your own (as 'shardplan import' writes it): searched "
+                        "beside the candidates, its training settings the search's, and the "
+                        "winner compared with it")
     p.add_argument("-o", "--output", metavar="FILE", help="write the winning plan here")
     p.add_argument("--report", metavar="FILE.html", help="write the ranking and the "
                    "winner's timeline here")
@@ -101,7 +105,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="--run: allow building the model from the Python file a graph "
                         "file's 'model' field names (FILE.py:FN), which runs its code")
     p.add_argument("--json", action="store_true", help="print the ranking as JSON")
-    declare_files(p, inputs=("model", "cluster"), outputs=("output", "report"))
+    declare_files(p, inputs=("model", "cluster", "baseline"), outputs=("output", "report"))
     p.set_defaults(handler=_run)
 
 
@@ -186,12 +190,18 @@ def _run(args: argparse.Namespace) -> int:
     changes = settings_changes(args)
     fixed: dict[str, Any] = {k: changes.pop(k) for k in ("microbatches", "schedule",
                                                           "gradient_sync") if k in changes}
-    settings, _ = ExecutionSettings().override(**changes)
+    baseline = _baseline(args, graph, topology)
+    start = ExecutionSettings() if baseline is None else _training_settings(baseline.settings)
+    settings, _ = start.override(**changes)
+    global_batch = args.global_batch
+    if global_batch is None and baseline is not None:
+        global_batch = baseline.settings.global_batch
+    include = [] if baseline is None else [(baseline.parallel, baseline.settings)]
     with progress_reporter() as progress:
-        result = search(graph, topology, global_batch=args.global_batch, settings=settings,
+        result = search(graph, topology, global_batch=global_batch, settings=settings,
                         families=families, time_limit=time_left(args.time_limit),
                         seed=args.seed, workers=args.workers, fixed=fixed, ray=args.ray,
-                        progress=progress)
+                        progress=progress, include=include)
     for err in result.errors:
         note(f"no candidate from {err}")
     if result.timed_out:
@@ -208,14 +218,67 @@ def _run(args: argparse.Namespace) -> int:
         write_report(winner, graph, topology, args.report,
                      ranking=[r.row() for r in result.ranked[:max(args.top, 20)]])
     measured = _train(args, winner, graph, topology) if args.run else None
+    compared = None if baseline is None else _compare(baseline, winner, result, graph, topology)
     if args.json:
         out = result.to_dict(top=args.top)
         if measured is not None:
             out["run"] = measured
+        if compared is not None:
+            out["baseline"] = compared
         print_json(out)
     else:
         _print(result, args, measured)
+        if compared is not None:
+            print(compared["summary"])
     return 0
+
+
+def _baseline(args: argparse.Namespace, graph: Any, topology: Any) -> Any:
+    """``--baseline``: the user's LLM plan, laid out again on this graph (its node ids may
+    differ: the layout is what it means), or None."""
+    if not args.baseline:
+        return None
+    from shardplan.ir import load_plan
+    from shardplan.strategy.llm import layout_plan
+
+    own = load_plan(args.baseline)
+    if own.parallel is None:
+        raise ShardplanError(f"--baseline {args.baseline} is not an LLM plan (it has no "
+                             f"'parallel' layout; 'shardplan import' writes one)")
+    return layout_plan(graph, topology, own.parallel, own.settings, algorithm="baseline")
+
+
+def _training_settings(settings: Any) -> Any:
+    """What a baseline fixes for every candidate: its precision, optimizer and kernels (the
+    search chooses the layout, micro-batches, schedule, recompute)."""
+    from shardplan.ir import ExecutionSettings
+
+    return ExecutionSettings(precision=settings.precision, optimizer=settings.optimizer,
+                             gradient_sync=settings.gradient_sync, attention=settings.attention,
+                             tp_comm_overlap=settings.tp_comm_overlap,
+                             efficiency=settings.efficiency, overlap=settings.overlap)
+
+
+def _compare(baseline: Any, winner: Any, result: Any, graph: Any, topology: Any
+             ) -> dict[str, Any]:
+    """The baseline simulated beside the winner: times, speed-up, the knobs moved."""
+    from shardplan.planner._llm import moved_knobs
+    from shardplan.simulate import simulate
+
+    own = simulate(baseline, graph, topology, timeline=False)
+    best = result.ranked[0].iteration_seconds
+    speedup = own.iteration_seconds / best if best > 0 else math.inf
+    moved = [] if winner.parallel is None else moved_knobs(
+        (baseline.parallel, baseline.settings), (winner.parallel, winner.settings))
+    what = winner.parallel.label() if winner.parallel is not None else winner.algorithm
+    summary = (f"the winner ({what}, {best:.4g} s per iteration) simulates {speedup:.3g}x "
+               f"as fast as your configuration ({baseline.parallel.label()}, "
+               f"{own.iteration_seconds:.4g} s{'' if own.fits_memory else ', does not fit'})")
+    summary += (": " + ", ".join(moved)) if moved else ("" if speedup > 1 else
+                                                        ": it is your configuration")
+    return {"baseline": baseline.parallel.label(), "baseline_seconds": own.iteration_seconds,
+            "baseline_fits": own.fits_memory, "winner_seconds": best, "speedup": speedup,
+            "moved": moved, "summary": summary}
 
 
 def _print(result: Any, args: argparse.Namespace, measured: dict[str, Any] | None) -> None:

@@ -338,7 +338,6 @@ def llm_costs(graph: Graph, topology: Topology, parallel: ParallelConfig,
     act_scale = _ACT_BYTES[precision] / dtype_bytes
     layout = block_layout(graph)
     rb = _replica_batch(graph, parallel, settings)
-    g = graph.at_batch_size(rb)
     n_params = graph.param_bytes.astype(np.float64) / dtype_bytes
     tp, cp = parallel.tp, parallel.cp
     split = layout.split
@@ -370,14 +369,9 @@ def llm_costs(graph: Graph, topology: Topology, parallel: ParallelConfig,
         if hw is not None and node_of is not None:
             return group_collective_seconds(topology, hw, kind, group, nbytes, node_of)
         return collective_seconds(topology, kind, group, nbytes)
-    scaled = g.replace(output_bytes=np.rint(g.output_bytes * act_scale).astype(np.int64),
-                       edge_bytes=np.rint(g.edge_bytes * act_scale).astype(np.int64),
-                       param_bytes=np.rint(n_params * w_bytes).astype(np.int64))
-    fwd, bwd = roofline_seconds(scaled, flops, fp32, bw,
-                                mixed_precision=precision != "fp32")
-    views = np.array([o.lower() in VIEW_OPS for o in graph.ops], dtype=bool)
-    fwd[views] = 0.0
-    bwd[views] = 0.0
+    scaled, fwd, bwd = _node_times(graph, rb, act_scale, float(w_bytes), flops, fp32, bw,
+                                   precision != "fp32")
+    fwd, bwd = fwd.copy(), bwd.copy()
     # attention that writes its s x s scores (Megatron-LM's fused softmax kernels, before
     # flash attention): the scores' traffic on top of its products (separate kernels)
     scores = _score_elements(graph, layout, scaled.output_bytes / _ACT_BYTES[precision]) \
@@ -392,7 +386,7 @@ def llm_costs(graph: Graph, topology: Topology, parallel: ParallelConfig,
     elif recompute == "selective":
         bwd = bwd + np.where(layout.attention_core, fwd, 0.0)
 
-    out_bytes = saved_bytes(scaled, views, _ACT_BYTES[precision]) + \
+    out_bytes = _graph_facts(graph).kept_bytes(scaled, _ACT_BYTES[precision]) + \
         SCORE_BYTES_KEPT * per_elem * scores
     stages = stage_nodes(layout, parallel)
     s_count = parallel.num_stages
@@ -501,7 +495,7 @@ def llm_costs(graph: Graph, topology: Topology, parallel: ParallelConfig,
     in_flight = _in_flight(parallel, settings)
     # the loss keeps its fp32 log-probabilities of the vocabulary-split logits (the captured
     # graph ends at the logits; a loss node, when captured, is priced as any node)
-    if not any(_LOSS_OPS.search(o.lower()) for o in graph.ops):
+    if not _graph_facts(graph).has_loss:
         head = np.flatnonzero(layout.vocab & (layout.block >= layout.num_blocks))
         if head.size:
             last = head[np.argmax(graph.topological_rank[head])]
@@ -562,6 +556,53 @@ def llm_costs(graph: Graph, topology: Topology, parallel: ParallelConfig,
                     param_gather_seconds=gather, optimizer_seconds=opt, memory=mem,
                     in_flight=in_flight, microbatches=settings.microbatches,
                     replica_batch=rb)
+
+
+@dataclass(frozen=True)
+class _Facts:
+    """What of a graph the LLM costs read on every call (computed once per graph)."""
+
+    views: np.ndarray
+    kept: np.ndarray
+    masks: np.ndarray
+    has_loss: bool
+
+    def kept_bytes(self, graph: Graph, element_bytes: float) -> np.ndarray:
+        out = np.where(self.kept, graph.output_bytes.astype(np.float64), 0.0)
+        return out + np.where(self.masks, graph.output_bytes / element_bytes, 0.0)
+
+
+@lru_cache(maxsize=16)
+def _graph_facts(graph: Graph) -> _Facts:
+    ops = [o.lower() for o in graph.ops]
+    views = np.array([o in VIEW_OPS for o in ops], dtype=bool)
+    kept = saved_bytes(graph.replace(output_bytes=np.ones(graph.num_nodes, np.int64)), views,
+                       np.inf) > 0
+    return _Facts(views=views, kept=kept,
+                  masks=np.array([o in SAVES_MASK for o in ops], dtype=bool),
+                  has_loss=any(_LOSS_OPS.search(o) for o in ops))
+
+
+@lru_cache(maxsize=64)
+def _node_times(graph: Graph, batch: int, act_scale: float, w_bytes: float, flops: float,
+                fp32: float, bw: float, mixed: bool) -> tuple[Graph, np.ndarray, np.ndarray]:
+    """The graph at ``batch`` with its bytes at the plan's precision, and every node's
+    forward and backward roofline seconds (views: none). Cached: a search prices many
+    layouts of one graph at a few batches."""
+    g = graph.at_batch_size(batch)
+    dtype_bytes = float(graph.meta.get("dtype_bytes", 4)) if isinstance(graph.meta, dict) \
+        else 4.0
+    scaled = g.replace(output_bytes=np.rint(g.output_bytes * act_scale).astype(np.int64),
+                       edge_bytes=np.rint(g.edge_bytes * act_scale).astype(np.int64),
+                       param_bytes=np.rint(graph.param_bytes / dtype_bytes * w_bytes)
+                       .astype(np.int64))
+    fwd, bwd = roofline_seconds(scaled, flops, fp32, bw, mixed_precision=mixed)
+    views = _graph_facts(graph).views
+    fwd[views] = 0.0
+    bwd[views] = 0.0
+    fwd.setflags(write=False)
+    bwd.setflags(write=False)
+    return scaled, fwd, bwd
 
 
 def saved_bytes(graph: Graph, views: np.ndarray, element_bytes: float) -> np.ndarray:

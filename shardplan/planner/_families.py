@@ -25,7 +25,7 @@ __all__ = ["FAMILIES", "Evaluated", "Task", "microbatch_choices", "run_task", "s
 
 #: Families in the order the search lists them.
 FAMILIES = ("data-parallel", "parmesan", "pipedream", "pipedream-sequence", "params",
-            "uniform", "sharding", "pase", "hybrid")
+            "uniform", "sharding", "pase", "hybrid", "llm")
 
 
 @dataclass(frozen=True)
@@ -131,6 +131,8 @@ class Context:
     seed: int = 0
     schedules: Sequence[str] = ("gpipe", "1f1b", "interleaved-1f1b")
     fixed: dict[str, Any] = field(default_factory=dict)
+    #: The LLM family: the user's own configurations (``plan --baseline``), searched too.
+    include: tuple[Any, ...] = ()
 
 
 def microbatch_choices(global_batch: int, stages: int, replicas: int,
@@ -175,7 +177,7 @@ def tasks_for(ctx: Context, families: Sequence[str]) -> list[Task]:
         elif fam == "pase":  # one search per execution variant, each its own budget
             out += [Task(fam, 0, 0, microbatches=v.microbatches,
                          gradient_sync=v.gradient_sync) for v in _strategy_runs(ctx, 1)]
-        elif fam in ("pipedream", "sharding"):
+        elif fam in ("pipedream", "sharding", "llm"):
             out.append(Task(fam, 0, 0))
         else:
             raise ShardplanError(f"unknown plan family {fam!r} (choose from "
@@ -501,6 +503,31 @@ def _stage_choice(ctx: Context, pase: Plan, replicated: Plan) -> Plan:
                    objective=Objective("iteration_seconds", secs, None))
 
 
+#: Seconds the LLM family searches when the search has no time limit.
+LLM_SECONDS = 60.0
+
+
+def _llm(ctx: Context, task: Task) -> list[Evaluated]:
+    """The LLM plan kind (tensor x pipeline x data parallelism of a transformer's blocks,
+    :mod:`shardplan.planner._llm`): its branch-and-bound search in the simulator's price, the
+    best layouts that fit (and the user's own) as rows."""
+    from shardplan.planner._llm import family_rows, has_blocks
+
+    if not has_blocks(ctx.graph):
+        raise ShardplanError("the graph has no transformer blocks (layers.N modules) to lay "
+                             "out")
+    base = ctx.base
+    if ctx.fixed.get("gradient_sync"):
+        base = replace(base, gradient_sync=str(ctx.fixed["gradient_sync"]))
+    left = LLM_SECONDS if task.left is None else max(task.left, 0.0)
+    rows = family_rows(ctx.graph, ctx.topology, base, global_batch=ctx.global_batch,
+                       time_limit=left, include=ctx.include)
+    if [r.pop("timed_out") for r in rows][:1] == [True]:
+        _mark_cut()
+    return [Evaluated(family="llm", algorithm="llm", objective="iteration_seconds", **r)
+            for r in rows]
+
+
 _RUNNERS: dict[str, Callable[[Context, Task], list[Evaluated]]] = {
     "data-parallel": _data_parallel,
     "parmesan": lambda c, t: _pipeline(c, t, "parmesan", optimal_map=True),
@@ -511,6 +538,7 @@ _RUNNERS: dict[str, Callable[[Context, Task], list[Evaluated]]] = {
     "sharding": _sharding,
     "pase": _pase,
     "hybrid": _hybrid,
+    "llm": _llm,
 }
 
 

@@ -24,8 +24,9 @@ from shardplan.ir import ExecutionSettings, Graph, Objective, ParallelConfig, Pl
 from shardplan.simulate import SimulationResult, simulate
 from shardplan.strategy.llm import OBJECTIVE, check_layout, layout_plan
 
-__all__ = ["LLMCandidate", "LLMSearch", "baseline_comparison", "candidates", "knobs", "llm_plan",
-           "llm_search", "moved_knobs", "node_size"]
+__all__ = ["LLM_ROWS", "LLMCandidate", "LLMSearch", "baseline_comparison", "candidates",
+           "family_rows", "has_blocks", "knobs", "llm_plan", "llm_search", "moved_knobs",
+           "node_size"]
 
 
 def llm_plan(graph: Graph, topology: Topology, parallel: ParallelConfig,
@@ -138,6 +139,11 @@ def candidates(graph: Graph, topology: Topology, settings: ExecutionSettings, *,
                                    replace(settings, **kw))
 
 
+#: The share of :func:`llm_search`'s time limit spent pricing candidates (the rest simulates
+#: them in the order of their bounds).
+PRICING_SHARE = 0.6
+
+
 def llm_search(graph: Graph, topology: Topology, settings: ExecutionSettings, *,
                global_batch: int, time_limit: float = 60.0, devices: int | None = None,
                max_microbatch: int = 8,
@@ -165,13 +171,14 @@ def llm_search(graph: Graph, topology: Topology, settings: ExecutionSettings, *,
                                                global_batch=global_batch, devices=devices,
                                                max_microbatch=max_microbatch))
     seen: set[tuple[Any, ...]] = set()
+    included = {(p, s) for p, s in include}
     for par, st in pool:
         key = (par, st)
         if key in seen:
             continue
         seen.add(key)
-        if time.monotonic() - start > time_limit:
-            timed_out = True
+        if time.monotonic() - start > PRICING_SHARE * time_limit and key not in included:
+            timed_out = True  # the rest of the time simulates what was priced
             break
         considered += 1
         try:
@@ -184,12 +191,14 @@ def llm_search(graph: Graph, topology: Topology, settings: ExecutionSettings, *,
             ranked.append(LLMCandidate(par, st, math.inf, mem, False))
             continue
         priced.append((lower_bound_seconds(costs, par), par, st, costs, mem))
-    priced.sort(key=lambda x: x[0])
+    # the included layouts first (simulated whatever the time), then by their bounds
+    priced.sort(key=lambda x: ((x[1], x[2]) not in included, x[0]))
     best = math.inf
     for bound, par, st, costs, mem in priced:
-        if bound >= best:
+        mine = (par, st) in included
+        if bound >= best and not mine:
             break  # every remaining candidate's bound is at least the winner's time
-        if time.monotonic() - start > time_limit:
+        if time.monotonic() - start > time_limit and not mine:
             timed_out = True
             break
         plan = layout_plan(graph, topology, par, st)
@@ -239,3 +248,49 @@ def baseline_comparison(baseline: Plan, graph: Graph, topology: Topology,
                    moved=moved_knobs((baseline.parallel, baseline.settings),
                                      (best.parallel, best.settings)))
     return out
+
+
+#: Rows of the LLM family handed to ``shardplan plan``'s ranking (the best that fit, and any
+#: included configuration).
+LLM_ROWS = 20
+
+
+def has_blocks(graph: Graph) -> bool:
+    """Whether the graph is a transformer the LLM plan kind can lay out (``layers.N``
+    modules)."""
+    try:
+        block_layout(graph)
+    except ShardplanError:
+        return False
+    return True
+
+
+def family_rows(graph: Graph, topology: Topology, settings: ExecutionSettings, *,
+                global_batch: int, time_limit: float,
+                include: Sequence[tuple[ParallelConfig, ExecutionSettings]] = ()
+                ) -> list[dict[str, Any]]:
+    """The LLM family of ``shardplan plan``: :func:`llm_search`'s best :data:`LLM_ROWS`
+    candidates that fit, and the included configurations, as dicts of the ranking's row
+    fields (the planner wraps them), each with its plan."""
+    found = llm_search(graph, topology, settings, global_batch=global_batch,
+                       time_limit=time_limit, include=include)
+    keep = [c for c in found.ranked if c.fits][:LLM_ROWS]
+    mine = {(p, s) for p, s in include}
+    keep += [c for c in found.ranked if (c.parallel, c.settings) in mine and c not in keep]
+    rows = []
+    for c in keep:
+        plan = layout_plan(graph, topology, c.parallel, c.settings,
+                           objective=Objective(OBJECTIVE, c.iteration_seconds),
+                           search_seconds=found.seconds)
+        own = (c.parallel, c.settings) in mine
+        note = c.parallel.label() + (" (your configuration)" if own else "")
+        rows.append({"stages": c.parallel.num_stages, "replicas": c.parallel.devices_per_rank,
+                     "schedule": c.settings.schedule, "microbatches": c.settings.microbatches,
+                     "mapping": "megatron", "gradient_sync": c.settings.gradient_sync,
+                     "iteration_seconds": c.iteration_seconds,
+                     "throughput": global_batch / c.iteration_seconds
+                     if c.fits and c.iteration_seconds > 0 else 0.0,
+                     "peak_memory_bytes": c.peak_memory_bytes, "fits": c.fits,
+                     "search_seconds": found.seconds, "plan": plan.to_dict(), "note": note,
+                     "objective_value": c.iteration_seconds, "timed_out": found.timed_out})
+    return rows

@@ -21,7 +21,7 @@ from shardplan.planner._families import (
     tasks_for,
 )
 
-__all__ = ["MAX_PLAN_DEVICES", "PlanSearch", "search"]
+__all__ = ["LLM_ONLY_DEVICES", "MAX_PLAN_DEVICES", "PlanSearch", "default_families", "search"]
 
 #: Most devices ``plan`` searches (4096: 64 x 64). Its families price candidates from dense
 #: per-pair views of the devices a plan uses (Parmesan's median pair latency and bandwidth,
@@ -30,8 +30,6 @@ __all__ = ["MAX_PLAN_DEVICES", "PlanSearch", "search"]
 #: memory.
 MAX_PLAN_DEVICES = 4096
 
-#: Families searched by default (all of them; a family with nothing to offer returns no row).
-DEFAULT_FAMILIES = FAMILIES
 #: The share of the time limit kept for collecting and writing the result.
 _SLACK = 0.05
 #: The share of the time limit a task keeps, after its deadline, to hand back its rows.
@@ -113,7 +111,8 @@ def search(graph: Graph, topology: Topology, *, global_batch: int | None = None,
            settings: ExecutionSettings | None = None, families: Sequence[str] | None = None,
            time_limit: float | None = None, seed: int = 0, workers: int | None = None,
            fixed: dict[str, Any] | None = None, ray: str | None = None,
-           progress: Callable[[str, float, float], None] | None = None) -> PlanSearch:
+           progress: Callable[[str, float, float], None] | None = None,
+           include: Sequence[Any] = ()) -> PlanSearch:
     """Every family's candidate plans for ``graph`` on ``topology``, simulated and ranked.
 
     Parameters
@@ -126,7 +125,7 @@ def search(graph: Graph, topology: Topology, *, global_batch: int | None = None,
         What the candidates share (optimizer, precision, efficiency, recomputation, ...);
         the search chooses the schedule, micro-batches and gradient synchronisation.
     families : sequence of str, optional
-        Default: all (:data:`~shardplan.planner._families.FAMILIES`).
+        Default: :func:`default_families` (all that apply to the graph and cluster).
     time_limit : float, optional
         Seconds for the whole search; the best plan so far is returned when it runs out.
     workers : int, optional
@@ -136,6 +135,9 @@ def search(graph: Graph, topology: Topology, *, global_batch: int | None = None,
     ray : str, optional
         Evaluate the tasks on the Ray cluster at this address (``local``, ``auto``,
         ``HOST:PORT``) instead of local processes; the same ranking either way.
+    include : sequence of (ParallelConfig, ExecutionSettings)
+        The LLM family also simulates these layouts (a user's own configuration, ``plan
+        --baseline``), so the winner is never slower than them.
 
     Returns
     -------
@@ -164,8 +166,8 @@ def search(graph: Graph, topology: Topology, *, global_batch: int | None = None,
     fixed = dict(fixed or {})
     schedules = (fixed["schedule"],) if fixed.get("schedule") else \
         ("gpipe", "1f1b", "interleaved-1f1b")
-    ctx = Context(graph, topology, batch, base, seed, schedules, fixed)
-    tasks = tasks_for(ctx, list(families or DEFAULT_FAMILIES))
+    ctx = Context(graph, topology, batch, base, seed, schedules, fixed, tuple(include))
+    tasks = tasks_for(ctx, list(families or default_families(graph, topology)))
     n_workers = max(1, min(workers or min(os.cpu_count() or 1, 4), len(tasks)))
     share = TASK_SECONDS
     if time_limit is not None:  # every task's searches get an equal share of the limit
@@ -253,6 +255,24 @@ def search(graph: Graph, topology: Topology, *, global_batch: int | None = None,
     return PlanSearch(ranked=ranked, winner=winner, seconds=time.monotonic() - t0,
                       timed_out=timed_out, errors=tuple(errors), global_batch=batch,
                       tasks=len(tasks), done=done, comparisons=_comparisons(ranked))
+
+
+#: A transformer on more devices than this is searched by the LLM family alone by default
+#: (the operator-graph families price every device pair, and their searches grow with it).
+LLM_ONLY_DEVICES = 64
+
+
+def default_families(graph: Graph, topology: Topology) -> tuple[str, ...]:
+    """The families searched when none are named: all of them for a transformer (a graph
+    with ``layers.N`` blocks) on at most :data:`LLM_ONLY_DEVICES` devices, the LLM family
+    alone on more, and all but the LLM family for other graphs."""
+    from shardplan.planner._llm import has_blocks
+
+    if not has_blocks(graph):
+        return tuple(f for f in FAMILIES if f != "llm")
+    if topology.num_devices > LLM_ONLY_DEVICES:
+        return ("llm",)
+    return FAMILIES
 
 
 class _Stop(Exception):
