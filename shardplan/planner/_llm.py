@@ -286,7 +286,7 @@ def family_rows(graph: Graph, topology: Topology, settings: ExecutionSettings, *
         note = c.parallel.label() + (" (your configuration)" if own else "")
         rows.append({"stages": c.parallel.num_stages, "replicas": c.parallel.devices_per_rank,
                      "schedule": c.settings.schedule, "microbatches": c.settings.microbatches,
-                     "mapping": "megatron", "gradient_sync": c.settings.gradient_sync,
+                     "mapping": c.parallel.label(), "gradient_sync": c.settings.gradient_sync,
                      "iteration_seconds": c.iteration_seconds,
                      "throughput": global_batch / c.iteration_seconds
                      if c.fits and c.iteration_seconds > 0 else 0.0,
