@@ -519,9 +519,17 @@ def llm_costs(graph: Graph, topology: Topology, parallel: ParallelConfig,
                     (cp * (tp if sp else 1))
         act_held = kept * in_flight + largest_block
     elif recompute == "selective":
-        core = np.array([(out_bytes[nodes] * layout.attention_core[nodes] / div[nodes]).sum()
-                         for nodes in stages])
-        act_held = (act - core) * in_flight + core
+        # the attention cores are re-run one block at a time in the backward: every
+        # micro-batch in flight keeps the rest, one block's core exists at a time
+        core = np.zeros(s_count)
+        one_core = np.zeros(s_count)
+        for j, nodes in enumerate(stages):
+            mine = nodes[layout.attention_core[nodes]]
+            if mine.size:
+                per = np.bincount(np.maximum(layout.block[mine], 0),
+                                  weights=out_bytes[mine] / div[mine])
+                core[j], one_core[j] = per.sum(), per.max()
+        act_held = (act - core) * in_flight + one_core
     else:
         act_held = act * in_flight
     state = OPTIMIZER_STATE[settings.optimizer] * 4.0  # fp32 moments

@@ -203,6 +203,18 @@ def pase(graph: Graph, topology: Topology, *, options: Mapping[str, Any], seed: 
                              meta={**tables.meta, "sync_exposure": mine})
             exposure = mine
             res = run(tables)
+        mine = model.exposed_of(res.plan.strategy)
+        if abs(mine - exposure) > 1e-3 and res.plan.strategy is not None:
+            # cut before the shares agreed: the answer's own cost at its own share (only
+            # the nodes' gradient terms move with it, linearly), so the objective is the
+            # price of the plan returned, not of the share it was searched at
+            chosen = [tables.index_of(v, res.plan.strategy[str(v)])
+                      for v in range(graph.num_nodes)]
+            delta = (mine - exposure) * float(sum(rings[v][i] for v, i in enumerate(chosen)))
+            obj = res.plan.objective
+            res = Result(replace(res.plan, objective=replace(obj, value=obj.value + delta)),
+                         res.stats)
+            exposure = mine
         res = Result(replace(res.plan, meta={**res.plan.meta, "sync_exposure": exposure}),
                      res.stats)
     return Result(res.plan.with_settings(priced_settings(graph, settings)), res.stats)
