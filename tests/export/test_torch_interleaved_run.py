@@ -1,6 +1,7 @@
 """The ``torch`` export of an interleaved plan runs on torch's own pipelining runtime: gloo
-processes, one per exported rank, each building its stages from the exported ``split_spec`` and ``stage_rank`` with
-``pipeline()``, stepping the exported schedule class; the losses equal one process's."""
+processes, one per exported rank, each building its stages from the exported ``split_spec``
+and ``stage_rank`` with ``pipeline()``, stepping the exported schedule class; the losses
+equal one process's."""
 
 from __future__ import annotations
 
