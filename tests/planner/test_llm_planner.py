@@ -92,3 +92,16 @@ def test_a_baseline_is_searched_and_compared(g, topo):
     assert "TP 2 -> 4" in moved_knobs((own_par, own), (ParallelConfig(tp=4, pp=2), own))
     with pytest.raises(ShardplanError, match="LLM plan"):
         baseline_comparison(dataclasses.replace(baseline, parallel=None), g, topo, found)
+
+
+def test_default_families_follow_the_graph_and_the_cluster(g, topo):
+    from shardplan.ir import Graph
+    from shardplan.planner import FAMILIES
+    from shardplan.planner._search import LLM_ONLY_DEVICES, default_families
+
+    assert default_families(g, topo) == FAMILIES  # a transformer on 8 GPUs: every family
+    big = build("dgx-a100", nodes=LLM_ONLY_DEVICES // 8 + 1)
+    assert default_families(g, big) == ("llm",)
+    plain = Graph.from_arrays(name="mlp", fwd_flops=[1.0, 2.0], src=[0], dst=[1])
+    assert "llm" not in default_families(plain, big)
+    assert set(default_families(plain, topo)) == set(FAMILIES) - {"llm"}
