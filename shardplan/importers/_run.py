@@ -97,6 +97,10 @@ class ModelDims:
         """The zoo's model spec (module docstring)."""
         if self.family in FLAVORS:
             return f"{self.family}:{self.flavor},seq={self.seq_len}"
+        if self.family == "llama":  # a Llama by its dimensions: torchtitan's model, all set
+            return (f"llama3:8B,dim={self.hidden},n_layers={self.num_layers},"
+                    f"n_heads={self.num_heads},n_kv_heads={self.num_kv_heads},"
+                    f"ffn_dim={self.ffn},vocab_size={self.vocab},seq={self.seq_len}")
         parts = [f"hidden={self.hidden}", f"layers={self.num_layers}", f"heads={self.num_heads}"]
         if self.family == "llama":
             parts += [f"kv_heads={self.num_kv_heads}", f"ffn={self.ffn}"]

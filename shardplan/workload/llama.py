@@ -58,6 +58,9 @@ class LlamaConfig:
     norm_eps, rope_theta : float
     max_seq_len : int
         Length of the rotary tables (at least the sequence the model is called on).
+    ffn_dim : int or None
+        The feed-forward width itself (Megatron-LM's ``--ffn-hidden-size``), in place of
+        the multiplier's rule; None: the rule.
     """
 
     dim: int = 4096
@@ -70,8 +73,12 @@ class LlamaConfig:
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
     max_seq_len: int = 2048
+    ffn_dim: int | None = None
 
     def __post_init__(self) -> None:
+        fd = self.ffn_dim
+        if fd is not None and (isinstance(fd, bool) or not isinstance(fd, int) or fd < 1):
+            raise ShardplanError(f"llama option ffn_dim must be a positive integer, got {fd!r}")
         for f in ("dim", "n_layers", "n_heads", "vocab_size", "multiple_of", "max_seq_len"):
             v = getattr(self, f)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -131,6 +138,8 @@ FLAVORS: dict[str, LlamaConfig] = {
 def ffn_hidden_dim(cfg: LlamaConfig) -> int:
     """The SwiGLU width: ``int(2 * 4 dim / 3)``, times ``ffn_dim_multiplier`` (truncated),
     rounded up to a multiple of ``multiple_of`` (torchtitan's ``FeedForward``)."""
+    if cfg.ffn_dim is not None:
+        return cfg.ffn_dim
     hidden = int(2 * (4 * cfg.dim) / 3)
     if cfg.ffn_dim_multiplier is not None:
         hidden = int(cfg.ffn_dim_multiplier * hidden)

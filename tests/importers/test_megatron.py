@@ -86,8 +86,14 @@ def test_llama_style_arguments_select_the_llama_family() -> None:
                          "--use-distributed-optimizer --overlap-grad-reduce "
                          "--overlap-param-gather --tp-comm-overlap", num_gpus=64)
     # 128,256 padded to a multiple of 128 x tp 8, as Megatron-LM trains it
-    assert run.model.spec == ("llama:hidden=4096,layers=32,heads=32,kv_heads=8,ffn=14336,"
-                              "vocab=129024,seq=8192")
+    # the zoo's Llama with every dimension set (a spec the capture builds)
+    assert run.model.spec == ("llama3:8B,dim=4096,n_layers=32,n_heads=32,n_kv_heads=8,"
+                              "ffn_dim=14336,vocab_size=129024,seq=8192")
+    from shardplan.workload.zoo import parameter_estimate
+
+    # Llama 3 8B, with the vocabulary padded by 768 rows twice (embedding and untied head)
+    assert parameter_estimate(run.model.spec) == \
+        parameter_estimate("llama3:8B,seq=8192") + 2 * 768 * 4096
     assert run.parallel == ParallelConfig(tp=8, dp=8)
     ex = run.execution
     assert ex["gradient_sync"] == "zero1" and ex["tp_comm_overlap"] and ex["sequence_parallel"]
