@@ -52,6 +52,10 @@ DEFAULTS: Mapping[str, Any] = {
 }
 
 
+#: Re-solves at the gradients' exposed share the answer leaves, at most (DDP's overlap).
+RESOLVES = 4
+
+
 def solve_tables(tables: Tables, *, ordering: str = "generate-seq",
                  time_limit: float | None = None, progress: Progress | None = None,
                  max_table_bytes: float = 4e9, graph_name: str | None = None,
@@ -191,7 +195,7 @@ def pase(graph: Graph, topology: Topology, *, options: Mapping[str, Any], seed: 
                                    loss_on_shards=bool(opts["loss_on_shards"]),
                                    exposed=exposure)
         rings = [model.ring_seconds(v, tables.configs[v]) for v in range(graph.num_nodes)]
-        for _ in range(4):
+        for _ in range(RESOLVES):
             mine = model.exposed_of(res.plan.strategy)
             if abs(mine - exposure) <= 1e-3 or (deadline is not None
                                                 and time.perf_counter() > deadline):

@@ -189,3 +189,23 @@ def test_simulator_cost_model_rules_out_what_does_not_fit_inclusively() -> None:
     below = SimulatorCostModel(g, topo, 2, memory_limit=float(need[i]) - 1.0).node_cost(
         cm.pricer.spaces[v], configs, node=v)
     assert np.isinf(below[i])
+
+
+def test_a_search_cut_before_the_shares_agree_prices_the_plan_it_returns(monkeypatch) -> None:
+    """Under DDP's overlap PaSE re-solves until the exposed share of the gradients' rings
+    is its answer's own; cut before (no re-solve at all, as a time limit does), the
+    objective is still the returned plan's price at its own share: the same as a search
+    that converged to the same plan (it was the price at the share searched with)."""
+    import shardplan.strategy.pase as pase_module
+
+    g = transformer(num_layers=2)
+    topo = build("hierarchical", shape=(2, 4), level_names=("box", "gpu"),
+                 bandwidth=(1e9, 2e10), latency=(1e-5, 1e-6))
+    s = ExecutionSettings(microbatch_size=g.batch_size, microbatches=2, schedule="gpipe",
+                          gradient_sync="bucketed")
+    full = _strategy(g, topo, "pase", s)
+    monkeypatch.setattr(pase_module, "RESOLVES", 0)
+    cut = _strategy(g, topo, "pase", s)
+    assert cut.strategy == full.strategy  # the same answer on this graph
+    assert cut.meta["sync_exposure"] == pytest.approx(full.meta["sync_exposure"], abs=1e-3)
+    assert cut.objective.value == pytest.approx(full.objective.value, rel=1e-6)
