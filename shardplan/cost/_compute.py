@@ -48,8 +48,8 @@ def matmul_peak_flops(topology: Topology, precision: str) -> np.ndarray:
     Examples
     --------
     >>> from shardplan.topology import flat
-    >>> float(matmul_peak_flops(flat(2, device="h100"), "fp8")[0])
-    1.979e+15
+    >>> float(matmul_peak_flops(flat(2, device="h100"), "fp8")[0]) / 1e12  # TFLOP/s
+    1979.0
     """
     if precision == "fp32":
         return topology.device_fp32_flops
