@@ -43,7 +43,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
 
 import numpy as np
 
@@ -56,7 +55,7 @@ from shardplan.ir import ExecutionSettings, Graph, ParallelConfig, Topology
 from shardplan.ir.settings import ATTENTION_KERNELS
 
 __all__ = ["ATTENTION_KERNELS", "TP_REGIONS", "VOCAB_MODULES", "BlockLayout", "LLMCosts",
-           "block_layout", "describe", "llm_costs", "precision_bytes", "saved_bytes",
+           "block_layout", "llm_costs", "precision_bytes", "saved_bytes",
            "stage_nodes"]
 
 #: Sub-modules of a block whose nodes are split over the tensor-parallel group.
@@ -121,20 +120,6 @@ def precision_bytes(precision: str) -> tuple[int, int, int]:
                              f"{', '.join(_PARAM_BYTES)})")
     w = _PARAM_BYTES[precision]
     return w, w, (0 if precision == "fp32" else 4)
-
-
-def _precision(settings: ExecutionSettings) -> str:
-    p = getattr(settings, "precision", None)
-    if p is not None:
-        return str(p)
-    return "fp16" if settings.mixed_precision else "fp32"
-
-
-def _recompute(settings: ExecutionSettings) -> str:
-    r = settings.recompute
-    if isinstance(r, str):
-        return r
-    return "full" if r else "none"
 
 
 @dataclass(frozen=True)
@@ -324,14 +309,11 @@ def llm_costs(graph: Graph, topology: Topology, parallel: ParallelConfig,
     if parallel.world_size > topology.num_devices:
         raise ShardplanError(f"{parallel.label()} needs {parallel.world_size} devices, the "
                              f"topology has {topology.num_devices}")
-    precision = _precision(settings)
-    recompute = _recompute(settings)
-    sp = bool(getattr(settings, "sequence_parallel", False)) and parallel.tp > 1
-    overlap_tp = bool(getattr(settings, "tp_comm_overlap", False))
+    precision = settings.precision
+    recompute = settings.recompute
+    sp = settings.sequence_parallel and parallel.tp > 1
+    overlap_tp = settings.tp_comm_overlap
     attention = settings.attention
-    if attention not in ATTENTION_KERNELS:
-        raise ShardplanError(f"unknown attention kernel {attention!r} (choose from "
-                             f"{', '.join(ATTENTION_KERNELS)})")
     w_bytes, g_bytes, master_bytes = precision_bytes(precision)
     dtype_bytes = float(graph.meta.get("dtype_bytes", 4)) if isinstance(graph.meta, dict) \
         else 4.0
@@ -472,7 +454,7 @@ def llm_costs(graph: Graph, topology: Topology, parallel: ParallelConfig,
     p_dev = np.array([(n_params[nodes] / param_div[nodes]).sum() for nodes in stages])
     grad_bytes = p_dev * g_bytes
     d = parallel.data_parallel
-    gs = getattr(settings, "gradient_sync", "end")
+    gs = settings.gradient_sync
     fsdp = parallel.dp_shard > 1 or gs == "sharded"
     zero1 = gs == "zero1"
     kind = "reducescatter" if (fsdp or zero1) else "allreduce"
@@ -701,12 +683,3 @@ def _interleaved_in_flight(pp: int, vp: int, m: int) -> tuple[int, ...]:
 
     return make_schedule("interleaved-1f1b", pp * vp, m, virtual_stages=vp).in_flight()
 
-
-def describe(costs: LLMCosts) -> dict[str, Any]:
-    """A JSON-able summary of :class:`LLMCosts` (seconds and GiB per rank)."""
-    return {
-        "forward_seconds": costs.forward.tolist(),
-        "backward_seconds": costs.backward.tolist(),
-        "tp_comm_seconds": (costs.tp_comm_forward + costs.tp_comm_backward).tolist(),
-        "memory_gib": {k: (v / 2**30).tolist() for k, v in costs.memory.items()},
-    }

@@ -21,6 +21,7 @@ from typing import Any
 from shardplan.cost._llm import block_layout, llm_costs
 from shardplan.errors import ShardplanError
 from shardplan.ir import ExecutionSettings, Graph, Objective, ParallelConfig, Plan, Topology
+from shardplan.ir.settings import RECOMPUTES
 from shardplan.simulate import SimulationResult, simulate
 from shardplan.strategy.llm import OBJECTIVE, check_layout, layout_plan
 
@@ -62,7 +63,7 @@ class LLMCandidate:
         return {"parallel": self.parallel.label(), "layout": self.parallel.to_dict(),
                 "microbatch_size": s.microbatch_size, "microbatches": s.microbatches,
                 "schedule": s.schedule, "recompute": s.recompute,
-                "sequence_parallel": getattr(s, "sequence_parallel", False),
+                "sequence_parallel": s.sequence_parallel,
                 "iteration_seconds": self.iteration_seconds,
                 "peak_memory_gib": self.peak_memory_bytes / 2**30, "fits": self.fits}
 
@@ -83,13 +84,6 @@ class LLMSearch:
 
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
-
-
-def _recompute_values(settings: ExecutionSettings) -> tuple[Any, ...]:
-    r = settings.recompute
-    if isinstance(r, str):
-        return ("none", "selective", "full")
-    return (False, True)
 
 
 def candidates(graph: Graph, topology: Topology, settings: ExecutionSettings, *,
@@ -125,18 +119,16 @@ def candidates(graph: Graph, topology: Topology, settings: ExecutionSettings, *,
                 for vp in (1, 2, 3, 4):
                     if vp > 1 and (pp == 1 or layout.num_blocks % (pp * vp) or m % pp):
                         continue
-                    for rc in _recompute_values(settings):
+                    for rc in RECOMPUTES:
                         for sp in ((False, True) if tp > 1 else (False,)):
-                            kw: dict[str, Any] = dict(
-                                microbatch_size=mb * dp, microbatches=m, recompute=rc,
-                                schedule="interleaved-1f1b" if vp > 1 else "1f1b",
-                                virtual_stages=vp if vp > 1 else settings.virtual_stages)
-                            if hasattr(settings, "sequence_parallel"):
-                                kw["sequence_parallel"] = sp
-                            elif sp:
-                                continue
                             yield (ParallelConfig(tp=tp, pp=pp, dp=dp, vp=vp),
-                                   replace(settings, **kw))
+                                   replace(settings, microbatch_size=mb * dp,
+                                           microbatches=m, recompute=rc,
+                                           schedule="interleaved-1f1b" if vp > 1
+                                           else "1f1b",
+                                           virtual_stages=vp if vp > 1
+                                           else settings.virtual_stages,
+                                           sequence_parallel=sp))
 
 
 #: The share of :func:`llm_search`'s time limit spent pricing candidates (the rest simulates
@@ -218,7 +210,7 @@ def knobs(parallel: ParallelConfig, settings: ExecutionSettings) -> dict[str, An
             "micro-batch": per_replica, "micro-batches": settings.microbatches,
             "schedule": settings.schedule if parallel.pp > 1 else "none",
             "recompute": settings.recompute,
-            "sequence parallel": bool(getattr(settings, "sequence_parallel", False)),
+            "sequence parallel": settings.sequence_parallel,
             "gradient sync": settings.gradient_sync}
 
 
