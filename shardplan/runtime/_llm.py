@@ -67,7 +67,15 @@ from torch import nn
 from shardplan.errors import ShardplanError
 from shardplan.runtime._config import RunResult, TrainConfig, mix_seed
 from shardplan.runtime._data import chunks
-from shardplan.runtime._rank import _build, _device, _maybe_fault, _report, _time, seed_random
+from shardplan.runtime._rank import (
+    _build,
+    _device,
+    _gather_to_rank0,
+    _maybe_fault,
+    _report,
+    _time,
+    seed_random,
+)
 from shardplan.workload._data import batch_for_step, loss_fn_for
 
 __all__ = ["MESH_DIMS", "build_mesh", "run_llm", "split_stages", "tensor_parallel_plan"]
@@ -405,12 +413,4 @@ def _gather_params(stages: Sequence[nn.Module], rank: int) -> dict[str, list[Any
             t = p.detach()
             t = t.full_tensor() if isinstance(t, DTensor) else t  # collective in its mesh
             local[name] = t.cpu().clone()
-    gathered: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, local)
-    if rank != 0:
-        return None
-    out: dict[str, list[Any]] = {}
-    for part in gathered:
-        for n, t in part.items():
-            out.setdefault(n, []).append(t)
-    return out
+    return _gather_to_rank0(local, rank)

@@ -170,3 +170,18 @@ def _has(root: nn.Module, fqn: str) -> bool:
             return False
         obj = getattr(obj, part)
     return True
+
+
+def _gather_to_rank0(local: dict[str, Any], rank: int) -> dict[str, list[Any]] | None:
+    """Every rank's ``{name: tensor}`` gathered; on rank 0, each name's tensors from every
+    rank that holds it, in rank order (None elsewhere)."""
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, local)
+    if rank != 0:
+        return None
+    out: dict[str, list[Any]] = {}
+    for part in gathered:
+        for n, t in part.items():
+            out.setdefault(n, []).append(t)
+    return out
+

@@ -30,6 +30,7 @@ from shardplan.runtime._data import chunks
 from shardplan.runtime._rank import (
     _build,
     _device,
+    _gather_to_rank0,
     _maybe_fault,
     _optimizer,
     _rank_root,
@@ -532,15 +533,7 @@ def _gather_params(programs: Sequence[Any], mine: Sequence[int], rank: int,
             t = t.full_tensor() if isinstance(t, DTensor) else t  # collective in the stage
             for n in aliases[id(originals[name])]:
                 local[n] = t.cpu().clone()
-    gathered: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, local)
-    if rank != 0:
-        return None
-    out: dict[str, list[Any]] = {}
-    for part in gathered:
-        for n, t in part.items():
-            out.setdefault(n, []).append(t)
-    return out
+    return _gather_to_rank0(local, rank)
 
 
 # --------------------------------------------------------------------------------- entry
