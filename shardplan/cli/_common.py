@@ -235,6 +235,11 @@ SETTING_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
         "help": "LLM plans: the attention kernel (flash, default: no s x s scores in memory; "
                 "materialized: Megatron-LM's 2020-2022 fused softmax, which writes and keeps "
                 "them)"}),
+    "shard_unit": ("--shard-unit", {
+        "choices": ("block", "module"),
+        "help": "LLM plans under FSDP: what is gathered at a time (block, default: one "
+                "transformer block, as FSDP2 and Megatron FSDP; module: each sub-module, as "
+                "DeepSpeed ZeRO-3)"}),
     "optimizer": ("--optimizer", {"choices": ("sgd", "sgd-momentum", "momentum", "adam",
                                               "adamw"),
                                   "help": "optimizer whose state and step are counted "

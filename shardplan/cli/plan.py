@@ -256,6 +256,7 @@ def _training_settings(settings: Any) -> Any:
     return ExecutionSettings(precision=settings.precision, optimizer=settings.optimizer,
                              gradient_sync=settings.gradient_sync, attention=settings.attention,
                              tp_comm_overlap=settings.tp_comm_overlap,
+                             shard_unit=settings.shard_unit,
                              efficiency=settings.efficiency, overlap=settings.overlap)
 
 

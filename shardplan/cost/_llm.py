@@ -29,7 +29,9 @@ or a user's) is priced the same way:
 - **Memory.** Per device: parameters, gradients, fp32 master weights and optimizer state
   (bytes per parameter from the precision, ZeRO's 16 for mixed-precision Adam, arXiv
   1910.02054), divided by ``tp`` where split, master weights and state by the data-parallel
-  size under ZeRO-1 and everything by ``dp_shard`` under FSDP; activations: every node's output
+  size under ZeRO-1 and everything by ``dp_shard`` under FSDP, plus what FSDP holds
+  gathered (two blocks; under ``shard_unit`` ``module``, DeepSpeed ZeRO-3's running module,
+  its prefetch and a gradient bucket); activations: every node's output
   of one micro-batch (at the activation precision, divided as the node is split), kept for
   each micro-batch in flight of the schedule; full recompute keeps only each block's input
   and one block's activations while it is recomputed.
@@ -57,6 +59,14 @@ from shardplan.ir.settings import ATTENTION_KERNELS
 __all__ = ["ATTENTION_KERNELS", "TP_REGIONS", "VOCAB_MODULES", "BlockLayout", "LLMCosts",
            "block_layout", "llm_costs", "precision_bytes", "saved_bytes",
            "stage_nodes"]
+
+#: DeepSpeed ZeRO-3's defaults (``deepspeed/runtime/zero/config.py``), in elements: the
+#: prefetch bucket (``stage3_prefetch_bucket_size``), the most parameters gathered at once
+#: (``stage3_max_live_parameters``; a larger module is still gathered whole) and the
+#: gradient bucket reduced at a time (``reduce_bucket_size``).
+ZERO3_PREFETCH_PARAMS = 5e7
+ZERO3_MAX_LIVE_PARAMS = 1e9
+ZERO3_REDUCE_BUCKET = 5e8
 
 #: Sub-modules of a block whose nodes are split over the tensor-parallel group.
 TP_REGIONS = ("attention", "self_attention", "attn", "feed_forward", "mlp")
@@ -225,8 +235,13 @@ class LLMCosts:
         Each virtual stage's gradient reduction over the data-parallel group (all-reduce;
         reduce-scatter under ZeRO-1 and FSDP).
     param_gather_seconds : ndarray
-        ZeRO-1: each virtual stage's parameter all-gather after the step; FSDP: one gather of
-        the stage's parameters (done before each forward and each backward).
+        ZeRO-1: each virtual stage's parameter all-gather after the step; FSDP: the gathers
+        of the stage's parameters, unit by unit (done before each forward and each
+        backward): one collective per block, or per parameterized module under
+        ``shard_unit`` ``module``, each with its latency.
+    gather_units : ndarray
+        FSDP: how many gathers each virtual stage's pass makes (its blocks, or its
+        parameterized modules); the first is never hidden behind compute.
     optimizer_seconds : ndarray
         Each pipeline rank's optimizer step.
     memory : dict of str to ndarray
@@ -253,6 +268,7 @@ class LLMCosts:
     in_flight: np.ndarray
     microbatches: int
     replica_batch: int
+    gather_units: np.ndarray
 
 
 def stage_nodes(layout: BlockLayout, parallel: ParallelConfig) -> list[np.ndarray]:
@@ -461,9 +477,18 @@ def llm_costs(graph: Graph, topology: Topology, parallel: ParallelConfig,
     sync = np.array([collective(kind, dp_group, float(b)) if d > 1 else 0.0
                      for b in grad_bytes])
     gather = np.zeros(s_count)
+    module_unit = fsdp and settings.shard_unit == "module"
+    units = np.array([_gather_units(layout, nodes, n_params, module_unit) for nodes in stages],
+                     dtype=np.float64)
     if (fsdp or zero1) and d > 1:
-        gather = np.array([collective("allgather", dp_group, float(p * w_bytes))
-                           for p in p_dev])
+        if module_unit:
+            # DeepSpeed ZeRO-3: one all-gather per parameterized module, each its latency
+            gather = np.array([sum(collective("allgather", dp_group,
+                                              float(n_params[v] / param_div[v] * w_bytes))
+                                   for v in nodes[n_params[nodes] > 0]) for nodes in stages])
+        else:
+            gather = np.array([collective("allgather", dp_group, float(p * w_bytes))
+                               for p in p_dev])
 
     # optimizer step per pipeline rank, over its (sharded) parameters
     rank_params = np.zeros(pp)
@@ -527,7 +552,16 @@ def llm_costs(graph: Graph, topology: Topology, parallel: ParallelConfig,
         mem["master"][r] += p_dev[j] * master_bytes / opt_div
         mem["optimizer"][r] += p_dev[j] * state / opt_div
         mem["activations"][r] += act_held[j]
-    if shard > 1:
+    if shard > 1 and settings.shard_unit == "module":
+        # DeepSpeed ZeRO-3: the running module whole, plus what its prefetch bucket fetches
+        # ahead while the live parameters stay under stage3_max_live_parameters, plus one
+        # gradient bucket being reduced (DeepSpeed's defaults, module docstring)
+        for r in range(pp):
+            largest = max(float((n_params[stages[j]] / param_div[stages[j]]).max(initial=0.0))
+                          for j in range(r, s_count, pp))
+            live = max(largest, min(largest + ZERO3_PREFETCH_PARAMS, ZERO3_MAX_LIVE_PARAMS))
+            mem["gathered"][r] = live * w_bytes + ZERO3_REDUCE_BUCKET * g_bytes
+    elif shard > 1:
         # FSDP holds the running and the prefetched block whole
         for r in range(pp):
             unit = max(_largest_block_params(layout, stages[j], n_params, param_div)
@@ -545,7 +579,7 @@ def llm_costs(graph: Graph, topology: Topology, parallel: ParallelConfig,
                     grad_bytes=grad_bytes, grad_sync_seconds=sync,
                     param_gather_seconds=gather, optimizer_seconds=opt, memory=mem,
                     in_flight=in_flight, microbatches=settings.microbatches,
-                    replica_batch=rb)
+                    replica_batch=rb, gather_units=units)
 
 
 @dataclass(frozen=True)
@@ -651,6 +685,17 @@ def _block_input_bytes(graph: Graph, layout: BlockLayout, inside: np.ndarray) ->
     for e in np.flatnonzero(entering):
         seen[int(graph.src[e])] = float(graph.edge_bytes[e])
     return float(sum(seen.values()))
+
+
+def _gather_units(layout: BlockLayout, nodes: np.ndarray, n_params: np.ndarray,
+                  module_unit: bool) -> int:
+    """How many gathers FSDP makes over a stage per pass: its parameterized modules (nodes
+    with parameters) under ``module_unit``, else its blocks (at least 1)."""
+    if module_unit:
+        return max(1, int(np.count_nonzero(n_params[nodes] > 0)))
+    blocks = layout.block[nodes]
+    inside = blocks[(blocks >= 0) & (blocks < layout.num_blocks)]
+    return max(1, int(np.unique(inside).size))
 
 
 def _largest_block_params(layout: BlockLayout, nodes: np.ndarray, n_params: np.ndarray,

@@ -118,7 +118,14 @@ def megatron_parallel(plan: Plan, graph: Graph, topology: Topology,
             raise ShardplanError(f"the plan shards over {par.dp_shard} and replicates over "
                                  f"{par.dp} ranks (HSDP), which shardplan does not write as "
                                  f"Megatron-LM arguments")
-        args.append("--use-torch-fsdp2")
+        if settings.shard_unit == "module":
+            # DeepSpeed ZeRO-3 (imported from Megatron-DeepSpeed's arguments)
+            if par.pp > 1:
+                raise ShardplanError("the plan gathers module by module (DeepSpeed ZeRO-3) "
+                                     "under pipeline parallelism, which DeepSpeed does not run")
+            args += ["--deepspeed", "--zero-stage", "3"]
+        else:
+            args.append("--use-torch-fsdp2")
     elif sync == "zero1":
         args.append("--use-distributed-optimizer")
     elif sync == "bucketed":

@@ -35,7 +35,10 @@ What is read:
   ``gradient_sync`` ``zero1``), ``--use-torch-fsdp2`` or ``--use-megatron-fsdp`` with
   ``--data-parallel-sharding-strategy optim_grads_params`` (ZeRO-3: the data-parallel ranks
   become ``dp_shard``; ``sharded``; ``optim``: ZeRO-1; the default ``no_shard``: DDP),
-  ``--overlap-grad-reduce`` (DDP's ``bucketed``),
+  ``--overlap-grad-reduce`` (DDP's ``bucketed``), Megatron-DeepSpeed's ``--deepspeed`` with
+  ``--zero-stage 0|1|2|3`` (3: ``sharded`` with ``shard_unit`` ``module``, DeepSpeed gathering
+  each sub-module on its own; 1 and 2: ``zero1``; its JSON config is not read) and the
+  older ``--checkpoint-activations`` (full recompute),
   ``--overlap-param-gather``, ``--tp-comm-overlap``, ``--optimizer adam|sgd``.
 
 Anything else in :data:`IGNORED_FLAGS` / :data:`IGNORED_VALUES` (paths, logging, learning
@@ -63,6 +66,7 @@ _READ_SWITCHES = frozenset({
     "--sequence-parallel", "--fp16", "--bf16", "--recompute-activations",
     "--use-distributed-optimizer", "--use-torch-fsdp2", "--use-megatron-fsdp",
     "--use-custom-fsdp", "--overlap-grad-reduce", "--overlap-param-gather", "--tp-comm-overlap",
+    "--deepspeed", "--no-pipeline-parallel", "--checkpoint-activations",
 })
 _READ_VALUES = frozenset({
     "--num-layers", "--hidden-size", "--num-attention-heads", "--num-query-groups",
@@ -74,7 +78,8 @@ _READ_VALUES = frozenset({
     "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
     "--context-parallel-size", "--data-parallel-size", "--fp8-format",
     "--recompute-granularity", "--recompute-method", "--recompute-num-layers",
-    "--data-parallel-sharding-strategy", "--optimizer", "--kv-channels",
+    "--data-parallel-sharding-strategy", "--optimizer", "--kv-channels", "--zero-stage",
+    "--deepspeed_config", "--deepspeed-config",
 })
 
 #: Switches that do not change what shardplan models (logging, checkpoints, kernel fusion).
@@ -92,7 +97,7 @@ IGNORED_FLAGS = frozenset({
     "--check-for-nan-in-loss-and-grad", "--no-check-for-nan-in-loss-and-grad",
     "--mock-data", "--tensorboard-log-interval", "--use-rotary-position-embeddings",
     "--no-persist-layer-norm", "--apply-layernorm-1p", "--timing-log-level",
-    "--add-qkv-bias", "--qk-layernorm",
+    "--add-qkv-bias", "--qk-layernorm", "--deepspeed-activation-checkpointing",
     "--no-create-attention-mask-in-dataloader", "--fp16-lm-cross-entropy",
 })
 #: Arguments with one value that do not change what shardplan models.
@@ -255,6 +260,10 @@ def _model(args: Mapping[str, list[str]], tp: int, notes: list[str]) -> ModelDim
 
 def _recompute(args: Mapping[str, list[str]], layers_per_chunk: int, notes: list[str]) -> str:
     gran = args.get("--recompute-granularity", [None])[0]
+    if gran is None and "--checkpoint-activations" in args:
+        # Megatron-LM before 2022 (and Megatron-DeepSpeed): every layer's input kept, each
+        # layer recomputed in the backward -- today's full / uniform / 1 layer
+        gran = "full"
     if gran is None:
         if "--recompute-activations" in args:
             return "selective"
@@ -279,8 +288,42 @@ def _recompute(args: Mapping[str, list[str]], layers_per_chunk: int, notes: list
     return "full"
 
 
-def _sharding(args: Mapping[str, list[str]], notes: list[str]) -> tuple[bool, str]:
+def _deepspeed(args: Mapping[str, list[str]], pp: int, notes: list[str]
+               ) -> tuple[bool, str] | None:
+    """Megatron-DeepSpeed's ZeRO (``--deepspeed --zero-stage N``): (fully sharded, gradient
+    sync), or None when the run does not use DeepSpeed."""
+    stage_arg = args.get("--zero-stage")
+    if "--deepspeed" not in args:
+        if stage_arg is not None:
+            notes.append("--zero-stage without --deepspeed does nothing (DeepSpeed is off)")
+        return None
+    for flag in ("--use-torch-fsdp2", "--use-megatron-fsdp", "--use-custom-fsdp",
+                 "--use-distributed-optimizer"):
+        if flag in args:
+            raise ShardplanError(f"--deepspeed and {flag} exclude each other")
+    for key in ("--deepspeed_config", "--deepspeed-config"):
+        if key in args:
+            notes.append(f"{key} is not read: DeepSpeed's ZeRO defaults are assumed (buckets "
+                         f"of stage3_prefetch_bucket_size 5e7 and reduce_bucket_size 5e8)")
+    stage = _int("--zero-stage", stage_arg or ["0"], 0)
+    if stage > 3:
+        raise ShardplanError(f"--zero-stage is 0, 1, 2 or 3, got {stage}")
+    if stage >= 2 and pp > 1:
+        raise ShardplanError(f"DeepSpeed's pipeline engine runs ZeRO stage 0 or 1, not "
+                             f"--zero-stage {stage} with --pipeline-model-parallel-size {pp}")
+    if stage == 3:
+        return True, "sharded"
+    if stage == 2:
+        notes.append("--zero-stage 2 is modelled as stage 1: gradients are not kept sharded")
+    return False, "zero1" if stage else "end"
+
+
+def _sharding(args: Mapping[str, list[str]], notes: list[str], pp: int = 1
+              ) -> tuple[bool, str]:
     """(fully sharded data parallelism, gradient sync)."""
+    deepspeed = _deepspeed(args, pp, notes)
+    if deepspeed is not None:
+        return deepspeed
     fsdp2 = "--use-torch-fsdp2" in args
     mfsdp = "--use-megatron-fsdp" in args or "--use-custom-fsdp" in args
     dist_opt = "--use-distributed-optimizer" in args
@@ -383,7 +426,11 @@ def parse_megatron(text: str, *, num_gpus: int | None = None, cluster: str | Non
                                  f"{n} layers per virtual stage")
         vp = model.num_layers // (pp * n)
     stage_layers = uneven_stage_layers(model.num_layers, pp, vp, first, last)
-    fsdp, sync = _sharding(args, notes)
+    if "--no-pipeline-parallel" in args and pp > 1:
+        raise ShardplanError(f"--no-pipeline-parallel and --pipeline-model-parallel-size {pp} "
+                             f"contradict each other")
+    fsdp, sync = _sharding(args, notes, pp)
+    shard_unit = "module" if fsdp and "--deepspeed" in args else "block"
     if "--overlap-param-gather" in args and sync == "zero1":
         notes.append("--overlap-param-gather (the distributed optimizer's all-gather hidden "
                      "behind the next forward) is not modelled")
@@ -432,7 +479,8 @@ def parse_megatron(text: str, *, num_gpus: int | None = None, cluster: str | Non
                              precision=precision,
                              recompute=_recompute(args, per_chunk, notes),
                              gradient_sync=sync, sequence_parallel=seq_par,
-                             tp_comm_overlap="--tp-comm-overlap" in args, optimizer=optimizer)
+                             tp_comm_overlap="--tp-comm-overlap" in args, optimizer=optimizer,
+                             shard_unit=shard_unit)
     return RunConfig(model=model, cluster=cluster, num_gpus=num_gpus, parallel=parallel,
                      micro_batch_size=micro, global_batch=glob, execution=execution,
                      notes=tuple(notes), source="megatron")
@@ -449,7 +497,8 @@ def megatron_args_of_row(row: Mapping[str, Any]) -> str:
     A row gives ``hidden``, ``heads``, ``layers``, ``vocab``, ``seq``, ``tp``, ``pp``, ``vp``
     (virtual stages per rank; empty: 1), ``dp``, ``global_batch``, ``micro_batch`` (empty: not
     published; 1 is written), ``precision``, ``recompute`` (``full``: uniform, one layer;
-    ``selective``), ``sequence_parallel`` (0/1) and ``optimizer_sharding`` (``zero3...``:
+    ``selective``), ``sequence_parallel`` (0/1) and ``optimizer_sharding`` (``zero3
+    (DeepSpeed)``: Megatron-DeepSpeed's ``--deepspeed --zero-stage 3``; another ``zero3...``:
     Megatron FSDP of everything; ``zero1`` / ``distributed``: the distributed optimizer).
     The data-parallel size goes in as shardplan's ``--data-parallel-size``.
     """
@@ -490,7 +539,9 @@ def megatron_args_of_row(row: Mapping[str, Any]) -> str:
     if _cell(row, "sequence_parallel") in ("1", "true", "True"):
         out.append("--sequence-parallel")
     sharding = _cell(row, "optimizer_sharding").lower()
-    if sharding.startswith("zero3"):
+    if sharding.startswith("zero3") and "deepspeed" in sharding:
+        out += ["--deepspeed", "--zero-stage", "3"]
+    elif sharding.startswith("zero3"):
         out += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy",
                 "optim_grads_params"]
     elif sharding.startswith(("zero1", "distributed")):

@@ -31,7 +31,8 @@ import numpy as np
 from shardplan.errors import InvalidFileError, ShardplanError
 
 __all__ = ["ATTENTION_KERNELS", "DDP_BUCKET_BYTES", "GRADIENT_SYNCS", "LEGACY_SETTING_KEYS",
-           "OPTIMIZERS", "PRECISIONS", "RECOMPUTES", "SCHEDULES", "ExecutionSettings"]
+           "OPTIMIZERS", "PRECISIONS", "RECOMPUTES", "SCHEDULES", "SHARD_UNITS",
+           "ExecutionSettings"]
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
 ATTENTION_KERNELS = ("flash", "materialized")
@@ -39,6 +40,7 @@ OPTIMIZERS = ("sgd", "sgd-momentum", "momentum", "adam", "adamw")
 GRADIENT_SYNCS = ("end", "bucketed", "sharded", "zero1")
 PRECISIONS = ("fp32", "bf16", "fp16", "fp8")
 RECOMPUTES = ("none", "selective", "full")
+SHARD_UNITS = ("block", "module")
 DDP_BUCKET_BYTES = 25 * 2**20  # torch DistributedDataParallel's default bucket_cap_mb
 
 # Keys older plans kept among their algorithm options (before the ``execution`` field).
@@ -159,6 +161,13 @@ class ExecutionSettings:
         matrix (FlashAttention; torch's scaled_dot_product_attention, torchtitan, current
         Megatron-LM); ``materialized`` writes the scores to memory and keeps them for the
         backward (Megatron-LM's fused scale-mask-softmax kernels of 2020-2022).
+    shard_unit : {"block", "module"}
+        What fully sharded data parallelism gathers at a time, for the LLM plan kind:
+        ``block`` -- one transformer block, the next one prefetched (torch FSDP2 wrapping each
+        block, as torchtitan does; Megatron-LM's FSDP, whose unit is the transformer layer);
+        ``module`` -- each parameterized sub-module on its own (DeepSpeed ZeRO-3, which
+        fetches a module's parameters in its forward and backward hooks and prefetches a
+        bucket of the next ones).
     """
 
     microbatch_size: int | None = None
@@ -176,6 +185,7 @@ class ExecutionSettings:
     sequence_parallel: bool = False
     tp_comm_overlap: bool = False
     attention: str = "flash"
+    shard_unit: str = "block"
 
     def __post_init__(self) -> None:
         if self.microbatch_size is not None:
@@ -197,6 +207,9 @@ class ExecutionSettings:
         if self.attention not in ATTENTION_KERNELS:
             raise ShardplanError(f"unknown attention kernel {self.attention!r} (choose from "
                                  f"{', '.join(ATTENTION_KERNELS)})")
+        if self.shard_unit not in SHARD_UNITS:
+            raise ShardplanError(f"unknown shard unit {self.shard_unit!r} (choose from "
+                                 f"{', '.join(SHARD_UNITS)})")
         if self.schedule not in SCHEDULES:
             raise ShardplanError(f"unknown schedule {self.schedule!r} (choose from "
                                  f"{', '.join(SCHEDULES)})")

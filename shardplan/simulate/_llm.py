@@ -15,9 +15,9 @@ price of this plan kind):
   it starts when the stage's last backward ends (Megatron's ``--overlap-grad-reduce``, FSDP's
   reduce-scatter after each backward), with ``end`` after the rank's last computation;
 - FSDP (``dp_shard > 1`` or ``sharded``): each forward and backward gathers the stage's
-  parameters block by block, the next block's gather prefetched under the current block's
-  compute, so an action takes ``max(compute, gather) + gather / blocks`` (the first block's
-  gather is never hidden);
+  parameters unit by unit (blocks, or modules under ``shard_unit`` ``module``), the next
+  unit's gather prefetched under the current unit's compute, so an action takes
+  ``max(compute, gather) + gather / units`` (the first unit's gather is never hidden);
 - the step: the optimizer over the rank's (sharded) parameters after the last reduction;
   under ZeRO-1 the updated parameters are then all-gathered (exposed: Megatron's
   ``--overlap-param-gather`` overlaps it with the next forward, which this model does not).
@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from shardplan.cost._llm import LLMCosts, block_layout, llm_costs, stage_nodes
+from shardplan.cost._llm import LLMCosts, llm_costs
 from shardplan.errors import ShardplanError
 from shardplan.ir import ExecutionSettings, Graph, ParallelConfig, Plan, Topology
 from shardplan.ir.schedule import BACKWARD, FORWARD, REDUCE_GRAD, Schedule, make_schedule
@@ -77,17 +77,14 @@ def simulate_llm(plan: Plan, graph: Graph, topology: Topology,
     gs = settings.gradient_sync
     fsdp = par.dp_shard > 1 or gs == "sharded"
     overlapped = gs in ("bucketed", "zero1", "sharded") or fsdp
-    layout = block_layout(graph)
-    blocks = np.array([max(1, int(np.unique(layout.block[nodes][
-        (layout.block[nodes] >= 0) & (layout.block[nodes] < layout.num_blocks)]).size))
-        for nodes in stage_nodes(layout, par)], dtype=np.float64)
+    units = costs.gather_units
 
     def duration(j: int, op: str) -> float:
         compute = float(costs.forward[j] if op == FORWARD else costs.backward[j])
         if not fsdp or par.data_parallel <= 1:
             return compute
         g = float(costs.param_gather_seconds[j])
-        return max(compute, g) + g / blocks[j]
+        return max(compute, g) + g / float(units[j])
 
     rank_of = [j % pp for j in range(s_count)]
     f_done = np.full((s_count, m_count), np.nan)

@@ -168,3 +168,36 @@ def test_materialized_attention_keeps_and_moves_the_scores(g, topo):
     assert (mat.forward > flash.forward).all() and (mat.backward > flash.backward).all()
     with pytest.raises(ShardplanError, match="attention kernel"):
         dataclasses.replace(base, attention="x")
+
+
+def test_deepspeed_module_unit_holds_a_module_and_buckets_not_two_blocks(g, topo):
+    """FSDP's gathered memory: two whole blocks (FSDP2, Megatron FSDP), or under
+    ``shard_unit`` ``module`` DeepSpeed ZeRO-3's running module with its prefetch bucket
+    (capped by the live-parameter limit) and one gradient bucket."""
+    from shardplan.cost._llm import (
+        ZERO3_MAX_LIVE_PARAMS,
+        ZERO3_PREFETCH_PARAMS,
+        ZERO3_REDUCE_BUCKET,
+    )
+
+    par = ParallelConfig(dp_shard=8)
+    block = llm_costs(g, topo, par, settings(microbatch_size=8, precision="bf16"))
+    module = llm_costs(g, topo, par, settings(microbatch_size=8, precision="bf16",
+                                              shard_unit="module"))
+    one_block = 12 * H * H + 13 * H  # the fixture's GPT block: weights, biases, 2 norms
+    assert block.memory["gathered"][0] == pytest.approx(2 * 2 * one_block, rel=0.01)
+    largest = 4 * H * H + 4 * H  # the MLP's first product, the largest module here
+    live = max(largest, min(largest + ZERO3_PREFETCH_PARAMS, ZERO3_MAX_LIVE_PARAMS))
+    assert module.memory["gathered"][0] == pytest.approx(2 * live + 2 * ZERO3_REDUCE_BUCKET)
+    # everything else is the same
+    for key in ("params", "gradients", "master", "optimizer", "activations"):
+        assert module.memory[key][0] == pytest.approx(block.memory[key][0])
+    # one gather per parameterized module, each with its latency: more units, more seconds
+    n_param_nodes = int(np.count_nonzero(g.param_bytes > 0))
+    assert module.gather_units.tolist() == [n_param_nodes]
+    assert block.gather_units.tolist() == [L]
+    assert module.param_gather_seconds[0] > block.param_gather_seconds[0]
+    # the unit only matters when parameters are sharded
+    dp = llm_costs(g, topo, ParallelConfig(dp=8), settings(microbatch_size=8,
+                                                           shard_unit="module"))
+    assert dp.memory["gathered"][0] == 0 and dp.param_gather_seconds[0] == 0

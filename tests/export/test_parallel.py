@@ -97,6 +97,8 @@ MEGATRON = ("--num-layers 24 --hidden-size 1024 --num-attention-heads 16 --seq-l
     "--overlap-grad-reduce --optimizer sgd",
     "--micro-batch-size 4 --global-batch-size 64 --use-torch-fsdp2 --bf16 --fp8-format hybrid "
     "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1",
+    "--micro-batch-size 2 --global-batch-size 64 --deepspeed --zero-stage 3 --fp16 "
+    "--checkpoint-activations",
 ])
 def test_megatron_round_trip(extra: str) -> None:
     run = parse_megatron(MEGATRON + extra, num_gpus=16)
@@ -115,6 +117,17 @@ def test_megatron_refuses_what_it_cannot_say() -> None:
                parallel=ParallelConfig(pp=4, stage_layers=(3, 9, 7, 5)))
     with pytest.raises(ShardplanError, match="only the first and last rank"):
         export(odd, graph, build("flat", num_devices=4), "megatron")
+    # DeepSpeed gathers module by module (ZeRO-3) only without pipeline parallelism
+    z3 = parse_megatron(MEGATRON + "--micro-batch-size 1 --deepspeed --zero-stage 3",
+                        num_gpus=4)
+    plan, graph = _plan(z3)
+    piped = Plan(plan.graph, plan.topology, plan.algorithm, plan.stages, plan.objective,
+                 execution=plan.execution, meta=plan.meta,
+                 parallel=ParallelConfig(pp=2, dp_shard=2))
+    with pytest.raises(ShardplanError, match="DeepSpeed does not run"):
+        export(piped, graph, build("flat", num_devices=4), "megatron")
+    assert "--deepspeed --zero-stage 3" in json.loads(
+        export(plan, graph, build("flat", num_devices=4), "megatron").text)["args_text"]
 
 
 HYBRID = """

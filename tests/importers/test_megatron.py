@@ -161,6 +161,58 @@ def test_settings() -> None:
     assert cp.parallel == ParallelConfig(cp=2)
 
 
+def test_megatron_deepspeed_zero_stages() -> None:
+    """Megatron-DeepSpeed's ``--deepspeed --zero-stage N``: stage 3 shards everything and
+    gathers module by module (DeepSpeed), 1 and 2 shard the optimizer, 0 is plain DDP."""
+    z3 = parse_megatron(GPT + "--deepspeed --zero-stage 3 --no-pipeline-parallel "
+                        "--deepspeed-activation-checkpointing --checkpoint-activations --fp16",
+                        num_gpus=8)
+    assert z3.parallel == ParallelConfig(dp_shard=8)
+    assert (z3.execution["gradient_sync"], z3.execution["shard_unit"]) == ("sharded", "module")
+    assert z3.execution["recompute"] == "full" and z3.notes == ()
+    assert z3.settings()[0].shard_unit == "module"
+    fsdp2 = parse_megatron(GPT + "--use-torch-fsdp2", num_gpus=8)
+    assert fsdp2.execution["shard_unit"] == "block"
+    z1 = parse_megatron(GPT + "--deepspeed --zero-stage 1", num_gpus=8)
+    assert z1.parallel == ParallelConfig(dp=8) and z1.execution["gradient_sync"] == "zero1"
+    assert z1.execution["shard_unit"] == "block"
+    z2 = parse_megatron(GPT + "--deepspeed --zero-stage 2", num_gpus=8)
+    assert z2.execution["gradient_sync"] == "zero1"
+    assert any("--zero-stage 2" in n for n in z2.notes)
+    z0 = parse_megatron(GPT + "--deepspeed --deepspeed_config ds.json", num_gpus=8)
+    assert z0.execution["gradient_sync"] == "end"
+    assert any("--deepspeed_config is not read" in n for n in z0.notes)
+    off = parse_megatron(GPT + "--zero-stage 3", num_gpus=8)
+    assert off.parallel == ParallelConfig(dp=8) and off.execution["gradient_sync"] == "end"
+    assert any("without --deepspeed" in n for n in off.notes)
+
+
+@pytest.mark.parametrize(("extra", "reason"), [
+    ("--deepspeed --zero-stage 3 --use-torch-fsdp2", "exclude each other"),
+    ("--deepspeed --zero-stage 1 --use-distributed-optimizer", "exclude each other"),
+    ("--deepspeed --zero-stage 4", "0, 1, 2 or 3"),
+    ("--deepspeed --zero-stage 3 --pipeline-model-parallel-size 2", "ZeRO stage 0 or 1"),
+    ("--no-pipeline-parallel --pipeline-model-parallel-size 2", "contradict"),
+])
+def test_inconsistent_deepspeed_runs_are_refused(extra: str, reason: str) -> None:
+    with pytest.raises(ShardplanError, match=reason):
+        parse_megatron(GPT + extra, num_gpus=8)
+
+
+def test_a_deepspeed_zero3_row_reads_as_megatron_deepspeed() -> None:
+    row = next(r for r in ROWS if "deepspeed" in r["optimizer_sharding"].lower()) if ROWS else \
+        {"id": "z3", "hidden": "1024", "heads": "16", "layers": "24", "vocab": "51200",
+         "seq": "1024", "tp": "1", "pp": "1", "dp": "8", "global_batch": "16",
+         "micro_batch": "2", "precision": "fp16", "recompute": "full",
+         "optimizer_sharding": "zero3 (DeepSpeed)"}
+    args = megatron_args_of_row(row)
+    assert "--deepspeed --zero-stage 3" in args and "fsdp" not in args
+    run = parse_megatron(args, num_gpus=int(row["dp"]))
+    assert run.execution["shard_unit"] == "module"
+    other = dict(row, optimizer_sharding="zero3")
+    assert "--use-megatron-fsdp" in megatron_args_of_row(other)
+
+
 def test_unmodelled_arguments_get_a_note_and_harmless_ones_none() -> None:
     run = parse_megatron(GPT + "--lr 1e-4 --min-lr 1e-5 --save /ckpt --log-interval 10 "
                          "--num-experts 8 --moe-router-topk 2 --rampup-batch-size 16 16 1000")

@@ -109,11 +109,14 @@ def test_training_settings_and_their_derived_fields() -> None:
     z = ExecutionSettings(gradient_sync="zero1", sequence_parallel=True, tp_comm_overlap=True)
     back = Plan.from_dict(_plan(execution=z).to_dict()).settings
     assert back == z
+    assert s.shard_unit == "block"
+    ds = ExecutionSettings(gradient_sync="sharded", shard_unit="module")
+    assert Plan.from_dict(_plan(execution=ds).to_dict()).settings.shard_unit == "module"
 
 
 @pytest.mark.parametrize("kw", [{"precision": "int8"}, {"recompute": "some"},
                                 {"gradient_sync": "zero2"}, {"sequence_parallel": 1},
-                                {"tp_comm_overlap": "yes"}])
+                                {"tp_comm_overlap": "yes"}, {"shard_unit": "layer"}])
 def test_bad_training_settings(kw) -> None:
     with pytest.raises(ShardplanError) as err:
         ExecutionSettings(**kw)
