@@ -94,8 +94,11 @@ def predict(row: dict[str, str]) -> dict[str, Any]:
     graph = graph_of(run.model.spec)
     plan, result = llm_plan(graph, topology, run.parallel, settings)
     peak = max(result.peak_memory_bytes)
+    layout = run.parallel.label()
+    if settings.shard_unit == "module":
+        layout += " (DeepSpeed, by module)"
     return {"seconds": result.iteration_seconds, "memory": peak, "capacity": capacity,
-            "fits": peak <= capacity, "layout": run.parallel.label(),
+            "fits": peak <= capacity, "layout": layout,
             "micro": run.micro_batch_size, "wall": time.monotonic() - start,
             "bubble": result.bubble_fraction}
 
