@@ -103,6 +103,13 @@ def predict(row: dict[str, str]) -> dict[str, Any]:
             "bubble": result.bubble_fraction}
 
 
+def stack_of(row: dict[str, str]) -> str:
+    """The software that ran a row: DeepSpeed where its sharding column says so, else
+    Megatron-LM (every source here is a Megatron-LM publication)."""
+    sharding = row.get("optimizer_sharding", "").lower()
+    return "runs of DeepSpeed" if "deepspeed" in sharding else "runs of Megatron-LM"
+
+
 def source_of(row_id: str) -> str:
     return row_id.split("-")[0]
 
@@ -134,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
              "seconds to predict |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     errors: dict[str, list[float]] = {}
+    stacks: dict[str, list[float]] = {}
     fits_all = True
     for row in rows:
         try:
@@ -145,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         pub = float(row["iteration_s"])
         err = p["seconds"] / pub - 1.0
         errors.setdefault(source_of(row["id"]), []).append(err)
+        stacks.setdefault(stack_of(row), []).append(err)
         fits_all &= p["fits"]
         lines.append(
             f"| {row['id']} | {row['gpus']} | {p['layout']} | {p['micro']} | {pub:.3f} | "
@@ -165,6 +174,8 @@ def main(argv: list[str] | None = None) -> int:
 
     if every:
         lines.append(stats("all", every))
+        for name, errs in sorted(stacks.items()):
+            lines.append(stats(name, errs))
         for src, errs in sorted(errors.items()):
             lines.append(stats(src, errs))
     lines += ["", f"Every row predicted to fit in its GPUs' memory: "

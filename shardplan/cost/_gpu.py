@@ -13,6 +13,15 @@ its own figures, as before.
   Engineering*, "Maximum Achievable Matmul FLOPS comparison table", mamf-finder.py): A100 SXM
   267.9 of 312 TFLOP/s (0.859), H100 SXM 792.1 of 989 (0.801). No V100 figure is published
   there; V100 takes A100's fraction (an assumption, said so in the results table).
+- **Wave quantization of matrix products.** A GEMM runs as output tiles, one thread block
+  per tile, at most one large tile per SM at a time, in waves over the SMs; the last wave
+  runs partly empty, so a product whose tile count is just above a multiple of the SM count
+  takes a whole extra wave (NVIDIA, *Matrix Multiplication Background User's Guide*, sections
+  2.3 "Typical tile dimensions in cuBLAS" and 3.2 "Wave quantization", whose worked example is
+  A100's 108 SMs with 256 x 128 tiles). :func:`wave_efficiency` is that ratio with the
+  guide's 256 x 128 tile; SM counts are the datasheets' (A100 108, H100 SXM 132, V100 80).
+  MAMF is measured at its best shape, whole waves; wave efficiency scales it for the shapes
+  a plan runs.
 - **Memory-bound operators** (normalisation, activations, residual additions, softmax, the
   optimizer step) reach 0.88 of the HBM bandwidth: an A100 80 GB SXM read kernel measured at
   1.80 of 2.04 TB/s, Nsight Compute agreeing (NVIDIA developer forum, "Trouble to reach peak
@@ -38,8 +47,12 @@ import numpy as np
 
 from shardplan.ir import Topology
 
-__all__ = ["GPU_MODELS", "GPUModel", "gpu_model", "group_collective_seconds", "node_ids",
-           "p2p_seconds"]
+__all__ = ["GEMM_TILE", "GPU_MODELS", "GPUModel", "gpu_model", "group_collective_seconds",
+           "node_ids", "p2p_seconds", "wave_efficiency"]
+
+#: The output tile (rows, columns) of a large half-precision GEMM in cuBLAS (NVIDIA, Matrix
+#: Multiplication Background User's Guide, section 2.3; its wave example uses it on A100).
+GEMM_TILE = (256, 128)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +71,8 @@ class GPUModel:
     nccl_base_latency, nccl_nvlink_step, nccl_net_step : float
         Seconds: a collective's fixed latency and each ring step's over NVLink and over the
         network (NCCL tuning model, Ring/Simple).
+    sms : int
+        Streaming multiprocessors (datasheet): the width of a GEMM's wave.
     source : str
     """
 
@@ -68,6 +83,7 @@ class GPUModel:
     nccl_base_latency: float = 8.4e-6
     nccl_nvlink_step: float = 3.4e-6
     nccl_net_step: float = 14.0e-6
+    sms: int = 108
     source: str = ""
 
 
@@ -77,13 +93,32 @@ GPU_MODELS: dict[str, GPUModel] = {
     "a100": GPUModel("a100", _MAMF_A100, _HBM,
                      source="MAMF 267.9 / 312 TFLOP/s (Bekman, ML Engineering); HBM 1.80 / "
                             "2.04 TB/s (NVIDIA forum); NCCL tuning.cc; 8 x H200 ring busbw"),
-    "h100": GPUModel("h100", 792.1 / 989.0, _HBM,
+    "h100": GPUModel("h100", 792.1 / 989.0, _HBM, sms=132,
                      source="MAMF 792.1 / 989 TFLOP/s (Bekman, ML Engineering); HBM as A100; "
                             "NCCL tuning.cc; 8 x H200 ring busbw"),
-    "v100": GPUModel("v100", _MAMF_A100, _HBM,
+    "v100": GPUModel("v100", _MAMF_A100, _HBM, sms=80,
                      source="no published MAMF: A100's fraction assumed; HBM as A100; NCCL "
                             "tuning.cc; 8 x H200 ring busbw"),
 }
+
+
+def wave_efficiency(rows: Any, cols: Any, sms: int) -> np.ndarray:
+    """Achieved / full-wave rate of GEMMs with ``rows x cols`` outputs on ``sms`` SMs: tiles
+    ``t = ceil(rows / 256) * ceil(cols / 128)`` (:data:`GEMM_TILE`) run in ``ceil(t / sms)``
+    waves, so ``t / (sms * ceil(t / sms))`` of the SM-time does work (module docstring).
+    Elementwise over arrays. O(1) each.
+
+    Examples
+    --------
+    >>> float(wave_efficiency(8192, 2304, 108))  # 32 x 18 = 576 tiles: 5.33 of 6 waves
+    0.8888888888888888
+    >>> float(wave_efficiency(8192, 128 * 27, 108))  # 864 tiles: exactly 8 waves
+    1.0
+    """
+    r = np.maximum(np.asarray(rows, dtype=np.float64), 1.0)
+    c = np.maximum(np.asarray(cols, dtype=np.float64), 1.0)
+    tiles = np.ceil(r / GEMM_TILE[0]) * np.ceil(c / GEMM_TILE[1])
+    return tiles / (sms * np.ceil(tiles / sms))
 
 
 def gpu_model(topology: Topology) -> GPUModel | None:

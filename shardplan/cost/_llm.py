@@ -49,9 +49,15 @@ from functools import lru_cache
 import numpy as np
 
 from shardplan.cost._collectives import collective_seconds
-from shardplan.cost._compute import matmul_peak_flops, roofline_seconds
+from shardplan.cost._compute import is_matmul, matmul_peak_flops, roofline_seconds
 from shardplan.cost._formulas import OPTIMIZER_STATE, optimizer_seconds
-from shardplan.cost._gpu import gpu_model, group_collective_seconds, node_ids, p2p_seconds
+from shardplan.cost._gpu import (
+    gpu_model,
+    group_collective_seconds,
+    node_ids,
+    p2p_seconds,
+    wave_efficiency,
+)
 from shardplan.errors import ShardplanError
 from shardplan.ir import ExecutionSettings, Graph, ParallelConfig, Topology
 from shardplan.ir.settings import ATTENTION_KERNELS
@@ -370,6 +376,11 @@ def llm_costs(graph: Graph, topology: Topology, parallel: ParallelConfig,
     scaled, fwd, bwd = _node_times(graph, rb, act_scale, float(w_bytes), flops, fp32, bw,
                                    precision != "fp32")
     fwd, bwd = fwd.copy(), bwd.copy()
+    if hw is not None and settings.efficiency is None:
+        # matrix products at the waves their per-device shapes fill (shardplan.cost._gpu)
+        wf, wb = _wave_factors(graph, rb, tp, cp, hw.sms)
+        fwd = np.maximum(fwd, scaled.fwd_flops / flops / wf)
+        bwd = np.maximum(bwd, scaled.bwd_flops / flops / wb)
     # attention that writes its s x s scores (Megatron-LM's fused softmax kernels, before
     # flash attention): the scores' traffic on top of its products (separate kernels)
     scores = _score_elements(graph, layout, scaled.output_bytes / _ACT_BYTES[precision]) \
@@ -605,6 +616,58 @@ def _graph_facts(graph: Graph) -> _Facts:
     return _Facts(views=views, kept=kept,
                   masks=np.array([o in SAVES_MASK for o in ops], dtype=bool),
                   has_loss=any(_LOSS_OPS.search(o) for o in ops))
+
+
+@lru_cache(maxsize=64)
+def _wave_factors(graph: Graph, batch: int, tp: int, cp: int, sms: int
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """Every node's forward and backward wave efficiency on one device
+    (:func:`~shardplan.cost._gpu.wave_efficiency`; 1 for nodes that are not matrix products
+    with parameters).
+
+    A linear node's GEMM ``(M x K) (K x N)`` is read off the graph at ``batch``: ``K =
+    FLOPs / (2 x output elements)``, ``N = parameters / (K + 1)`` when that divides (a bias)
+    else ``parameters / K``, ``M = output elements / N``.
+    On a device, context parallelism divides ``M``; tensor parallelism divides ``N`` of a
+    column-parallel product (its input comes from outside its region, or it is the
+    vocabulary-split head) and ``K`` of a row-parallel one (its output leaves its region).
+    The forward writes ``M x N``; the backward's two products, of equal FLOPs, write ``M x K``
+    (input gradient) and ``K x N`` (weight gradient). Cached per graph and layout. O(n + m).
+    """
+    g = graph.at_batch_size(batch)
+    dtype_bytes = float(graph.meta.get("dtype_bytes", 4)) if isinstance(graph.meta, dict) \
+        else 4.0
+    n = graph.num_nodes
+    wf, wb = np.ones(n), np.ones(n)
+    params = graph.param_bytes.astype(np.float64) / dtype_bytes
+    out = g.output_bytes.astype(np.float64) / dtype_bytes
+    layout = block_layout(graph)
+    region = np.where(layout.vocab, -2, layout.region)
+    leaves = np.zeros(n, dtype=bool)
+    leaves[graph.src[region[graph.src] != region[graph.dst]]] = True
+    for v in np.flatnonzero((params > 0) & (out > 0) & (g.fwd_flops > 0)):
+        if not is_matmul(graph.ops[v]) or "attention" in graph.ops[v].lower():
+            continue
+        k = float(round(float(g.fwd_flops[v]) / (2.0 * out[v])))
+        if k < 1:
+            continue
+        p = float(round(params[v]))
+        # weights K x N, plus N biases when the count divides so
+        cols = p / (k + 1) if p % (k + 1) == 0 else p / k
+        if cols < 1:
+            continue
+        rows = out[v] / cols / cp
+        if layout.split[v] and tp > 1:
+            if leaves[v] and not layout.vocab[v]:
+                k /= tp  # row-parallel: the reduction dimension is split
+            else:
+                cols /= tp  # column-parallel: the outputs are split
+        wf[v] = float(wave_efficiency(rows, cols, sms))
+        dgrad, wgrad = float(wave_efficiency(rows, k, sms)), float(wave_efficiency(k, cols, sms))
+        wb[v] = 2.0 / (1.0 / dgrad + 1.0 / wgrad)
+    wf.setflags(write=False)
+    wb.setflags(write=False)
+    return wf, wb
 
 
 @lru_cache(maxsize=64)
