@@ -63,7 +63,7 @@ from shardplan.ir import ExecutionSettings, Graph, ParallelConfig, Topology
 from shardplan.ir.settings import ATTENTION_KERNELS
 
 __all__ = ["ATTENTION_KERNELS", "TP_REGIONS", "VOCAB_MODULES", "BlockLayout", "LLMCosts",
-           "block_layout", "llm_costs", "precision_bytes", "saved_bytes",
+           "block_layout", "check_layout", "llm_costs", "precision_bytes", "saved_bytes",
            "stage_nodes"]
 
 #: DeepSpeed ZeRO-3's defaults (``deepspeed/runtime/zero/config.py``), in elements: the
@@ -294,13 +294,35 @@ def stage_nodes(layout: BlockLayout, parallel: ParallelConfig) -> list[np.ndarra
     return [np.flatnonzero(sid == j) for j in range(parallel.num_stages)]
 
 
-def _replica_batch(graph: Graph, parallel: ParallelConfig, settings: ExecutionSettings) -> int:
+def check_layout(graph: Graph, topology: Topology, parallel: ParallelConfig,
+                 settings: ExecutionSettings) -> None:
+    """Refuse a layout that cannot run, with the reason: more devices than the topology has,
+    a tensor-parallel degree that does not divide the heads (when the graph says how many),
+    blocks that do not fill the virtual stages, a micro-batch that does not divide over the
+    data-parallel replicas, interleaved micro-batches that do not fill its rounds. The one
+    check of an LLM layout: pricing (:func:`llm_costs`) and laying out
+    (:func:`shardplan.strategy.llm.layout_plan`) both call it. O(n)."""
+    if parallel.world_size > topology.num_devices:
+        raise ShardplanError(f"{parallel.label()} needs {parallel.world_size} devices, the "
+                             f"topology has {topology.num_devices}")
+    dims = graph.meta.get("transformer") if isinstance(graph.meta, dict) else None
+    if isinstance(dims, dict):
+        for key in ("heads", "kv_heads"):
+            h = dims.get(key)
+            if isinstance(h, int) and h % parallel.tp:
+                raise ShardplanError(f"tensor parallelism {parallel.tp} does not divide the "
+                                     f"model's {h} {key.replace('_', ' ')}")
+    parallel.layers_per_stage(block_layout(graph).num_blocks)
     mb = settings.microbatch_size or graph.batch_size
-    d = parallel.data_parallel
-    if mb % d:
+    if mb % parallel.data_parallel:
         raise ShardplanError(f"a micro-batch of {mb} sequences does not divide over "
-                             f"{d} data-parallel replicas")
-    return mb // d
+                             f"{parallel.data_parallel} data-parallel replicas")
+    if parallel.vp > 1:
+        rounds = max(1, settings.microbatches // parallel.pp)
+        if settings.microbatches % rounds:
+            raise ShardplanError(f"interleaved 1F1B needs the micro-batches "
+                                 f"({settings.microbatches}) to be a multiple of "
+                                 f"max(1, M // pp) = {rounds}")
 
 
 def _rank_devices(parallel: ParallelConfig, pp_rank: int) -> np.ndarray:
@@ -328,9 +350,7 @@ def llm_costs(graph: Graph, topology: Topology, parallel: ParallelConfig,
         When the layout does not fit the graph or the topology (too few devices, a
         micro-batch that does not divide over the replicas, too few blocks).
     """
-    if parallel.world_size > topology.num_devices:
-        raise ShardplanError(f"{parallel.label()} needs {parallel.world_size} devices, the "
-                             f"topology has {topology.num_devices}")
+    check_layout(graph, topology, parallel, settings)
     precision = settings.precision
     recompute = settings.recompute
     sp = settings.sequence_parallel and parallel.tp > 1
@@ -341,7 +361,7 @@ def llm_costs(graph: Graph, topology: Topology, parallel: ParallelConfig,
         else 4.0
     act_scale = _ACT_BYTES[precision] / dtype_bytes
     layout = block_layout(graph)
-    rb = _replica_batch(graph, parallel, settings)
+    rb = (settings.microbatch_size or graph.batch_size) // parallel.data_parallel
     n_params = graph.param_bytes.astype(np.float64) / dtype_bytes
     tp, cp = parallel.tp, parallel.cp
     split = layout.split

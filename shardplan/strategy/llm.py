@@ -15,42 +15,12 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from shardplan.cost._llm import block_layout, stage_nodes
-from shardplan.errors import ShardplanError
+from shardplan.cost._llm import block_layout, check_layout, stage_nodes
 from shardplan.ir import ExecutionSettings, Graph, Objective, ParallelConfig, Plan, Stage, Topology
 
 __all__ = ["OBJECTIVE", "layout_plan", "check_layout"]
 
 OBJECTIVE = "iteration_seconds"
-
-
-def check_layout(graph: Graph, topology: Topology, parallel: ParallelConfig,
-                 settings: ExecutionSettings) -> None:
-    """Refuse a layout that cannot run, with the reason: more devices than the topology has,
-    a tensor-parallel degree that does not divide the heads (when the graph says how many),
-    blocks that do not fill the virtual stages, a batch that does not divide."""
-    if parallel.world_size > topology.num_devices:
-        raise ShardplanError(f"{parallel.label()} needs {parallel.world_size} devices, the "
-                             f"topology has {topology.num_devices}")
-    dims = graph.meta.get("transformer") if isinstance(graph.meta, dict) else None
-    if isinstance(dims, dict):
-        for key in ("heads", "kv_heads"):
-            h = dims.get(key)
-            if isinstance(h, int) and h % parallel.tp:
-                raise ShardplanError(f"tensor parallelism {parallel.tp} does not divide the "
-                                     f"model's {h} {key.replace('_', ' ')}")
-    layout = block_layout(graph)
-    parallel.layers_per_stage(layout.num_blocks)
-    mb = settings.microbatch_size or graph.batch_size
-    if mb % parallel.data_parallel:
-        raise ShardplanError(f"a micro-batch of {mb} sequences does not divide over "
-                             f"{parallel.data_parallel} data-parallel replicas")
-    if parallel.vp > 1:
-        rounds = max(1, settings.microbatches // parallel.pp)
-        if settings.microbatches % rounds:
-            raise ShardplanError(f"interleaved 1F1B needs the micro-batches "
-                                 f"({settings.microbatches}) to be a multiple of "
-                                 f"max(1, M // pp) = {rounds}")
 
 
 def layout_plan(graph: Graph, topology: Topology, parallel: ParallelConfig,
