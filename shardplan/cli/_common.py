@@ -206,12 +206,15 @@ SETTING_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
                                             "help": "interleaved-1f1b: stages per rank "
                                                     "(default 2)"}),
     "recompute": ("--recompute", {"nargs": "?", "const": "full",
-                                  "choices": ("none", "selective", "full"),
+                                  "choices": ("none", "selective", "op", "full"),
                                   "help": "activation recomputation: full (the backward "
                                           "re-runs the forward; plain --recompute), "
                                           "selective (attention's softmax and dropout "
-                                          "only; priced as none outside the LLM plan kind) "
-                                          "or none (default)"}),
+                                          "only, Megatron-LM's), op (torchtitan's per-op "
+                                          "policy: every other matrix product and the "
+                                          "elementwise operators); selective and op are "
+                                          "priced as none outside the LLM plan kind; "
+                                          "none (default)"}),
     "precision": ("--precision", {"choices": ("fp32", "bf16", "fp16", "fp8"),
                                   "help": "training precision: matrix products at the "
                                           "device's fp32, tensor-core (bf16/fp16) or fp8 "

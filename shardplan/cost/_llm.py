@@ -414,6 +414,8 @@ def llm_costs(graph: Graph, topology: Topology, parallel: ParallelConfig,
         bwd = bwd + np.where(in_block, fwd, 0.0)
     elif recompute == "selective":
         bwd = bwd + np.where(layout.attention_core, fwd, 0.0)
+    elif recompute == "op":
+        bwd = bwd + np.where(in_block & ~_op_saved(graph), fwd, 0.0)
 
     out_bytes = _graph_facts(graph).kept_bytes(scaled, _ACT_BYTES[precision]) + \
         SCORE_BYTES_KEPT * per_elem * scores
@@ -539,7 +541,8 @@ def llm_costs(graph: Graph, topology: Topology, parallel: ParallelConfig,
             last = head[np.argmax(graph.topological_rank[head])]
             out_bytes[last] += scaled.output_bytes[last] / _ACT_BYTES[precision] * 4.0
     act = np.array([(out_bytes[nodes] / div[nodes]).sum() for nodes in stages])
-    if recompute == "full":
+    if recompute in ("full", "op"):
+        saved = _op_saved(graph) if recompute == "op" else np.zeros(graph.num_nodes, bool)
         kept = np.zeros(s_count)
         largest_block = np.zeros(s_count)
         for j, nodes in enumerate(stages):
@@ -555,6 +558,9 @@ def llm_costs(graph: Graph, topology: Topology, parallel: ParallelConfig,
                 # a block keeps its input: the hidden state, split under sequence parallelism
                 kept[j] += nb * _block_input_bytes(scaled, layout, inside) / \
                     (cp * (tp if sp else 1))
+                # per-op checkpointing also keeps the outputs its policy saves
+                mine = inside[saved[inside]]
+                kept[j] += float((scaled.output_bytes[mine] / div[mine]).sum())
         act_held = kept * in_flight + largest_block
     elif recompute == "selective":
         # the attention cores are re-run one block at a time in the backward: every
@@ -636,6 +642,34 @@ def _graph_facts(graph: Graph) -> _Facts:
     return _Facts(views=views, kept=kept,
                   masks=np.array([o in SAVES_MASK for o in ops], dtype=bool),
                   has_loss=any(_LOSS_OPS.search(o) for o in ops))
+
+
+_FUSED_ATTENTION = re.compile(r"scaled_dot_product|flash|efficient_attention")
+
+
+@lru_cache(maxsize=16)
+def _op_saved(graph: Graph) -> np.ndarray:
+    """The nodes whose outputs torchtitan's per-op activation checkpointing keeps
+    (``selective_ac_option = "op"``, ``recompute`` ``op``): in each block, the fused
+    attention's output and every other matrix product with parameters, counted in the order
+    the block runs them from the first (torchtitan's ``_custom_policy``: "saves output of all
+    compute ops, except every second mm", its count restarting in each checkpointed block).
+    Everything else in a block is recomputed in the backward. O(n)."""
+    layout = block_layout(graph)
+    saved = np.zeros(graph.num_nodes, dtype=bool)
+    count: dict[int, int] = {}
+    for v in range(graph.num_nodes):  # capture order is the order the forward ran them
+        b = int(layout.block[v])
+        if b < 0 or b >= layout.num_blocks:
+            continue
+        op = graph.ops[v].lower()
+        if _FUSED_ATTENTION.search(op):
+            saved[v] = True
+        elif graph.param_bytes[v] > 0 and is_matmul(op):
+            count[b] = count.get(b, 0) + 1
+            saved[v] = count[b] % 2 == 1
+    saved.setflags(write=False)
+    return saved
 
 
 @lru_cache(maxsize=64)

@@ -40,7 +40,7 @@ def _setting(plan: Plan, settings: ExecutionSettings, name: str) -> Any:
         v = getattr(settings, name)
         if name == "recompute" and isinstance(v, bool):
             rec = recorded.get("recompute")
-            return rec if v and rec in ("selective", "full") else "full" if v else "none"
+            return rec if v and rec in ("selective", "op", "full") else "full" if v else "none"
         if name == "gradient_sync" and v == "end" and recorded.get(name) == "zero1":
             return "zero1"
         return v
@@ -110,7 +110,7 @@ def megatron_parallel(plan: Plan, graph: Graph, topology: Topology,
     if recompute == "full":
         args += ["--recompute-granularity", "full", "--recompute-method", "uniform",
                  "--recompute-num-layers", "1"]
-    elif recompute == "selective":
+    elif recompute in ("selective", "op"):
         args += ["--recompute-granularity", "selective"]
     sync = _setting(plan, settings, "gradient_sync")
     if par.dp_shard > 1 or sync == "sharded":
@@ -134,6 +134,9 @@ def megatron_parallel(plan: Plan, graph: Graph, topology: Topology,
         args.append("--tp-comm-overlap")
     optimizer = _setting(plan, settings, "optimizer")
     notes = []
+    if recompute == "op":
+        notes.append("Megatron-LM has no per-op checkpointing policy (torchtitan's op): "
+                     "written as its selective recomputation")
     if optimizer not in ("adam", "adamw", "sgd"):
         notes.append(f"Megatron-LM's optimizers are adam and sgd: {optimizer} written as sgd")
     args += ["--optimizer", "adam" if optimizer in ("adam", "adamw") else "sgd"]
@@ -214,9 +217,14 @@ def torchtitan_parallel(plan: Plan, graph: Graph, topology: Topology,
     if seq is not None:
         training["seq_len"] = seq
     recompute = _setting(plan, settings, "recompute")
-    ac: dict[str, Any] = {"mode": recompute}
-    if recompute == "selective":
+    ac: dict[str, Any] = {"mode": "selective" if recompute == "op" else recompute}
+    notes = []
+    if recompute in ("selective", "op"):
         ac["selective_ac_option"] = "op"
+    if recompute == "selective":
+        ac["mode"] = "selective"
+        notes.append("torchtitan has no attention-only recomputation (Megatron-LM's "
+                     "selective): written as its per-op policy (selective_ac_option op)")
     optimizer = _setting(plan, settings, "optimizer")
     sections: dict[str, dict[str, Any]] = {}
     if m:
@@ -226,7 +234,6 @@ def torchtitan_parallel(plan: Plan, graph: Graph, topology: Topology,
     sections["training"] = training
     sections["parallelism"] = parallelism
     sections["activation_checkpoint"] = ac
-    notes = []
     if optimizer not in ("adam", "adamw"):
         notes.append(f"torchtitan's optimizers are AdamW and Adam: {optimizer} written as AdamW")
     sections["optimizer"] = {"name": "Adam" if optimizer == "adam" else "AdamW"}

@@ -38,7 +38,7 @@ __all__ = ["FLAVORS", "PRECISIONS", "RECOMPUTES", "ModelDims", "RunConfig", "exe
            "flavor_dims", "uneven_stage_layers"]
 
 PRECISIONS = ("fp32", "bf16", "fp16", "fp8")
-RECOMPUTES = ("none", "selective", "full")
+RECOMPUTES = ("none", "selective", "op", "full")
 
 #: torchtitan's Llama flavors: (hidden, layers, heads, kv heads, ffn, vocab)
 #: (docs of the shared notes, llm-facts.md; Llama 2's 7B and 13B have no grouped queries).

@@ -332,14 +332,15 @@ def _recompute(sections: Mapping[str, Mapping[str, Any]], notes: list[str]) -> s
     if mode in ("none", "full"):
         return mode
     if mode == "memory_budget":
-        notes.append("activation_checkpoint mode memory_budget is modelled as selective")
-        return "selective"
+        notes.append("activation_checkpoint mode memory_budget is modelled as per-op "
+                     "checkpointing (op)")
+        return "op"
     if mode != "selective":
         raise ShardplanError(f"activation_checkpoint mode is none, selective or full, got "
                              f"{mode!r}")
     option = str(ac.get("selective_ac_option", "2"))
     if option == "op":
-        return "selective"
+        return "op"
     if not option.isdigit() or int(option) < 1:
         raise ShardplanError(f"selective_ac_option is 'op' or a layer period, got {option!r}")
     if int(option) > 1:

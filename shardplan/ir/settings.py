@@ -39,7 +39,7 @@ ATTENTION_KERNELS = ("flash", "materialized")
 OPTIMIZERS = ("sgd", "sgd-momentum", "momentum", "adam", "adamw")
 GRADIENT_SYNCS = ("end", "bucketed", "sharded", "zero1")
 PRECISIONS = ("fp32", "bf16", "fp16", "fp8")
-RECOMPUTES = ("none", "selective", "full")
+RECOMPUTES = ("none", "selective", "op", "full")
 SHARD_UNITS = ("block", "module")
 DDP_BUCKET_BYTES = 25 * 2**20  # torch DistributedDataParallel's default bucket_cap_mb
 
@@ -99,14 +99,17 @@ class ExecutionSettings:
         Pipeline schedule (default ``1f1b``).
     virtual_stages : int
         ``interleaved-1f1b``: plan stages per pipeline rank (default 2); 1 otherwise.
-    recompute : {"none", "selective", "full"}
+    recompute : {"none", "selective", "op", "full"}
         Activation recomputation (default ``none``). ``full``: the backward re-runs the
         forward, only stage inputs are stashed between the passes (GPipe; Megatron's
         ``--recompute-granularity full``). ``selective``: only attention's softmax and
         dropout are recomputed (Megatron's ``--recompute-granularity selective``, arXiv
         2205.05198 section 5); the operator-graph cost model prices it as ``none`` (no
         extra compute, the same activations: its graphs have no separate attention-score
-        tensors to drop), the LLM plan kind uses its own activation formula. ``true`` /
+        tensors to drop), the LLM plan kind uses its own activation formula. ``op``:
+        torchtitan's per-operator checkpointing (``selective_ac_option = "op"``): each block
+        keeps the outputs of fused attention and of every other matrix product and recomputes
+        the rest in the backward (the LLM plan kind; priced as ``none`` elsewhere). ``true`` /
         ``false`` (plans written before the three values) load as ``full`` / ``none``.
     optimizer : {"sgd", "sgd-momentum", "momentum", "adam", "adamw"}
     precision : {"fp32", "bf16", "fp16", "fp8"}

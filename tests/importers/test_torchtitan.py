@@ -31,7 +31,7 @@ def test_llama3_8b_toml_and_its_flags_give_the_same_run() -> None:
     assert toml.model.spec == "llama3:8B,seq=8192"
     assert toml.parallel == ParallelConfig(dp_shard=64)
     assert toml.micro_batch_size == 1 and toml.global_batch == 64
-    assert toml.execution["recompute"] == "selective"
+    assert toml.execution["recompute"] == "op"  # per-op, not Megatron's selective
     assert toml.execution["gradient_sync"] == "sharded"
     assert toml.execution["precision"] == "bf16" and toml.execution["optimizer"] == "adamw"
     assert toml.notes == ()
