@@ -201,3 +201,23 @@ def test_deepspeed_module_unit_holds_a_module_and_buckets_not_two_blocks(g, topo
     dp = llm_costs(g, topo, ParallelConfig(dp=8), settings(microbatch_size=8,
                                                            shard_unit="module"))
     assert dp.memory["gathered"][0] == 0 and dp.param_gather_seconds[0] == 0
+
+
+def test_op_recompute_keeps_what_torchtitans_policy_saves(g, topo):
+    """``recompute`` ``op`` (torchtitan's per-op checkpointing): each block keeps fused
+    attention's output and every other matrix product's (the 1st and 3rd of QKV, out, MLP
+    up, MLP down), recomputing the rest; it costs more than selective and less than full."""
+    from shardplan.cost._llm import _op_saved
+
+    saved = {g.names[v] for v in np.flatnonzero(_op_saved(g))}
+    assert saved == {f"layers.{i}.{n}" for i in range(L) for n in ("qkv", "sdpa", "w1")}
+    by = {rc: llm_costs(g, topo, ParallelConfig(), settings(microbatches=1, recompute=rc))
+          for rc in ("none", "selective", "op", "full")}
+    extra = {rc: by[rc].backward[0] - by["none"].backward[0] for rc in by}
+    assert 0 < extra["selective"] < extra["op"] < extra["full"]
+    # memory: full's (block inputs and one block) plus the saved outputs of every block
+    names = {n: i for i, n in enumerate(g.names)}
+    outs = sum(float(g.output_bytes[names[n]]) for n in saved)
+    act = {rc: by[rc].memory["activations"][0] for rc in by}
+    assert act["op"] - act["full"] == pytest.approx(outs)
+    assert act["full"] < act["op"] < act["none"]

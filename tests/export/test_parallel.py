@@ -169,6 +169,27 @@ def test_torchtitan_round_trip(text: str, version: str) -> None:
     assert again.model == run.model
 
 
+def test_recompute_policies_without_a_counterpart_are_written_with_a_note() -> None:
+    """torchtitan's per-op policy has no Megatron-LM counterpart (its selective is the
+    nearest) and Megatron-LM's attention-only selective none in torchtitan (op is)."""
+    titan = run_of_torchtitan(torchtitan_options(
+        HYBRID.replace("data_parallel_replicate_degree = 2", "data_parallel_replicate_degree = 1")
+    ), num_gpus=64)
+    assert titan.execution["recompute"] == "op"
+    plan, graph = _plan(titan)
+    out = export(plan, graph, build("flat", num_devices=64), "megatron")
+    assert "--recompute-granularity selective" in json.loads(out.text)["args_text"]
+    assert any("per-op" in n for n in out.notes)
+    meg = parse_megatron(MEGATRON + "--micro-batch-size 1 --recompute-granularity selective",
+                         num_gpus=4)
+    plan, graph = _plan(meg)
+    out = export(plan, graph, build("flat", num_devices=4), "torchtitan",
+                 options=ExportOptions(torchtitan_version="0.2"))
+    ac = tomllib.loads(out.text)["activation_checkpoint"]
+    assert ac == {"mode": "selective", "selective_ac_option": "op"}
+    assert any("attention-only" in n for n in out.notes)
+
+
 def _random_megatron(seed: int) -> tuple[str, int]:
     """A consistent Megatron-LM run drawn at random (seeded), and its GPUs."""
     rng = np.random.default_rng(seed)
