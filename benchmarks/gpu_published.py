@@ -1,10 +1,13 @@
 """Published GPU training runs against shardplan's simulator: ``results/gpu_published.md``.
 
-Every row of every ``*.csv`` in the published-runs folder (``../shared/gpu-runs/`` by default;
-rows are read by their column names, so new files and rows join the table) is imported from
-its Megatron-LM arguments (:func:`shardplan.importers.megatron.megatron_args_of_row`, the
-folder README's rules), its model captured on the meta device at one sequence (the cost model
-scales to the micro-batch), laid out on exactly its number of GPUs of its cluster
+Every row of every ``*.csv`` in the published-runs folders (``../shared/gpu-runs/`` and
+``benchmarks/data/gpu-runs/`` by default; rows are read by their column names, so new files and
+rows join the table) is imported -- a row of Megatron-LM from its arguments
+(:func:`shardplan.importers.megatron.megatron_args_of_row`, the folder README's rules), a row
+whose ``framework`` is ``torchtitan`` from its ``[model]``, ``[training]`` and
+``[activation_checkpoint]`` options (:func:`shardplan.importers.torchtitan.run_of_torchtitan`,
+FSDP over all its GPUs) -- its model captured on the meta device at one sequence (the cost
+model scales to the micro-batch), laid out on exactly its number of GPUs of its cluster
 (``dgx-a100`` or ``dgx2-v100`` nodes), simulated, and printed beside the published figure:
 seconds per iteration, model TFLOP/s per GPU as Megatron counts them (full recompute: 96 B s l
 h^2 (1 + s/(6h) + V/(16 l h)); otherwise 72 B s l h^2 (1 + s/(6h) + V/(12 l h))), the error,
@@ -15,8 +18,12 @@ every row is out of sample; the summary gives the median and worst error over al
 per source (the leave-one-source-out check: no source informed a constant that predicts
 another).
 
+torchtitan rows publish tokens per second per GPU and MFU: their seconds are ``local batch x
+sequence / tokens per second``, their TFLOP/s ``MFU x`` the GPU's bf16 peak, and the predicted
+TFLOP/s scale by the time (the same FLOPs); their attention is torch's flash attention.
+
 Run: ``python benchmarks/gpu_published.py`` (about a minute per hundred rows; ``--rows ID,...``
-for some, ``--runs DIR`` for another folder, ``-o FILE`` for another output).
+for some, ``--runs DIR`` (repeatable) for other folders, ``-o FILE`` for another output).
 """
 
 from __future__ import annotations
@@ -40,7 +47,7 @@ from shardplan.ir import write_atomic  # noqa: E402
 from shardplan.planner._llm import llm_plan  # noqa: E402
 from shardplan.topology import build_spec  # noqa: E402
 
-DEFAULT_RUNS = ROOT.parent / "shared" / "gpu-runs"
+DEFAULT_RUNS = [ROOT.parent / "shared" / "gpu-runs", ROOT / "benchmarks" / "data" / "gpu-runs"]
 OUT = ROOT / "benchmarks" / "results" / "gpu_published.md"
 
 
@@ -66,8 +73,44 @@ def model_tflops(row: dict[str, str], seconds: float) -> float:
     return flops / seconds / int(row["gpus"]) / 1e12
 
 
+def is_torchtitan(row: dict[str, str]) -> bool:
+    return row.get("framework", "").strip().lower() == "torchtitan"
+
+
+def published_seconds(row: dict[str, str]) -> float:
+    """Seconds per iteration as published, or derived from tokens per second per GPU."""
+    if row.get("iteration_s", "").strip():
+        return float(row["iteration_s"])
+    if "tokens/s" in row.get("unit", ""):
+        return int(row["local_batch_size"]) * int(row["seq_len"]) / float(row["published"])
+    raise ShardplanError(f"row {row['id']}: no iteration_s and no tokens/s figure")
+
+
+PEAK_BF16 = {"A100": 312.0, "H100": 989.0, "V100": 125.0}  # dense TFLOP/s, datasheets
+
+
 def published_tflops(row: dict[str, str]) -> float:
-    return model_tflops(row, float(row["iteration_s"]))
+    if row.get("mfu", "").strip():
+        peak = next(v for k, v in PEAK_BF16.items() if k in row["gpu"].upper())
+        return float(row["mfu"]) * peak
+    return model_tflops(row, published_seconds(row))
+
+
+def run_of_row(row: dict[str, str]) -> Any:
+    """The row's run, imported as its own framework's configuration."""
+    if is_torchtitan(row):
+        from shardplan.importers.torchtitan import run_of_torchtitan
+
+        ac: dict[str, Any] = {"mode": row["ac_mode"]}
+        if row.get("selective_ac_option", "").strip():
+            ac["selective_ac_option"] = row["selective_ac_option"].strip()
+        sections = {"model": {"name": row["model"], "flavor": row["flavor"]},
+                    "training": {"local_batch_size": int(row["local_batch_size"]),
+                                 "seq_len": int(row["seq_len"])},
+                    "parallelism": {"data_parallel_shard_degree": -1},
+                    "activation_checkpoint": ac}
+        return run_of_torchtitan(sections, num_gpus=int(row["gpus"]))
+    return parse_megatron(megatron_args_of_row(row), num_gpus=int(row["gpus"]))
 
 
 _GRAPHS: dict[str, Any] = {}
@@ -86,10 +129,10 @@ def predict(row: dict[str, str]) -> dict[str, Any]:
     start = time.monotonic()
     spec, capacity = cluster_of(row)
     topology = build_spec(spec)
-    run = parse_megatron(megatron_args_of_row(row), num_gpus=int(row["gpus"]))
+    run = run_of_row(row)
     settings, _ = run.settings()
     # Megatron-LM's 2020-2022 attention wrote the s x s scores (fused scale-mask-softmax)
-    if "attention" in {f.name for f in dataclasses.fields(settings)}:
+    if not is_torchtitan(row):
         settings = dataclasses.replace(settings, attention="materialized")
     graph = graph_of(run.model.spec)
     plan, result = llm_plan(graph, topology, run.parallel, settings)
@@ -100,12 +143,14 @@ def predict(row: dict[str, str]) -> dict[str, Any]:
     return {"seconds": result.iteration_seconds, "memory": peak, "capacity": capacity,
             "fits": peak <= capacity, "layout": layout,
             "micro": run.micro_batch_size, "wall": time.monotonic() - start,
-            "bubble": result.bubble_fraction}
+            "bubble": result.bubble_fraction, "notes": run.notes}
 
 
 def stack_of(row: dict[str, str]) -> str:
     """The software that ran a row: DeepSpeed where its sharding column says so, else
     Megatron-LM (every source here is a Megatron-LM publication)."""
+    if is_torchtitan(row):
+        return "runs of torchtitan (FSDP2)"
     sharding = row.get("optimizer_sharding", "").lower()
     return "runs of DeepSpeed" if "deepspeed" in sharding else "runs of Megatron-LM"
 
@@ -116,13 +161,16 @@ def source_of(row_id: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--runs", type=Path, default=DEFAULT_RUNS, help="folder of *.csv rows")
+    ap.add_argument("--runs", type=Path, action="append",
+                    help="folder of *.csv rows (repeatable; default: the shared folder and "
+                         "benchmarks/data/gpu-runs)")
     ap.add_argument("--rows", help="comma-separated row ids (default: all)")
     ap.add_argument("-o", "--output", type=Path, default=OUT)
     args = ap.parse_args(argv)
-    files = sorted(args.runs.glob("*.csv"))
+    folders = args.runs or DEFAULT_RUNS
+    files = [f for d in folders for f in sorted(d.glob("*.csv"))]
     if not files:
-        print(f"gpu_published: no *.csv in {args.runs}", file=sys.stderr)
+        print(f"gpu_published: no *.csv in {', '.join(map(str, folders))}", file=sys.stderr)
         return 2
     rows = [r for f in files for r in csv.DictReader(f.open(newline=""))]
     if args.rows:
@@ -130,18 +178,22 @@ def main(argv: list[str] | None = None) -> int:
         rows = [r for r in rows if r["id"] in wanted]
     lines = ["# Published GPU training runs: predicted against measured", "",
              "Generated by `python benchmarks/gpu_published.py` (every row of "
-             "`../shared/gpu-runs/*.csv`, imported from its Megatron-LM arguments, captured "
-             "on the meta device, simulated on exactly its GPUs). No constant of the model "
-             "was set from these rows (`docs/gpu-model.md`): every row is out of sample. "
-             "Error = predicted / published - 1. Attention is priced as Megatron-LM ran it "
-             "then (scores materialized, no flash attention); rows without a published "
-             "micro-batch run micro-batches of 1 (the importer's rule).", "",
+             "`../shared/gpu-runs/*.csv` and `benchmarks/data/gpu-runs/*.csv`, imported from "
+             "its Megatron-LM arguments or its torchtitan options, captured on the meta "
+             "device, simulated on exactly its GPUs). No constant of the model was set from "
+             "these rows (`docs/gpu-model.md`): every row is out of sample. Error = predicted "
+             "/ published - 1. Attention is priced as each stack ran it (Megatron-LM's "
+             "2020-2022 runs: scores materialized; torchtitan: flash attention); rows without "
+             "a published micro-batch run micro-batches of 1 (the importer's rule). The "
+             "torchtitan rows publish tokens/s per GPU and MFU (their seconds and TFLOP/s "
+             "are derived from those: the script's docstring).", "",
              "| row | GPUs | layout | micro-batch | published s | predicted s | error | "
              "published TFLOP/s/GPU | predicted TFLOP/s/GPU | predicted peak GiB | fits | "
              "seconds to predict |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     errors: dict[str, list[float]] = {}
     stacks: dict[str, list[float]] = {}
+    notes_of: dict[str, tuple[str, ...]] = {}
     fits_all = True
     for row in rows:
         try:
@@ -150,7 +202,9 @@ def main(argv: list[str] | None = None) -> int:
             lines.append(f"| {row['id']} | {row['gpus']} | error: {e} |" + " |" * 9)
             fits_all = False
             continue
-        pub = float(row["iteration_s"])
+        pub = published_seconds(row)
+        if p["notes"]:
+            notes_of[row["id"]] = p["notes"]
         err = p["seconds"] / pub - 1.0
         errors.setdefault(source_of(row["id"]), []).append(err)
         stacks.setdefault(stack_of(row), []).append(err)
@@ -158,11 +212,14 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(
             f"| {row['id']} | {row['gpus']} | {p['layout']} | {p['micro']} | {pub:.3f} | "
             f"{p['seconds']:.3f} | {err:+.1%} | {published_tflops(row):.1f} | "
-            f"{model_tflops(row, p['seconds']):.1f} | {p['memory'] / 2**30:.1f} of "
+            f"{published_tflops(row) * pub / p['seconds']:.1f} | {p['memory'] / 2**30:.1f} of "
             f"{p['capacity'] / 2**30:.0f} | {'yes' if p['fits'] else 'NO'} | {p['wall']:.1f} |")
         print(f"{row['id']}: published {pub:.3f} s, predicted {p['seconds']:.3f} s "
               f"({err:+.1%}), {p['memory'] / 2**30:.1f} GiB", flush=True)
     every = [e for errs in errors.values() for e in errs]
+    if notes_of:
+        lines += ["", "Import notes (what the importer said it does not model):", ""]
+        lines += [f"- {rid}: {'; '.join(n)}" for rid, n in notes_of.items()]
     lines += ["", "## Summary", "",
               "| rows | median abs error | worst abs error | median signed error |",
               "|---|---|---|---|"]
