@@ -238,6 +238,10 @@ SETTING_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
         "help": "LLM plans: the attention kernel (flash, default: no s x s scores in memory; "
                 "materialized: Megatron-LM's 2020-2022 fused softmax, which writes and keeps "
                 "them)"}),
+    "recompute_every": ("--recompute-every", {
+        "type": positive_int, "metavar": "K",
+        "help": "with --recompute full, checkpoint every K-th transformer block only "
+                "(torchtitan's selective_ac_option K; default 1: every block)"}),
     "shard_unit": ("--shard-unit", {
         "choices": ("block", "module"),
         "help": "LLM plans under FSDP: what is gathered at a time (block, default: one "

@@ -410,8 +410,14 @@ def llm_costs(graph: Graph, topology: Topology, parallel: ParallelConfig,
     bwd = bwd + SCORE_BYTES_BACKWARD * per_elem * scores / bw
     fwd = fwd / div
     bwd = bwd / div
+    # full recompute checkpoints every block, or every k-th (torchtitan's layer-selective
+    # checkpointing, selective_ac_option k: the k-th, 2k-th, ... blocks of the model)
+    every = settings.recompute_every
+    ckpt_block = np.zeros(max(layout.num_blocks, 1), dtype=bool)
+    ckpt_block[every - 1::every] = True
+    ckpt_node = in_block & ckpt_block[np.clip(layout.block, 0, max(layout.num_blocks - 1, 0))]
     if recompute == "full":
-        bwd = bwd + np.where(in_block, fwd, 0.0)
+        bwd = bwd + np.where(ckpt_node, fwd, 0.0)
     elif recompute == "selective":
         bwd = bwd + np.where(layout.attention_core, fwd, 0.0)
     elif recompute == "op":
@@ -468,7 +474,8 @@ def llm_costs(graph: Graph, topology: Topology, parallel: ParallelConfig,
         charge(np.flatnonzero(crossing_out), r_src, src, 0)
         charge(np.flatnonzero(crossing_in), r_dst, dst, 1)
         for (reg, j), (cf, cb) in per_region.items():
-            if recompute == "full" and reg != -2:
+            if recompute == "full" and reg != -2 and ckpt_node[np.flatnonzero(region == reg)
+                                                               ].any():
                 cb += cf
             tp_f[j] += cf
             tp_b[j] += cb
@@ -553,11 +560,16 @@ def llm_costs(graph: Graph, topology: Topology, parallel: ParallelConfig,
             if inside.size:
                 per_block = np.bincount(layout.block[inside],
                                         weights=out_bytes[inside] / div[inside])
-                nb = int(np.count_nonzero(per_block))
-                largest_block[j] = per_block.max()
-                # a block keeps its input: the hidden state, split under sequence parallelism
+                mine_ckpt = np.zeros(per_block.size, dtype=bool)
+                mine_ckpt[np.unique(layout.block[inside[ckpt_node[inside]]])] = True
+                if recompute == "op":
+                    mine_ckpt[np.unique(layout.block[inside])] = True
+                nb = int(np.count_nonzero(per_block[mine_ckpt]))
+                largest_block[j] = per_block[mine_ckpt].max(initial=0.0)
+                # a checkpointed block keeps its input (the hidden state, split under
+                # sequence parallelism); the others keep all they would without recompute
                 kept[j] += nb * _block_input_bytes(scaled, layout, inside) / \
-                    (cp * (tp if sp else 1))
+                    (cp * (tp if sp else 1)) + float(per_block[~mine_ckpt].sum())
                 # per-op checkpointing also keeps the outputs its policy saves
                 mine = inside[saved[inside]]
                 kept[j] += float((scaled.output_bytes[mine] / div[mine]).sum())

@@ -137,6 +137,9 @@ def megatron_parallel(plan: Plan, graph: Graph, topology: Topology,
     if recompute == "op":
         notes.append("Megatron-LM has no per-op checkpointing policy (torchtitan's op): "
                      "written as its selective recomputation")
+    if recompute == "full" and settings.recompute_every > 1:
+        notes.append(f"Megatron-LM checkpoints the first layers of each stage, not every "
+                     f"{settings.recompute_every}-th block: written as every block")
     if optimizer not in ("adam", "adamw", "sgd"):
         notes.append(f"Megatron-LM's optimizers are adam and sgd: {optimizer} written as sgd")
     args += ["--optimizer", "adam" if optimizer in ("adam", "adamw") else "sgd"]
@@ -221,6 +224,8 @@ def torchtitan_parallel(plan: Plan, graph: Graph, topology: Topology,
     notes = []
     if recompute in ("selective", "op"):
         ac["selective_ac_option"] = "op"
+    if recompute == "full" and settings.recompute_every > 1:
+        ac = {"mode": "selective", "selective_ac_option": str(settings.recompute_every)}
     if recompute == "selective":
         ac["mode"] = "selective"
         notes.append("torchtitan has no attention-only recomputation (Megatron-LM's "

@@ -26,7 +26,8 @@ What is read:
   shards the norms' activations by the sequence (``sequence_parallel``) unless
   ``enable_sequence_parallel = false``.
 - ``[activation_checkpoint] mode`` none / selective / full; ``selective_ac_option = "op"`` is
-  ``selective``, a layer period N is ``full`` (with a note when N > 1: every N-th layer).
+  ``op`` (torchtitan's per-op policy), a layer period N is ``full`` with ``recompute_every``
+  N (every N-th block checkpointed).
 - ``[optimizer] name`` (AdamW, Adam).
 
 Gradients: with ``dp_shard > 1`` FSDP2 shards everything (``sharded``); plain replicas run
@@ -318,6 +319,7 @@ def run_of_torchtitan(sections: Mapping[str, Mapping[str, Any]], *,
     execution = execution_of(parallel, micro_batch_size=micro, global_batch=glob,
                              schedule=schedule, precision=precision,
                              recompute=_recompute(sections, notes), gradient_sync=sync,
+                     recompute_every=_recompute_every(sections),
                              sequence_parallel=seq_par,
                              tp_comm_overlap=bool(par_s.get("enable_async_tensor_parallel")),
                              optimizer=optimizer)
@@ -343,10 +345,17 @@ def _recompute(sections: Mapping[str, Mapping[str, Any]], notes: list[str]) -> s
         return "op"
     if not option.isdigit() or int(option) < 1:
         raise ShardplanError(f"selective_ac_option is 'op' or a layer period, got {option!r}")
-    if int(option) > 1:
-        notes.append(f"selective_ac_option {option} (every {option}-th layer checkpointed) is "
-                     f"modelled as every layer")
     return "full"
+
+
+def _recompute_every(sections: Mapping[str, Mapping[str, Any]]) -> int:
+    """torchtitan's layer-selective checkpointing, ``selective_ac_option = "k"``: full
+    recompute of every k-th block (1 for every other mode)."""
+    ac = sections.get("activation_checkpoint", {})
+    option = str(ac.get("selective_ac_option", "2"))
+    if str(ac.get("mode", "selective")) == "selective" and option.isdigit():
+        return int(option)
+    return 1
 
 
 def torchtitan_options(text: str, *, source: str = "<config>") -> dict[str, dict[str, Any]]:

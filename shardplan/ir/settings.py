@@ -164,6 +164,10 @@ class ExecutionSettings:
         matrix (FlashAttention; torch's scaled_dot_product_attention, torchtitan, current
         Megatron-LM); ``materialized`` writes the scores to memory and keeps them for the
         backward (Megatron-LM's fused scale-mask-softmax kernels of 2020-2022).
+    recompute_every : int
+        With ``recompute`` ``full``: checkpoint every k-th transformer block only (the k-th,
+        2k-th, ... of the model; torchtitan's ``selective_ac_option = "k"``), the others
+        keeping their activations (default 1: every block). The LLM plan kind prices it.
     shard_unit : {"block", "module"}
         What fully sharded data parallelism gathers at a time, for the LLM plan kind:
         ``block`` -- one transformer block, the next one prefetched (torch FSDP2 wrapping each
@@ -189,6 +193,7 @@ class ExecutionSettings:
     tp_comm_overlap: bool = False
     attention: str = "flash"
     shard_unit: str = "block"
+    recompute_every: int = 1
 
     def __post_init__(self) -> None:
         if self.microbatch_size is not None:
@@ -196,6 +201,7 @@ class ExecutionSettings:
         _int("microbatches", self.microbatches)
         _int("virtual_stages", self.virtual_stages)
         _int("bucket_bytes", self.bucket_bytes)
+        _int("recompute_every", self.recompute_every)
         if isinstance(self.recompute, bool):  # plans and callers of the boolean setting
             object.__setattr__(self, "recompute", "full" if self.recompute else "none")
         if self.recompute not in RECOMPUTES:

@@ -221,3 +221,24 @@ def test_op_recompute_keeps_what_torchtitans_policy_saves(g, topo):
     act = {rc: by[rc].memory["activations"][0] for rc in by}
     assert act["op"] - act["full"] == pytest.approx(outs)
     assert act["full"] < act["op"] < act["none"]
+
+
+def test_full_recompute_of_every_kth_block(g, topo):
+    """``recompute_every`` k (torchtitan's selective_ac_option k): only the k-th, 2k-th, ...
+    blocks are checkpointed; the others keep their activations and re-run nothing."""
+    def costs(rc="full", every=1):
+        return llm_costs(g, topo, ParallelConfig(),
+                         settings(microbatches=1, recompute=rc, recompute_every=every))
+
+    none, k1, k2, k4, k5 = (costs("none"), costs(), costs(every=2), costs(every=4),
+                            costs(every=5))
+    extra = {k: c.backward[0] - none.backward[0] for k, c in ((1, k1), (2, k2), (4, k4))}
+    assert extra[2] == pytest.approx(extra[1] / 2)  # 2 of the 4 identical blocks
+    assert extra[4] == pytest.approx(extra[1] / 4)
+    act = {k: c.memory["activations"][0] for k, c in ((1, k1), (2, k2), (4, k4), (5, k5))}
+    # each block not checkpointed keeps its activations instead of its input
+    assert (act[2] - act[1]) / 2 == pytest.approx((act[4] - act[1]) / 3)
+    assert act[1] < act[2] < act[4]
+    # a period longer than the model checkpoints nothing
+    assert act[5] == pytest.approx(none.memory["activations"][0])
+    assert k5.backward[0] == pytest.approx(none.backward[0])
