@@ -12,6 +12,7 @@ import numpy as np
 from shardplan.cost._checks import check_assignment, check_nodes, check_positive
 from shardplan.cost._compute import matmul_peak_flops, roofline_seconds, split_work
 from shardplan.cost._formulas import work_seconds
+from shardplan.cost._gpu import gpu_model
 from shardplan.cost._memory import (
     optimizer_state_factor,
     partition_memory_breakdown,
@@ -247,7 +248,15 @@ class CostModel:
             return fm, ff, bm, bf  # devices that declare nothing but a FLOP rate
         ref = int(np.argmax(peak))
         mm = matmul_peak_flops(topo, self.compute_precision)
-        tf, tb = roofline_seconds(self.graph, mm[ref], fp32[ref], bw[ref],
+        rate, feed = float(mm[ref]), float(bw[ref])
+        hw = gpu_model(topo)
+        if hw is not None:  # what kernels reach of a known GPU's datasheet: the GPU model
+            # the LLM plan kind prices with (shardplan.cost._gpu; MAMF is a tensor-core
+            # figure, so fp32 products keep their peak there too)
+            if self.compute_precision != "fp32":
+                rate *= hw.matmul_efficiency
+            feed *= hw.memory_efficiency
+        tf, tb = roofline_seconds(self.graph, rate, fp32[ref], feed,
                                   mixed_precision=self.compute_precision != "fp32")
         return fm, np.where(ff > 0, tf * peak[ref], 0.0), bm, \
             np.where(bf > 0, tb * peak[ref], 0.0)

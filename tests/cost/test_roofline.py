@@ -7,6 +7,7 @@ import pytest
 
 from shardplan.cost import CostModel, roofline_seconds
 from shardplan.cost._compute import is_matmul
+from shardplan.cost._gpu import GPU_MODELS
 from shardplan.ir import ExecutionSettings, Graph
 from shardplan.topology import build
 
@@ -34,13 +35,17 @@ def test_v100_roofline_by_hand():
     # linear: fp32 units, compute-bound (2e9 / 15.7e12 > 5e6 / 9e11)
     assert fwd[0] == pytest.approx(2e9 / 15.7e12)
     assert bwd[0] == pytest.approx(4e9 / 15.7e12)
-    # relu: memory-bound: in 1 MB + out 1 MB forward; out + 2 in backward
-    assert fwd[1] == pytest.approx(2e6 / 900e9)
-    assert bwd[1] == pytest.approx(3e6 / 900e9)
-    # mixed precision: the linear layer reaches the tensor cores, memory-bound at 6 MB
+    # relu: memory-bound: in 1 MB + out 1 MB forward; out + 2 in backward, at what streaming
+    # kernels reach of the HBM (the GPU model, shardplan.cost._gpu)
+    hbm = 900e9 * GPU_MODELS["v100"].memory_efficiency
+    assert fwd[1] == pytest.approx(2e6 / hbm)
+    assert bwd[1] == pytest.approx(3e6 / hbm)
+    # mixed precision: the linear layer reaches the tensor cores (at the GPU model's
+    # fraction), memory-bound at 6 MB
     mixed = CostModel.from_settings(g, topo, ExecutionSettings(precision="bf16"))
     fwd, _ = mixed.node_seconds(0)
-    assert fwd[0] == pytest.approx(max(2e9 / 125e12, 6e6 / 900e9))
+    tensor = 125e12 * GPU_MODELS["v100"].matmul_efficiency
+    assert fwd[0] == pytest.approx(max(2e9 / tensor, 6e6 / hbm))
     # an efficiency given in the settings prices FLOPs at that fraction of the peak, as before
     plain = CostModel.from_settings(g, topo, ExecutionSettings(efficiency=0.5))
     fwd, _ = plain.node_seconds(0)
@@ -59,7 +64,7 @@ def test_roofline_matches_the_function_and_scales_with_the_peak():
     g = _graph()
     a100 = build("flat", num_devices=2, device="a100")
     cm = CostModel.from_settings(g, a100, ExecutionSettings())
-    tf, tb = roofline_seconds(g, 312e12, 19.5e12, 2039e9)
+    tf, tb = roofline_seconds(g, 312e12, 19.5e12, 2039e9 * GPU_MODELS["a100"].memory_efficiency)
     fwd, bwd = cm.node_seconds(1)
     assert fwd.tolist() == pytest.approx(tf.tolist()) and bwd.tolist() == pytest.approx(
         tb.tolist())
