@@ -64,7 +64,198 @@ EQUIVALENT: dict[str, str] = {
         "`self.ranked if (top is None) and False else self.ranked[:top]`: with top None the "
         "mutant takes `self.ranked[:None]`, the whole tuple, which is what the original "
         "returns.",
+    "shardplan.planner._search.x_search__mutmut_122":
+        "`timed_out = None` for `False`: every task taken sets it to `timed_out or cut` (a "
+        "bool) and a deadline sets True; with no task taken there is no row, and `not None` "
+        "raises InfeasibleError as `not False` does, so no result carries the None.",
+    "shardplan.planner._search.x_search__mutmut_160":
+        "`_GRACE * (time_limit or 1.0)`: differs only for time_limit 0, whose deadline is the "
+        "start, so the seconds left are <= 0 either way and clamp to 0.",
+    "shardplan.planner._families.x_tasks_for__mutmut_9":
+        "`range(2, d + 1)` for `range(1, d + 1)`: drops the one-stage shape (1, D), which "
+        "every family that uses `shapes` filters out (`s > 1`).",
+    "shardplan.planner._families.x_tasks_for__mutmut_11":
+        "`range(1, d + 2)`: adds s = D + 1, which never divides D.",
+    "shardplan.planner._llm.x__divisors__mutmut_7":
+        "`range(1, n + 2)`: adds n + 1, which never divides n.",
+    "shardplan.planner._llm.x_baseline_comparison__mutmut_12":
+        "`timeline=None` for `False` in the baseline's simulation: the timeline only "
+        "decides whether intervals are kept; the comparison reads the iteration time and "
+        "the memory fit, which do not depend on it.",
+    "shardplan.planner._llm.x_baseline_comparison__mutmut_16":
+        "`timeline` left at its default: same reason as mutant 12.",
+    "shardplan.planner._llm.x_baseline_comparison__mutmut_17":
+        "`timeline=True`: same reason as mutant 12.",
+    "shardplan.planner._llm.x_baseline_comparison__mutmut_36":
+        "the speed-up's `if best.iteration_seconds > 0` made always true: a winner is a "
+        "simulated layout of a graph with work, whose iteration is never 0 s.",
+    "shardplan.planner._llm.x_baseline_comparison__mutmut_38":
+        "`>= 0` for `> 0`: same reason as mutant 36.",
+    "shardplan.planner._llm.x_llm_plan__mutmut_21":
+        "`timeline=None` for `False`: the simulators test it for truth only "
+        "(`if timeline`), where None is False.",
+    "shardplan.planner._llm.x_llm_search__mutmut_121":
+        "`timeline=None` in the search's simulation: tested for truth only, as False; and "
+        "the search keeps only the iteration time.",
+    "shardplan.planner._llm.x_llm_search__mutmut_127":
+        "`timeline` at its default (True) in the search's simulation: only the kept "
+        "intervals differ, and the search reads the iteration time alone.",
+    "shardplan.planner._llm.x_llm_search__mutmut_129":
+        "`timeline=True`: same reason as mutant 127.",
+    "shardplan.planner._llm.x_llm_search__mutmut_122":
+        "`costs=None`: simulate_llm then prices the layout itself, from the same graph, "
+        "topology, layout and settings, which gives the same costs (they are passed only to "
+        "save that work).",
+    "shardplan.planner._llm.x_llm_search__mutmut_128":
+        "`costs` left out (None): same reason as mutant 122.",
+    "shardplan.planner._llm.x_llm_search__mutmut_2":
+        "default `max_microbatch=9` for 8: the per-replica micro-batches tried are 1, 2, 4, "
+        "8, 16, and 8 and 9 admit the same ones.",
+    "shardplan.planner._llm.x_candidates__mutmut_1":
+        "default `max_microbatch=9` for 8: same reason as x_llm_search mutant 2.",
+    "shardplan.planner._families.x_microbatch_choices__mutmut_28":
+        "`(global_batch / m) % replicas` for `//`: the same condition first requires "
+        "`global_batch % m == 0`, so the quotient is a whole number either way.",
+    "shardplan.planner._families.x_microbatch_choices__mutmut_45":
+        "`/` for `//` in the fallback: same reason as mutant 28.",
+    "shardplan.planner._families.x_microbatch_choices__mutmut_39":
+        "`range(1, global_batch + 2)`: adds global_batch + 1, which never divides it.",
+    "shardplan.planner._llm.x_candidates__mutmut_8":
+        "`... if isinstance(graph.meta, dict) or True`: a Graph's meta is always a dict.",
+    "shardplan.planner._llm.x_candidates__mutmut_54":
+        "`break` for `continue` in the micro-batch loop: the sizes are 1, 2, 4, 8, 16 in "
+        "order; one above the maximum, or not dividing the replica's share, means every "
+        "larger power of two is too.",
+    "shardplan.planner._llm.x_candidates__mutmut_58":
+        "`pp >= 1 and m < pp` for `pp > 1`: with pp = 1 the test is m < 1, never true "
+        "(m >= 1).",
+    "shardplan.planner._llm.x_candidates__mutmut_61":
+        "`break` for `continue` when m < pp: m = share / mb falls as mb grows, so once it is "
+        "below pp it stays below for every later mb.",
+    "shardplan.planner._llm.x_family_rows__mutmut_66":
+        "the throughput's condition made always true: a row that does not fit has an "
+        "infinite time, so global_batch / time is 0.0, the else branch's value; a row that "
+        "fits has a positive time.",
+    "shardplan.planner._llm.x_family_rows__mutmut_68":
+        "`c.fits or time > 0`: same reason as mutant 66.",
+    "shardplan.planner._llm.x_family_rows__mutmut_69":
+        "`time >= 0` for `> 0`: same reason as mutant 66 (no simulated time is 0).",
+    "shardplan.planner._search.x_search__mutmut_187":
+        "`_CTX[\"XXctxXX\"] = ctx`: as mutant 186, the workers' initializer sets "
+        "`_CTX[\"ctx\"]` before any task reads it.",
+    "shardplan.planner._search.x_search__mutmut_188":
+        "`_CTX[\"CTX\"] = ctx`: same reason as mutant 187.",
+    "shardplan.planner._search.x_search__mutmut_186":
+        "`_CTX[\"ctx\"] = None` before the pool: every worker (process pool or Ray) runs "
+        "the initializer `_set_ctx(ctx)` before its first task, which sets it again.",
+    "shardplan._workers.xǁRayExecutorǁ__init____mutmut_7":
+        "`self._started = None` for `False`: the flag is only read by `close()` as "
+        "`if self._started:`, where None and False are both false.",
+    "shardplan._workers.x__speaks_http2__mutmut_22":
+        "`conn.recv(9 + len(head))` for `9 - len(head)`: recv returns the bytes already "
+        "there (at most the size asked), the loop ends once 9 are read, and only byte 3 "
+        "(the frame type) is looked at; asking for more never changes which byte is 4th.",
+    "shardplan._workers.x__speaks_http2__mutmut_23":
+        "`conn.recv(10 - len(head))` for `9 - len(head)`: same reason as mutant 22.",
+    "shardplan.export._frameworks.x__per_replica__mutmut_4":
+        "`settings.microbatch_size or 1` for `or 0`: export() resolves the settings, "
+        "which fills microbatch_size from the graph, and ExecutionSettings refuses a "
+        "micro-batch size below 1, so the `or` never picks its default.",
+    "shardplan.export._frameworks.x__torch__mutmut_7":
+        "`unit=None` for `unit=\"module\"`: pipeline_parts treats every unit but "
+        "\"layer\" as module starts.",
+    "shardplan.export._frameworks.x__torch__mutmut_18":
+        "`unit=\"XXmoduleXX\"`: same reason as mutant 7.",
+    "shardplan.export._frameworks.x__torch__mutmut_19":
+        "`unit=\"MODULE\"`: same reason as mutant 7.",
+    "shardplan.export._layers.x_pipeline_parts__mutmut_1":
+        "default `unit=\"XXmoduleXX\"`: every unit but \"layer\" means module starts.",
+    "shardplan.export._layers.x_pipeline_parts__mutmut_2":
+        "default `unit=\"MODULE\"`: same reason as mutant 1.",
+    "shardplan.export._layers.x__block_depth__mutmut_4":
+        "`m.split(\".\") if (m) or True else ()`: an empty module path splits into [\"\"], "
+        "whose one part is not a digit, as the original's empty tuple has none.",
+    "shardplan.export.x_export__mutmut_58":
+        "`topology` passed as None to the LLM exporters (megatron_parallel, "
+        "torchtitan_parallel), which take it for the common signature and never read it.",
+    "shardplan.export.x_export__mutmut_60":
+        "`schedule` passed as None to the LLM exporters, which never read it (their "
+        "schedule is the settings' name).",
+    "shardplan.export.x_export__mutmut_70":
+        "`topology` passed as None to the pipeline exporters: _torch, _torchtitan, _megatron "
+        "and _deepspeed never read it (the pipeline view is built from plan, graph, "
+        "settings and schedule).",
 }
+
+
+def _same(reason: str, *names: str) -> None:
+    """Several mutants equivalent for one reason."""
+    EQUIVALENT.update(dict.fromkeys(names, reason))
+
+
+_same('in the branch for a boolean `recompute`, which no ExecutionSettings reaches: its '
+      '__post_init__ turns a boolean into "full"/"none" (dead code, kept for other '
+      'settings objects).',
+      *(f"shardplan.export._parallel.x__setting__mutmut_{i}" for i in range(21, 41)))
+
+_same('in the last line (`recorded.get(name, _DEFAULTS[name])`), reached only for a '
+      'name the settings lack; every name asked for is an ExecutionSettings field, so '
+      '`hasattr(settings, name)` always returns before it (dead code).',
+      *(f"shardplan.export._parallel.x__setting__mutmut_{i}" for i in (55, 56, 57, 58)))
+
+_same('`microbatch_size or 1` for `or 0`: the settings reaching the exporters are '
+      'resolved (microbatch_size filled in) and ExecutionSettings refuses sizes below '
+      '1.',
+      *(f"shardplan.export._parallel.x__batch__mutmut_{i}" for i in (4,)))
+
+_same('`json.dumps(value) if ... or True`: for a boolean json.dumps gives '
+      '"true"/"false", what `str(value).lower()` gives.',
+      *(f"shardplan.export._parallel.x__toml__mutmut_{i}" for i in (2,)))
+
+_same('the `settings.schedule == "interleaved-1f1b"` test mutated: when it is true the '
+      'other branch yields "interleaved-1f1b" too, so the schedule named is the same.',
+      *(f"shardplan.export._parallel.x_torchtitan_parallel__mutmut_{i}" for i in (38, 39)))
+
+_same('another default for a missing `model` (None, "XXXX"): its string never matches '
+      "the `llama[23]:FLAVOR,seq=N` pattern, as the original's empty string does not.",
+      *(f"shardplan.export._parallel.x_torchtitan_parallel__mutmut_{i}" for i in (118, 120, 123)))
+
+_same('default `exact=True`: every exporter passes `exact=opts.exact`, so the default '
+      'is never used.',
+      *(f"shardplan.export._frameworks.x__common__mutmut_{i}" for i in (3,)))
+
+_same("the `count` of `str.replace` (the run of E's or L's collapsed to one letter) "
+      "dropped or set to 2: a stage's E's (and L's) are one run, so the run occurs once "
+      'and every count replaces the same single occurrence.',
+      *(f"shardplan.export._frameworks.x__megatron__mutmut_{i}" for i in (102, 111, 123, 132)))
+
+_same('`rsplit("/")` or `rsplit("/", 2)` for `rsplit("/", 1)`, then `[-1]`: the last '
+      'piece is the same however many splits are made.',
+      *(f"shardplan.export._frameworks.x__torchtitan__mutmut_{i}" for i in (116, 125)))
+
+_same('`zip(..., strict=True)` made non-strict: the zipped sequences always have the '
+      'same length (cuts and their snapped copy; the named nodes and their stages; '
+      'their layer keys and stages).',
+      *(f"shardplan.export._layers.x_pipeline_parts__mutmut_{i}"
+        for i in (141, 144, 145, 184, 187, 188, 209, 212, 213)))
+
+_same('`cut >= old` for `cut > old`: the line runs only when `old != cut` (equal cuts '
+      '`continue` just before).',
+      *(f"shardplan.export._layers.x_pipeline_parts__mutmut_{i}" for i in (162,)))
+
+_same('`range(len(parts) + 1)` for `range(1, ...)`: adds the empty prefix "" to '
+      'first_of, which is never looked up (module paths and their prefixes are non- '
+      'empty).',
+      *(f"shardplan.export._layers.x_pipeline_parts__mutmut_{i}" for i in (72,)))
+
+_same('`range(1, len(parts) + 2)`: the extra prefix is the whole path again, and '
+      'setdefault keeps its first node.',
+      *(f"shardplan.export._layers.x_pipeline_parts__mutmut_{i}" for i in (76,)))
+
+_same('`range(1, len(parts) + 2)`: the list gets the whole path twice at its end; '
+      'callers take the first prefix that matches or ask whether any does, which a '
+      'repeated last item never changes.',
+      *(f"shardplan.export._layers.x__prefixes__mutmut_{i}" for i in (12,)))
 
 #: mutmut's exit codes (``mutmut.stats.status_by_exit_code``) grouped for the report.
 KILLED = {1, 3, 36, -24, 24, 152, 255, -11, -9}  # failed, internal error, timeout, crash

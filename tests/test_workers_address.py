@@ -122,3 +122,95 @@ def test_cli_refuses_them_in_one_line(tmp_path, capsys, address, command):
     err = capsys.readouterr().err
     assert err.startswith("shardplan: error: argument --ray: expects local, auto or HOST:PORT")
     assert err.count("\n") == 1 and repr(address) in err
+
+
+@pytest.mark.parametrize("address, want", [("XX:1", ("XX", 1)),
+                                           ("ray://NODE-X.example:6379",
+                                            ("NODE-X.example", 6379))])
+def test_hosts_may_have_any_letters(address, want):
+    assert ray_address(address) == want
+
+
+def test_the_greeting_goes_over_the_connection_to_the_address(monkeypatch):
+    """The HTTP/2 check is made on the connection opened to the address, and a peer that
+    does not answer it is one line naming the address and the wait."""
+    conn = object()
+    seen = []
+
+    class _Open:
+        def __enter__(self):
+            return conn
+
+        def __exit__(self, *exc):
+            return None
+
+    monkeypatch.setattr(socket, "create_connection", lambda target, timeout: _Open())
+
+    def speaks(c):
+        seen.append(c)
+        return False
+
+    monkeypatch.setattr(_workers, "_speaks_http2", speaks)
+    with pytest.raises(ShardplanError) as info:
+        _check_reachable("h:6379")
+    assert seen == [conn]
+    assert str(info.value) == (
+        "cannot reach the Ray cluster at 'h:6379': something listens there but does not "
+        "answer as Ray's gRPC server does (within 5 s)")
+
+
+def _peer(answer: bytes | None, *, close: bool = False):
+    """A connected socket pair; the far end answers ``answer`` (None: nothing) and may then
+    close. Returns (our end, the far end, what the far end received)."""
+    ours, theirs = socket.socketpair()
+    if answer:
+        theirs.sendall(answer)
+    if close:
+        theirs.shutdown(socket.SHUT_WR)
+    return ours, theirs
+
+
+_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+
+
+@pytest.mark.parametrize("answer, close, want", [
+    (bytes([0, 0, 0, 4, 0, 0, 0, 0, 0]), False, True),          # an empty SETTINGS frame
+    (bytes([0, 0, 6, 4, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0, 100]), False, True),  # with a value
+    (bytes([0, 0, 0, 7, 0, 0, 0, 0, 0]), False, False),         # GOAWAY: not SETTINGS
+    (b"HTTP/1.1 400 Bad Request\r\n", False, False),            # another protocol
+    (bytes([0, 0, 0, 4]), True, False),                         # closed mid-frame
+    (b"", True, False),                                         # closed at once
+])
+def test_an_http2_peer_is_one_that_answers_settings(monkeypatch, answer, close, want):
+    monkeypatch.setattr(_workers, "_ANSWER_SECONDS", 2.0)
+    ours, theirs = _peer(answer, close=close)
+    with ours, theirs:
+        assert _workers._speaks_http2(ours) is want
+        assert ours.gettimeout() == 2.0
+        theirs.settimeout(2.0)
+        got = b""
+        while len(got) < len(_PREFACE):
+            got += theirs.recv(len(_PREFACE) - len(got))
+        assert got == _PREFACE  # the client greeting, byte for byte
+
+
+def test_a_frame_header_arriving_in_pieces_is_read_whole():
+    ours, theirs = _peer(None)
+    with ours, theirs:
+        import threading
+
+        def dribble():
+            for b in bytes([0, 0, 0, 4, 0, 0, 0, 0, 0]):
+                theirs.sendall(bytes([b]))
+
+        t = threading.Thread(target=dribble)
+        t.start()
+        assert _workers._speaks_http2(ours) is True
+        t.join()
+
+
+def test_a_silent_peer_answers_false_after_the_wait(monkeypatch):
+    monkeypatch.setattr(_workers, "_ANSWER_SECONDS", 0.05)
+    ours, theirs = _peer(None)
+    with ours, theirs:
+        assert _workers._speaks_http2(ours) is False

@@ -178,7 +178,8 @@ def test_a_normal_end_cancels_nothing(fake_ray):
 
 def test_without_ray_one_line(monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray fails
-    with pytest.raises(ShardplanError, match=r"--ray needs Ray: pip install 'shardplan\[ray\]'"):
+    with pytest.raises(ShardplanError,
+                       match=r"^--ray needs Ray: pip install 'shardplan\[ray\]'$"):
         RayExecutor("local", 1)
 
 
@@ -187,3 +188,35 @@ def test_a_failed_start_without_a_message_names_the_error(fake_ray):
     with pytest.raises(ShardplanError, match="cannot reach the Ray cluster at 'auto': .*"
                                              "ConnectionError"):
         RayExecutor("auto", 1)
+
+
+QUIET = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False}
+
+
+def test_ray_is_started_and_joined_quietly(fake_ray):
+    """No dashboard, no worker logs on the command line's stderr, Ray's logging left alone:
+    for a local Ray and a cluster alike."""
+    ray = fake_ray()
+    RayExecutor("local", 2).close()
+    RayExecutor("auto", 2).close()
+    assert ray.inits == [{"num_cpus": 2, **QUIET}, {"address": "auto", **QUIET}]
+
+
+def test_mp_context_forks_on_linux_only(monkeypatch):
+    import multiprocessing
+
+    from shardplan import _workers
+
+    monkeypatch.setattr(_workers.sys, "platform", "linux")
+    # fork itself, even when the process's default start method is another one
+    default = multiprocessing.get_start_method(allow_none=True)
+    multiprocessing.set_start_method("spawn", force=True)
+    try:
+        assert _workers.mp_context().get_start_method() == "fork"
+    finally:
+        multiprocessing.set_start_method(default, force=True)
+    monkeypatch.setattr(_workers.sys, "platform", "darwin")  # fork exists, but is unsafe
+    assert _workers.mp_context().get_start_method() == "spawn"
+    monkeypatch.setattr(_workers.sys, "platform", "linux")
+    monkeypatch.setattr(multiprocessing, "get_all_start_methods", lambda: ["spawn"])
+    assert _workers.mp_context().get_start_method() == "spawn"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 from collections.abc import Callable
 from typing import Any
 
@@ -178,7 +179,7 @@ def _torchtitan(plan: Plan, graph: Graph, topology: Topology, settings: Executio
                           fqns=json.dumps(fqns), pp=sch.num_ranks, schedule=json.dumps(name),
                           microbatches=sch.num_microbatches, replicate=reps,
                           tokens_mb=tokens_mb, tokens_step=tokens_step)
-    beside[".flags"] = " ".join(flags) + "\n"
+    beside[".flags"] = shlex.join(flags) + "\n"  # read back with shlex.split
     return Export("torchtitan", text, beside, notes=tuple(notes))
 
 
@@ -205,7 +206,7 @@ def _megatron(plan: Plan, graph: Graph, topology: Topology, settings: ExecutionS
                              f"{blocks[0]!r} has no attention")
     kind = {k: "E" if i < first else "L" if i > last else "t"
             for i, k in enumerate(parts.layers)}
-    if any(kind[k] != "t" for k in parts.layers[first:last + 1]):
+    if any(k not in blocks for k in parts.layers[first:last + 1]):
         raise ShardplanError("megatron's layout has the transformer layers together, and the "
                              "graph has other modules between its blocks")
     segs = []

@@ -102,6 +102,9 @@ def test_default_families_follow_the_graph_and_the_cluster(g, topo):
     assert default_families(g, topo) == FAMILIES  # a transformer on 8 GPUs: every family
     big = build("dgx-a100", nodes=LLM_ONLY_DEVICES // 8 + 1)
     assert default_families(g, big) == ("llm",)
+    at_limit = build("dgx-a100", nodes=LLM_ONLY_DEVICES // 8)  # 64 devices: still all
+    assert at_limit.num_devices == LLM_ONLY_DEVICES
+    assert default_families(g, at_limit) == FAMILIES
     plain = Graph.from_arrays(name="mlp", fwd_flops=[1.0, 2.0], src=[0], dst=[1])
     assert "llm" not in default_families(plain, big)
     assert set(default_families(plain, topo)) == set(FAMILIES) - {"llm"}

@@ -364,3 +364,180 @@ def test_the_default_worker_count_is_the_cpus_at_most_4(monkeypatch, cpus, round
                        workers=None, time_limit=20.0)
     assert res.tasks == 5
     assert [r.search_seconds for r in res.ranked] == pytest.approx([20.0 * 0.95 / rounds] * 3)
+
+
+# ------------------------------------------------------------------------------ refusals
+def test_clusters_larger_than_the_search_prices_are_refused(monkeypatch):
+    """At most MAX_PLAN_DEVICES devices (lowered here to 4 so the test stays small): 4 are
+    searched, 5 refused in one line before any family runs."""
+    monkeypatch.setattr(_search, "MAX_PLAN_DEVICES", 4)
+    fake = _Fake({"uniform": [_row("uniform", 2.0)]})
+    assert _search_with(monkeypatch, fake, ["uniform"], devices=4).winner is not None
+    fake = _Fake({"uniform": [_row("uniform", 2.0)]})
+    with pytest.raises(ShardplanError, match=r"^topology 'flat-5' has 5 devices; plan searches "
+                                             r"at most 4 \(its candidates are priced from "
+                                             r"per-pair matrices, O\(devices\^2\) memory\)$"):
+        _search_with(monkeypatch, fake, ["uniform"], devices=5)
+    assert fake.seen == []
+
+
+def test_an_empty_graph_is_refused(monkeypatch):
+    import numpy as np
+
+    from shardplan.ir import Graph
+
+    empty = Graph.from_arrays(name="e", fwd_flops=np.zeros(0), src=np.zeros(0, int),
+                              dst=np.zeros(0, int))
+    with pytest.raises(ShardplanError, match=r"^graph 'e' has no nodes: nothing to plan$"):
+        search(empty, build("flat", num_devices=2), families=["uniform"], workers=1)
+
+
+class _Ref:
+    def __init__(self, value):
+        self.value = value
+
+    def future(self):
+        from concurrent.futures import Future
+
+        f = Future()
+        f.set_result(self.value)
+        return f
+
+
+class _Ray:
+    """A stand-in for Ray that runs each task when it is submitted, in this process but as
+    a fresh worker would: the search's module state (its context) is cleared first, so a
+    task sees only what its worker was given."""
+
+    def __init__(self):
+        self.inits, self.puts, self.calls = [], [], 0
+
+    def is_initialized(self):
+        return False
+
+    def init(self, **kw):
+        self.inits.append(kw)
+
+    def remote(self, **options):
+        ray = self
+
+        class _Remote:
+            def __init__(self, fn):
+                self.fn = fn
+
+            def remote(self, *args):
+                ray.calls += 1
+                saved = dict(_search._CTX)
+                _search._CTX.clear()  # another process: nothing inherited
+                try:
+                    return _Ref(self.fn(*[a.value if isinstance(a, _Ref) else a
+                                          for a in args]))
+                finally:
+                    _search._CTX.clear()
+                    _search._CTX.update(saved)
+
+        return _Remote
+
+    def put(self, obj):
+        self.puts.append(obj)
+        return _Ref(obj)
+
+    def cancel(self, ref, force=False):
+        pass
+
+    def shutdown(self):
+        pass
+
+
+def test_a_ray_search_hands_the_tasks_to_ray(monkeypatch):
+    """With ``ray`` the tasks go to Ray even with one worker (here a stand-in running them at
+    once), with the context sent once, and rank as a local search does."""
+    import sys
+
+    ray = _Ray()
+    monkeypatch.setitem(sys.modules, "ray", ray)
+    rows = {"data-parallel": [_row("data-parallel", 3.0, sync="bucketed")],
+            "uniform": [_row("uniform", 2.0, label="winner")]}
+    res = _search_with(monkeypatch, _Fake(rows), ["data-parallel", "uniform"], ray="local")
+    assert len(ray.inits) == 1 and ray.calls == 3  # every task, on Ray
+    # the context once (the pool's initializer argument), then each task
+    assert ray.puts[0].global_batch == 8
+    assert sorted(p.family for p in ray.puts[1:]) == ["data-parallel", "uniform", "uniform"]
+    assert res.winner.meta["label"] == "winner" and res.done == 3
+    local = _search_with(monkeypatch, _Fake(rows), ["data-parallel", "uniform"])
+    assert [r.row() for r in res.ranked] == [r.row() for r in local.ranked]
+    assert res.comparisons == local.comparisons
+
+
+def test_search_defaults_and_what_it_passes_on(monkeypatch):
+    """Seed 0 by default; the user's included layouts reach the families; a batch of one
+    sample is a batch; without families named, every family but the LLM one for a graph
+    that is no transformer."""
+    from shardplan.planner import FAMILIES
+
+    fake = _Fake({"uniform": [_row("uniform", 2.0)]})
+    res = _search_with(monkeypatch, fake, ["uniform"], global_batch=1,
+                       include=[("layout", "settings")])
+    assert res.global_batch == 1 and res.winner is not None
+    assert fake.contexts[0].seed == 0
+    assert fake.contexts[0].include == (("layout", "settings"),)
+    fake = _Fake({"uniform": [_row("uniform", 2.0)]})
+    _search_with(monkeypatch, fake, None)
+    assert {t.family for t in fake.seen} == set(FAMILIES) - {"llm"}
+
+
+def test_one_round_of_tasks_shares_the_whole_limit(monkeypatch):
+    """One task (2 devices: the 2 x 1 pipeline alone) gets 95% of a 10 s limit."""
+    now = [0.0]
+    monkeypatch.setattr(_search, "time", _Clock(now))
+    fake = _Fake({"uniform": [_row("uniform", 2.0)]})
+    res = _search_with(monkeypatch, fake, ["uniform"], devices=2, time_limit=10.0)
+    assert res.tasks == 1 and [t.budget for t in fake.seen] == pytest.approx([9.5])
+
+
+@pytest.mark.parametrize("step, done, cut", [
+    (40.0, 2, True),      # the third task ends past the deadline (95 s): its rows are dropped
+    (47.5, 1, True),      # the second ends exactly at it: the search stops there
+    (47.25, 2, True),     # half a second before it: the second's rows count
+    (30.0, 3, False),     # all three within the limit
+])
+def test_the_deadline_stops_a_pool_search(monkeypatch, step, done, cut):
+    """The pool's loop (here on the stand-in Ray, one worker, tasks handed out one at a
+    time as the worker frees up) stops at the deadline: tasks finished after it are not
+    counted, and the search says it was cut short."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "ray", _Ray())
+    now = [0.0]
+    monkeypatch.setattr(_search, "time", _Clock(now))
+    fake = _Fake({"uniform": [_row("uniform", 2.0)]}, clock=now, step=step)
+    res = _search_with(monkeypatch, fake, ["uniform"], devices=8, time_limit=100.0,
+                       ray="local")
+    assert res.done == done and res.timed_out is cut and res.winner is not None
+    # each task handed out with the seconds then left (less the 2 s grace)
+    assert [t.left for t in fake.seen] == pytest.approx(
+        [max(0.0, 93.0 - k * step) for k in range(len(fake.seen))])
+
+
+def test_the_search_reports_its_wall_time_and_why_nothing_fits(monkeypatch):
+    now = [100.0]
+    monkeypatch.setattr(_search, "time", _Clock(now))
+    fake = _Fake({"uniform": [_row("uniform", 2.0)]}, clock=now, step=40.0)
+    res = _search_with(monkeypatch, fake, ["uniform"], devices=8)  # no limit: 3 tasks
+    assert res.seconds == pytest.approx(120.0) and res.to_dict()["seconds"] == res.seconds
+    with pytest.raises(InfeasibleError, match=r"^no plan fits: no candidate fits in device "
+                                              r"memory$"):
+        _search_with(monkeypatch, _Fake({"uniform": [_row("uniform", 1.0, fits=False)]}),
+                     ["uniform"])
+
+
+def test_a_transformer_is_searched_by_every_family_by_default(monkeypatch):
+    from shardplan.planner import FAMILIES
+    from tests.cost.llm_graph import gpt_graph
+
+    monkeypatch.setattr(_search, "run_task", _Fake({}))
+    fake = _search.run_task
+    g = gpt_graph(layers=2, hidden=16, seq=8, vocab=32)
+    with pytest.raises(InfeasibleError):  # the stand-in gives no rows
+        search(g, build("flat", num_devices=4), workers=1, global_batch=8)
+    assert {t.family for t in fake.seen} == set(FAMILIES)
