@@ -15,7 +15,7 @@ from shardplan.export._frameworks import _uniform_parts
 from shardplan.ir import Graph, Objective, Plan, Stage, save
 from shardplan.simulate import Schedule, simulate
 from shardplan.topology import build
-from tests.helpers import run_cli
+from tests.helpers import hand_plan, run_cli
 
 # A GPT-like module structure: embeddings, blocks.0..3 (attention inside), ln_f, head.
 _MODULES = (["tok_emb", "pos_emb", ""]
@@ -34,16 +34,8 @@ def _graph() -> Graph:
                              meta={"input_shapes": [[4, 16]], "input_dtypes": ["int64"]})
 
 
-def _plan(cuts: list[int], replicas: int = 1, **execution) -> Plan:
-    n = len(_MODULES)
-    bounds = [0, *cuts, n]
-    k = len(bounds) - 1
-    stages = tuple(Stage(tuple(range(bounds[s], bounds[s + 1])),
-                         tuple(r * k + s for r in range(replicas))) for s in range(k))
-    plan = Plan("gpt", "flat", "hand", stages, Objective("x", 0.0))
-    if execution:
-        plan = plan.with_settings(plan.settings.override(**execution)[0])
-    return plan
+def _plan(cuts: list[int], replicas: int = 1, **execution: object) -> Plan:
+    return hand_plan(cuts, len(_MODULES), replicas, **execution)
 
 
 def test_torch_split_points_and_schedule() -> None:

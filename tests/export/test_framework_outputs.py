@@ -15,9 +15,10 @@ import pytest
 from shardplan.errors import ShardplanError
 from shardplan.export import ExportOptions, export
 from shardplan.importers.torchtitan import torchtitan_options
-from shardplan.ir import Graph, Objective, Plan, Stage
+from shardplan.ir import Graph, Plan
 from shardplan.simulate import Schedule
 from shardplan.topology import build
+from tests.helpers import hand_plan
 
 _MODULES = (["tok_emb", "pos_emb", ""]
             + [f"blocks.{i}.{m}" for i in range(4) for m in ("ln1", "attn", "attn.proj", "mlp")]
@@ -40,14 +41,7 @@ def _graph(meta: dict | None = None, modules: list[str] | None = None) -> Graph:
 
 
 def _plan(cuts: list[int], replicas: int = 1, n: int = _N, **execution: object) -> Plan:
-    bounds = [0, *cuts, n]
-    k = len(bounds) - 1
-    stages = tuple(Stage(tuple(range(bounds[s], bounds[s + 1])),
-                         tuple(r * k + s for r in range(replicas))) for s in range(k))
-    plan = Plan("gpt", "flat", "hand", stages, Objective("x", 0.0))
-    if execution:
-        plan = plan.with_settings(plan.settings.override(**execution)[0])
-    return plan
+    return hand_plan(cuts, n, replicas, **execution)
 
 
 _CUT = 3 + 4 * 2  # blocks.2 starts

@@ -20,7 +20,7 @@ from shardplan.errors import ShardplanError
 from shardplan.export import FORMATS, ExportOptions, export
 from shardplan.ir import Graph, Objective, Plan, Stage
 from shardplan.topology import build
-from tests.helpers import run_cli
+from tests.helpers import hand_plan, run_cli
 
 # tok_emb, pos_emb | blocks.i: ln1, attn, proj, the residual add (module "blocks.i": a
 # node inside the block where no module starts), mlp, add | ln_f, head
@@ -44,15 +44,7 @@ def _graph() -> Graph:
 
 
 def _plan(cuts: list[int], replicas: int = 1, **execution: object) -> Plan:
-    n = len(_MODULES)
-    bounds = [0, *cuts, n]
-    k = len(bounds) - 1
-    stages = tuple(Stage(tuple(range(bounds[s], bounds[s + 1])),
-                         tuple(r * k + s for r in range(replicas))) for s in range(k))
-    plan = Plan("gpt", "flat", "hand", stages, Objective("x", 0.0))
-    if execution:
-        plan = plan.with_settings(plan.settings.override(**execution)[0])
-    return plan
+    return hand_plan(cuts, len(_MODULES), replicas, **execution)
 
 
 # node 2 + 6 b + 3 is the residual add of block b: the cut the 4-layer transformer's
