@@ -86,12 +86,9 @@ def published_seconds(row: dict[str, str]) -> float:
     raise ShardplanError(f"row {row['id']}: no iteration_s and no tokens/s figure")
 
 
-PEAK_BF16 = {"A100": 312.0, "H100": 989.0, "V100": 125.0}  # dense TFLOP/s, datasheets
-
-
 def published_tflops(row: dict[str, str]) -> float:
-    if row.get("mfu", "").strip():
-        peak = next(v for k, v in PEAK_BF16.items() if k in row["gpu"].upper())
+    if row.get("mfu", "").strip():  # MFU x the half-precision peak of the row's cluster preset
+        peak = build_spec(cluster_of(row)[0]).devices[0].flops / 1e12
         return float(row["mfu"]) * peak
     return model_tflops(row, published_seconds(row))
 

@@ -416,6 +416,8 @@ def llm_costs(graph: Graph, topology: Topology, parallel: ParallelConfig,
     ckpt_block = np.zeros(max(layout.num_blocks, 1), dtype=bool)
     ckpt_block[every - 1::every] = True
     ckpt_node = in_block & ckpt_block[np.clip(layout.block, 0, max(layout.num_blocks - 1, 0))]
+    if recompute == "op":  # per-op checkpointing wraps every block
+        ckpt_node = in_block
     if recompute == "full":
         bwd = bwd + np.where(ckpt_node, fwd, 0.0)
     elif recompute == "selective":
@@ -446,8 +448,10 @@ def llm_costs(graph: Graph, topology: Topology, parallel: ParallelConfig,
         crossing_out = (r_src != -1) & (r_dst != r_src)  # a region's output leaves it
         crossing_in = (r_dst != -1) & (r_src != r_dst)  # a region's input enters it
         region_compute: dict[tuple[int, int], tuple[float, float]] = {}
+        region_ckpt: dict[int, bool] = {}
         for reg in np.unique(region[region != -1]):
             nodes = np.flatnonzero(region == reg)
+            region_ckpt[int(reg)] = bool(ckpt_node[nodes].any())
             for j in np.unique(stage_of[nodes]):
                 mine = nodes[stage_of[nodes] == j]
                 region_compute[(int(reg), int(j))] = (float(fwd[mine].sum()),
@@ -474,8 +478,7 @@ def llm_costs(graph: Graph, topology: Topology, parallel: ParallelConfig,
         charge(np.flatnonzero(crossing_out), r_src, src, 0)
         charge(np.flatnonzero(crossing_in), r_dst, dst, 1)
         for (reg, j), (cf, cb) in per_region.items():
-            if recompute == "full" and reg != -2 and ckpt_node[np.flatnonzero(region == reg)
-                                                               ].any():
+            if recompute == "full" and reg != -2 and region_ckpt[reg]:
                 cb += cf
             tp_f[j] += cf
             tp_b[j] += cb
@@ -562,8 +565,6 @@ def llm_costs(graph: Graph, topology: Topology, parallel: ParallelConfig,
                                         weights=out_bytes[inside] / div[inside])
                 mine_ckpt = np.zeros(per_block.size, dtype=bool)
                 mine_ckpt[np.unique(layout.block[inside[ckpt_node[inside]]])] = True
-                if recompute == "op":
-                    mine_ckpt[np.unique(layout.block[inside])] = True
                 nb = int(np.count_nonzero(per_block[mine_ckpt]))
                 largest_block[j] = per_block[mine_ckpt].max(initial=0.0)
                 # a checkpointed block keeps its input (the hidden state, split under

@@ -227,7 +227,6 @@ def torchtitan_parallel(plan: Plan, graph: Graph, topology: Topology,
     if recompute == "full" and settings.recompute_every > 1:
         ac = {"mode": "selective", "selective_ac_option": str(settings.recompute_every)}
     if recompute == "selective":
-        ac["mode"] = "selective"
         notes.append("torchtitan has no attention-only recomputation (Megatron-LM's "
                      "selective): written as its per-op policy (selective_ac_option op)")
     optimizer = _setting(plan, settings, "optimizer")
