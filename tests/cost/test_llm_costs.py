@@ -242,3 +242,19 @@ def test_full_recompute_of_every_kth_block(g, topo):
     # a period longer than the model checkpoints nothing
     assert act[5] == pytest.approx(none.memory["activations"][0])
     assert k5.backward[0] == pytest.approx(none.backward[0])
+
+
+def test_gather_units_count_modules_or_blocks_and_at_least_one(g):
+    """FSDP's gathers per pass: the parameterized nodes (any parameter at all) under
+    DeepSpeed's module unit, else the blocks; a stage with neither still makes one."""
+    from shardplan.cost._llm import _gather_units
+
+    layout = block_layout(g)
+    n_params = np.zeros(g.num_nodes)
+    one_block = np.flatnonzero(layout.block == 0)
+    assert _gather_units(layout, one_block, n_params, True) == 1  # nothing to gather
+    assert _gather_units(layout, one_block, n_params, False) == 1  # one block
+    n_params[one_block[:3]] = 1.0  # three modules of one parameter each
+    assert _gather_units(layout, one_block, n_params, True) == 3
+    outside = np.flatnonzero(layout.block < 0)
+    assert _gather_units(layout, outside, n_params, False) == 1  # no block at all
