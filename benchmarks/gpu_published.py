@@ -52,14 +52,21 @@ OUT = ROOT / "benchmarks" / "results" / "gpu_published.md"
 
 
 def cluster_of(row: dict[str, str]) -> tuple[str, float]:
-    """The cluster preset a row ran on (by its ``gpu`` column) and its GPU memory."""
-    gpu = row["gpu"].upper()
+    """The cluster preset a row ran on (by its ``gpu`` column) and its GPU memory.
+
+    An A100 row that does not say 80GB ran on the 40 GB A100 (``gpu=a100-40gb``: 1,555 GB/s
+    of HBM2): the 80 GB part was announced in November 2020 (SC20), after the Megatron-LM
+    README of September 2020 that the ``meg20-a100-*`` rows come from, and the rows that ran
+    on the 80 GB part (Selene from 2021, torchtitan's) say so in their ``gpu`` column."""
+    gpu = row["gpu"].upper().replace(" ", "")
     gpus = int(row["gpus"])
     if "V100" in gpu:
         return f"dgx2-v100,nodes={max(1, math.ceil(gpus / 16))}", 32 * 2**30
     if "H100" in gpu:
         return f"dgx-h100,nodes={max(1, math.ceil(gpus / 8))}", 80 * 2**30
-    return f"dgx-a100,nodes={max(1, math.ceil(gpus / 8))}", 80 * 2**30
+    if "80GB" in gpu:
+        return f"dgx-a100,nodes={max(1, math.ceil(gpus / 8))}", 80 * 2**30
+    return f"dgx-a100,nodes={max(1, math.ceil(gpus / 8))},gpu=a100-40gb", 40 * 2**30
 
 
 def model_tflops(row: dict[str, str], seconds: float) -> float:

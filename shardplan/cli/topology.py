@@ -115,7 +115,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--pcie-bandwidth", type=positive_float, metavar="B",
                    help="dgx1: bytes/s of the non-NVLink pairs of a box (default 1e10)")
     g = p.add_argument_group("devices")
-    g.add_argument("--device-type", choices=("v100", "a100", "h100"),
+    g.add_argument("--device-type", choices=("v100", "a100", "a100-40gb", "h100"),
                    help="device preset (default v100; measure: this machine's CPUs)")
     g.add_argument("--memory-bytes", type=positive_float, metavar="BYTES",
                    help="memory of every device (overrides the preset)")

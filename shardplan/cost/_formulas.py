@@ -13,7 +13,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["OPTIMIZER_FLOPS", "OPTIMIZER_STATE", "OPTIMIZER_STEP_TEMPORARY", "message_seconds",
+__all__ = ["MIXED_PRECISION_STEP_BYTES", "OPTIMIZER_FLOPS", "OPTIMIZER_STATE",
+           "OPTIMIZER_STEP_TEMPORARY", "message_seconds",
            "optimizer_seconds", "ring_allreduce_seconds", "stage_memory", "sync_shards",
            "work_seconds"]
 
@@ -92,17 +93,40 @@ OPTIMIZER_BYTES: Mapping[str, float] = {"sgd": 12.0, "sgd-momentum": 20.0, "mome
                                         "adam": 28.0, "adamw": 28.0}
 
 
+#: Bytes per parameter a mixed-precision step moves besides the update itself, counted from
+#: Megatron-LM's ``MixedPrecisionOptimizer.step`` (``megatron/core/optimizer/optimizer.py``;
+#: the same passes since its 2020 ``FP16_Optimizer``): the half-precision gradients copied
+#: to the fp32 main gradients (2 read + 4 written), the gradient norm for clipping (4 read),
+#: the updated fp32 main parameters copied back to the half-precision model (4 read + 2
+#: written); fp16 also unscales the main gradients and checks them for inf (4 read + 4
+#: written, ``_amp_foreach_non_finite_check_and_unscale_``). fp32 training has none.
+MIXED_PRECISION_STEP_BYTES: Mapping[str, float] = {"fp32": 0.0, "bf16": 16.0, "fp8": 16.0,
+                                                   "fp16": 24.0}
+
+
 def optimizer_seconds(param_bytes: Any, optimizer: str, rate: Any,
-                      bandwidth: Any = np.inf) -> Any:
+                      bandwidth: Any = np.inf, precision: str = "fp32") -> Any:
     """Seconds of the optimizer step over ``param_bytes`` of parameters by a roofline: the
     larger of :data:`OPTIMIZER_FLOPS` per parameter at ``rate`` FLOP/s and
     :data:`OPTIMIZER_BYTES` per parameter at the device's memory ``bandwidth`` (bytes/s;
-    ``inf``: not known, FLOPs alone). The update is elementwise, so on most devices memory
-    bound: on this machine's CPU an Adam step over 1.85 M parameters takes 5.2 ms, 24x its
-    FLOP time at 1e11 FLOP/s (``benchmarks/calibration.py``). Broadcasts. O(size)."""
+    ``inf``: not known, FLOPs alone), plus under a half ``precision`` the passes of the
+    mixed-precision step (:data:`MIXED_PRECISION_STEP_BYTES`) at that bandwidth. The update
+    is elementwise, so on most devices memory bound: on this machine's CPU an Adam step over
+    1.85 M parameters takes 5.2 ms, 24x its FLOP time at 1e11 FLOP/s
+    (``benchmarks/calibration.py``). Broadcasts. O(size).
+
+    Examples
+    --------
+    >>> float(optimizer_seconds(4e9, "adam", 1e15, 1e12))  # 1e9 parameters x 28 bytes
+    0.028
+    >>> float(optimizer_seconds(4e9, "adam", 1e15, 1e12, precision="bf16"))  # + 16 bytes
+    0.044
+    """
     n = np.asarray(param_bytes) / _OPT_PARAM_BYTES
+    bw = np.asarray(bandwidth)
     return np.maximum(n * OPTIMIZER_FLOPS[optimizer] / rate,
-                      n * OPTIMIZER_BYTES[optimizer] / np.asarray(bandwidth))
+                      n * OPTIMIZER_BYTES[optimizer] / bw) + \
+        n * MIXED_PRECISION_STEP_BYTES[precision] / bw
 
 
 def sync_shards(gradient_sync: str, replicas: Any) -> tuple[Any, Any]:

@@ -93,6 +93,10 @@ GPU_MODELS: dict[str, GPUModel] = {
     "a100": GPUModel("a100", _MAMF_A100, _HBM,
                      source="MAMF 267.9 / 312 TFLOP/s (Bekman, ML Engineering); HBM 1.80 / "
                             "2.04 TB/s (NVIDIA forum); NCCL tuning.cc; 8 x H200 ring busbw"),
+    # the 40 GB A100 of 2020 is the same chip: its memory is slower, the fraction the same
+    "a100-40gb": GPUModel("a100-40gb", _MAMF_A100, _HBM,
+                          source="as a100 (the same GA100 chip); HBM fraction measured on the "
+                                 "80 GB part, assumed for its 40 GB HBM2"),
     "h100": GPUModel("h100", 792.1 / 989.0, _HBM, sms=132,
                      source="MAMF 792.1 / 989 TFLOP/s (Bekman, ML Engineering); HBM as A100; "
                             "NCCL tuning.cc; 8 x H200 ring busbw"),

@@ -17,7 +17,10 @@ or a user's) is priced the same way:
 - **Compute.** Every node by the roofline of :func:`~shardplan.cost.roofline_seconds` at the
   plan's precision, on the per-replica micro-batch, divided by its split. Full recompute adds
   a block's forward to its backward; selective recompute adds the forward of the attention
-  core (the nodes of the attention region that hold no parameters).
+  core (the nodes of the attention region that hold no parameters). A graph that ends at the
+  logits is charged the loss's memory-bound passes over them (:data:`LOSS_BYTES_FORWARD`);
+  the optimizer step is :func:`~shardplan.cost._formulas.optimizer_seconds` at the plan's
+  precision.
 - **Tensor-parallel communication.** Each split region all-reduces its outputs in the forward
   (the row-parallel product's partial sums) and the gradients of its inputs in the backward
   (the column-parallel product's), one collective per distinct tensor crossing the region's
@@ -99,6 +102,16 @@ SCORE_BYTES_BACKWARD = 19.0
 #: Bytes per score element kept for the backward: softmax output (2), dropout mask (1) and
 #: dropout output (2), Korthikanti et al. 2022's 5 a s^2 b.
 SCORE_BYTES_KEPT = 5.0
+#: Bytes moved per logit element by the training loss when the captured graph ends at the
+#: logits (it holds no loss node), counted from Megatron-LM's vocabulary-parallel cross
+#: entropy on fp32 logits (``tensor_parallel/cross_entropy.py``, called on
+#: ``output.float()``). Forward: the maximum (4 read), subtracting it (4 + 4), the
+#: exponential (4 + 4), its sum (4), dividing by the sum (4 + 4): 32. Backward: the softmax
+#: scaled by the loss's gradient in place (4 + 4): 8. Half-precision logits add the cast to
+#: fp32 (2 read + 4 written) and its backward (4 + 2): :data:`LOSS_CAST_BYTES` each way.
+LOSS_BYTES_FORWARD = 32.0
+LOSS_BYTES_BACKWARD = 8.0
+LOSS_CAST_BYTES = 6.0
 _SDPA = re.compile(r"scaled_dot_product|attention")
 #: Operators whose backward reads their inputs (autograd saves them): matrix products,
 #: products and quotients, powers, activations computed from their input, normalisations,
@@ -408,6 +421,13 @@ def llm_costs(graph: Graph, topology: Topology, parallel: ParallelConfig,
     per_elem = _ACT_BYTES[precision] / 2.0
     fwd = fwd + SCORE_BYTES_FORWARD * per_elem * scores / bw
     bwd = bwd + SCORE_BYTES_BACKWARD * per_elem * scores / bw
+    # the loss over the logits, when the graph ends at them (memory-bound passes)
+    logits = _logits_node(graph, layout)
+    if logits >= 0:
+        n_logits = scaled.output_bytes[logits] / _ACT_BYTES[precision]
+        cast = LOSS_CAST_BYTES if precision != "fp32" else 0.0
+        fwd[logits] += (LOSS_BYTES_FORWARD + cast) * n_logits / bw
+        bwd[logits] += (LOSS_BYTES_BACKWARD + cast) * n_logits / bw
     fwd = fwd / div
     bwd = bwd / div
     # full recompute checkpoints every block, or every k-th (torchtitan's layer-selective
@@ -539,17 +559,14 @@ def llm_costs(graph: Graph, topology: Topology, parallel: ParallelConfig,
         rank_params[j % pp] += p_dev[j]
     opt_share = d if (fsdp or zero1) else 1
     opt = np.asarray(optimizer_seconds(rank_params / opt_share * 4.0, settings.optimizer,
-                                       fp32, bw), dtype=np.float64)
+                                       fp32, bw, precision), dtype=np.float64)
 
     # memory per pipeline rank
     in_flight = _in_flight(parallel, settings)
     # the loss keeps its fp32 log-probabilities of the vocabulary-split logits (the captured
     # graph ends at the logits; a loss node, when captured, is priced as any node)
-    if not _graph_facts(graph).has_loss:
-        head = np.flatnonzero(layout.vocab & (layout.block >= layout.num_blocks))
-        if head.size:
-            last = head[np.argmax(graph.topological_rank[head])]
-            out_bytes[last] += scaled.output_bytes[last] / _ACT_BYTES[precision] * 4.0
+    if logits >= 0:
+        out_bytes[logits] += scaled.output_bytes[logits] / _ACT_BYTES[precision] * 4.0
     act = np.array([(out_bytes[nodes] / div[nodes]).sum() for nodes in stages])
     if recompute in ("full", "op"):
         saved = _op_saved(graph) if recompute == "op" else np.zeros(graph.num_nodes, bool)
@@ -658,6 +675,17 @@ def _graph_facts(graph: Graph) -> _Facts:
 
 
 _FUSED_ATTENTION = re.compile(r"scaled_dot_product|flash|efficient_attention")
+
+
+def _logits_node(graph: Graph, layout: BlockLayout) -> int:
+    """The node whose output is the logits the loss reads (the last vocabulary node after
+    the blocks), or -1 when the graph holds its own loss node or has no such head. O(n)."""
+    if _graph_facts(graph).has_loss:
+        return -1
+    head = np.flatnonzero(layout.vocab & (layout.block >= layout.num_blocks))
+    if not head.size:
+        return -1
+    return int(head[np.argmax(graph.topological_rank[head])])
 
 
 @lru_cache(maxsize=16)

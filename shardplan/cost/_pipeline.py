@@ -443,7 +443,8 @@ def stage_times(model: Any, assignment: Sequence[int] | np.ndarray, stage_device
     # each replica steps its shard (FSDP, and the distributed optimizer)
     shard = reps[:, None] if sharded or settings.gradient_sync == "zero1" else 1
     membw = topology.device_memory_bandwidth[d0]
-    opt = optimizer_seconds(params[:, None] / shard, model.optimizer, rate, membw)
+    opt = optimizer_seconds(params[:, None] / shard, model.optimizer, rate, membw,
+                            model.compute_precision)
     measured = optimizer_seconds_per_byte(topology, model.optimizer)  # topology measure's
     if measured.any():  # every replica steps each of its stage's tensors (or their shards)
         per_byte = measured[d0]

@@ -205,7 +205,8 @@ class StagePricer:
         d = self.devices[0]
         return np.asarray(optimizer_seconds(price.grad_bytes, self.cm.optimizer,
                                             self.cm.device_rate[d],
-                                            self.topology.device_memory_bandwidth[d]),
+                                            self.topology.device_memory_bandwidth[d],
+                                            self.cm.compute_precision),
                           dtype=np.float64)
 
     def _ring_terms(self) -> tuple[float, float]:

@@ -117,7 +117,8 @@ def dgx_cluster(preset: str | ClusterPreset, nodes: int = 1, *,
                 gpu_memory: float | str | None = None, nic_gbps: float | None = None,
                 nics: int | None = None, nvlink_bandwidth: float | None = None,
                 nvlink_latency: float = NVLINK_LATENCY, ib_latency: float = IB_LATENCY,
-                flops: float | None = None, name: str | None = None) -> Topology:
+                flops: float | None = None, name: str | None = None,
+                gpu: str | None = None) -> Topology:
     """``nodes`` GPU nodes of a :data:`CLUSTER_PRESETS` model joined by InfiniBand.
 
     Parameters
@@ -143,6 +144,11 @@ def dgx_cluster(preset: str | ClusterPreset, nodes: int = 1, *,
         fp8 and memory-bandwidth figures, as :func:`make_devices` does).
     name : str, optional
         Default ``dgx-a100-x4`` (``dgx-a100`` for one node).
+    gpu : str, optional
+        The GPU of every node, a :data:`~shardplan.topology.DEVICE_PRESETS` key (the
+        preset's: ``a100``, ``h100``, ``v100``): ``a100-40gb`` is the DGX A100 of 2020 (40 GB
+        of HBM2 at 1,555 GB/s instead of 80 GB of HBM2e at 2,039 GB/s). Its memory, peaks and
+        memory bandwidth replace the preset's; ``gpu_memory`` and ``flops`` still override.
 
     Returns
     -------
@@ -186,10 +192,13 @@ def dgx_cluster(preset: str | ClusterPreset, nodes: int = 1, *,
     names = [f"node{n}/gpu{i}" for n in range(nn) for i in range(g)]
     level = Level(name="box", groups=tuple(tuple(range(n * g, (n + 1) * g))
                                            for n in range(nn)))
-    device = DEVICE_PRESETS[p.device]
+    key = p.device if gpu is None else str(gpu).lower()
+    if key not in DEVICE_PRESETS:
+        raise ShardplanError(f"unknown gpu {gpu!r} (choose from {', '.join(DEVICE_PRESETS)})")
+    device = DEVICE_PRESETS[key]
     meta: dict[str, Any] = generator_meta(
-        p.name, nodes=nn, gpus_per_node=g, gpu_memory=mem if mem is not None else
-        device.memory_bytes, nics=count, nic_gbps=rate, nvlink_bandwidth=nv,
+        p.name, nodes=nn, gpus_per_node=g, gpu=device.name, gpu_memory=mem if mem is not None
+        else device.memory_bytes, nics=count, nic_gbps=rate, nvlink_bandwidth=nv,
         inter_bandwidth=inter, nvlink_latency=nv_lat, ib_latency=ib_lat)
     return Topology(
         name=name or (f"{p.name}-x{nn}" if nn > 1 else p.name),
@@ -203,11 +212,11 @@ def dgx_a100(nodes: int = 1, *, gpu_memory: float | str | None = None,
              nic_gbps: float | None = None, nics: int | None = None,
              nvlink_bandwidth: float | None = None, nvlink_latency: float = NVLINK_LATENCY,
              ib_latency: float = IB_LATENCY, flops: float | None = None,
-             name: str | None = None) -> Topology:
+             name: str | None = None, gpu: str | None = None) -> Topology:
     """DGX A100 nodes: 8 A100 SXM 80 GB, NVLink3 300 GB/s per direction, 8 x 200 Gb/s HDR.
 
-    The arguments are those of :func:`dgx_cluster` (``gpu_memory="40GiB"`` for the A100
-    40 GB; ``nic_gbps=400`` for NDR NICs).
+    The arguments are those of :func:`dgx_cluster` (``gpu="a100-40gb"`` for the A100
+    40 GB of 2020; ``nic_gbps=400`` for NDR NICs).
 
     Examples
     --------
@@ -217,28 +226,28 @@ def dgx_a100(nodes: int = 1, *, gpu_memory: float | str | None = None,
     """
     return dgx_cluster("dgx-a100", nodes, gpu_memory=gpu_memory, nic_gbps=nic_gbps, nics=nics,
                        nvlink_bandwidth=nvlink_bandwidth, nvlink_latency=nvlink_latency,
-                       ib_latency=ib_latency, flops=flops, name=name)
+                       ib_latency=ib_latency, flops=flops, name=name, gpu=gpu)
 
 
 def dgx_h100(nodes: int = 1, *, gpu_memory: float | str | None = None,
              nic_gbps: float | None = None, nics: int | None = None,
              nvlink_bandwidth: float | None = None, nvlink_latency: float = NVLINK_LATENCY,
              ib_latency: float = IB_LATENCY, flops: float | None = None,
-             name: str | None = None) -> Topology:
+             name: str | None = None, gpu: str | None = None) -> Topology:
     """DGX H100 nodes: 8 H100 SXM 80 GB, NVLink4 450 GB/s per direction, 8 x 400 Gb/s NDR.
 
     The arguments are those of :func:`dgx_cluster`.
     """
     return dgx_cluster("dgx-h100", nodes, gpu_memory=gpu_memory, nic_gbps=nic_gbps, nics=nics,
                        nvlink_bandwidth=nvlink_bandwidth, nvlink_latency=nvlink_latency,
-                       ib_latency=ib_latency, flops=flops, name=name)
+                       ib_latency=ib_latency, flops=flops, name=name, gpu=gpu)
 
 
 def dgx2_v100(nodes: int = 1, *, gpu_memory: float | str | None = None,
               nic_gbps: float | None = None, nics: int | None = None,
               nvlink_bandwidth: float | None = None, nvlink_latency: float = NVLINK_LATENCY,
               ib_latency: float = IB_LATENCY, flops: float | None = None,
-              name: str | None = None) -> Topology:
+              name: str | None = None, gpu: str | None = None) -> Topology:
     """DGX-2 nodes: 16 V100 SXM3 32 GB through NVSwitch (NVLink2 150 GB/s per direction),
     8 x 100 Gb/s EDR InfiniBand.
 
@@ -247,4 +256,4 @@ def dgx2_v100(nodes: int = 1, *, gpu_memory: float | str | None = None,
     return dgx_cluster("dgx2-v100", nodes, gpu_memory=gpu_memory, nic_gbps=nic_gbps,
                        nics=nics, nvlink_bandwidth=nvlink_bandwidth,
                        nvlink_latency=nvlink_latency, ib_latency=ib_latency, flops=flops,
-                       name=name)
+                       name=name, gpu=gpu)

@@ -69,6 +69,13 @@ DEVICE_PRESETS: dict[str, DevicePreset] = {
         "624 with sparsity), 19.5 TFLOP/s fp32, 2,039 GB/s HBM2e (A100 80GB SXM datasheet)",
         fp32_flops=19.5e12, memory_bandwidth=2039e9,
     ),
+    "a100-40gb": DevicePreset(
+        "a100-40gb", 40 * GIB, 312e12,
+        "NVIDIA A100 SXM4 40 GB (the DGX A100 320GB GPU, the A100 of 2020): 312 TFLOP/s "
+        "dense bf16/fp16 tensor core, 19.5 TFLOP/s fp32, 1,555 GB/s HBM2 (A100 datasheet, "
+        "40GB SXM column; the same GA100 chip and clocks as the 80 GB part, slower memory)",
+        fp32_flops=19.5e12, memory_bandwidth=1555e9,
+    ),
     "h100": DevicePreset(
         "h100", 80 * GIB, 989e12,
         "NVIDIA H100 SXM5 80 GB: 989 TFLOP/s dense bf16 tensor core (H100 datasheet lists "

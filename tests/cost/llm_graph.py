@@ -8,9 +8,10 @@ from shardplan.ir import Graph
 
 
 def gpt_graph(*, hidden: int = 64, layers: int = 4, heads: int = 4, vocab: int = 128,
-              seq: int = 32, batch: int = 2, dtype_bytes: int = 4) -> Graph:
+              seq: int = 32, batch: int = 2, dtype_bytes: int = 4, loss: bool = True) -> Graph:
     """Pre-LayerNorm GPT (GELU MLP of 4h, learned positions, biases, tied head) at ``batch``
-    sequences, fp32 bytes. Parameters: 12 l h^2 + 13 l h + V h + s h + 2 h."""
+    sequences, fp32 bytes, ending at its loss (``loss``) or at the logits, as the model
+    zoo's capture does. Parameters: 12 l h^2 + 13 l h + V h + s h + 2 h."""
     h, s, b, v_size = hidden, seq, batch, vocab
     act = b * s * h * dtype_bytes
     names, ops, mods, fwd, pb, ob = [], [], [], [], [], []
@@ -58,10 +59,10 @@ def gpt_graph(*, hidden: int = 64, layers: int = 4, heads: int = 4, vocab: int =
     norm = node("norm", "layer_norm", "norm", 5 * b * s * h, 2 * h, act)
     out = node("output", "linear", "output", 2 * b * s * h * v_size, 0,
                b * s * v_size * dtype_bytes)
-    loss = node("loss", "cross_entropy", "", 3 * b * s * v_size, 0, dtype_bytes)
     edge(x, norm)
     edge(norm, out)
-    edge(out, loss)
+    if loss:
+        edge(out, node("loss", "cross_entropy", "", 3 * b * s * v_size, 0, dtype_bytes))
     dims = {"family": "gpt", "hidden": h, "layers": layers, "heads": heads,
             "kv_heads": heads, "ffn": 4 * h, "vocab": v_size, "seq": s, "tied": True}
     return Graph.from_arrays(name="gpt-test", batch_size=b, fwd_flops=fwd, src=src, dst=dst,

@@ -258,3 +258,54 @@ def test_gather_units_count_modules_or_blocks_and_at_least_one(g):
     assert _gather_units(layout, one_block, n_params, True) == 3
     outside = np.flatnonzero(layout.block < 0)
     assert _gather_units(layout, outside, n_params, False) == 1  # no block at all
+
+
+def test_loss_over_the_logits_moves_its_counted_bytes(topo, monkeypatch):
+    """A graph that ends at the logits is charged the loss's memory-bound passes on the
+    stage holding the head: (32 + 6) bytes per logit element forward and (8 + 6) backward
+    under half precision (the casts), 32 and 8 in fp32, split by the vocabulary over TP."""
+    import shardplan.cost._llm as llm
+
+    g = gpt_graph(hidden=H, layers=L, seq=S, vocab=V, batch=B, loss=False)
+    bw = topo.devices[0].extra["memory_bandwidth"] * gpu_model(topo).memory_efficiency
+    logits = B * S * V
+    for prec, cast in (("bf16", 6.0), ("fp32", 0.0)):
+        for par in (ParallelConfig(pp=2), ParallelConfig(pp=2, tp=2)):
+            with_loss = llm_costs(g, topo, par, settings(precision=prec))
+            monkeypatch.setattr(llm, "LOSS_BYTES_FORWARD", 0.0)
+            monkeypatch.setattr(llm, "LOSS_BYTES_BACKWARD", 0.0)
+            monkeypatch.setattr(llm, "LOSS_CAST_BYTES", 0.0)
+            without = llm_costs(g, topo, par, settings(precision=prec))
+            monkeypatch.undo()
+            share = logits / par.tp / bw
+            assert with_loss.forward[0] == without.forward[0]  # the head is on the last
+            assert with_loss.forward[1] - without.forward[1] == \
+                pytest.approx((32.0 + cast) * share)
+            assert with_loss.backward[1] - without.backward[1] == \
+                pytest.approx((8.0 + cast) * share)
+
+
+def test_a_graph_with_its_own_loss_is_not_charged_twice(g):
+    """A captured loss node (a model that returns its loss) is priced as any node: no
+    logits node is charged on top; a graph ending at the logits charges its head."""
+    from shardplan.cost._llm import _logits_node
+
+    assert _logits_node(g, block_layout(g)) == -1
+    bare = gpt_graph(hidden=H, layers=L, seq=S, vocab=V, batch=B, loss=False)
+    layout = block_layout(bare)
+    assert bare.ops[-1] == "linear"
+    assert _logits_node(bare, layout) == bare.num_nodes - 1 == \
+        int(np.flatnonzero(layout.vocab)[-1])
+
+
+def test_mixed_precision_step_moves_counted_bytes(g, topo):
+    """The optimizer step: Adam's 28 bytes per parameter, plus Megatron's mixed-precision
+    passes (16 bytes in bf16, 24 in fp16 with loss-scale unscaling), at the memory rate."""
+    bw = topo.devices[0].extra["memory_bandwidth"] * gpu_model(topo).memory_efficiency
+    n = g.param_bytes.sum() / 4
+    for prec, extra in (("fp32", 0.0), ("bf16", 16.0), ("fp16", 24.0)):
+        c = llm_costs(g, topo, ParallelConfig(), settings(precision=prec))
+        assert c.optimizer_seconds[0] == pytest.approx(n * (28.0 + extra) / bw)
+    sharded = llm_costs(g, topo, ParallelConfig(dp=2), settings(precision="bf16",
+                                                                 gradient_sync="zero1"))
+    assert sharded.optimizer_seconds[0] == pytest.approx(n * 44.0 / bw / 2)

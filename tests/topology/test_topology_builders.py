@@ -14,6 +14,7 @@ from shardplan.topology import (
     DEVICE_PRESETS,
     DGX1_NVLINKS,
     build,
+    build_spec,
     dgx1,
     dgx1_link_counts,
     flat,
@@ -205,6 +206,27 @@ def test_dgx1_options() -> None:
 
 
 # --------------------------------------------------------------------------- presets
+def test_dgx_a100_of_2020_has_the_40gb_part() -> None:
+    """``gpu=a100-40gb``: the same peaks, 40 GB of HBM2 at 1,555 GB/s (the A100 datasheet's
+    40GB column), priced by the A100's kernel fractions; an unknown GPU is one clear error."""
+    from shardplan.cost._gpu import gpu_model
+
+    old = build_spec("dgx-a100,nodes=2,gpu=a100-40gb")
+    new = build_spec("dgx-a100,nodes=2")
+    assert old.devices[0].memory_bytes == 40 * 2**30 and new.devices[0].memory_bytes == \
+        80 * 2**30
+    assert old.devices[0].flops == new.devices[0].flops == 312e12
+    assert old.devices[0].extra["memory_bandwidth"] == 1555e9
+    assert new.devices[0].extra["memory_bandwidth"] == 2039e9
+    assert old.meta["generator"]["options"]["gpu"] == "a100-40gb"
+    assert np.array_equal(old.bandwidth, new.bandwidth)  # the same NVLink and NICs
+    a, b = gpu_model(old), gpu_model(new)
+    assert (a.matmul_efficiency, a.memory_efficiency, a.sms) == \
+        (b.matmul_efficiency, b.memory_efficiency, b.sms)
+    with pytest.raises(ShardplanError, match="unknown gpu 'a300'"):
+        build_spec("dgx-a100,gpu=a300")
+
+
 def test_device_presets() -> None:
     assert DEVICE_PRESETS["v100"].memory_bytes == 32 * 2**30
     assert DEVICE_PRESETS["v100"].flops == 125e12
