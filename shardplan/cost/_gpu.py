@@ -29,7 +29,9 @@ its own figures, as before.
 - **NCCL collectives** (ring algorithm, *Simple* protocol, the one large messages use): a
   latency of ``8.4 us`` plus ``3.4 us`` per ring step over NVLink and ``14 us`` per step over
   the network (NCCL's own tuning model, ``src/graph/tuning.cc``, ``baseLat`` and ``hwLat`` for
-  Ring/Simple), and a bus bandwidth of 0.81 of the link's per-direction bandwidth (nccl-tests
+  Ring/Simple; as there, a ring over ``n`` GPUs of ``m`` nodes takes ``n - 1`` steps (twice
+  for an all-reduce), ``m - 1`` of them over the network), and a bus bandwidth of 0.81 of
+  the link's per-direction bandwidth (nccl-tests
   ``all_reduce_perf`` ring on 8 x H200 over NVLink 4: 365.6 GB/s bus bandwidth of 450 GB/s,
   Bekman, *Machine Learning Engineering*, network benchmarks).
 - **Scope.** A group inside one node is one ring over NVLink. A group across ``M`` nodes with
@@ -163,17 +165,19 @@ def group_collective_seconds(topology: Topology, model: GPUModel, kind: str,
     g = int(counts.max())
     eta = model.nccl_efficiency
     t_in = t_out = 0.0
-    lat = model.nccl_base_latency
+    # NCCL's ring latency (tuning.cc): f (n - 1) steps, of which f (m - 1) cross the network
+    # and the others stay inside a node
+    steps, inter = f * (n - 1), f * (m - 1)
+    lat = model.nccl_base_latency + (steps - inter) * model.nccl_nvlink_step + \
+        inter * model.nccl_net_step
     if g > 1:
         local = dev[node == node[0]]
         b_in = _pair_bandwidth(topology, int(local[0]), int(local[1]))
         t_in = f * (g - 1) / g * nbytes / (eta * b_in)
-        lat += f * (g - 1) * model.nccl_nvlink_step
     if m > 1:
         other = dev[node != node[0]][0]
         b_out = _pair_bandwidth(topology, int(dev[0]), int(other))
         t_out = f * (m - 1) / m * (nbytes / g) / (eta * b_out)
-        lat += f * (m - 1) * model.nccl_net_step
     return lat + max(t_in, t_out)
 
 

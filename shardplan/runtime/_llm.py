@@ -333,7 +333,9 @@ def run_llm(cfg: TrainConfig, rank: int, world: int) -> RunResult:
         opt.step()
         opt.zero_grad(set_to_none=True)
         if tracker is not None:
-            tracker.__exit__(None, None, None)
+            from shardplan.runtime._llm_memory import stop_tracking
+
+            stop_tracking(tracker)
         elapsed = _time() - t0
         counted = last and coords["tp"] == 0 and coords["cp"] == 0
         part = sum(float(v) for v in losses) / m / parts if counted else 0.0

@@ -2,8 +2,9 @@
 (:class:`torch.distributed._tools.mem_tracker.MemTracker`): what the cost model's memory
 prediction of an LLM plan is checked against.
 
-:func:`start_tracking` enters a tracker around one step (the LLM runtime tracks the last step
-of a run with ``measure_memory``, so that the optimizer state exists from the step before);
+:func:`start_tracking` enters a tracker around one step and :func:`stop_tracking` leaves it
+(the LLM runtime tracks the last step of a run with ``measure_memory``, so that the optimizer
+state exists from the step before);
 :func:`peak_by_category` reads the tracker's snapshot at the step's peak. MemTracker counts
 the tensors alive on each device (through a dispatch mode and weak references), labelled by
 what they are to the tracked modules and optimizer: parameters, buffers, gradients,
@@ -20,7 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["CATEGORIES", "peak_by_category", "start_tracking"]
+__all__ = ["CATEGORIES", "peak_by_category", "start_tracking", "stop_tracking"]
 
 CATEGORIES = ("parameters", "buffers", "gradients", "optimizer", "activations", "other",
               "total")
@@ -49,11 +50,33 @@ def _step_tracker() -> Any:
 
 def start_tracking(modules: Sequence[nn.Module], optimizer: torch.optim.Optimizer) -> Any:
     """A MemTracker already entered, tracking ``modules`` and ``optimizer``; the caller
-    leaves it (``tracker.__exit__(None, None, None)``) once the step is done."""
+    leaves it with :func:`stop_tracking` once the step is done.
+
+    Python's cyclic garbage collector is paused while the step is tracked (after one full
+    collection): a collection runs when the interpreter's allocation counts cross a
+    threshold, which depends on everything each process did before, so tensors held in
+    reference cycles would be freed at different points of the step on different ranks,
+    and ranks running the same code would report different peaks. Paused, every tensor is
+    freed where its last reference goes, at the same point of the program on every rank.
+    """
+    import gc
+
     tracker = _step_tracker()
     tracker.track_external(*modules, optimizer)
+    gc.collect()
+    gc.disable()
     tracker.__enter__()
     return tracker
+
+
+def stop_tracking(tracker: Any) -> None:
+    """Leave a tracker of :func:`start_tracking` and resume garbage collection."""
+    import gc
+
+    try:
+        tracker.__exit__(None, None, None)
+    finally:
+        gc.enable()
 
 
 def peak_by_category(tracker: Any) -> dict[str, int]:

@@ -57,8 +57,12 @@ def test_across_nodes_each_gpu_uses_its_own_nic():
     full = group_collective_seconds(t, m, "allreduce", range(32), s, ids)
     out = 2 * 3 / 4 * (s / 8) / (m.nccl_efficiency * NIC)
     inside = 2 * 7 / 8 * s / (m.nccl_efficiency * NVL)
-    assert full == pytest.approx(m.nccl_base_latency + 14 * m.nccl_nvlink_step +
+    # NCCL's ring latency: 2 x 31 steps, 2 x 3 of them between nodes (tuning.cc)
+    assert full == pytest.approx(m.nccl_base_latency + (62 - 6) * m.nccl_nvlink_step +
                                  6 * m.nccl_net_step + max(out, inside))
+    gather = group_collective_seconds(t, m, "allgather", range(32), 1.0, ids)
+    assert gather == pytest.approx(m.nccl_base_latency + 28 * m.nccl_nvlink_step +
+                                   3 * m.nccl_net_step, rel=1e-6)
     # one GPU per node (a data-parallel group under TP 8): the whole tensor over one NIC
     rail = group_collective_seconds(t, m, "allreduce", [0, 8, 16, 24], s, ids)
     assert rail == pytest.approx(m.nccl_base_latency + 6 * m.nccl_net_step +
