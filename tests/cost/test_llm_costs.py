@@ -152,6 +152,46 @@ def test_bad_layouts_are_refused(g, topo):
         llm_costs(g, topo, ParallelConfig(pp=8), settings())
 
 
+def test_check_layout_refuses_exactly_at_each_boundary(g, topo):
+    """Every refusal of the one layout check, its message, and the layout just inside it."""
+    from shardplan.cost._llm import check_layout
+
+    def refused(par, st, graph=g):
+        with pytest.raises(ShardplanError) as e:
+            check_layout(graph, topo, par, st)
+        return str(e.value)
+
+    check_layout(g, topo, ParallelConfig(tp=2, dp=4), settings(microbatch_size=4))  # 8 of 8
+    assert refused(ParallelConfig(tp=3, dp=3), settings(microbatch_size=3)) == \
+        "TP 3 x DP 3 needs 9 devices, the topology has 8"
+    assert refused(ParallelConfig(tp=3), settings()) == \
+        "tensor parallelism 3 does not divide the model's 4 heads"
+    dims = dict(g.meta["transformer"], kv_heads=2)
+    gqa = g.replace(meta=dict(g.meta, transformer=dims))
+    check_layout(gqa, topo, ParallelConfig(tp=2), settings())
+    assert refused(ParallelConfig(tp=4), settings(), gqa) == \
+        "tensor parallelism 4 does not divide the model's 2 kv heads"
+    unsized = g.replace(meta=dict(g.meta, transformer=dict(dims, heads="4", kv_heads=None)))
+    check_layout(unsized, topo, ParallelConfig(tp=8), settings())  # no integer to divide
+    check_layout(g, topo, ParallelConfig(pp=4), settings())  # 4 blocks fill 4 stages
+    assert refused(ParallelConfig(pp=4, vp=2), settings()) == \
+        "4 layers cannot fill pp x vp = 8 stages"
+    check_layout(g, topo, ParallelConfig(dp=2), settings(microbatch_size=2))
+    assert refused(ParallelConfig(dp=2), settings(microbatch_size=3)) == \
+        "a micro-batch of 3 sequences does not divide over 2 data-parallel replicas"
+    # no micro-batch size: the graph's batch (2) is the micro-batch
+    assert refused(ParallelConfig(dp=4), ExecutionSettings(microbatches=4)) == \
+        "a micro-batch of 2 sequences does not divide over 4 data-parallel replicas"
+    # interleaved 1F1B: M a multiple of max(1, M // pp)
+    two = ParallelConfig(pp=2, vp=2)
+    for m in (1, 2, 3, 4, 6):
+        check_layout(g, topo, two, settings(microbatches=m))
+    assert refused(two, settings(microbatches=5)) == (
+        "interleaved 1F1B needs the micro-batches (5) to be a multiple of "
+        "max(1, M // pp) = 2")
+    check_layout(g, topo, ParallelConfig(pp=2), settings(microbatches=5))  # not interleaved
+
+
 def test_materialized_attention_keeps_and_moves_the_scores(g, topo):
     """Korthikanti et al. 2022: 5 a s^2 b bytes per layer kept for the backward (2-byte
     activations); the flash kernel keeps none."""
