@@ -124,9 +124,12 @@ def _cluster(text: str) -> Any:
 def _check_size(text: str, options: dict[str, Any], kind: str = "") -> None:
     """Refuse a builder spec whose device count (``num_devices``, the product of
     ``shape``, or a cluster preset's ``nodes`` x GPUs per node) is beyond what ``plan``
-    searches, before building it (a million devices take a minute to build). The search
-    checks every topology again."""
-    from shardplan.planner import MAX_PLAN_DEVICES
+    searches, before building it (a million devices take a minute to build): a cluster
+    preset (a compact pair model, which the LLM family prices) up to
+    :data:`~shardplan.planner.MAX_LLM_PLAN_DEVICES`, other kinds (dense per-pair matrices) up
+    to :data:`~shardplan.planner.MAX_PLAN_DEVICES`. The search checks every topology again,
+    against its families."""
+    from shardplan.planner import MAX_LLM_PLAN_DEVICES, MAX_PLAN_DEVICES
     from shardplan.topology import CLUSTER_PRESETS
 
     shape = options.get("shape")
@@ -134,11 +137,13 @@ def _check_size(text: str, options: dict[str, Any], kind: str = "") -> None:
     if isinstance(shape, tuple):
         count = math.prod(shape)
     nodes = options.get("nodes")
+    limit = MAX_PLAN_DEVICES
     if kind in CLUSTER_PRESETS and isinstance(nodes, int):
         count = nodes * CLUSTER_PRESETS[kind].gpus_per_node
-    if isinstance(count, int) and count > MAX_PLAN_DEVICES:
+        limit = MAX_LLM_PLAN_DEVICES
+    if isinstance(count, int) and count > limit:
         raise ShardplanError(f"--cluster {text!r} has {count} devices; plan searches at most "
-                             f"{MAX_PLAN_DEVICES}")
+                             f"{limit}")
 
 
 def _from_graph_file(args: argparse.Namespace) -> bool:

@@ -16,7 +16,7 @@ from shardplan.planner._families import (
     microbatch_choices,
     shape_label,
 )
-from shardplan.planner._search import MAX_PLAN_DEVICES, PlanSearch, search
+from shardplan.planner._search import MAX_LLM_PLAN_DEVICES, MAX_PLAN_DEVICES, PlanSearch, search
 
-__all__ = ["FAMILIES", "MAX_PLAN_DEVICES", "Evaluated", "PlanSearch", "Task",
-           "microbatch_choices", "search", "shape_label"]
+__all__ = ["FAMILIES", "MAX_LLM_PLAN_DEVICES", "MAX_PLAN_DEVICES", "Evaluated", "PlanSearch",
+           "Task", "microbatch_choices", "search", "shape_label"]

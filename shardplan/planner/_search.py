@@ -21,7 +21,8 @@ from shardplan.planner._families import (
     tasks_for,
 )
 
-__all__ = ["LLM_ONLY_DEVICES", "MAX_PLAN_DEVICES", "PlanSearch", "default_families", "search"]
+__all__ = ["LLM_ONLY_DEVICES", "MAX_LLM_PLAN_DEVICES", "MAX_PLAN_DEVICES", "PlanSearch",
+           "default_families", "search"]
 
 #: Most devices ``plan`` searches (4096: 64 x 64). Its families price candidates from dense
 #: per-pair views of the devices a plan uses (Parmesan's median pair latency and bandwidth,
@@ -29,6 +30,12 @@ __all__ = ["LLM_ONLY_DEVICES", "MAX_PLAN_DEVICES", "PlanSearch", "default_famili
 #: a million devices. Larger clusters are refused in one line instead of running out of
 #: memory.
 MAX_PLAN_DEVICES = 4096
+
+#: Most devices a search by the LLM family alone takes (32768: Llama 3 405B's 16,384 H100s
+#: and twice that). It prices a candidate per pipeline rank from the cluster preset's
+#: compact pair model, never from a dense per-pair matrix: Llama 3 405B on 8,192 H100s
+#: imports, captures and simulates in 7 s and 0.7 GB here.
+MAX_LLM_PLAN_DEVICES = 32768
 
 #: The share of the time limit kept for collecting and writing the result.
 _SLACK = 0.05
@@ -154,10 +161,13 @@ def search(graph: Graph, topology: Topology, *, global_batch: int | None = None,
     t0 = time.monotonic()
     if graph.num_nodes == 0:
         raise ShardplanError(f"graph {graph.name!r} has no nodes: nothing to plan")
-    if topology.num_devices > MAX_PLAN_DEVICES:
-        raise ShardplanError(f"topology {topology.name!r} has {topology.num_devices} devices; "
-                             f"plan searches at most {MAX_PLAN_DEVICES} (its candidates are "
-                             f"priced from per-pair matrices, O(devices^2) memory)")
+    llm_only = tuple(families or default_families(graph, topology)) == ("llm",)
+    if topology.num_devices > (MAX_LLM_PLAN_DEVICES if llm_only else MAX_PLAN_DEVICES):
+        raise ShardplanError(
+            f"topology {topology.name!r} has {topology.num_devices} devices; plan searches "
+            f"at most {MAX_LLM_PLAN_DEVICES} by the LLM family alone (a transformer) and "
+            f"{MAX_PLAN_DEVICES} by the others (their candidates are priced from per-pair "
+            f"matrices, O(devices^2) memory)")
     deadline = None if time_limit is None else t0 + time_limit * (1 - _SLACK)
     base = (settings or ExecutionSettings()).resolve(graph)
     batch = int(global_batch or graph.batch_size * topology.num_devices)

@@ -46,6 +46,8 @@ CASES = {
                                       "must be below"),
     "plan on a million-device torus": (lambda f: ["plan", f["g"], "--cluster",
                                                   "torus2d,shape=1000x1000"], "at most 4096"),
+    "plan on 4,097 DGX A100 nodes": (lambda f: ["plan", f["g"], "--cluster",
+                                                "dgx-a100,nodes=4097"], "at most 32768"),
     "plan --families ''": (lambda f: ["plan", f["g"], "--cluster", f["t"], "--families", ""],
                            "names no family"),
     "plan --cluster with a repeated key": (lambda f: ["plan", f["g"], "--cluster",

@@ -108,3 +108,22 @@ def test_default_families_follow_the_graph_and_the_cluster(g, topo):
     plain = Graph.from_arrays(name="mlp", fwd_flops=[1.0, 2.0], src=[0], dst=[1])
     assert "llm" not in default_families(plain, big)
     assert set(default_families(plain, topo)) == set(FAMILIES) - {"llm"}
+
+
+def test_llm_search_beyond_the_operator_graph_limit():
+    """8,192 GPUs (twice what the operator-graph families price): the LLM family alone
+    searches them from the cluster's compact pair model and returns a plan that uses every
+    GPU and fits; the other families are refused on that cluster."""
+    from shardplan.planner import MAX_PLAN_DEVICES, search
+    from shardplan.topology import build_spec
+
+    graph = gpt_graph(hidden=256, layers=16, heads=8, seq=128, vocab=512, batch=1)
+    topology = build_spec("dgx-a100,nodes=1024")
+    assert topology.num_devices == 8192 > MAX_PLAN_DEVICES
+    res = search(graph, topology, global_batch=8192, time_limit=4, workers=1)
+    best = res.ranked[0]
+    assert best.family == "llm" and best.fits
+    assert ParallelConfig.from_dict(res.winner.parallel.to_dict()).world_size == 8192
+    with pytest.raises(ShardplanError, match="at most 32768 by the LLM family alone"):
+        search(graph, topology, families=["llm", "data-parallel"], global_batch=8192,
+               time_limit=4, workers=1)

@@ -368,17 +368,25 @@ def test_the_default_worker_count_is_the_cpus_at_most_4(monkeypatch, cpus, round
 
 # ------------------------------------------------------------------------------ refusals
 def test_clusters_larger_than_the_search_prices_are_refused(monkeypatch):
-    """At most MAX_PLAN_DEVICES devices (lowered here to 4 so the test stays small): 4 are
-    searched, 5 refused in one line before any family runs."""
+    """At most MAX_PLAN_DEVICES devices for the operator-graph families and
+    MAX_LLM_PLAN_DEVICES for the LLM family alone (lowered here to 4 and 6 so the test
+    stays small): up to its limit a search runs, beyond it the search is refused in one line
+    before any family runs."""
     monkeypatch.setattr(_search, "MAX_PLAN_DEVICES", 4)
+    monkeypatch.setattr(_search, "MAX_LLM_PLAN_DEVICES", 6)
+    message = (r"^topology 'flat-{n}' has {n} devices; plan searches at most 6 by the LLM "
+               r"family alone \(a transformer\) and 4 by the others \(their candidates are "
+               r"priced from per-pair matrices, O\(devices\^2\) memory\)$")
     fake = _Fake({"uniform": [_row("uniform", 2.0)]})
     assert _search_with(monkeypatch, fake, ["uniform"], devices=4).winner is not None
-    fake = _Fake({"uniform": [_row("uniform", 2.0)]})
-    with pytest.raises(ShardplanError, match=r"^topology 'flat-5' has 5 devices; plan searches "
-                                             r"at most 4 \(its candidates are priced from "
-                                             r"per-pair matrices, O\(devices\^2\) memory\)$"):
-        _search_with(monkeypatch, fake, ["uniform"], devices=5)
+    fake = _Fake({"uniform": [_row("uniform", 2.0)], "llm": [_row("llm", 2.0)]})
+    for families in (["uniform"], ["uniform", "llm"]):
+        with pytest.raises(ShardplanError, match=message.format(n=5)):
+            _search_with(monkeypatch, fake, families, devices=5)
     assert fake.seen == []
+    assert _search_with(monkeypatch, fake, ["llm"], devices=6).winner is not None
+    with pytest.raises(ShardplanError, match=message.format(n=7)):
+        _search_with(monkeypatch, fake, ["llm"], devices=7)
 
 
 def test_an_empty_graph_is_refused(monkeypatch):
