@@ -3,7 +3,8 @@
 One place prices them for the stage-time model and the simulator: the topology's measured
 curve for the group size when it has one (``topology measure`` writes them: real libraries'
 collectives are slower than their point-to-point bandwidth suggests, gloo's by about 2x on
-this machine), else the ring algorithm over the group's slowest ring link.
+this machine), on a GPU cluster preset NCCL's time (:mod:`shardplan.cost._gpu`, as LLM plans
+price theirs), else the ring algorithm over the group's slowest ring link.
 """
 
 from __future__ import annotations
@@ -33,15 +34,20 @@ def ring_steps(kind: str, replicas: int) -> int:
 
 def measured_seconds(topology: Topology, kind: str, group_size: int,
                      nbytes: Any) -> Any:
-    """The measured curve's time for ``nbytes`` (a number or an array), or None without
-    one: linear between the measured sizes, the smallest size's time below them, and beyond
-    the largest the last segment's slope (its bandwidth) carried on; 0 for no bytes.
-    O(log points) per value."""
+    """A group size's collective time in closed form, for ``nbytes`` (a number or an
+    array), or None (then the ring over the group's links prices it): the measured curve's
+    time (linear between the measured sizes, the smallest size's time below them, and
+    beyond the largest the last segment's slope, its bandwidth, carried on); without a
+    curve, on a GPU cluster preset, NCCL's
+    (:func:`~shardplan.cost._gpu.cluster_collective_seconds`, the group packed onto whole
+    nodes). 0 for no bytes. O(log points) per value."""
     curve = topology.collective_curve(kind, group_size)
     if curve is None and kind == "reducescatter":
         curve = topology.collective_curve("allgather", group_size)  # the same traffic
     if curve is None:
-        return None
+        from shardplan.cost._gpu import cluster_collective_seconds
+
+        return cluster_collective_seconds(topology, kind, group_size, nbytes)
     return curve_seconds(curve, nbytes)
 
 

@@ -49,8 +49,9 @@ import numpy as np
 
 from shardplan.ir import Topology
 
-__all__ = ["GEMM_TILE", "GPU_MODELS", "GPUModel", "gpu_model", "group_collective_seconds",
-           "node_ids", "p2p_seconds", "wave_efficiency"]
+__all__ = ["GEMM_TILE", "GPU_MODELS", "GPUModel", "cluster_collective_seconds", "gpu_model",
+           "group_collective_seconds", "nccl_terms", "node_ids", "p2p_seconds",
+           "wave_efficiency"]
 
 #: The output tile (rows, columns) of a large half-precision GEMM in cuBLAS (NVIDIA, Matrix
 #: Multiplication Background User's Guide, section 2.3; its wave example uses it on A100).
@@ -150,21 +151,23 @@ def _pair_bandwidth(topology: Topology, a: int, b: int) -> float:
     return float(topology.bandwidth[a, b])
 
 
-def group_collective_seconds(topology: Topology, model: GPUModel, kind: str,
-                             devices: Any, nbytes: float, nodes: np.ndarray) -> float:
-    """Seconds of NCCL's ``kind`` (``allreduce``, ``allgather``, ``reducescatter``) of
-    ``nbytes`` (the whole tensor) over ``devices`` (module docstring's scope rule). O(R)."""
+def nccl_terms(topology: Topology, model: GPUModel, kind: str, devices: Any,
+               nodes: np.ndarray) -> tuple[float, float]:
+    """``(latency, seconds per byte)`` of NCCL's ``kind`` (``allreduce``, ``allgather``,
+    ``reducescatter``) over ``devices`` (module docstring's scope rule): a collective of
+    ``S`` bytes (the whole tensor) takes ``latency + S x seconds per byte``. ``(0, 0)`` for
+    one device. O(R)."""
     dev = np.asarray(devices, dtype=np.int64).reshape(-1)
     n = dev.size
-    if n <= 1 or nbytes <= 0:
-        return 0.0
+    if n <= 1:
+        return 0.0, 0.0
     f = 2.0 if kind == "allreduce" else 1.0
     node = nodes[dev]
     uniq, counts = np.unique(node, return_counts=True)
     m = uniq.size
     g = int(counts.max())
     eta = model.nccl_efficiency
-    t_in = t_out = 0.0
+    k_in = k_out = 0.0
     # NCCL's ring latency (tuning.cc): f (n - 1) steps, of which f (m - 1) cross the network
     # and the others stay inside a node
     steps, inter = f * (n - 1), f * (m - 1)
@@ -173,12 +176,48 @@ def group_collective_seconds(topology: Topology, model: GPUModel, kind: str,
     if g > 1:
         local = dev[node == node[0]]
         b_in = _pair_bandwidth(topology, int(local[0]), int(local[1]))
-        t_in = f * (g - 1) / g * nbytes / (eta * b_in)
+        k_in = f * (g - 1) / g / (eta * b_in)
     if m > 1:
         other = dev[node != node[0]][0]
         b_out = _pair_bandwidth(topology, int(dev[0]), int(other))
-        t_out = f * (m - 1) / m * (nbytes / g) / (eta * b_out)
-    return lat + max(t_in, t_out)
+        k_out = f * (m - 1) / m / g / (eta * b_out)
+    return lat, max(k_in, k_out)
+
+
+def group_collective_seconds(topology: Topology, model: GPUModel, kind: str,
+                             devices: Any, nbytes: float, nodes: np.ndarray) -> float:
+    """Seconds of NCCL's ``kind`` of ``nbytes`` (the whole tensor) over ``devices``
+    (:func:`nccl_terms`); 0 for one device or no bytes. O(R)."""
+    if nbytes <= 0:
+        return 0.0
+    lat, per_byte = nccl_terms(topology, model, kind, devices, nodes)
+    return lat + nbytes * per_byte
+
+
+def cluster_collective_seconds(topology: Topology, kind: str, group_size: int,
+                               nbytes: Any) -> Any:
+    """The collective of a group of ``group_size`` GPUs of a GPU cluster preset
+    (``dgx-a100``, ``dgx-h100``, ``dgx2-v100``) by the NCCL rule, the group packed onto
+    whole nodes (its GPUs consecutive: what data parallelism and a stage's replicas use);
+    None on any other topology. Elementwise over ``nbytes`` (0 where there are none).
+
+    The price the plan kinds that do not name their groups' devices (a stage's replicas)
+    read, through :func:`~shardplan.cost._collectives.measured_seconds`, in place of one
+    ring over the group's slowest link: that ring crosses each node boundary through one
+    GPU's NIC, where NCCL stripes a step over every NIC of the node. O(R)."""
+    from shardplan.topology._clusters import CLUSTER_PRESETS
+
+    gen = topology.meta.get("generator") if isinstance(topology.meta, dict) else None
+    if not isinstance(gen, dict) or gen.get("kind") not in CLUSTER_PRESETS:
+        return None
+    model = gpu_model(topology)
+    r = int(group_size)
+    if model is None or not 1 <= r <= topology.num_devices:
+        return None
+    lat, per_byte = nccl_terms(topology, model, kind, np.arange(r), node_ids(topology))
+    b = np.asarray(nbytes, dtype=np.float64)
+    out = np.where((b > 0) & (r > 1), lat + b * per_byte, 0.0)
+    return float(out) if out.ndim == 0 else out
 
 
 def p2p_seconds(topology: Topology, model: GPUModel | None, a: int, b: int,

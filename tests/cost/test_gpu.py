@@ -122,3 +122,39 @@ def test_waves_of_column_and_row_parallel_products(tp):
     # 2048 x 3648 outputs: 8 x 29 = 232 tiles, 3 waves of 108 where 2.15 would do
     if tp == 1:
         assert wf[qkv] == pytest.approx(232 / 324)
+
+
+def test_cluster_presets_price_every_plan_kinds_collectives_by_nccl():
+    """On a GPU cluster preset the collectives of the plan kinds that price groups by size
+    (data parallelism, a stage's replicas) follow the NCCL rule of LLM plans, the group
+    packed onto whole nodes; a hand-built topology of the same GPUs keeps the ring."""
+    import numpy as np
+
+    from shardplan.cost._collectives import measured_seconds, ring_collectives
+    from shardplan.cost._formulas import ring_allreduce_seconds
+    from shardplan.cost._links import inverse_bandwidth
+    from shardplan.topology import build_spec
+
+    t = build_spec("dgx-a100,nodes=2")
+    m, ids, s = GPU_MODELS["a100"], node_ids(t), 1e9
+    for kind in ("allreduce", "allgather", "reducescatter"):
+        for r in (2, 8, 12, 16):
+            want = group_collective_seconds(t, m, kind, range(r), s, ids)
+            assert collective_seconds(t, kind, list(range(r)), s) == pytest.approx(want)
+            assert measured_seconds(t, kind, r, s) == pytest.approx(want)
+    packed = group_collective_seconds(t, m, "allreduce", [0, 1], s, ids)
+    assert collective_seconds(t, "allreduce", [0, 8], s) == pytest.approx(packed)
+    rows = ring_collectives(t, "allreduce", np.arange(16).reshape(2, 8),
+                            np.array([s, 2 * s]), inverse_bandwidth(t))
+    one = group_collective_seconds(t, m, "allreduce", range(8), s, ids)
+    two = group_collective_seconds(t, m, "allreduce", range(8), 2 * s, ids)
+    assert rows.tolist() == pytest.approx([one, two])
+    assert measured_seconds(t, "allreduce", 16, np.array([0.0, s])).tolist() == \
+        pytest.approx([0.0, collective_seconds(t, "allreduce", list(range(16)), s)])
+    assert measured_seconds(t, "allreduce", 1, s) == 0.0
+    # one ring over the node boundary is ~10x the NCCL rule, and a hand-built topology of
+    # the same A100s (not a preset) keeps it
+    ring = float(ring_allreduce_seconds(16, s, 5e-6, 1 / NIC))
+    assert collective_seconds(t, "allreduce", list(range(16)), s) * 9 < ring
+    assert collective_seconds(a100(2), "allreduce", list(range(16)), s) == pytest.approx(ring)
+    assert measured_seconds(a100(2), "allreduce", 16, s) is None
