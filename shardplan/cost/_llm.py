@@ -20,7 +20,9 @@ or a user's) is priced the same way:
   core (the nodes of the attention region that hold no parameters). A graph that ends at the
   logits is charged the loss's memory-bound passes over them (:data:`LOSS_BYTES_FORWARD`);
   the optimizer step is :func:`~shardplan.cost._formulas.optimizer_seconds` at the plan's
-  precision.
+  precision. Under FSDP (``shard_unit`` ``block``, torch's ``fully_shard``) its copies out of
+  the all-gather buffer and into the reduce-scatter buffer (:data:`FSDP_COPY_OUT`) are
+  memory-bound compute of every forward and backward.
 - **Tensor-parallel communication.** Each split region all-reduces its outputs in the forward
   (the row-parallel product's partial sums) and the gradients of its inputs in the backward
   (the column-parallel product's), one collective per distinct tensor crossing the region's
@@ -109,6 +111,13 @@ SCORE_BYTES_KEPT = 5.0
 #: exponential (4 + 4), its sum (4), dividing by the sum (4 + 4): 32. Backward: the softmax
 #: scaled by the loss's gradient in place (4 + 4): 8. Half-precision logits add the cast to
 #: fp32 (2 read + 4 written) and its backward (4 + 2): :data:`LOSS_CAST_BYTES` each way.
+#: torch FSDP2 (``fully_shard``, the FSDP of torchtitan and of shardplan's runtime) copies
+#: every all-gathered block out of its flat buffer into the parameters
+#: (``split_with_sizes_copy`` in ``torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py``:
+#: each byte read and written, this many times the parameter bytes per gather) and the
+#: gradients into the reduce-scatter buffer (``chunk_cat``: read at the parameters' precision,
+#: written at the gradients'), on the compute stream.
+FSDP_COPY_OUT = 2.0
 LOSS_BYTES_FORWARD = 32.0
 LOSS_BYTES_BACKWARD = 8.0
 LOSS_CAST_BYTES = 6.0
@@ -552,6 +561,14 @@ def llm_costs(graph: Graph, topology: Topology, parallel: ParallelConfig,
         else:
             gather = np.array([collective("allgather", dp_group, float(p * w_bytes))
                                for p in p_dev])
+    if fsdp and d > 1 and not module_unit:
+        # torch FSDP2's copies on the compute stream: each gather's copy-out of the block
+        # from the flat all-gather buffer (its bytes read and written), forward and
+        # backward, and the gradients' copy-in to the reduce-scatter buffer, once
+        copy_out = FSDP_COPY_OUT * w_bytes * p_dev / bw
+        copy_in = (w_bytes + g_bytes) * p_dev / bw
+        forward = forward + copy_out
+        backward = backward + copy_out + copy_in / settings.microbatches
 
     # optimizer step per pipeline rank, over its (sharded) parameters
     rank_params = np.zeros(pp)

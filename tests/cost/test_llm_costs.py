@@ -349,3 +349,28 @@ def test_mixed_precision_step_moves_counted_bytes(g, topo):
     sharded = llm_costs(g, topo, ParallelConfig(dp=2), settings(precision="bf16",
                                                                  gradient_sync="zero1"))
     assert sharded.optimizer_seconds[0] == pytest.approx(n * 44.0 / bw / 2)
+
+
+def test_fsdp2_copies_its_blocks_out_and_its_gradients_in(g, topo):
+    """torch FSDP2 (``shard_unit`` ``block``): every forward and backward copies the stage's
+    gathered parameters out of the flat buffer (2 x their bytes), and each backward adds its
+    share of the gradients' copy-in (parameter + gradient bytes) over the micro-batches;
+    DeepSpeed's module unit and plain data parallelism copy nothing."""
+    import dataclasses
+
+    from shardplan.cost._llm import FSDP_COPY_OUT
+
+    bw = topo.devices[0].extra["memory_bandwidth"] * gpu_model(topo).memory_efficiency
+    w, gb, _ = precision_bytes("bf16")
+    st = settings(precision="bf16", microbatch_size=4)
+    par = ParallelConfig(pp=2, dp_shard=2)
+    block = llm_costs(g, topo, par, st)
+    module = llm_costs(g, topo, par, dataclasses.replace(st, shard_unit="module"))
+    plain = llm_costs(g, topo, ParallelConfig(pp=2, dp=2), st)
+    assert module.forward.tolist() == pytest.approx(plain.forward.tolist())
+    layout = block_layout(g)
+    p = np.array([g.param_bytes[nodes].sum() / 4 for nodes in stage_nodes(layout, par)])
+    out = FSDP_COPY_OUT * w * p / bw
+    assert (block.forward - module.forward).tolist() == pytest.approx(out.tolist())
+    assert (block.backward - module.backward).tolist() == \
+        pytest.approx((out + (w + gb) * p / bw / st.microbatches).tolist())
