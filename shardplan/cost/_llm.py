@@ -104,13 +104,6 @@ SCORE_BYTES_BACKWARD = 19.0
 #: Bytes per score element kept for the backward: softmax output (2), dropout mask (1) and
 #: dropout output (2), Korthikanti et al. 2022's 5 a s^2 b.
 SCORE_BYTES_KEPT = 5.0
-#: Bytes moved per logit element by the training loss when the captured graph ends at the
-#: logits (it holds no loss node), counted from Megatron-LM's vocabulary-parallel cross
-#: entropy on fp32 logits (``tensor_parallel/cross_entropy.py``, called on
-#: ``output.float()``). Forward: the maximum (4 read), subtracting it (4 + 4), the
-#: exponential (4 + 4), its sum (4), dividing by the sum (4 + 4): 32. Backward: the softmax
-#: scaled by the loss's gradient in place (4 + 4): 8. Half-precision logits add the cast to
-#: fp32 (2 read + 4 written) and its backward (4 + 2): :data:`LOSS_CAST_BYTES` each way.
 #: torch FSDP2 (``fully_shard``, the FSDP of torchtitan and of shardplan's runtime) copies
 #: every all-gathered block out of its flat buffer into the parameters
 #: (``split_with_sizes_copy`` in ``torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py``:
@@ -118,6 +111,13 @@ SCORE_BYTES_KEPT = 5.0
 #: gradients into the reduce-scatter buffer (``chunk_cat``: read at the parameters' precision,
 #: written at the gradients'), on the compute stream.
 FSDP_COPY_OUT = 2.0
+#: Bytes moved per logit element by the training loss when the captured graph ends at the
+#: logits (it holds no loss node), counted from Megatron-LM's vocabulary-parallel cross
+#: entropy on fp32 logits (``tensor_parallel/cross_entropy.py``, called on
+#: ``output.float()``). Forward: the maximum (4 read), subtracting it (4 + 4), the
+#: exponential (4 + 4), its sum (4), dividing by the sum (4 + 4): 32. Backward: the softmax
+#: scaled by the loss's gradient in place (4 + 4): 8. Half-precision logits add the cast to
+#: fp32 (2 read + 4 written) and its backward (4 + 2): :data:`LOSS_CAST_BYTES` each way.
 LOSS_BYTES_FORWARD = 32.0
 LOSS_BYTES_BACKWARD = 8.0
 LOSS_CAST_BYTES = 6.0
