@@ -42,6 +42,7 @@ its own figures, as before.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -207,8 +208,8 @@ def cluster_collective_seconds(topology: Topology, kind: str, group_size: int,
     GPU's NIC, where NCCL stripes a step over every NIC of the node. O(R)."""
     from shardplan.topology._clusters import CLUSTER_PRESETS
 
-    gen = topology.meta.get("generator") if isinstance(topology.meta, dict) else None
-    if not isinstance(gen, dict) or gen.get("kind") not in CLUSTER_PRESETS:
+    gen = topology.meta.get("generator")
+    if not isinstance(gen, Mapping) or gen.get("kind") not in CLUSTER_PRESETS:
         return None
     model = gpu_model(topology)
     r = int(group_size)

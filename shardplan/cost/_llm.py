@@ -48,6 +48,7 @@ parameters are rescaled to the plan's precision.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -327,8 +328,8 @@ def check_layout(graph: Graph, topology: Topology, parallel: ParallelConfig,
     if parallel.world_size > topology.num_devices:
         raise ShardplanError(f"{parallel.label()} needs {parallel.world_size} devices, the "
                              f"topology has {topology.num_devices}")
-    dims = graph.meta.get("transformer") if isinstance(graph.meta, dict) else None
-    if isinstance(dims, dict):
+    dims = graph.meta.get("transformer")
+    if isinstance(dims, Mapping):
         for key in ("heads", "kv_heads"):
             h = dims.get(key)
             if isinstance(h, int) and h % parallel.tp:

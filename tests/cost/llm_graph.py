@@ -8,10 +8,13 @@ from shardplan.ir import Graph
 
 
 def gpt_graph(*, hidden: int = 64, layers: int = 4, heads: int = 4, vocab: int = 128,
-              seq: int = 32, batch: int = 2, dtype_bytes: int = 4, loss: bool = True) -> Graph:
+              seq: int = 32, batch: int = 2, dtype_bytes: int = 4, loss: bool = True,
+              head: str = "output", after_head: tuple[tuple[str, str], ...] = ()) -> Graph:
     """Pre-LayerNorm GPT (GELU MLP of 4h, learned positions, biases, tied head) at ``batch``
     sequences, fp32 bytes, ending at its loss (``loss``) or at the logits, as the model
-    zoo's capture does. Parameters: 12 l h^2 + 13 l h + V h + s h + 2 h."""
+    zoo's capture does. ``head`` names the output head's module; ``after_head`` chains
+    elementwise ``(op, module)`` nodes on the logits before the loss (a logit bias, a
+    soft cap). Parameters: 12 l h^2 + 13 l h + V h + s h + 2 h."""
     h, s, b, v_size = hidden, seq, batch, vocab
     act = b * s * h * dtype_bytes
     names, ops, mods, fwd, pb, ob = [], [], [], [], [], []
@@ -57,10 +60,15 @@ def gpt_graph(*, hidden: int = 64, layers: int = 4, heads: int = 4, vocab: int =
             edge(a, c)
         x = a2
     norm = node("norm", "layer_norm", "norm", 5 * b * s * h, 2 * h, act)
-    out = node("output", "linear", "output", 2 * b * s * h * v_size, 0,
+    out = node("output", "linear", head, 2 * b * s * h * v_size, 0,
                b * s * v_size * dtype_bytes)
     edge(x, norm)
     edge(norm, out)
+    for op, mod in after_head:
+        nxt = node(f"{mod or 'logits'}.{op}", op, mod, b * s * v_size, 0,
+                   b * s * v_size * dtype_bytes)
+        edge(out, nxt)
+        out = nxt
     if loss:
         edge(out, node("loss", "cross_entropy", "", 3 * b * s * v_size, 0, dtype_bytes))
     dims = {"family": "gpt", "hidden": h, "layers": layers, "heads": heads,

@@ -158,3 +158,52 @@ def test_cluster_presets_price_every_plan_kinds_collectives_by_nccl():
     assert collective_seconds(t, "allreduce", list(range(16)), s) * 9 < ring
     assert collective_seconds(a100(2), "allreduce", list(range(16)), s) == pytest.approx(ring)
     assert measured_seconds(a100(2), "allreduce", 16, s) is None
+
+
+def test_nccl_terms_by_scope_exactly():
+    """``(latency, seconds per byte)`` of NCCL's rule: nothing for one device; inside a
+    node the NVLink ring; one GPU on each of two nodes the NIC alone; device ids of any
+    shape or number type."""
+    import numpy as np
+
+    from shardplan.cost._gpu import nccl_terms
+
+    t = a100(2)
+    m, ids = GPU_MODELS["a100"], node_ids(t)
+    eta = m.nccl_efficiency
+    assert nccl_terms(t, m, "allreduce", [3], ids) == (0.0, 0.0)
+    pair = nccl_terms(t, m, "allgather", np.array([[0.0], [1.0]]), ids)
+    assert pair == pytest.approx((m.nccl_base_latency + m.nccl_nvlink_step,
+                                  1 / 2 / (eta * NVL)))
+    rail = nccl_terms(t, m, "allreduce", [0, 8], ids)
+    assert rail == pytest.approx((m.nccl_base_latency + 2 * m.nccl_net_step,
+                                  2 * 1 / 2 / (eta * NIC)))
+    mixed = nccl_terms(t, m, "reducescatter", [0, 8, 1, 9], ids)
+    assert mixed == pytest.approx((m.nccl_base_latency + 2 * m.nccl_nvlink_step +
+                                   m.nccl_net_step,
+                                   max(1 / 2 / (eta * NVL), 1 / 2 / 2 / (eta * NIC))))
+    assert group_collective_seconds(t, m, "allreduce", [0, 8], 0.0, ids) == 0.0
+    assert group_collective_seconds(t, m, "allreduce", [0, 8], 1e6, ids) == \
+        pytest.approx(rail[0] + 1e6 * rail[1])
+
+
+def test_cluster_collectives_only_for_groups_the_cluster_holds():
+    """The preset's NCCL rule prices groups of 2..D GPUs, fractional byte counts too; a
+    group larger than the cluster, or a topology that is not a preset, gets None."""
+    import numpy as np
+
+    from shardplan.cost._gpu import cluster_collective_seconds
+    from shardplan.topology import build_spec
+
+    t = build_spec("dgx-a100,nodes=2")
+    m, ids = GPU_MODELS["a100"], node_ids(t)
+    lat, k = m.nccl_base_latency + 2 * 15 * m.nccl_nvlink_step - 2 * m.nccl_nvlink_step + \
+        2 * m.nccl_net_step, None
+    got = cluster_collective_seconds(t, "allreduce", 16, np.array([0.0, 0.5, 2.0]))
+    one = group_collective_seconds(t, m, "allreduce", range(16), 1.0, ids)
+    k = one - lat
+    assert got.tolist() == pytest.approx([0.0, lat + 0.5 * k, lat + 2.0 * k])
+    assert cluster_collective_seconds(t, "allreduce", 1, 1e6) == 0.0
+    assert cluster_collective_seconds(t, "allreduce", 17, 1e6) is None
+    assert cluster_collective_seconds(t, "allreduce", 0, 1e6) is None
+    assert cluster_collective_seconds(a100(2), "allreduce", 16, 1e6) is None

@@ -338,6 +338,24 @@ def test_a_graph_with_its_own_loss_is_not_charged_twice(g):
         int(np.flatnonzero(layout.vocab)[-1])
 
 
+def test_the_logits_are_the_last_vocabulary_node_after_the_blocks():
+    """A logit bias in the head's module moves the loss to it; a soft cap outside the
+    vocabulary modules (tanh on the logits) does not; a model without a vocabulary head
+    charges no loss."""
+    from shardplan.cost._llm import _logits_node
+
+    def logits(**kw):
+        graph = gpt_graph(hidden=H, layers=L, seq=S, vocab=V, batch=B, loss=False, **kw)
+        node = _logits_node(graph, block_layout(graph))
+        return node if node < 0 else graph.names[node]
+
+    assert logits() == "output"
+    assert logits(after_head=(("add", "output"),)) == "output.add"
+    assert logits(after_head=(("tanh", ""),)) == "output"
+    assert logits(after_head=(("add", "output"), ("tanh", ""))) == "output.add"
+    assert logits(head="classifier") == -1
+
+
 def test_mixed_precision_step_moves_counted_bytes(g, topo):
     """The optimizer step: Adam's 28 bytes per parameter, plus Megatron's mixed-precision
     passes (16 bytes in bf16, 24 in fp16 with loss-scale unscaling), at the memory rate."""
