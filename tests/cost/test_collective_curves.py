@@ -54,3 +54,24 @@ def test_arrays_and_scalars() -> None:
     assert isinstance(out, np.ndarray) and out.tolist() == pytest.approx([0.0, 2.0, 5.0])
     one = curve_seconds(c, 15)
     assert isinstance(one, float) and one == pytest.approx(2.0)
+
+
+def test_a_reduce_scatter_without_its_curve_takes_the_all_gathers() -> None:
+    """measured_seconds: a kind's own curve for that group size; a reduce-scatter measured
+    only as an all-gather (the same traffic) takes the all-gather's curve; nothing else
+    borrows another kind's or another size's curve."""
+    from shardplan.cost._collectives import measured_seconds
+    from shardplan.topology import flat
+
+    base = flat(4)
+    t = base.replace(meta=dict(base.meta, collectives={
+        "allgather": {"4": [[10.0, 1.0], [20.0, 2.0]]},
+        "allreduce": {"4": [[10.0, 5.0], [20.0, 6.0]]},
+        "reducescatter": {"2": [[10.0, 7.0], [20.0, 9.0]]}}))
+    assert measured_seconds(t, "allgather", 4, 15.0) == pytest.approx(1.5)
+    assert measured_seconds(t, "reducescatter", 4, 15.0) == pytest.approx(1.5)
+    assert measured_seconds(t, "reducescatter", 2, 15.0) == pytest.approx(8.0)
+    assert measured_seconds(t, "allreduce", 4, 15.0) == pytest.approx(5.5)
+    assert measured_seconds(t, "allreduce", 2, 15.0) is None
+    assert measured_seconds(t, "allgather", 2, 15.0) is None
+    assert measured_seconds(base, "reducescatter", 4, 15.0) is None
