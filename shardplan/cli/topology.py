@@ -43,7 +43,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "random-blk-2": ("devices", "bandwidth", "latency", "seed", "block_size",
                      "super_block_size"),
     "uniform-dist": ("devices", "bandwidth", "latency", "seed"),
-    **{k: ("nodes", "gpu_memory", "nic_gbps", "nics") for k in CLUSTERS},
+    **{k: ("nodes", "gpu", "gpu_memory", "nic_gbps", "nics") for k in CLUSTERS},
     "measure": ("nproc", "backend", "timeout", "sizes", "repeats", "collectives",
                 "collective_sizes"),
 }
@@ -57,7 +57,7 @@ _OPTION_FLAGS = {
     "nvlink_bandwidth": "--nvlink-bandwidth", "pcie_bandwidth": "--pcie-bandwidth",
     "seed": "--seed", "block_size": "--block-size", "super_block_size": "--super-block-size",
     "nproc": "--nproc", "backend": "--backend", "timeout": "--timeout", "sizes": "--sizes",
-    "repeats": "--repeats", "nodes": "--nodes", "gpu_memory": "--gpu-memory",
+    "repeats": "--repeats", "nodes": "--nodes", "gpu": "--gpu", "gpu_memory": "--gpu-memory",
     "nic_gbps": "--nic-gbps", "nics": "--nics",
 }
 
@@ -89,6 +89,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--boxes", type=positive_int, metavar="N", help="dgx1: boxes of 8 GPUs")
     g.add_argument("--nodes", type=positive_int, metavar="N",
                    help="dgx-a100, dgx-h100 (8 GPUs each), dgx2-v100 (16): nodes (default 1)")
+    g.add_argument("--gpu", metavar="TYPE",
+                   help="dgx-*: the GPU of every node, a device preset (dgx-a100: a100, or "
+                        "a100-40gb for the 40 GB A100 of 2020)")
     g.add_argument("--gpu-memory", metavar="BYTES",
                    help="dgx-*: memory of every GPU, bytes or with a unit (40GiB)")
     g.add_argument("--nic-gbps", type=positive_float, metavar="GBPS",
@@ -175,7 +178,7 @@ def options_for(args: argparse.Namespace) -> dict[str, Any]:
     if args.device_type is not None:
         if kind in CLUSTERS:
             raise ShardplanError(f"topology {kind} sets its GPU type; --device-type does not "
-                                 f"apply")
+                                 f"apply (--gpu chooses another part of its kind)")
         opts["device"] = args.device_type
     for key in ("memory_bytes", "flops", "name"):
         if getattr(args, key) is not None:

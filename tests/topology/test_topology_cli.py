@@ -141,6 +141,11 @@ def test_cluster_kinds_by_comma_spec_and_flags(tmp_path) -> None:
     assert _run(["topology", "dgx2-v100", "--nodes", "2", "--memory-bytes", str(16 * 2**30),
                  "-o", str(out)]) == 0
     assert load_topology(out).device_memory[0] == 16 * 2**30
+    for argv in (["dgx-a100", "--gpu", "a100-40gb"], ["dgx-a100,gpu=a100-40gb"]):
+        assert _run(["topology", *argv, "-o", str(out)]) == 0
+        d = load_topology(out).devices[0]
+        assert d.extra["type"] == "a100-40gb" and d.memory_bytes == 40 * 2**30
+        assert d.extra["memory_bandwidth"] == 1555e9
 
 
 @pytest.mark.parametrize("argv, message", [
