@@ -911,3 +911,32 @@ def test_a_hybrid_maps_its_pipeline_unless_it_is_one_device(reg, sim, monkeypatc
     assert not err and rows
     assert [c[0] for c in fake.calls] == ["partition", "map"][:1 + mapped]
     assert {r.mapping for r in rows} == {"optimal" if mapped else "consecutive"}
+
+
+def test_variants_go_on_past_what_they_leave_out(monkeypatch) -> None:
+    """A schedule that cannot run, a count that is not whole rounds and a variant the
+    simulator refuses each leave out that one: the schedules, counts and syncs after them
+    are still simulated."""
+    fake = _Sim(raise_at={1: ShardplanError("refused")})
+    monkeypatch.setattr(_families, "_simulate", fake)
+    ctx = _ctx(batch=24)
+    ctx.schedules = ("interleaved-1f1b", "gpipe")
+    rows = _families._variants(ctx, _plan([1, 1]), family="f", mapping="m", searched=0.0,
+                               syncs=("end", "bucketed"), microbatches=(2,))
+    assert _variants(rows) == [("gpipe", 2, "end"), ("gpipe", 2, "bucketed")]
+    assert [r.fits for r in rows] == [False, True]
+    rows = _families._variants(ctx, _plan([1, 1, 1, 1]), family="f", mapping="m",
+                               searched=0.0, schedules=("interleaved-1f1b",),
+                               microbatches=(5, 6))
+    assert _variants(rows) == [("interleaved-1f1b", 6, "end")]
+
+
+def test_a_plan_the_runtime_cannot_run_is_simulated_at_every_count(sim) -> None:
+    """Not runnable: its replicas need no even share, so 1, 2 and 4 micro-batches of 4
+    samples are all tried (a runnable plan of 2 replicas would leave out 4)."""
+    ctx = _ctx(batch=4)
+    rows = _families._variants(ctx, _plan([2]), family="f", mapping="m", searched=0.0,
+                               runnable=False)
+    assert [r.microbatches for r in rows] == [1, 2, 4]
+    rows = _families._variants(ctx, _plan([2]), family="f", mapping="m", searched=0.0)
+    assert [r.microbatches for r in rows] == [1, 2]
