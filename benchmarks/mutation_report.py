@@ -257,6 +257,53 @@ _same('`range(1, len(parts) + 2)`: the list gets the whole path twice at its end
       'repeated last item never changes.',
       *(f"shardplan.export._layers.x__prefixes__mutmut_{i}" for i in (12,)))
 
+_same('the data-parallel plan\'s `status="feasible"` left out: "feasible" is Plan\'s '
+      'default status.',
+      *(f"shardplan.planner._families.x__data_parallel__mutmut_{i}" for i in (14,)))
+
+_same('PaSE\'s rows simulated under other `schedules` (None: the context\'s; dropped; '
+      '"XXgpipeXX", "GPIPE"): a PaSE plan is one stage, and `_variants` simulates a '
+      'one-stage plan under GPipe alone whatever schedules it is handed.',
+      *(f"shardplan.planner._families.x__pase__mutmut_{i}" for i in (47, 55, 63, 64)))
+
+_same('`np.asarray(..., dtype=None)` or without dtype for `dtype=np.float64` in '
+      'sharding_inputs: the node seconds the cost model returns and a Topology\'s latency '
+      'matrix are float64 arrays already.',
+      *(f"shardplan.planner._families.x_sharding_inputs__mutmut_{i}" for i in (13, 15, 47, 49)))
+
+_same('`np.fill_diagonal(cost, None)` or `(cost, 1.0)` for `0.0`: the Topology built from '
+      'the matrix (dataclasses.replace runs its __post_init__) sets every diagonal entry to '
+      '0.0 itself (ir.topology._matrix), and checks finiteness off the diagonal only.',
+      *(f"shardplan.planner._families.x_sharding_inputs__mutmut_{i}" for i in (56, 59)))
+
+_same('the settings handed to sharding_inputs keep the base schedule (`schedule=None` '
+      'or left out) instead of "gpipe": sharding_inputs reads only the cost model\'s node '
+      'seconds, edge bytes and inverse bandwidth, and the cost model never reads the '
+      'schedule.',
+      *(f"shardplan.planner._families.x__sharding__mutmut_{i}" for i in (37, 40)))
+
+_same('`Objective("iteration_seconds", secs, )`: the lower bound left out is None, '
+      'Objective\'s default, as passed.',
+      *(f"shardplan.planner._families.x__stage_choice__mutmut_{i}" for i in (88,)))
+
+_same('`m // (s / 2)` for `m // (s // 2)` in the interleaved rounds test: the line runs '
+      'only for an even s (an odd one `continue`s just before), so s / 2 is the whole '
+      'number s // 2 as a float, and m % max(1, m // (s / 2)) is the same number as a '
+      'float, zero exactly when the original is.',
+      *(f"shardplan.planner._families.x__variants__mutmut_{i}" for i in (67,)))
+
+_same('another family name (None, "XXparmesanXX", "PARMESAN") in the Task the hybrid '
+      'hands _partition: _partition reads the task\'s stages, replicas and budget, never '
+      'its family (the algorithm is its own argument, "parmesan").',
+      *(f"shardplan.planner._families.x__hybrid__mutmut_{i}" for i in (17, 25, 26)))
+
+_same('another default for the hybrid plan\'s `meta["hybrid"]` or its '
+      '`"timed_out_stages"` (None, or none given): every plan reaching the line has both, '
+      'since hybrid_plan always writes `meta["hybrid"] = {..., "timed_out_stages": cut}` '
+      'and _stage_choice returns PaSE\'s plan or one whose meta extends it; and a None '
+      'list of stages cut short would read as false as the empty one does.',
+      *(f"shardplan.planner._families.x__hybrid__mutmut_{i}" for i in (129, 131, 133, 135)))
+
 #: mutmut's exit codes (``mutmut.stats.status_by_exit_code``) grouped for the report.
 KILLED = {1, 3, 36, -24, 24, 152, 255, -11, -9}  # failed, internal error, timeout, crash
 SURVIVED = {0}
