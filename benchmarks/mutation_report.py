@@ -47,6 +47,25 @@ PACKAGES = tuple(TARGETS)
 #: Survivors that no test can kill: the mutant computes the same function. Mutant name ->
 #: why. Every entry was checked by reading the mutant's diff (``mutmut show NAME``).
 EQUIVALENT: dict[str, str] = {
+    "shardplan.cost._gpu.x_nccl_terms__mutmut_2":
+        "`.reshape(None)` for `.reshape(-1)`: the ids keep their shape, and every later use "
+        "(`size`, `np.unique`, boolean masks, indexing a mask's result) treats a 2-d array "
+        "of ids as the flat one (the tests pass lists, ranges and a 2-d array).",
+    "shardplan.cost._gpu.x_nccl_terms__mutmut_8":
+        "`.reshape(-2)` for `.reshape(-1)`: numpy takes any negative size as the one "
+        "unknown dimension, so both flatten.",
+    "shardplan.cost._gpu.x_nccl_terms__mutmut_52":
+        "`node == node[1]` for `node == node[0]`: the GPUs of the second listed device's node "
+        "instead of the first's; every node of a topology with levels has the same NVLink "
+        "pair bandwidth (the pair models build nodes alike), so b_in is the same.",
+    "shardplan.cost._gpu.x_cluster_collective_seconds__mutmut_36":
+        "`dtype=None` for `dtype=np.float64`: integer byte counts stay integers, and "
+        "`b > 0` and `lat + b * per_byte` (a float) come out the same.",
+    "shardplan.cost._gpu.x_cluster_collective_seconds__mutmut_38":
+        "the dtype argument dropped: as mutant 36.",
+    "shardplan.cost._gpu.x_cluster_collective_seconds__mutmut_49":
+        "`r >= 1` for `r > 1`: a group of one GPU has nccl_terms (0, 0), so "
+        "`lat + b * per_byte` is the 0 the original writes.",
     "shardplan.partition.brute_force.x_imbalance_lower_bound__mutmut_7":
         "`level = None` for `-np.inf`: the initial level is overwritten by the loop's first "
         "pass whenever there is a component, and never read when there is none (the final "
