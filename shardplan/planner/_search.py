@@ -161,8 +161,8 @@ def search(graph: Graph, topology: Topology, *, global_batch: int | None = None,
     t0 = time.monotonic()
     if graph.num_nodes == 0:
         raise ShardplanError(f"graph {graph.name!r} has no nodes: nothing to plan")
-    llm_only = tuple(families or default_families(graph, topology)) == ("llm",)
-    if topology.num_devices > (MAX_LLM_PLAN_DEVICES if llm_only else MAX_PLAN_DEVICES):
+    chosen = list(families or default_families(graph, topology))
+    if topology.num_devices > (MAX_LLM_PLAN_DEVICES if chosen == ["llm"] else MAX_PLAN_DEVICES):
         raise ShardplanError(
             f"topology {topology.name!r} has {topology.num_devices} devices; plan searches "
             f"at most {MAX_LLM_PLAN_DEVICES} by the LLM family alone (a transformer) and "
@@ -177,7 +177,7 @@ def search(graph: Graph, topology: Topology, *, global_batch: int | None = None,
     schedules = (fixed["schedule"],) if fixed.get("schedule") else \
         ("gpipe", "1f1b", "interleaved-1f1b")
     ctx = Context(graph, topology, batch, base, seed, schedules, fixed, tuple(include))
-    tasks = tasks_for(ctx, list(families or default_families(graph, topology)))
+    tasks = tasks_for(ctx, chosen)
     n_workers = max(1, min(workers or min(os.cpu_count() or 1, 4), len(tasks)))
     share = TASK_SECONDS
     if time_limit is not None:  # every task's searches get an equal share of the limit
