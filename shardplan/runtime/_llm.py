@@ -24,14 +24,15 @@ stages, then, each in its own step:
    ``n_heads / tp`` query heads and ``n_kv_heads / tp`` key/value heads (the attention's
    ``view(..., -1, head_dim)`` finds them; integer head counts on the attention module are
    divided too). The embedding is split by the vocabulary (row-wise, its output all-reduced)
-   and so is the output head (column-wise, its logits all-gathered: every tensor-parallel
-   rank computes the plain cross-entropy on whole logits; torchtitan's ``loss_parallel`` on
-   vocabulary-split logits is not used). Norms are replicated; with ``sequence_parallel``
-   (Megatron's sequence parallelism, torchtitan's layout) they run on sequence shards, the
-   embedding reduce-scatters its output, the attention and the MLP all-gather the sequence
-   at their input and their row-wise projections reduce-scatter it, and the output head
-   gathers the sequence before its vocabulary split. The sequence length must divide by
-   ``tp``.
+   and so is the output head (column-wise, its logits left split by the vocabulary: the loss
+   runs under torch's ``loss_parallel``, torchtitan's choice and the computation of
+   Megatron-LM's vocabulary-parallel cross entropy, so that no rank gathers the whole
+   logits and the run is the one the cost model prices). Norms are replicated; with
+   ``sequence_parallel`` (Megatron's sequence parallelism, torchtitan's layout) they run on
+   sequence shards, the embedding reduce-scatters its output, the attention and the MLP
+   all-gather the sequence at their input and their row-wise projections reduce-scatter
+   it, and the output head gathers the sequence before its vocabulary split. The sequence
+   length must divide by ``tp``.
 3. **Activation recomputation** (``recompute``): every block's forward runs under
    :func:`torch.utils.checkpoint.checkpoint` (non-reentrant), the block's names unchanged.
 4. **FSDP2** (:func:`torch.distributed.fsdp.fully_shard`) over ``dp_shard``, per block and
@@ -217,7 +218,8 @@ def _apply_tensor_parallel(stage: nn.Module, tp_mesh: Any, tp: int,
         if sp:
             parallelize_module(stage.norm, tp_mesh, SequenceParallel())
         parallelize_module(stage.output, tp_mesh, ColwiseParallel(
-            input_layouts=Shard(1) if sp else Replicate(), output_layouts=Replicate()))
+            input_layouts=Shard(1) if sp else Replicate(), output_layouts=Shard(-1),
+            use_local_output=False))
     for block in stage.layers.values():
         attention = block.attention
         for name in _HEAD_COUNTS:
@@ -316,18 +318,19 @@ def run_llm(cfg: TrainConfig, rank: int, world: int) -> RunResult:
             tracker = start_tracking(stages, opt)
         t0 = _time()
         losses: list[torch.Tensor] = []
-        if schedule is None:
-            for j in range(m):
-                loss = loss_fn(stages[0](*xs[j]), ys[j])
-                (loss / m).backward()
-                losses.append(loss.detach())
-        else:
-            kw: dict[str, Any] = {}
-            if first:
-                kw["arg_mbs"] = xs
-            if last:
-                kw["target_mbs"] = ys
-            schedule.step(losses=losses, return_outputs=False, **kw)
+        with _loss_context(pc.tp):
+            if schedule is None:
+                for j in range(m):
+                    loss = loss_fn(stages[0](*xs[j]), ys[j])
+                    (loss / m).backward()
+                    losses.append(loss.detach())
+            else:
+                kw: dict[str, Any] = {}
+                if first:
+                    kw["arg_mbs"] = xs
+                if last:
+                    kw["target_mbs"] = ys
+                schedule.step(losses=losses, return_outputs=False, **kw)
         if dp_group is not None:
             _all_reduce_mean(params, dp_group, pc.dp)
         opt.step()
@@ -338,7 +341,7 @@ def run_llm(cfg: TrainConfig, rank: int, world: int) -> RunResult:
             stop_tracking(tracker)
         elapsed = _time() - t0
         counted = last and coords["tp"] == 0 and coords["cp"] == 0
-        part = sum(float(v) for v in losses) / m / parts if counted else 0.0
+        part = sum(_scalar(v) for v in losses) / m / parts if counted else 0.0
         _report(result, part, elapsed)
     if tracker is not None:
         from shardplan.runtime._llm_memory import peak_by_category
@@ -349,6 +352,26 @@ def run_llm(cfg: TrainConfig, rank: int, world: int) -> RunResult:
     if cfg.return_params:
         result.params = _gather_params(stages, rank)
     return result
+
+
+def _loss_context(tp: int) -> Any:
+    """torch's ``loss_parallel`` under tensor parallelism (the cross-entropy of logits split
+    by the vocabulary, forward and backward, as Megatron-LM's vocabulary-parallel cross
+    entropy computes it: no rank gathers the whole logits); a null context otherwise."""
+    import contextlib
+
+    if tp == 1:
+        return contextlib.nullcontext()
+    from torch.distributed.tensor.parallel import loss_parallel
+
+    return loss_parallel()
+
+
+def _scalar(loss: torch.Tensor) -> float:
+    """A micro-batch's loss as a float (under ``loss_parallel`` a replicated DTensor)."""
+    from torch.distributed.tensor import DTensor
+
+    return float(loss.to_local() if isinstance(loss, DTensor) else loss)
 
 
 def _make_optimizer(cfg: TrainConfig, params: Sequence[nn.Parameter]) -> torch.optim.Optimizer:

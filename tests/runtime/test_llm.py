@@ -152,17 +152,18 @@ def _model_bytes() -> dict[str, int]:
 def check_memory(memory: list[dict[str, int]], tp: int) -> None:
     """Peak bytes by category of every rank of a ``tp``-way run with Adam: parameters and
     optimizer state exactly the model's share, categories adding up to the total, and the
-    tensor-parallel ranks alike. gloo frees a collective's buffers when its worker thread
-    finishes the work, asynchronously to the step, so the ranks' activation peaks may differ
-    by such buffers (seen: one vocabulary-split logits tensor, 32 KB of 695 KB, without
-    sequence parallelism; 16% and 20% with it): activations agree within a quarter, every
-    other category exactly."""
+    tensor-parallel ranks alike: every category exactly but the activations, within 1%.
+    gloo frees a collective's buffers when its worker thread finishes the work,
+    asynchronously to the step; a buffer as large as a logits shard, freed late on one rank,
+    made the ranks' peaks differ by up to a fifth while the head all-gathered the logits
+    (now the loss runs on them split, ``loss_parallel``). Small statistics tensors of the
+    loss may still be freed late (seen: 248 bytes)."""
     size = _model_bytes()
     mine = size["all"] - size["split"] + size["split"] // tp
     assert len(memory) == tp
     exact = ("parameters", "buffers", "gradients", "optimizer", "other")
     acts = [m["activations"] for m in memory]
-    assert max(acts) - min(acts) <= 0.25 * min(acts)
+    assert max(acts) - min(acts) <= 0.01 * min(acts)
     for m in memory:
         assert {k: m[k] for k in exact} == {k: memory[0][k] for k in exact}
         assert m["parameters"] == mine
@@ -194,7 +195,7 @@ def test_tensor_parallel_two_processes() -> None:
     check_memory(plain, 2)
     check_memory(sp, 2)
     # sequence parallelism keeps the norms' activations and the residual stream split
-    assert min(r["activations"] for r in sp) < min(r["activations"] for r in plain)
+    assert max(r["activations"] for r in sp) < min(r["activations"] for r in plain)
 
 
 @pytest.mark.multiprocess
