@@ -242,6 +242,11 @@ SETTING_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
         "type": positive_int, "metavar": "K",
         "help": "with --recompute full, checkpoint every K-th transformer block only "
                 "(torchtitan's selective_ac_option K; default 1: every block)"}),
+    "grad_reduce": ("--grad-reduce", {
+        "choices": ("param", "fp32"),
+        "help": "LLM plans: the precision gradients are reduced in (param, default: the "
+                "parameters'; fp32: Megatron's fp32 gradient accumulation, FSDP2's fp32 "
+                "reduce_dtype)"}),
     "shard_unit": ("--shard-unit", {
         "choices": ("block", "module"),
         "help": "LLM plans under FSDP: what is gathered at a time (block, default: one "

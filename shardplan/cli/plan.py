@@ -262,6 +262,7 @@ def _training_settings(settings: Any) -> Any:
                              gradient_sync=settings.gradient_sync, attention=settings.attention,
                              tp_comm_overlap=settings.tp_comm_overlap,
                              shard_unit=settings.shard_unit,
+                             grad_reduce=settings.grad_reduce,
                              efficiency=settings.efficiency, overlap=settings.overlap)
 
 

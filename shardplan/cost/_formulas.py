@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["MIXED_PRECISION_STEP_BYTES", "OPTIMIZER_FLOPS", "OPTIMIZER_STATE",
+__all__ = ["GRAD_CAST_BYTES", "MIXED_PRECISION_STEP_BYTES", "OPTIMIZER_FLOPS", "OPTIMIZER_STATE",
            "OPTIMIZER_STEP_TEMPORARY", "message_seconds",
            "optimizer_seconds", "ring_allreduce_seconds", "stage_memory", "sync_shards",
            "work_seconds"]
@@ -102,15 +102,22 @@ OPTIMIZER_BYTES: Mapping[str, float] = {"sgd": 12.0, "sgd-momentum": 20.0, "mome
 #: written, ``_amp_foreach_non_finite_check_and_unscale_``). fp32 training has none.
 MIXED_PRECISION_STEP_BYTES: Mapping[str, float] = {"fp32": 0.0, "bf16": 16.0, "fp8": 16.0,
                                                    "fp16": 24.0}
+#: The part of :data:`MIXED_PRECISION_STEP_BYTES` that copies half-precision gradients to
+#: fp32 (2 read + 4 written): gradients already accumulated in fp32 (Megatron-LM's
+#: ``main_grad`` buffer under ``--accumulate-allreduce-grads-in-fp32``, FSDP2's fp32
+#: ``reduce_dtype``) are used as they are (``main_grad.float()`` is the same tensor).
+GRAD_CAST_BYTES = 6.0
 
 
 def optimizer_seconds(param_bytes: Any, optimizer: str, rate: Any,
-                      bandwidth: Any = np.inf, precision: str = "fp32") -> Any:
+                      bandwidth: Any = np.inf, precision: str = "fp32",
+                      fp32_grads: bool = False) -> Any:
     """Seconds of the optimizer step over ``param_bytes`` of parameters by a roofline: the
     larger of :data:`OPTIMIZER_FLOPS` per parameter at ``rate`` FLOP/s and
     :data:`OPTIMIZER_BYTES` per parameter at the device's memory ``bandwidth`` (bytes/s;
     ``inf``: not known, FLOPs alone), plus under a half ``precision`` the passes of the
-    mixed-precision step (:data:`MIXED_PRECISION_STEP_BYTES`) at that bandwidth. The update
+    mixed-precision step (:data:`MIXED_PRECISION_STEP_BYTES`, less :data:`GRAD_CAST_BYTES`
+    with ``fp32_grads``: gradients kept in fp32) at that bandwidth. The update
     is elementwise, so on most devices memory bound: on this machine's CPU an Adam step over
     1.85 M parameters takes 5.2 ms, 24x its FLOP time at 1e11 FLOP/s
     (``benchmarks/calibration.py``). Broadcasts. O(size).
@@ -121,12 +128,16 @@ def optimizer_seconds(param_bytes: Any, optimizer: str, rate: Any,
     0.028
     >>> float(optimizer_seconds(4e9, "adam", 1e15, 1e12, precision="bf16"))  # + 16 bytes
     0.044
+    >>> float(optimizer_seconds(4e9, "adam", 1e15, 1e12, "bf16", fp32_grads=True))  # + 10
+    0.038
     """
     n = np.asarray(param_bytes) / _OPT_PARAM_BYTES
     bw = np.asarray(bandwidth)
+    step = MIXED_PRECISION_STEP_BYTES[precision]
+    if fp32_grads and step > 0:
+        step -= GRAD_CAST_BYTES
     return np.maximum(n * OPTIMIZER_FLOPS[optimizer] / rate,
-                      n * OPTIMIZER_BYTES[optimizer] / bw) + \
-        n * MIXED_PRECISION_STEP_BYTES[precision] / bw
+                      n * OPTIMIZER_BYTES[optimizer] / bw) + n * step / bw
 
 
 def sync_shards(gradient_sync: str, replicas: Any) -> tuple[Any, Any]:

@@ -380,6 +380,9 @@ def llm_costs(graph: Graph, topology: Topology, parallel: ParallelConfig,
     overlap_tp = settings.tp_comm_overlap
     attention = settings.attention
     w_bytes, g_bytes, master_bytes = precision_bytes(precision)
+    fp32_grads = settings.grad_reduce == "fp32" and precision != "fp32"
+    if fp32_grads:  # accumulated, reduced and held in fp32 (ExecutionSettings.grad_reduce)
+        g_bytes = 4
     dtype_bytes = float(graph.meta.get("dtype_bytes", 4)) if isinstance(graph.meta, dict) \
         else 4.0
     act_scale = _ACT_BYTES[precision] / dtype_bytes
@@ -577,7 +580,7 @@ def llm_costs(graph: Graph, topology: Topology, parallel: ParallelConfig,
         rank_params[j % pp] += p_dev[j]
     opt_share = d if (fsdp or zero1) else 1
     opt = np.asarray(optimizer_seconds(rank_params / opt_share * 4.0, settings.optimizer,
-                                       fp32, bw, precision), dtype=np.float64)
+                                       fp32, bw, precision, fp32_grads), dtype=np.float64)
 
     # memory per pipeline rank
     in_flight = _in_flight(parallel, settings)
@@ -629,10 +632,15 @@ def llm_costs(graph: Graph, topology: Topology, parallel: ParallelConfig,
                                   ("params", "gradients", "master", "optimizer", "activations",
                                    "gathered")}
     shard = parallel.dp_shard if parallel.dp_shard > 1 else (d if gs == "sharded" else 1)
+    # torch FSDP2 under mixed precision (MixedPrecisionPolicy): the sharded parameters are the
+    # fp32 ones the optimizer steps, cast to half precision as they are all-gathered, and
+    # their gradients are fp32 whatever the reduce_dtype; no half-precision shard is kept
+    fsdp2_mixed = shard > 1 and settings.shard_unit == "block" and master_bytes > 0
     for j in range(s_count):
         r = j % pp
-        mem["params"][r] += p_dev[j] * w_bytes / shard
-        mem["gradients"][r] += p_dev[j] * g_bytes / shard
+        if not fsdp2_mixed:
+            mem["params"][r] += p_dev[j] * w_bytes / shard
+        mem["gradients"][r] += p_dev[j] * (4 if fsdp2_mixed else g_bytes) / shard
         opt_div = shard if shard > 1 else (d if zero1 else 1)
         mem["master"][r] += p_dev[j] * master_bytes / opt_div
         mem["optimizer"][r] += p_dev[j] * state / opt_div

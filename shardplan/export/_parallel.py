@@ -142,6 +142,13 @@ def megatron_parallel(plan: Plan, graph: Graph, topology: Topology,
                      f"{settings.recompute_every}-th block: written as every block")
     if optimizer not in ("adam", "adamw", "sgd"):
         notes.append(f"Megatron-LM's optimizers are adam and sgd: {optimizer} written as sgd")
+    grad_reduce = _setting(plan, settings, "grad_reduce")
+    if precision == "fp16" and grad_reduce == "fp32":
+        args.append("--accumulate-allreduce-grads-in-fp32")
+    elif precision in ("bf16", "fp8") and grad_reduce == "param" and \
+            settings.shard_unit != "module":
+        notes.append("Megatron-LM accumulates and reduces bf16 gradients in fp32: the plan's "
+                     "half-precision gradient reduction is written as fp32")
     args += ["--optimizer", "adam" if optimizer in ("adam", "adamw") else "sgd"]
     out = {"format": EXPORT_FORMAT, "to": "megatron", "graph": plan.graph,
            "parallel": par.to_dict(), "world_size": par.world_size,
@@ -211,6 +218,10 @@ def torchtitan_parallel(plan: Plan, graph: Graph, topology: Topology,
     precision = _setting(plan, settings, "precision")
     training: dict[str, Any] = {"local_batch_size": local, "global_batch_size": glob,
                                 "mixed_precision_param": _TT_PRECISION[precision]}
+    if par.dp_shard > 1:  # FSDP's reduce_dtype (torchtitan's default float32)
+        fp32_grads = _setting(plan, settings, "grad_reduce") == "fp32"
+        training["mixed_precision_reduce"] = "float32" if fp32_grads or precision == "fp32" \
+            else _TT_PRECISION[precision]
     from shardplan.export._frameworks import _seq_len
 
     imported = plan.meta.get("imported_from") or {}

@@ -310,7 +310,7 @@ def execution_of(parallel: ParallelConfig, *, micro_batch_size: int, global_batc
                  recompute: str = "none", gradient_sync: str = "end",
                  sequence_parallel: bool = False, tp_comm_overlap: bool = False,
                  optimizer: str = "adam", shard_unit: str = "block",
-                 recompute_every: int = 1) -> dict[str, Any]:
+                 recompute_every: int = 1, grad_reduce: str = "param") -> dict[str, Any]:
     """The :attr:`RunConfig.execution` of a run: the plan's micro-batch (``micro_batch_size
     x dp x dp_shard``, shared by the data-parallel ranks) and its count, the schedule
     (``interleaved-1f1b`` when ``vp > 1``, else ``schedule`` or ``1f1b``) and the training
@@ -325,4 +325,5 @@ def execution_of(parallel: ParallelConfig, *, micro_batch_size: int, global_batc
             "recompute": recompute, "gradient_sync": gradient_sync,
             "sequence_parallel": bool(sequence_parallel),
             "tp_comm_overlap": bool(tp_comm_overlap), "optimizer": optimizer,
-            "shard_unit": shard_unit, "recompute_every": recompute_every}
+            "shard_unit": shard_unit, "recompute_every": recompute_every,
+            "grad_reduce": grad_reduce}

@@ -39,7 +39,9 @@ What is read:
   ``--zero-stage 0|1|2|3`` (3: ``sharded`` with ``shard_unit`` ``module``, DeepSpeed gathering
   each sub-module on its own; 1 and 2: ``zero1``; its JSON config is not read) and the
   older ``--checkpoint-activations`` (full recompute),
-  ``--overlap-param-gather``, ``--tp-comm-overlap``, ``--optimizer adam|sgd``.
+  ``--overlap-param-gather``, ``--tp-comm-overlap``, ``--optimizer adam|sgd``;
+  ``--accumulate-allreduce-grads-in-fp32`` (``grad_reduce`` ``fp32``; Megatron-LM turns it on
+  with ``--bf16``, so bf16 and fp8 runs have it too, unless DeepSpeed runs the step).
 
 Anything else in :data:`IGNORED_FLAGS` / :data:`IGNORED_VALUES` (paths, logging, learning
 rates, dropout, kernels' fusion switches) is skipped silently; an argument in no table may
@@ -67,6 +69,7 @@ _READ_SWITCHES = frozenset({
     "--use-distributed-optimizer", "--use-torch-fsdp2", "--use-megatron-fsdp",
     "--use-custom-fsdp", "--overlap-grad-reduce", "--overlap-param-gather", "--tp-comm-overlap",
     "--deepspeed", "--no-pipeline-parallel", "--checkpoint-activations",
+    "--accumulate-allreduce-grads-in-fp32",
 })
 _READ_VALUES = frozenset({
     "--num-layers", "--hidden-size", "--num-attention-heads", "--num-query-groups",
@@ -475,12 +478,17 @@ def parse_megatron(text: str, *, num_gpus: int | None = None, cluster: str | Non
     if optimizer not in ("adam", "sgd"):
         raise ShardplanError(f"--optimizer is adam or sgd, got {optimizer!r}")
     per_chunk = max(parallel.layers_per_stage(model.num_layers))
+    # Megatron-LM's arguments.py: bf16 "requires gradient accumulation and all-reduce to be
+    # performed in fp32" (DeepSpeed's engine, when it runs the step, keeps its own)
+    fp32_grads = precision != "fp32" and "--deepspeed" not in args and (
+        precision in ("bf16", "fp8") or "--accumulate-allreduce-grads-in-fp32" in args)
     execution = execution_of(parallel, micro_batch_size=micro, global_batch=glob,
                              precision=precision,
                              recompute=_recompute(args, per_chunk, notes),
                              gradient_sync=sync, sequence_parallel=seq_par,
                              tp_comm_overlap="--tp-comm-overlap" in args, optimizer=optimizer,
-                             shard_unit=shard_unit)
+                             shard_unit=shard_unit,
+                             grad_reduce="fp32" if fp32_grads else "param")
     return RunConfig(model=model, cluster=cluster, num_gpus=num_gpus, parallel=parallel,
                      micro_batch_size=micro, global_batch=glob, execution=execution,
                      notes=tuple(notes), source="megatron")

@@ -15,7 +15,9 @@ What is read:
 - ``[training] local_batch_size`` (older ``batch_size``): samples per data-parallel rank and
   step of gradient accumulation; ``global_batch_size`` (-1: local x data-parallel degree; a
   multiple of it accumulates gradients); ``seq_len``; ``mixed_precision_param`` (bfloat16:
-  ``bf16``, float16: ``fp16``, float32: ``fp32``).
+  ``bf16``, float16: ``fp16``, float32: ``fp32``); ``mixed_precision_reduce`` (FSDP's
+  ``reduce_dtype``; float32, torchtitan's default: ``grad_reduce`` ``fp32`` when the
+  parameters are sharded in half precision; the parameters' own precision: ``param``).
 - ``[parallelism] data_parallel_replicate_degree`` (``dp``), ``data_parallel_shard_degree``
   (``dp_shard``; -1: the GPUs the other degrees leave), ``tensor_parallel_degree``,
   ``pipeline_parallel_degree`` with ``pipeline_parallel_schedule`` (1F1B, GPipe,
@@ -55,7 +57,8 @@ __all__ = ["IGNORED", "READ", "parse_torchtitan_flags", "parse_torchtitan_toml",
 READ: dict[str, frozenset[str]] = {
     "model": frozenset({"name", "flavor", "converters"}),
     "training": frozenset({"batch_size", "local_batch_size", "global_batch_size", "seq_len",
-                           "mixed_precision_param", "num_tokens_per_microbatch_per_dp_rank",
+                           "mixed_precision_param", "mixed_precision_reduce",
+                           "num_tokens_per_microbatch_per_dp_rank",
                            "num_tokens_per_train_step"}),
     "parallelism": frozenset({
         "data_parallel_replicate_degree", "data_parallel_shard_degree",
@@ -74,7 +77,7 @@ IGNORED: dict[str, frozenset[str]] = {
                                      "memory_estimation", "debug")},
     "model": frozenset({"tokenizer_path", "hf_assets_path", "print_after_conversion"}),
     "training": frozenset({"steps", "max_norm", "dataset", "dataset_path", "warmup_steps",
-                           "mixed_precision_reduce", "seed", "deterministic", "gc_freq",
+                           "seed", "deterministic", "gc_freq",
                            "dataloader"}),
     "optimizer": frozenset({"lr", "eps", "weight_decay", "beta1", "beta2", "implementation",
                             "min_lr_factor"}),
@@ -306,6 +309,10 @@ def run_of_torchtitan(sections: Mapping[str, Mapping[str, Any]], *,
         raise ShardplanError(f"unknown mixed_precision_param {param!r} (choose from "
                              f"{', '.join(_PRECISION)})")
     precision = _PRECISION[param]
+    reduce = str(train.get("mixed_precision_reduce", "float32"))
+    if reduce not in ("float32", param):
+        raise ShardplanError(f"mixed_precision_reduce is float32 or the parameters' "
+                             f"{param}, got {reduce!r}")
     converters = sections.get("model", {}).get("converters", [])
     converters = [converters] if isinstance(converters, str) else list(converters)
     if "float8" in converters or sections.get("float8", {}).get("enable_float8_linear"):
@@ -322,7 +329,9 @@ def run_of_torchtitan(sections: Mapping[str, Mapping[str, Any]], *,
                      recompute_every=_recompute_every(sections),
                              sequence_parallel=seq_par,
                              tp_comm_overlap=bool(par_s.get("enable_async_tensor_parallel")),
-                             optimizer=optimizer)
+                             optimizer=optimizer,
+                             grad_reduce="fp32" if shard > 1 and reduce == "float32" and
+                             precision != "fp32" else "param")
     return RunConfig(model=model, cluster=cluster, num_gpus=num_gpus, parallel=parallel,
                      micro_batch_size=micro, global_batch=glob, execution=execution,
                      notes=tuple(notes), source="torchtitan")

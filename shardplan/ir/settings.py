@@ -30,7 +30,8 @@ import numpy as np
 
 from shardplan.errors import InvalidFileError, ShardplanError
 
-__all__ = ["ATTENTION_KERNELS", "DDP_BUCKET_BYTES", "GRADIENT_SYNCS", "LEGACY_SETTING_KEYS",
+__all__ = ["ATTENTION_KERNELS", "DDP_BUCKET_BYTES", "GRADIENT_SYNCS", "GRAD_REDUCES",
+           "LEGACY_SETTING_KEYS",
            "OPTIMIZERS", "PRECISIONS", "RECOMPUTES", "SCHEDULES", "SHARD_UNITS",
            "ExecutionSettings"]
 
@@ -41,6 +42,7 @@ GRADIENT_SYNCS = ("end", "bucketed", "sharded", "zero1")
 PRECISIONS = ("fp32", "bf16", "fp16", "fp8")
 RECOMPUTES = ("none", "selective", "op", "full")
 SHARD_UNITS = ("block", "module")
+GRAD_REDUCES = ("param", "fp32")
 DDP_BUCKET_BYTES = 25 * 2**20  # torch DistributedDataParallel's default bucket_cap_mb
 
 # Keys older plans kept among their algorithm options (before the ``execution`` field).
@@ -164,6 +166,15 @@ class ExecutionSettings:
         matrix (FlashAttention; torch's scaled_dot_product_attention, torchtitan, current
         Megatron-LM); ``materialized`` writes the scores to memory and keeps them for the
         backward (Megatron-LM's fused scale-mask-softmax kernels of 2020-2022).
+    grad_reduce : {"param", "fp32"}
+        The precision gradients are accumulated and reduced over the data-parallel ranks in,
+        for the LLM plan kind: ``param`` (default) -- the parameters' (half under mixed
+        precision); ``fp32`` -- fp32 gradients beside half-precision parameters: Megatron-LM's
+        ``--accumulate-allreduce-grads-in-fp32`` (which ``--bf16`` turns on), torch FSDP2's
+        ``reduce_dtype=torch.float32`` (torchtitan's ``mixed_precision_reduce = "float32"``,
+        its default). Their all-reduce or reduce-scatter moves 4 bytes per parameter, they
+        are held in 4 bytes, and the optimizer step has no half-to-fp32 gradient copy. No
+        effect under fp32 training.
     recompute_every : int
         With ``recompute`` ``full``: checkpoint every k-th transformer block only (the k-th,
         2k-th, ... of the model; torchtitan's ``selective_ac_option = "k"``), the others
@@ -194,6 +205,7 @@ class ExecutionSettings:
     attention: str = "flash"
     shard_unit: str = "block"
     recompute_every: int = 1
+    grad_reduce: str = "param"
 
     def __post_init__(self) -> None:
         if self.microbatch_size is not None:
@@ -219,6 +231,9 @@ class ExecutionSettings:
         if self.shard_unit not in SHARD_UNITS:
             raise ShardplanError(f"unknown shard unit {self.shard_unit!r} (choose from "
                                  f"{', '.join(SHARD_UNITS)})")
+        if self.grad_reduce not in GRAD_REDUCES:
+            raise ShardplanError(f"unknown gradient reduction precision {self.grad_reduce!r} "
+                                 f"(choose from {', '.join(GRAD_REDUCES)})")
         if self.schedule not in SCHEDULES:
             raise ShardplanError(f"unknown schedule {self.schedule!r} (choose from "
                                  f"{', '.join(SCHEDULES)})")

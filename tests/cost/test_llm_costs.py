@@ -229,8 +229,12 @@ def test_deepspeed_module_unit_holds_a_module_and_buckets_not_two_blocks(g, topo
     largest = 4 * H * H + 4 * H  # the MLP's first product, the largest module here
     live = max(largest, min(largest + ZERO3_PREFETCH_PARAMS, ZERO3_MAX_LIVE_PARAMS))
     assert module.memory["gathered"][0] == pytest.approx(2 * live + 2 * ZERO3_REDUCE_BUCKET)
-    # everything else is the same
-    for key in ("params", "gradients", "master", "optimizer", "activations"):
+    # DeepSpeed keeps a half-precision parameter shard and half-precision gradients; FSDP2
+    # steps its fp32 shards (no half copy kept) and holds fp32 gradients: the same bytes
+    p = g.param_bytes.sum() / 4 / 8
+    assert (module.memory["params"][0], block.memory["params"][0]) == (2 * p, 0)
+    assert (module.memory["gradients"][0], block.memory["gradients"][0]) == (2 * p, 4 * p)
+    for key in ("master", "optimizer", "activations"):
         assert module.memory[key][0] == pytest.approx(block.memory[key][0])
     # one gather per parameterized module, each with its latency: more units, more seconds
     n_param_nodes = int(np.count_nonzero(g.param_bytes > 0))
@@ -392,3 +396,41 @@ def test_fsdp2_copies_its_blocks_out_and_its_gradients_in(g, topo):
     assert (block.forward - module.forward).tolist() == pytest.approx(out.tolist())
     assert (block.backward - module.backward).tolist() == \
         pytest.approx((out + (w + gb) * p / bw / st.microbatches).tolist())
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_fp32_gradient_reduction(g, topo, precision):
+    """``grad_reduce`` ``fp32`` (Megatron's fp32 gradient accumulation, FSDP2's fp32
+    reduce_dtype): 4-byte gradients reduced and held (FSDP2 holds them so anyway), FSDP2's
+    gradient copy-in writes 4 bytes, and the step skips the half-to-fp32 copy (6 bytes per
+    parameter); nothing else moves. fp32 training is the same either way."""
+    import dataclasses
+
+    from shardplan.cost._formulas import GRAD_CAST_BYTES
+
+    bw = topo.devices[0].extra["memory_bandwidth"] * gpu_model(topo).memory_efficiency
+    n = g.param_bytes.sum() / 4
+    for par in (ParallelConfig(dp=4), ParallelConfig(dp_shard=4),
+                ParallelConfig(dp=2)):
+        st = settings(precision=precision, microbatch_size=8)
+        half = llm_costs(g, topo, par, st)
+        full = llm_costs(g, topo, par, dataclasses.replace(st, grad_reduce="fp32"))
+        assert full.grad_bytes.tolist() == pytest.approx((2 * half.grad_bytes).tolist())
+        # FSDP2's sharded gradients are fp32 either way (those of its fp32 shards)
+        assert full.memory["gradients"].tolist() == pytest.approx(
+            (half.memory["gradients"] * (1 if par.dp_shard > 1 else 2)).tolist())
+        assert full.grad_sync_seconds[0] > half.grad_sync_seconds[0]
+        for k in ("params", "master", "optimizer", "activations", "gathered", "buffers"):
+            assert full.memory[k].tolist() == half.memory[k].tolist()
+        assert full.forward.tolist() == pytest.approx(half.forward.tolist())
+        # each rank copies its whole (unsharded) gradients in, 2 bytes more per parameter
+        copy_in = 2 * n / bw / st.microbatches if par.dp_shard > 1 else 0.0
+        assert (full.backward - half.backward)[0] == pytest.approx(copy_in)
+        share = par.data_parallel if par.dp_shard > 1 else 1
+        assert (half.optimizer_seconds - full.optimizer_seconds)[0] == \
+            pytest.approx(n / share * GRAD_CAST_BYTES / bw)
+    st = settings(precision="fp32", microbatch_size=8)
+    a = llm_costs(g, topo, ParallelConfig(dp=4), st)
+    b = llm_costs(g, topo, ParallelConfig(dp=4), dataclasses.replace(st, grad_reduce="fp32"))
+    assert a.grad_bytes.tolist() == b.grad_bytes.tolist()
+    assert a.optimizer_seconds.tolist() == b.optimizer_seconds.tolist()

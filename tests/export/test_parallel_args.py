@@ -60,7 +60,7 @@ def test_megatron_arguments_of_a_full_layout() -> None:
     par = ParallelConfig(tp=2, pp=2, dp=2, cp=2, vp=2)
     plan = _plan(par, microbatch_size=4, microbatches=3, precision="bf16",
                  sequence_parallel=True, recompute="selective", gradient_sync="zero1",
-                 tp_comm_overlap=True, optimizer="adamw")
+                 tp_comm_overlap=True, optimizer="adamw", grad_reduce="fp32")
     args, out, notes = _megatron(plan)
     assert args == ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2",
                     "--num-virtual-stages-per-pipeline-rank", "2",
@@ -93,7 +93,9 @@ def test_megatron_arguments_of_plain_data_parallelism() -> None:
 
 @pytest.mark.parametrize("settings, tail", [
     ({"precision": "fp16"}, ["--fp16"]),
-    ({"precision": "fp8"}, ["--bf16", "--fp8-format", "hybrid"]),
+    ({"precision": "fp16", "grad_reduce": "fp32"},
+     ["--fp16", "--accumulate-allreduce-grads-in-fp32"]),
+    ({"precision": "fp8", "grad_reduce": "fp32"}, ["--bf16", "--fp8-format", "hybrid"]),
     ({"recompute": "full"}, ["--recompute-granularity", "full", "--recompute-method",
                              "uniform", "--recompute-num-layers", "1"]),
     ({"gradient_sync": "bucketed"}, ["--overlap-grad-reduce"]),
@@ -106,6 +108,21 @@ def test_megatron_settings_arguments(settings: dict, tail: list[str]) -> None:
     want = ["--optimizer", "sgd" if settings.get("optimizer") == "sgd" else "adam"]
     assert _tail(args) == tail + want
     assert notes == ()
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp8"])
+def test_megatron_bf16_gradients_are_reduced_in_fp32(precision: str) -> None:
+    """Megatron-LM turns on fp32 gradient accumulation with --bf16: a plan that reduces half
+    precision gradients is written as it runs there, and says so; DeepSpeed keeps its own."""
+    args, _, notes = _megatron(_plan(ParallelConfig(dp=2), precision=precision))
+    assert "--accumulate-allreduce-grads-in-fp32" not in args
+    assert notes == ("Megatron-LM accumulates and reduces bf16 gradients in fp32: the plan's "
+                     "half-precision gradient reduction is written as fp32",)
+    _, _, notes = _megatron(_plan(ParallelConfig(dp_shard=2), precision=precision,
+                                  shard_unit="module"))
+    assert notes == ()
+    args, _, notes = _megatron(_plan(ParallelConfig(dp=2), precision="fp16"))
+    assert notes == () and "--accumulate-allreduce-grads-in-fp32" not in args
 
 
 def test_megatron_fully_sharded_data_parallelism() -> None:
@@ -191,7 +208,9 @@ def test_torchtitan_flags_of_an_interleaved_pipeline() -> None:
     assert shlex.split(flags) == [
         "--model.name", "llama3", "--model.flavor", "8B",
         "--training.local_batch_size", "8", "--training.global_batch_size", "32",
-        "--training.mixed_precision_param", "bfloat16", "--training.seq_len", "4096",
+        "--training.mixed_precision_param", "bfloat16",
+        "--training.mixed_precision_reduce", "bfloat16",  # FSDP's reduce_dtype: the plan's
+        "--training.seq_len", "4096",
         "--parallelism.data_parallel_replicate_degree", "2",
         "--parallelism.data_parallel_shard_degree", "2",
         "--parallelism.tensor_parallel_degree", "2",
@@ -210,6 +229,20 @@ def test_torchtitan_flags_of_an_interleaved_pipeline() -> None:
     # Megatron-LM's attention-only selective has no torchtitan counterpart: said so
     assert notes == ("torchtitan has no attention-only recomputation (Megatron-LM's "
                      "selective): written as its per-op policy (selective_ac_option op)",)
+
+
+@pytest.mark.parametrize("precision, grad_reduce, want", [
+    ("bf16", "fp32", "float32"), ("fp16", "param", "float16"), ("fp32", "param", "float32"),
+    ("fp8", "param", "bfloat16"), ("fp8", "fp32", "float32")])
+def test_torchtitan_reduce_dtype(precision: str, grad_reduce: str, want: str) -> None:
+    """FSDP's reduce_dtype is written for a sharded plan, and only for one."""
+    plan = _plan(ParallelConfig(dp_shard=4), microbatch_size=4, precision=precision,
+                 grad_reduce=grad_reduce)
+    flags = shlex.split(_titan(plan, _graph(4))[0].split("\n")[1])
+    assert flags[flags.index("--training.mixed_precision_reduce") + 1] == want
+    plan = _plan(ParallelConfig(dp=4), microbatch_size=4, precision=precision,
+                 grad_reduce=grad_reduce)
+    assert "--training.mixed_precision_reduce" not in _titan(plan, _graph(4))[0]
 
 
 def test_torchtitan_toml_without_a_pipeline() -> None:

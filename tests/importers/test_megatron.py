@@ -161,6 +161,22 @@ def test_settings() -> None:
     assert cp.parallel == ParallelConfig(cp=2)
 
 
+@pytest.mark.parametrize(("extra", "want"), [
+    ("", "param"), ("--fp16", "param"), ("--accumulate-allreduce-grads-in-fp32", "param"),
+    ("--fp16 --accumulate-allreduce-grads-in-fp32", "fp32"), ("--bf16", "fp32"),
+    ("--bf16 --fp8-format hybrid", "fp32"),
+    ("--bf16 --deepspeed --zero-stage 3 --no-pipeline-parallel", "param"),
+    ("--fp16 --accumulate-allreduce-grads-in-fp32 --deepspeed", "param"),
+])
+def test_gradient_reduction_precision(extra: str, want: str) -> None:
+    """Megatron-LM's fp32 gradient accumulation: asked for, or implied by --bf16; not under
+    fp32 training, nor when DeepSpeed runs the step."""
+    run = parse_megatron(GPT + extra, num_gpus=8)
+    assert run.execution["grad_reduce"] == want
+    assert run.settings()[0].grad_reduce == want
+    assert run.notes == () or "--deepspeed" in extra
+
+
 def test_megatron_deepspeed_zero_stages() -> None:
     """Megatron-DeepSpeed's ``--deepspeed --zero-stage N``: stage 3 shards everything and
     gathers module by module (DeepSpeed), 1 and 2 shard the optimizer, 0 is plain DDP."""

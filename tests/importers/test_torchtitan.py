@@ -136,7 +136,28 @@ def test_inconsistent_configs_are_refused(change: tuple[str, str], gpus: int,
         _run(HYBRID.replace(*change), gpus=gpus)
 
 
+@pytest.mark.parametrize(("training", "shard", "want"), [
+    ("", -1, "fp32"),  # torchtitan's default reduce_dtype: float32
+    ('mixed_precision_reduce = "float32"', -1, "fp32"),
+    ('mixed_precision_reduce = "bfloat16"', -1, "param"),
+    ('mixed_precision_param = "float32"', -1, "param"),  # no mixed precision at all
+    ('mixed_precision_param = "float16"\nmixed_precision_reduce = "float16"', -1, "param"),
+    ("", 1, "param"),  # no FSDP: its reduce_dtype does not apply
+])
+def test_gradient_reduction_precision(training: str, shard: int, want: str) -> None:
+    text = (f'[model]\nname = "llama3"\nflavor = "8B"\n[training]\n{training}\n'
+            f"[parallelism]\ndata_parallel_shard_degree = {shard}\n"
+            f"data_parallel_replicate_degree = {64 if shard == 1 else 1}\n")
+    run = _run(text)
+    assert run.execution["grad_reduce"] == want
+    assert run.notes == ()
+
+
 def test_reading_errors() -> None:
+    with pytest.raises(ShardplanError, match=r"mixed_precision_reduce is float32 or the "
+                                             r"parameters' bfloat16, got 'float16'"):
+        _run('[model]\nname = "llama3"\nflavor = "8B"\n[training]\n'
+             'mixed_precision_reduce = "float16"\n')
     with pytest.raises(ShardplanError, match="not TOML"):
         parse_torchtitan_toml("[model\nname = 1", source="x.toml")
     with pytest.raises(ShardplanError, match="GPUs the other degrees leave"):

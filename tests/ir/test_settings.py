@@ -112,11 +112,19 @@ def test_training_settings_and_their_derived_fields() -> None:
     assert s.shard_unit == "block"
     ds = ExecutionSettings(gradient_sync="sharded", shard_unit="module")
     assert Plan.from_dict(_plan(execution=ds).to_dict()).settings.shard_unit == "module"
+    # fp32 gradient reduction round-trips; plans written before it reduce at "param"
+    assert s.grad_reduce == "param"
+    fp32 = ExecutionSettings(precision="bf16", grad_reduce="fp32")
+    assert Plan.from_dict(_plan(execution=fp32).to_dict()).settings == fp32
+    old = _plan(execution=ExecutionSettings()).to_dict()
+    del old["execution"]["grad_reduce"]
+    assert Plan.from_dict(old).settings.grad_reduce == "param"
 
 
 @pytest.mark.parametrize("kw", [{"precision": "int8"}, {"recompute": "some"},
                                 {"gradient_sync": "zero2"}, {"sequence_parallel": 1},
-                                {"tp_comm_overlap": "yes"}, {"shard_unit": "layer"}])
+                                {"tp_comm_overlap": "yes"}, {"shard_unit": "layer"},
+                                {"grad_reduce": "bf16"}])
 def test_bad_training_settings(kw) -> None:
     with pytest.raises(ShardplanError) as err:
         ExecutionSettings(**kw)
