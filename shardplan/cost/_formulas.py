@@ -130,6 +130,8 @@ def optimizer_seconds(param_bytes: Any, optimizer: str, rate: Any,
     0.044
     >>> float(optimizer_seconds(4e9, "adam", 1e15, 1e12, "bf16", fp32_grads=True))  # + 10
     0.038
+    >>> float(optimizer_seconds(4e9, "adam", 1e15, 1e12, "fp32", fp32_grads=True))  # no step
+    0.028
     """
     n = np.asarray(param_bytes) / _OPT_PARAM_BYTES
     bw = np.asarray(bandwidth)

@@ -380,7 +380,7 @@ def llm_costs(graph: Graph, topology: Topology, parallel: ParallelConfig,
     overlap_tp = settings.tp_comm_overlap
     attention = settings.attention
     w_bytes, g_bytes, master_bytes = precision_bytes(precision)
-    fp32_grads = settings.grad_reduce == "fp32" and precision != "fp32"
+    fp32_grads = settings.grad_reduce == "fp32"
     if fp32_grads:  # accumulated, reduced and held in fp32 (ExecutionSettings.grad_reduce)
         g_bytes = 4
     dtype_bytes = float(graph.meta.get("dtype_bytes", 4)) if isinstance(graph.meta, dict) \

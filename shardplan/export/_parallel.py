@@ -220,7 +220,7 @@ def torchtitan_parallel(plan: Plan, graph: Graph, topology: Topology,
                                 "mixed_precision_param": _TT_PRECISION[precision]}
     if par.dp_shard > 1:  # FSDP's reduce_dtype (torchtitan's default float32)
         fp32_grads = _setting(plan, settings, "grad_reduce") == "fp32"
-        training["mixed_precision_reduce"] = "float32" if fp32_grads or precision == "fp32" \
+        training["mixed_precision_reduce"] = "float32" if fp32_grads \
             else _TT_PRECISION[precision]
     from shardplan.export._frameworks import _seq_len
 

@@ -158,6 +158,9 @@ def test_reading_errors() -> None:
                                              r"parameters' bfloat16, got 'float16'"):
         _run('[model]\nname = "llama3"\nflavor = "8B"\n[training]\n'
              'mixed_precision_reduce = "float16"\n')
+    with pytest.raises(ShardplanError, match=r"parameters' float16, got 'bfloat16'"):
+        _run('[model]\nname = "llama3"\nflavor = "8B"\n[training]\n'
+             'mixed_precision_param = "float16"\nmixed_precision_reduce = "bfloat16"\n')
     with pytest.raises(ShardplanError, match="not TOML"):
         parse_torchtitan_toml("[model\nname = 1", source="x.toml")
     with pytest.raises(ShardplanError, match="GPUs the other degrees leave"):
