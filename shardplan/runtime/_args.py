@@ -297,11 +297,33 @@ def llm_fields(plan: Any, graph: Any, settings: Any) -> dict[str, Any]:
     schedule = "interleaved-1f1b" if pc.vp > 1 else \
         "1f1b" if settings.schedule == "interleaved-1f1b" else settings.schedule
     return dict(kind="llm", parallel=pc, nproc=pc.world_size, schedule=schedule,
-                layout_devices=layout_devices,
+                layout_devices=layout_devices, **_llm_precision(pc, settings),
                 sequence_parallel=bool(getattr(settings, "sequence_parallel", False)),
                 export_batch=int(graph.batch_size), microbatches=int(settings.microbatches),
                 microbatch_size=int(settings.microbatch_size),
                 recompute=settings.recompute == "full")
+
+
+def _llm_precision(pc: Any, settings: Any) -> dict[str, str]:
+    """The precision an LLM plan runs in: half precision under FSDP (torch FSDP2's
+    ``MixedPrecisionPolicy``; fp8 as bf16), fp32 otherwise (:func:`precision_notes`)."""
+    precision = getattr(settings, "precision", "fp32")
+    if pc.dp_shard == 1 or precision == "fp32":
+        return {}
+    return {"precision": "fp16" if precision == "fp16" else "bf16",
+            "grad_reduce": getattr(settings, "grad_reduce", "param")}
+
+
+def precision_notes(settings: Any, config: TrainConfig) -> list[str]:
+    """One note when the run's precision is not the plan's."""
+    want = getattr(settings, "precision", "fp32")
+    if want == config.precision:
+        return []
+    if config.precision != "fp32":  # fp8 under FSDP
+        return [f"the plan trains in {want}, whose matrix products need fp8 tensor cores: "
+                f"this run is {config.precision}"]
+    return [f"the plan trains in {want}; the runtime runs half precision only for LLM plans "
+            f"under FSDP (dp_shard > 1, torch's MixedPrecisionPolicy): this run is fp32"]
 
 
 def _check_llm_dimensions(pc: Any, dims: Any) -> None:
@@ -485,6 +507,7 @@ def config_from_args(args: argparse.Namespace) -> Prepared:
             common["measure_memory"] = True
         common.update({k: v for k, v in fields.items() if k not in common})
         cfg = TrainConfig(**common)
+        notes += precision_notes(settings, cfg)
         if cfg.shardings:
             from shardplan.runtime._sharding import strategy_notes
 

@@ -123,6 +123,14 @@ class TrainConfig:
         ``llm`` runs: the plan's device of each layout rank (:meth:`ParallelConfig.rank`
         order); process ``r`` runs layout rank ``r`` on that device (CUDA: the device of
         that index modulo the GPUs of the host); empty: device ``r``.
+    precision : {"fp32", "bf16", "fp16"}
+        ``llm`` runs under FSDP (``dp_shard > 1``): half precision as torch FSDP2's
+        ``MixedPrecisionPolicy`` runs it (torchtitan's mixed precision): fp32 shards, stepped
+        by the optimizer, all-gathered in half precision for the forward and backward.
+        Other runs are fp32 (``config_from_args`` says so for a half-precision plan).
+    grad_reduce : {"param", "fp32"}
+        With ``precision`` half: the gradients' reduce-scatter in half precision or in fp32
+        (FSDP2's ``reduce_dtype``).
     """
 
     model: str
@@ -161,8 +169,16 @@ class TrainConfig:
     measure_memory: bool = False
     sequence_parallel: bool = False
     layout_devices: tuple[int, ...] = ()
+    precision: str = "fp32"
+    grad_reduce: str = "param"
 
     def __post_init__(self) -> None:
+        if self.precision not in ("fp32", "bf16", "fp16"):
+            raise ShardplanError(f"the runtime trains in fp32, bf16 or fp16, not "
+                                 f"{self.precision!r}")
+        if self.grad_reduce not in ("param", "fp32"):
+            raise ShardplanError(f"gradients are reduced at 'param' or 'fp32', not "
+                                 f"{self.grad_reduce!r}")
         if self.kind not in KINDS:
             raise ShardplanError(f"unknown run kind {self.kind!r} (choose from "
                                  f"{', '.join(KINDS)})")

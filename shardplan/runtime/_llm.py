@@ -36,7 +36,10 @@ stages, then, each in its own step:
 3. **Activation recomputation** (``recompute``): every block's forward runs under
    :func:`torch.utils.checkpoint.checkpoint` (non-reentrant), the block's names unchanged.
 4. **FSDP2** (:func:`torch.distributed.fsdp.fully_shard`) over ``dp_shard``, per block and
-   then per stage (HSDP over ``dp_replicate`` x ``dp_shard`` when both are > 1); with
+   then per stage (HSDP over ``dp_replicate`` x ``dp_shard`` when both are > 1), in half
+   precision (``TrainConfig.precision``) with torch's ``MixedPrecisionPolicy`` as torchtitan
+   runs it: fp32 shards stepped by the optimizer and all-gathered as bf16 or fp16, gradients
+   reduce-scattered in that precision or in fp32 (``grad_reduce``); with
    ``dp_shard == 1`` and ``dp > 1`` the gradients are all-reduced over ``dp_replicate`` after
    the step's backward (DDP's sum, as one flat all-reduce), divided by ``dp``.
 5. **Pipelining** (:mod:`torch.distributed.pipelining`): one ``PipelineStage`` per virtual
@@ -245,14 +248,23 @@ def _apply_recompute(stage: nn.Module) -> None:
         block.forward = functools.partial(checkpoint, inner, use_reentrant=False)
 
 
-def _apply_fsdp(stage: nn.Module, mesh: Any, parallel: Any) -> None:
-    from torch.distributed.fsdp import fully_shard
+def _apply_fsdp(stage: nn.Module, mesh: Any, parallel: Any, precision: str = "fp32",
+                grad_reduce: str = "param") -> None:
+    """FSDP2 per block, then the stage; in half precision with torch's
+    ``MixedPrecisionPolicy`` (torchtitan's: the fp32 shards all-gathered as half precision,
+    the gradients reduce-scattered in half precision or fp32)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     dp_mesh = mesh["dp_replicate", "dp_shard"] if parallel.dp > 1 else mesh["dp_shard"]
     reshard = parallel.pp == 1  # torchtitan: keep blocks unsharded between micro-batches
+    kw: dict[str, Any] = {}
+    if precision != "fp32":
+        half = torch.bfloat16 if precision == "bf16" else torch.float16
+        kw["mp_policy"] = MixedPrecisionPolicy(
+            param_dtype=half, reduce_dtype=torch.float32 if grad_reduce == "fp32" else half)
     for block in stage.layers.values():
-        fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard)
-    fully_shard(stage, mesh=dp_mesh, reshard_after_forward=reshard)
+        fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard, **kw)
+    fully_shard(stage, mesh=dp_mesh, reshard_after_forward=reshard, **kw)
 
 
 # ------------------------------------------------------------------------------ run
@@ -292,7 +304,7 @@ def run_llm(cfg: TrainConfig, rank: int, world: int) -> RunResult:
         if cfg.recompute:
             _apply_recompute(st)
         if pc.dp_shard > 1:
-            _apply_fsdp(st, mesh, pc)
+            _apply_fsdp(st, mesh, pc, cfg.precision, cfg.grad_reduce)
     params = [p for st in stages for p in st.parameters()]
     opt = _make_optimizer(cfg, params)
     loss_fn = loss_fn_for(cfg.model)

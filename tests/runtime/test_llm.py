@@ -260,3 +260,83 @@ def test_train_command_reads_llm_plans(tmp_path) -> None:
     assert (fsdp.kind, fsdp.world_size) == ("fsdp", 2)
     with pytest.raises(ShardplanError, match="not a baseline"):
         prepare("--measure-memory", "--baseline", "single")
+
+
+@pytest.mark.multiprocess
+def test_fsdp_in_half_precision() -> None:
+    """FSDP 2 in bf16 as torch's MixedPrecisionPolicy runs it (torchtitan's mixed precision),
+    the gradients reduce-scattered in fp32 and in bf16, in fp16, beside the same run in fp32
+    (one launch of 2 processes): the losses within bf16's rounding of one process's fp32 run;
+    the optimizer steps the fp32 shards (Adam's moments are the fp32 run's); the gradients
+    hold at least their fp32 shards whatever the reduction's precision (what the cost model
+    holds for FSDP2), and that precision changes the weights; the gathered half-precision
+    blocks hold less than the fp32 ones."""
+    import torch
+
+    plain = llm_config(ParallelConfig(dp_shard=2), steps=2, measure_memory=True)
+    cfgs = [plain,
+            llm_config(ParallelConfig(dp_shard=2), steps=2, measure_memory=True,
+                       precision="bf16", grad_reduce="fp32"),
+            llm_config(ParallelConfig(dp_shard=2), steps=2, measure_memory=True,
+                       precision="bf16"),
+            llm_config(ParallelConfig(dp_shard=2), steps=2, precision="fp16")]
+    fp32, fp32_grads, half_grads, fp16 = train_many(cfgs)
+    ref = reference(plain)
+    for got in (fp32_grads, half_grads, fp16):
+        assert got.losses == pytest.approx(ref.losses, rel=2e-2)
+        assert got.losses != pytest.approx(ref.losses, rel=1e-6)  # really in half precision
+    assert fp16.losses != half_grads.losses  # fp16 rounds otherwise than bf16
+    size = _model_bytes()
+    for got in (fp32, fp32_grads, half_grads):
+        for m in got.memory:
+            assert m["optimizer"] == fp32.memory[0]["optimizer"]
+            assert m["optimizer"] == size["all"] + 4 * size["tensors"]  # 2 x 4 bytes / 2
+    # FSDP2's gradient shards are fp32 (4 bytes per parameter over the 2 ranks) whatever the
+    # reduction's precision; the peaks add the unsharded gradients and cast buffers in flight
+    for got in (fp32_grads, half_grads):
+        assert min(m["gradients"] for m in got.memory) >= size["all"] // 2
+    # the reduction's precision shows in the updated weights
+    assert any(not torch.equal(a[0], b[0]) for a, b in
+               zip(fp32_grads.params.values(), half_grads.params.values(), strict=True))
+    for m in fp32_grads.memory:
+        assert size["all"] // 2 < m["parameters"] < fp32.memory[0]["parameters"]
+
+
+def test_half_precision_plans_say_how_they_run(tmp_path) -> None:
+    """``shardplan train`` of a bf16 LLM plan: under FSDP in bf16 with the plan's gradient
+    reduction, fp8 as bf16 with a note, without FSDP in fp32 with a note."""
+    import argparse
+
+    from shardplan.ir import save
+    from shardplan.runtime._args import add_arguments, config_from_args
+    from shardplan.topology import flat
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+
+    def prepare(parallel: ParallelConfig, **settings: object) -> object:
+        plan, graph = llm_plan(parallel, microbatches=2, microbatch_size=4, **settings)
+        files = [str(tmp_path / f) for f in ("p.json", "g.json", "t.json")]
+        for obj, path in zip((plan, graph, flat(parallel.world_size)), files, strict=True):
+            save(obj, path)
+        return config_from_args(parser.parse_args([*files, "--steps", "2"]))
+
+    run = prepare(ParallelConfig(dp_shard=2), precision="bf16", grad_reduce="fp32")
+    assert (run.config.precision, run.config.grad_reduce) == ("bf16", "fp32")
+    assert not any("precision" in n or "fp32" in n for n in run.notes)
+    run = prepare(ParallelConfig(dp_shard=2), precision="fp16")
+    assert (run.config.precision, run.config.grad_reduce) == ("fp16", "param")
+    run = prepare(ParallelConfig(dp_shard=2), precision="fp8")
+    assert run.config.precision == "bf16"
+    assert "the plan trains in fp8, whose matrix products need fp8 tensor cores: this run " \
+           "is bf16" in run.notes
+    run = prepare(ParallelConfig(tp=2), precision="bf16")
+    assert run.config.precision == "fp32"
+    assert "the plan trains in bf16; the runtime runs half precision only for LLM plans " \
+           "under FSDP (dp_shard > 1, torch's MixedPrecisionPolicy): this run is fp32" \
+        in run.notes
+    assert prepare(ParallelConfig(tp=2)).config.precision == "fp32"
+    with pytest.raises(ShardplanError, match="fp32, bf16 or fp16, not 'fp8'"):
+        TrainConfig(model=MODEL, steps=1, precision="fp8")
+    with pytest.raises(ShardplanError, match="'param' or 'fp32', not 'bf16'"):
+        TrainConfig(model=MODEL, steps=1, grad_reduce="bf16")
