@@ -266,3 +266,9 @@ def test_optimizer_step_is_a_roofline_by_hand() -> None:
     assert optimizer_seconds(4e6, "adam", 1e11) == pytest.approx(1.2e-4)
     assert optimizer_seconds(4e6, "sgd", 1e11, 1e10) == pytest.approx(1.2e-3)
     assert optimizer_seconds(4e6, "adam", 1e9, 1e12) == pytest.approx(1.2e-2)  # FLOP bound
+    # mixed precision adds Megatron's step passes (bf16 16 bytes, fp16 24), less the
+    # half-to-fp32 gradient copy (6) when the gradients are already fp32; fp32 has none
+    assert optimizer_seconds(4e6, "adam", 1e11, 1e10, "bf16") == pytest.approx(4.4e-3)
+    assert optimizer_seconds(4e6, "adam", 1e11, 1e10, "fp16") == pytest.approx(5.2e-3)
+    assert optimizer_seconds(4e6, "adam", 1e11, 1e10, "bf16", True) == pytest.approx(3.8e-3)
+    assert optimizer_seconds(4e6, "adam", 1e11, 1e10, "fp32", True) == pytest.approx(2.8e-3)

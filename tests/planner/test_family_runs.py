@@ -452,12 +452,17 @@ def test_the_plain_pipelines_are_not_mapped(sim, reg, family) -> None:
     assert not err and rows and [c[0] for c in fake.calls] == ["partition"]
 
 
-def test_no_mapping_is_searched_past_the_deadline(sim, reg, monkeypatch) -> None:
+def _parmesan_past_its_deadline(reg, monkeypatch, loads: list[int]):  # noqa: ANN202
+    """A registry whose Parmesan partition takes 2 s of a clock the families read."""
     clock = _Clock()
     monkeypatch.setattr(_families, "time", clock)
-    part = _plan([1, 1], algorithm="parmesan")
-    fake = reg(plans={("partition", "parmesan"): part}, mapped=_mapped_plan(part, None),
+    part = _plan(loads, algorithm="parmesan")
+    return reg(plans={("partition", "parmesan"): part}, mapped=_mapped_plan(part, None),
                clock=clock, step={"partition": 2.0})
+
+
+def test_no_mapping_is_searched_past_the_deadline(sim, reg, monkeypatch) -> None:
+    fake = _parmesan_past_its_deadline(reg, monkeypatch, [1, 1])
     rows, err, cut = run_task(_ctx(), Task("parmesan", 2, 1, left=1.0))
     assert (rows, err, cut) == ([], "", True)
     assert [c[0] for c in fake.calls] == ["partition"]
@@ -734,13 +739,9 @@ def test_a_hybrid_past_its_deadline_searches_no_more_stages(sim, reg, monkeypatc
     """Parmesan's search ends past the deadline: no mapping, no stage search, no row."""
     import shardplan.strategy as strategy_module
 
-    clock = _Clock()
-    monkeypatch.setattr(_families, "time", clock)
     hybrid = _Hybrid()
     monkeypatch.setattr(strategy_module, "hybrid_plan", hybrid)
-    part = _plan([2, 2], algorithm="parmesan")
-    fake = reg(plans={("partition", "parmesan"): part}, mapped=_mapped_plan(part, None),
-               clock=clock, step={"partition": 2.0})
+    fake = _parmesan_past_its_deadline(reg, monkeypatch, [2, 2])
     rows, err, cut = run_task(_ctx(), Task("hybrid", 2, 2, left=1.0))
     assert (rows, err, cut) == ([], "", True)
     assert [c[0] for c in fake.calls] == ["partition"] and hybrid.calls == []
