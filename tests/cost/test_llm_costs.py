@@ -410,7 +410,7 @@ def test_fp32_gradient_reduction(g, topo, precision):
 
     bw = topo.devices[0].extra["memory_bandwidth"] * gpu_model(topo).memory_efficiency
     n = g.param_bytes.sum() / 4
-    for par in (ParallelConfig(dp=4), ParallelConfig(dp_shard=4),
+    for par in (ParallelConfig(dp=4), ParallelConfig(dp_shard=4), ParallelConfig(dp_shard=2),
                 ParallelConfig(dp=2)):
         st = settings(precision=precision, microbatch_size=8)
         half = llm_costs(g, topo, par, st)
@@ -429,8 +429,93 @@ def test_fp32_gradient_reduction(g, topo, precision):
         share = par.data_parallel if par.dp_shard > 1 else 1
         assert (half.optimizer_seconds - full.optimizer_seconds)[0] == \
             pytest.approx(n / share * GRAD_CAST_BYTES / bw)
+    # FSDP2's fp32 gradient shards beside its fp32 parameter shards, on every rank of an
+    # interleaved pipeline (each rank's two virtual stages)
+    par = ParallelConfig(pp=2, vp=2, dp_shard=2)
+    inter = llm_costs(g, topo, par, settings(precision="bf16", microbatch_size=8,
+                                             schedule="interleaved-1f1b"))
+    assert inter.memory["gradients"].tolist() == inter.memory["master"].tolist()
+    assert inter.memory["params"].tolist() == [0.0, 0.0]
     st = settings(precision="fp32", microbatch_size=8)
     a = llm_costs(g, topo, ParallelConfig(dp=4), st)
     b = llm_costs(g, topo, ParallelConfig(dp=4), dataclasses.replace(st, grad_reduce="fp32"))
     assert a.grad_bytes.tolist() == b.grad_bytes.tolist()
     assert a.optimizer_seconds.tolist() == b.optimizer_seconds.tolist()
+
+
+def test_memory_total_buffers_and_the_graphs_dtype(g, topo):
+    """Every rank's total is the sum of its categories; the model's buffers (as the graph
+    records them, on every rank) are among them; a graph captured in bf16 (meta
+    ``dtype_bytes`` 2) holds twice the parameters its bytes would hold in fp32."""
+    par = ParallelConfig(pp=2, dp_shard=2)
+    st = settings(precision="bf16", microbatch_size=4)
+    plain = llm_costs(g, topo, par, st).memory
+    assert plain["buffers"].tolist() == [0.0, 0.0]
+    buffered = g.replace(meta={**g.meta, "buffer_bytes": 1000})
+    m = llm_costs(buffered, topo, par, st).memory
+    assert m["buffers"].tolist() == [1000.0, 1000.0]
+    parts = ("params", "gradients", "master", "optimizer", "activations", "gathered",
+             "buffers")
+    assert m["total"].tolist() == pytest.approx([sum(m[k][r] for k in parts)
+                                                 for r in range(2)])
+    assert (m["total"] - plain["total"]).tolist() == pytest.approx([1000.0, 1000.0])
+    halves = llm_costs(g.replace(meta={**g.meta, "dtype_bytes": 2}), topo, par, st).memory
+    for k in ("master", "gradients", "optimizer"):
+        assert halves[k].tolist() == pytest.approx((2 * plain[k]).tolist())
+
+
+def test_gradient_sync_by_layout(g, topo):
+    """The replicas' gradients: DDP all-reduces them, FSDP (sharded parameters or
+    ``gradient_sync`` ``sharded``) and ZeRO-1 reduce-scatter them, by NCCL's rule over the
+    data-parallel group; one replica syncs nothing. What is sharded divides the memory: FSDP
+    all of it, ZeRO-1 the master weights and moments; every virtual stage of a rank counts."""
+    from shardplan.cost._gpu import nccl_terms
+
+    hw, nodes = gpu_model(topo), node_ids(topo)
+    st = settings(precision="bf16", microbatch_size=8)
+    for par, gs, kind in ((ParallelConfig(dp=4), "end", "allreduce"),
+                          (ParallelConfig(dp_shard=4), "end", "reducescatter"),
+                          (ParallelConfig(dp=4), "sharded", "reducescatter"),
+                          (ParallelConfig(dp=4), "zero1", "reducescatter")):
+        import dataclasses
+
+        c = llm_costs(g, topo, par, dataclasses.replace(st, gradient_sync=gs))
+        lat, per_byte = nccl_terms(topo, hw, kind, [0, 1, 2, 3], nodes)
+        assert c.grad_sync_seconds[0] == pytest.approx(lat + c.grad_bytes[0] * per_byte)
+    assert llm_costs(g, topo, ParallelConfig(), st).grad_sync_seconds.tolist() == [0.0]
+    import dataclasses
+
+    plain = llm_costs(g, topo, ParallelConfig(dp=4), st).memory
+    sharded = llm_costs(g, topo, ParallelConfig(dp=4),
+                        dataclasses.replace(st, gradient_sync="sharded")).memory
+    zero1 = llm_costs(g, topo, ParallelConfig(dp=4),
+                      dataclasses.replace(st, gradient_sync="zero1")).memory
+    for k in ("master", "optimizer"):
+        assert sharded[k][0] == pytest.approx(plain[k][0] / 4)
+        assert zero1[k][0] == pytest.approx(plain[k][0] / 4)
+    assert zero1["params"][0] == plain["params"][0]
+    assert zero1["gradients"][0] == plain["gradients"][0]
+    inter = llm_costs(g, topo, ParallelConfig(pp=2, vp=2, dp=2),
+                      settings(precision="bf16", microbatch_size=8,
+                               schedule="interleaved-1f1b", gradient_sync="zero1")).memory
+    assert inter["optimizer"].tolist() == pytest.approx((2 * inter["master"]).tolist())
+
+
+def test_collectives_off_gpus_use_the_topologys_ring():
+    """On a topology of no GPU model (CPU processes), the data-parallel sync is the
+    topology's collective of the group (shardplan.cost.collective_seconds)."""
+    from shardplan.cost._collectives import collective_seconds
+
+    g = gpt_graph(hidden=H, layers=L, seq=S, vocab=V, batch=8)
+    import dataclasses
+
+    gpus = build("flat", num_devices=4)
+    flat = dataclasses.replace(gpus, devices=tuple(
+        dataclasses.replace(d, extra={**d.extra, "type": "cpu"}) for d in gpus.devices))
+    assert gpu_model(flat) is None
+    for par, kind in ((ParallelConfig(dp=4), "allreduce"),
+                      (ParallelConfig(dp_shard=4), "reducescatter")):
+        c = llm_costs(g, flat, par, settings(microbatch_size=8))
+        want = collective_seconds(flat, kind, np.arange(4), float(c.grad_bytes[0]))
+        assert c.grad_sync_seconds[0] == pytest.approx(want)
+        assert c.grad_sync_seconds[0] > 0

@@ -362,3 +362,36 @@ def test_torchtitan_flags_of_fp8_keep_the_model_section_whole() -> None:
     assert flags[-2:] == ["--optimizer.name", "Adam"] and notes == ()
     # no tensor parallelism: nothing said about sequence parallelism
     assert not any("sequence_parallel" in f for f in flags)
+
+
+@pytest.mark.parametrize("every", [1, 2, 3])
+def test_recomputing_every_kth_block(every: int) -> None:
+    """torchtitan's layer-period checkpointing: written as its selective option K for
+    torchtitan; Megatron-LM checkpoints every block instead, and says so when K > 1."""
+    plan = _plan(ParallelConfig(dp_shard=2), recompute="full", recompute_every=every)
+    text, notes = _titan(plan, _graph(4), version="0.2")
+    ac = tomllib.loads(text)["activation_checkpoint"]
+    assert ac == ({"mode": "full"} if every == 1 else
+                  {"mode": "selective", "selective_ac_option": str(every)})
+    assert notes == ()
+    args, _, notes = _megatron(plan)
+    assert args[args.index("--recompute-granularity"):][:6] == [
+        "--recompute-granularity", "full", "--recompute-method", "uniform",
+        "--recompute-num-layers", "1"]
+    assert notes == (() if every == 1 else (
+        f"Megatron-LM checkpoints the first layers of each stage, not every {every}-th "
+        f"block: written as every block",))
+    # only full recomputation has a period
+    _, _, notes = _megatron(_plan(ParallelConfig(dp=2), recompute="selective",
+                                  recompute_every=2))
+    assert notes == ()
+
+
+def test_per_op_recompute_and_deepspeed_pipelines_in_megatron_arguments() -> None:
+    _, _, notes = _megatron(_plan(ParallelConfig(dp=2), recompute="op"))
+    assert notes == ("Megatron-LM has no per-op checkpointing policy (torchtitan's op): "
+                     "written as its selective recomputation",)
+    with pytest.raises(ShardplanError, match=r"^the plan gathers module by module \(DeepSpeed "
+                                             r"ZeRO-3\) under pipeline parallelism, which "
+                                             r"DeepSpeed does not run$"):
+        _megatron(_plan(ParallelConfig(pp=2, dp_shard=2), shard_unit="module"))
