@@ -519,3 +519,39 @@ def test_collectives_off_gpus_use_the_topologys_ring():
         want = collective_seconds(flat, kind, np.arange(4), float(c.grad_bytes[0]))
         assert c.grad_sync_seconds[0] == pytest.approx(want)
         assert c.grad_sync_seconds[0] > 0
+
+
+@pytest.mark.parametrize("recompute", ["none", "full"])
+def test_tensor_parallel_overlap_hides_at_most_the_regions_compute(g, topo, recompute):
+    """Megatron's --tp-comm-overlap: each region's all-reduces hide behind its own compute,
+    so the exposed communication lies strictly between none and all of it (on this small
+    model both happen), and the compute itself is unchanged."""
+    import dataclasses
+
+    st = settings(microbatch_size=B, recompute=recompute)
+    plain = llm_costs(g, topo, ParallelConfig(tp=4), st)
+    hidden = llm_costs(g, topo, ParallelConfig(tp=4), dataclasses.replace(st, tp_comm_overlap=True))
+    assert hidden.tp_comm_forward.tolist() == plain.tp_comm_forward.tolist()
+    assert hidden.tp_comm_backward.tolist() == plain.tp_comm_backward.tolist()
+    for a, b, comm in ((hidden.forward, plain.forward, plain.tp_comm_forward),
+                       (hidden.backward, plain.backward, plain.tp_comm_backward)):
+        assert comm[0] > 0
+        assert b[0] - comm[0] < a[0] < b[0]
+
+
+def test_sequence_parallelism_needs_tensor_parallelism(g, topo):
+    """Sequence parallelism splits the norms' activations over the tensor-parallel ranks
+    (less memory at TP 2); without tensor parallelism it changes nothing."""
+    import dataclasses
+
+    st = settings(microbatch_size=B)
+    sp = dataclasses.replace(st, sequence_parallel=True)
+    for tp in (1, 2):
+        a = llm_costs(g, topo, ParallelConfig(tp=tp), st)
+        b = llm_costs(g, topo, ParallelConfig(tp=tp), sp)
+        if tp == 1:
+            assert b.memory["activations"].tolist() == a.memory["activations"].tolist()
+            assert (b.forward.tolist(), b.backward.tolist()) == \
+                (a.forward.tolist(), a.backward.tolist())
+        else:
+            assert b.memory["activations"][0] < a.memory["activations"][0]
