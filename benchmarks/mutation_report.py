@@ -47,6 +47,29 @@ PACKAGES = tuple(TARGETS)
 #: Survivors that no test can kill: the mutant computes the same function. Mutant name ->
 #: why. Every entry was checked by reading the mutant's diff (``mutmut show NAME``).
 EQUIVALENT: dict[str, str] = {
+    "shardplan.cost._formulas.x_optimizer_seconds__mutmut_12":
+        "`step > 1` for `step > 0`: MIXED_PRECISION_STEP_BYTES holds 0, 16 and 24 only, so "
+        "both guards let exactly the mixed precisions subtract the gradient copy.",
+    "shardplan.cost._llm.x_llm_costs__mutmut_692":
+        "`dtype=None` for `dtype=np.float64` around optimizer_seconds' result: it is already "
+        "a float64 array (numpy arithmetic on float64 inputs).",
+    "shardplan.cost._llm.x_llm_costs__mutmut_694":
+        "the optimizer seconds' `dtype=np.float64` dropped: the same float64 array.",
+    "shardplan.cost._llm.x_llm_costs__mutmut_869":
+        "`master_bytes > 1` for `> 0`: precision_bytes gives master bytes 0 or 4, so both "
+        "tests split mixed precision from fp32 alike.",
+    "shardplan.export._parallel.x_torchtitan_parallel__mutmut_38":
+        "`settings.schedule == 'XXinterleaved-1f1bXX'`: with vp > 1 the else branch names "
+        "'interleaved-1f1b', which is the schedule the true branch would have kept.",
+    "shardplan.export._parallel.x_torchtitan_parallel__mutmut_39":
+        "`'INTERLEAVED-1F1B'`: the same as mutant 38 (the else branch gives the same name).",
+    "shardplan.export._parallel.x_torchtitan_parallel__mutmut_139":
+        "the imported model's default `None` for `''`: 'None' matches no llama spec either, so "
+        "the sequence comes from the graph in both.",
+    "shardplan.export._parallel.x_torchtitan_parallel__mutmut_141":
+        "no default for the imported model (None): as mutant 139.",
+    "shardplan.export._parallel.x_torchtitan_parallel__mutmut_144":
+        "the default 'XXXX': matches no llama spec, as ''.",
     "shardplan.cost._gpu.x_nccl_terms__mutmut_2":
         "`.reshape(None)` for `.reshape(-1)`: the ids keep their shape, and every later use "
         "(`size`, `np.unique`, boolean masks, indexing a mask's result) treats a 2-d array "
