@@ -39,6 +39,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from _public_models import complete  # noqa: E402
 
 from shardplan.capture import capture_spec  # noqa: E402
 from shardplan.errors import ShardplanError  # noqa: E402
@@ -60,6 +63,11 @@ def cluster_of(row: dict[str, str]) -> tuple[str, float]:
     on the 80 GB part (Selene from 2021, torchtitan's) say so in their ``gpu`` column."""
     gpu = row["gpu"].upper().replace(" ", "")
     gpus = int(row["gpus"])
+    if "jean zay" in row.get("nodes_gpus", "").lower():
+        # BLOOM paper (arXiv 2211.05100) section 3.4.1: 8 A100 80 GB per node, four
+        # Omni-Path 100 Gb/s links per node
+        return f"dgx-a100,nodes={max(1, math.ceil(gpus / 8))},nics=4,nic_gbps=100", \
+            80 * 2**30
     if "V100" in gpu:
         return f"dgx2-v100,nodes={max(1, math.ceil(gpus / 16))}", 32 * 2**30
     if "H100" in gpu:
@@ -100,6 +108,33 @@ def published_tflops(row: dict[str, str]) -> float:
     return model_tflops(row, published_seconds(row))
 
 
+#: What NeMo 2.0's pre-training recipes (nemo/collections/llm/recipes, the performance
+#: variants the DGX-Cloud benchmarks launch) switch on that the rows do not state: the
+#: distributed optimizer (``distributed_fused_adam_with_cosine_annealing``), the DDP
+#: config's overlapped gradient reduce and parameter gather, and sequence parallelism with
+#: tensor-parallel communication overlap wherever TP > 1 (``MegatronCommOverlapCallback``).
+NEMO_RECIPE = ("--use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather",
+               "--sequence-parallel --tp-comm-overlap")
+
+
+def is_nemo(row: dict[str, str]) -> bool:
+    return "nemo" in row.get("stack", "").lower()
+
+
+def is_moe(row: dict[str, str]) -> bool:
+    return int(row.get("ep", "") or 1) > 1 or int(row.get("experts", "") or 1) > 1
+
+
+def megatron_text(row: dict[str, str]) -> str:
+    """The row's Megatron arguments, with the NeMo recipes' settings on NeMo rows."""
+    text = megatron_args_of_row(row)
+    if is_nemo(row):
+        text += " " + NEMO_RECIPE[0]
+        if int(row.get("tp") or 1) > 1:
+            text += " " + NEMO_RECIPE[1]
+    return text
+
+
 def run_of_row(row: dict[str, str]) -> Any:
     """The row's run, imported as its own framework's configuration."""
     if is_torchtitan(row):
@@ -114,7 +149,7 @@ def run_of_row(row: dict[str, str]) -> Any:
                     "parallelism": {"data_parallel_shard_degree": -1},
                     "activation_checkpoint": ac}
         return run_of_torchtitan(sections, num_gpus=int(row["gpus"]))
-    return parse_megatron(megatron_args_of_row(row), num_gpus=int(row["gpus"]))
+    return parse_megatron(megatron_text(row), num_gpus=int(row["gpus"]))
 
 
 _GRAPHS: dict[str, Any] = {}
@@ -131,23 +166,30 @@ def predict(row: dict[str, str]) -> dict[str, Any]:
     import dataclasses
 
     start = time.monotonic()
+    row, shape_note = complete(row)
     spec, capacity = cluster_of(row)
     topology = build_spec(spec)
     run = run_of_row(row)
     settings, _ = run.settings()
-    # Megatron-LM's 2020-2022 attention wrote the s x s scores (fused scale-mask-softmax)
-    if not is_torchtitan(row):
+    # Megatron-LM's 2020-2022 attention and Megatron-DeepSpeed's of 2022 wrote the s x s
+    # scores (fused scale-mask-softmax); NeMo's Megatron-Core runs Transformer Engine's
+    # fused (flash) attention, torchtitan torch's scaled_dot_product_attention
+    if not is_torchtitan(row) and not is_nemo(row):
         settings = dataclasses.replace(settings, attention="materialized")
     graph = graph_of(run.model.spec)
     plan, result = llm_plan(graph, topology, run.parallel, settings)
     peak = max(result.peak_memory_bytes)
+    reserved = max(result.reserved_memory_bytes or result.peak_memory_bytes)
+    device = max(result.device_memory_bytes or result.peak_memory_bytes)
     layout = run.parallel.label()
     if settings.shard_unit == "module":
         layout += " (DeepSpeed, by module)"
-    return {"seconds": result.iteration_seconds, "memory": peak, "capacity": capacity,
-            "fits": peak <= capacity, "layout": layout,
+    return {"seconds": result.iteration_seconds, "memory": peak, "reserved": reserved,
+            "device": device, "capacity": capacity,
+            "fits": device <= capacity, "layout": layout,
             "micro": run.micro_batch_size, "wall": time.monotonic() - start,
-            "bubble": result.bubble_fraction, "notes": run.notes}
+            "bubble": result.bubble_fraction,
+            "notes": tuple(n for n in (shape_note, *run.notes) if n)}
 
 
 def stack_of(row: dict[str, str]) -> str:
@@ -163,6 +205,71 @@ def source_of(row_id: str) -> str:
     return row_id.split("-")[0]
 
 
+def read_rows(folders: list[Path], wanted: str | None = None) -> list[dict[str, str]]:
+    """Every row of every ``*.csv`` in the folders (``wanted``: comma-separated ids)."""
+    files = [f for d in folders for f in sorted(d.glob("*.csv"))]
+    rows = [r for f in files for r in csv.DictReader(f.open(newline=""))]
+    if wanted:
+        keep = set(wanted.split(","))
+        rows = [r for r in rows if r["id"] in keep]
+    return rows
+
+
+def ran_out_of_memory(row: dict[str, str]) -> bool:
+    return row.get("published", "").strip().upper() == "OOM"
+
+
+def published_memory(row: dict[str, str]) -> float | None:
+    """The row's published per-GPU memory in bytes (the column is GiB; a source printing
+    "GB" without saying which is read as GiB), or None."""
+    text = row.get("memory_gib", "").strip()
+    return float(text) * 2**30 if text else None
+
+
+def memory_kind(row: dict[str, str]) -> str:
+    """Which predicted figure a published one is compared with: ``allocated``
+    (``max_memory_allocated``), ``reserved`` (``max_memory_reserved``: torchtitan's log,
+    Megatron's "max reserved") or ``device`` (``nvidia-smi``, and a figure whose kind the
+    source does not state: what a user reading a GPU's memory sees)."""
+    kind = row.get("memory_kind", "").lower()
+    if "alloc" in kind:
+        return "allocated"
+    if "reserv" in kind:
+        return "reserved"
+    return "device"
+
+
+def predicted_memory(row: dict[str, str], p: dict[str, Any]) -> float:
+    """The predicted figure of the kind the row publishes (:func:`memory_kind`)."""
+    return float({"allocated": p["memory"], "reserved": p["reserved"],
+                  "device": p["device"]}[memory_kind(row)])
+
+
+HEADER = ("| row | GPUs | layout | micro-batch | published s | predicted s | error | "
+          "published TFLOP/s/GPU | predicted TFLOP/s/GPU | predicted GiB (allocated / "
+          "reserved / device) | published GiB | fits | seconds to predict |")
+
+
+def table_line(row: dict[str, str], p: dict[str, Any]) -> str:
+    """One row of the results table."""
+    pub_mem = published_memory(row)
+    mem = f"{p['memory'] / 2**30:.1f} / {p['reserved'] / 2**30:.1f} / " \
+          f"{p['device'] / 2**30:.1f} of {p['capacity'] / 2**30:.0f}"
+    pm = "" if pub_mem is None else (f"{pub_mem / 2**30:.0f} {memory_kind(row)} "
+                                     f"({predicted_memory(row, p) / pub_mem - 1:+.0%})")
+    fits = "yes" if p["fits"] else "NO"
+    if ran_out_of_memory(row):
+        return (f"| {row['id']} | {row['gpus']} | {p['layout']} | {p['micro']} | OOM | "
+                f"{p['seconds']:.3f} | - | - | - | {mem} | OOM | {fits} "
+                f"({'right' if not p['fits'] else 'WRONG'}) | {p['wall']:.1f} |")
+    pub = published_seconds(row)
+    err = p["seconds"] / pub - 1.0
+    ptf = published_tflops(row)
+    return (f"| {row['id']} | {row['gpus']} | {p['layout']} | {p['micro']} | {pub:.3f} | "
+            f"{p['seconds']:.3f} | {err:+.1%} | {ptf:.1f} | {ptf * pub / p['seconds']:.1f} | "
+            f"{mem} | {pm} | {fits} | {p['wall']:.1f} |")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--runs", type=Path, action="append",
@@ -172,14 +279,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-o", "--output", type=Path, default=OUT)
     args = ap.parse_args(argv)
     folders = args.runs or DEFAULT_RUNS
-    files = [f for d in folders for f in sorted(d.glob("*.csv"))]
-    if not files:
-        print(f"gpu_published: no *.csv in {', '.join(map(str, folders))}", file=sys.stderr)
+    rows = read_rows(folders, args.rows)
+    if not rows:
+        print(f"gpu_published: no rows in {', '.join(map(str, folders))}", file=sys.stderr)
         return 2
-    rows = [r for f in files for r in csv.DictReader(f.open(newline=""))]
-    if args.rows:
-        wanted = set(args.rows.split(","))
-        rows = [r for r in rows if r["id"] in wanted]
     lines = ["# Published GPU training runs: predicted against measured", "",
              "Generated by `python benchmarks/gpu_published.py` (every row of "
              "`../shared/gpu-runs/*.csv` and `benchmarks/data/gpu-runs/*.csv`, imported from "
@@ -187,67 +290,98 @@ def main(argv: list[str] | None = None) -> int:
              "device, simulated on exactly its GPUs). No constant of the model was set from "
              "these rows (`docs/gpu-model.md`): every row is out of sample. Error = predicted "
              "/ published - 1. Attention is priced as each stack ran it (Megatron-LM's "
-             "2020-2022 runs: scores materialized; torchtitan: flash attention); rows without "
-             "a published micro-batch run micro-batches of 1 (the importer's rule). The "
-             "torchtitan rows publish tokens/s per GPU and MFU (their seconds and TFLOP/s "
-             "are derived from those: the script's docstring).", "",
-             "| row | GPUs | layout | micro-batch | published s | predicted s | error | "
-             "published TFLOP/s/GPU | predicted TFLOP/s/GPU | predicted peak GiB | fits | "
-             "seconds to predict |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "2020-2022 runs and Megatron-DeepSpeed's: scores materialized; NeMo "
+             "(Transformer Engine) and torchtitan: flash attention); rows without a published "
+             "micro-batch run micro-batches of 1 (the importer's rule); NeMo rows run what "
+             "NeMo 2.0's recipes switch on (`NEMO_RECIPE`: distributed optimizer, overlapped "
+             "gradient reduce and parameter gather, sequence parallelism and TP overlap with "
+             "TP > 1); rows that name a model without its dimensions take them from its "
+             "public configuration (`benchmarks/_public_models.py`, named per row below). "
+             "Memory: predicted allocated, reserved and device peaks (`docs/gpu-model.md`, "
+             "\"Memory as the run reports it\"); a published figure is compared with the one "
+             "of its kind (`memory_kind`: a kind the source does not state is read as "
+             "nvidia-smi's, the device figure); a row fits when its device figure does. "
+             "The torchtitan rows publish tokens/s per GPU and MFU (their seconds and "
+             "TFLOP/s are derived from those: the script's docstring).", "", HEADER,
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     errors: dict[str, list[float]] = {}
     stacks: dict[str, list[float]] = {}
+    mem_errors: list[float] = []
     notes_of: dict[str, tuple[str, ...]] = {}
-    fits_all = True
+    wrong_fit: list[str] = []
+    skipped: list[str] = []
     for row in rows:
+        if is_moe(row):
+            skipped.append(row["id"])
+            continue
         try:
             p = predict(row)
         except ShardplanError as e:
-            lines.append(f"| {row['id']} | {row['gpus']} | error: {e} |" + " |" * 9)
-            fits_all = False
+            lines.append(f"| {row['id']} | {row['gpus']} | error: {e} |" + " |" * 10)
+            wrong_fit.append(row["id"])
             continue
-        pub = published_seconds(row)
+        lines.append(table_line(complete(row)[0], p))
         if p["notes"]:
             notes_of[row["id"]] = p["notes"]
+        if p["fits"] == ran_out_of_memory(row):
+            wrong_fit.append(row["id"])
+        if ran_out_of_memory(row):
+            print(f"{row['id']}: ran out of memory, predicted "
+                  f"{'to fit' if p['fits'] else 'not to fit'}", flush=True)
+            continue
+        pub = published_seconds(row)
         err = p["seconds"] / pub - 1.0
         errors.setdefault(source_of(row["id"]), []).append(err)
         stacks.setdefault(stack_of(row), []).append(err)
-        fits_all &= p["fits"]
-        lines.append(
-            f"| {row['id']} | {row['gpus']} | {p['layout']} | {p['micro']} | {pub:.3f} | "
-            f"{p['seconds']:.3f} | {err:+.1%} | {published_tflops(row):.1f} | "
-            f"{published_tflops(row) * pub / p['seconds']:.1f} | {p['memory'] / 2**30:.1f} of "
-            f"{p['capacity'] / 2**30:.0f} | {'yes' if p['fits'] else 'NO'} | {p['wall']:.1f} |")
+        pub_mem = published_memory(row)
+        if pub_mem:
+            mem_errors.append(predicted_memory(row, p) / pub_mem - 1.0)
         print(f"{row['id']}: published {pub:.3f} s, predicted {p['seconds']:.3f} s "
-              f"({err:+.1%}), {p['memory'] / 2**30:.1f} GiB", flush=True)
-    every = [e for errs in errors.values() for e in errs]
+              f"({err:+.1%}), {p['memory'] / 2**30:.1f} / {p['reserved'] / 2**30:.1f} / "
+              f"{p['device'] / 2**30:.1f} GiB", flush=True)
+    lines += summary_lines(errors, stacks, mem_errors, notes_of, wrong_fit, skipped)
+    write_atomic(args.output, "\n".join(lines))
+    print(f"wrote {args.output}")
+    return 0
+
+
+def _stats(name: str, errs: list[float]) -> str:
+    a = [abs(e) for e in errs]
+    return (f"| {name} ({len(errs)}) | {statistics.median(a):.1%} | {max(a):.1%} | "
+            f"{statistics.median(errs):+.1%} |")
+
+
+def summary_lines(errors: dict[str, list[float]], stacks: dict[str, list[float]],
+                  mem_errors: list[float], notes_of: dict[str, tuple[str, ...]],
+                  wrong_fit: list[str], skipped: list[str]) -> list[str]:
+    """The notes and summary under the table."""
+    lines: list[str] = []
     if notes_of:
-        lines += ["", "Import notes (what the importer said it does not model):", ""]
+        lines += ["", "Notes per row (dimensions taken from a public configuration, and what "
+                  "the importer said it does not model):", ""]
         lines += [f"- {rid}: {'; '.join(n)}" for rid, n in notes_of.items()]
     lines += ["", "## Summary", "",
               "| rows | median abs error | worst abs error | median signed error |",
               "|---|---|---|---|"]
-
-    def stats(name: str, errs: list[float]) -> str:
-        a = [abs(e) for e in errs]
-        return (f"| {name} ({len(errs)}) | {statistics.median(a):.1%} | {max(a):.1%} | "
-                f"{statistics.median(errs):+.1%} |")
-
+    every = [e for errs in errors.values() for e in errs]
     if every:
-        lines.append(stats("all", every))
-        for name, errs in sorted(stacks.items()):
-            lines.append(stats(name, errs))
-        for src, errs in sorted(errors.items()):
-            lines.append(stats(src, errs))
-    lines += ["", f"Every row predicted to fit in its GPUs' memory: "
-              f"{'yes' if fits_all else 'no'}.", "",
-              "Which rows informed a constant: none (each constant's source is a published "
-              "kernel or NCCL measurement, `docs/gpu-model.md`). Leave-one-source-out: "
-              "with no row informing a constant, each source's rows above are predicted by "
-              "constants set from none of them.", ""]
-    write_atomic(args.output, "\n".join(lines))
-    print(f"wrote {args.output}")
-    return 0
+        lines.append(_stats("all", every))
+        lines += [_stats(name, errs) for name, errs in sorted(stacks.items())]
+        lines += [_stats(src, errs) for src, errs in sorted(errors.items())]
+    if mem_errors:
+        lines += ["", "Memory, predicted against the published figure of its kind:", "",
+                  "| rows | median abs error | worst abs error | median signed error |",
+                  "|---|---|---|---|", _stats("with a published figure", mem_errors)]
+    lines += ["", "Rows whose outcome (ran / out of memory) is predicted wrong, or that could "
+              f"not be predicted: {', '.join(wrong_fit) or 'none'}."]
+    if skipped:
+        lines += ["", f"Mixture-of-experts rows, not priced until expert parallelism is "
+                  f"modelled (issue 47): {', '.join(skipped)}."]
+    lines += ["", "Which rows informed a constant: none (each constant's source is a "
+              "published kernel, NCCL or allocator measurement or a stack's code, "
+              "`docs/gpu-model.md`). Leave-one-source-out: with no row informing a constant, "
+              "each source's rows above are predicted by constants set from none of them.", ""]
+    return lines
 
 
 if __name__ == "__main__":

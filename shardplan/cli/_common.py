@@ -252,6 +252,16 @@ SETTING_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
         "help": "LLM plans under FSDP: what is gathered at a time (block, default: one "
                 "transformer block, as FSDP2 and Megatron FSDP; module: each sub-module, as "
                 "DeepSpeed ZeRO-3)"}),
+    "stack": ("--stack", {
+        "choices": ("megatron", "megatron-deepspeed", "torchtitan"),
+        "help": "LLM plans: the software that runs the plan, where it prices differently "
+                "(megatron, default: Megatron-LM / Megatron-Core / NeMo; megatron-deepspeed: "
+                "DeepSpeed's pipeline engine and ZeRO optimizer; torchtitan)"}),
+    "expandable_segments": ("--expandable-segments", {
+        "action": "store_const", "const": True,
+        "help": "LLM plans: the run sets PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "
+                "(the allocator reserves little beyond its tensors; torchtitan's launcher "
+                "sets it)"}),
     "optimizer": ("--optimizer", {"choices": ("sgd", "sgd-momentum", "momentum", "adam",
                                               "adamw"),
                                   "help": "optimizer whose state and step are counted "

@@ -262,7 +262,8 @@ def _training_settings(settings: Any) -> Any:
                              gradient_sync=settings.gradient_sync, attention=settings.attention,
                              tp_comm_overlap=settings.tp_comm_overlap,
                              shard_unit=settings.shard_unit,
-                             grad_reduce=settings.grad_reduce,
+                             grad_reduce=settings.grad_reduce, stack=settings.stack,
+                             expandable_segments=settings.expandable_segments,
                              efficiency=settings.efficiency, overlap=settings.overlap)
 
 

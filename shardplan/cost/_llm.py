@@ -57,6 +57,7 @@ import numpy as np
 from shardplan.cost._collectives import collective_seconds
 from shardplan.cost._compute import is_matmul, matmul_peak_flops, roofline_seconds
 from shardplan.cost._formulas import OPTIMIZER_STATE, optimizer_seconds
+from shardplan.cost._reserved import device_bytes, reserved_bytes
 from shardplan.cost._gpu import (
     gpu_model,
     group_collective_seconds,
@@ -275,7 +276,10 @@ class LLMCosts:
         Each pipeline rank's optimizer step.
     memory : dict of str to ndarray
         Per pipeline rank, bytes per device: ``params, gradients, master, optimizer,
-        activations, gathered, buffers, total``.
+        activations, gathered, buffers, total`` (what the tensors hold at the peak), and on
+        GPUs ``reserved`` (the caching allocator's) and ``device`` (with the CUDA context
+        and NCCL's buffers: what runs out of memory), ``shardplan/cost/_reserved.py``; off
+        GPUs both are ``total``.
     in_flight : ndarray
         Micro-batches each virtual stage holds at its peak.
     microbatches : int
@@ -354,11 +358,16 @@ def _rank_devices(parallel: ParallelConfig, pp_rank: int) -> np.ndarray:
 
 
 def _groups(parallel: ParallelConfig, pp_rank: int) -> tuple[np.ndarray, np.ndarray]:
-    """A tensor-parallel group and a data-parallel group of a pipeline rank (device ids)."""
+    """A tensor-parallel group and a gradient group of a pipeline rank (device ids).
+
+    The gradient group is the data-parallel ranks with the context-parallel ones: context
+    parallelism splits the sequence over ranks that hold the same weights, so their
+    gradients are reduced (and a distributed optimizer or FSDP sharded) over ``dp x cp``
+    ranks, as Megatron-Core's ``get_data_parallel_group(with_context_parallel=True)`` and
+    torchtitan's ``dp_shard_cp`` mesh do."""
     base = pp_rank * parallel.devices_per_rank
     tp = base + np.arange(parallel.tp)
-    step = parallel.tp * parallel.cp
-    dp = base + step * np.arange(parallel.data_parallel)
+    dp = base + parallel.tp * np.arange(parallel.data_parallel * parallel.cp)
     return tp, dp
 
 
@@ -422,11 +431,25 @@ def llm_costs(graph: Graph, topology: Topology, parallel: ParallelConfig,
     scaled, fwd, bwd = _node_times(graph, rb, act_scale, float(w_bytes), flops, fp32, bw,
                                    precision != "fp32")
     fwd, bwd = fwd.copy(), bwd.copy()
+    rate: float | np.ndarray = flops
+    if precision == "fp8":
+        # fp8 runs only the blocks' linear layers (Transformer Engine's modules, torchtitan's
+        # Float8Linear): attention and the output head stay in bf16, and every fp8 product
+        # pays its casts (fp8_cast_seconds)
+        half = flops / float(matmul_peak_flops(topology, "fp8")[dev]) * float(d0.flops)
+        fp8_nodes = fp8_linear_nodes(graph)
+        _, fwd16, bwd16 = _node_times(graph, rb, act_scale, float(w_bytes), half, fp32, bw,
+                                      True)
+        fwd = np.where(fp8_nodes, fwd, fwd16)
+        bwd = np.where(fp8_nodes, bwd, bwd16)
+        rate = np.where(fp8_nodes, flops, half)
+        cast_f, cast_b = fp8_cast_seconds(graph, rb, fp8_nodes, bw, settings.microbatches)
+        fwd, bwd = fwd + cast_f, bwd + cast_b
     if hw is not None and settings.efficiency is None:
         # matrix products at the waves their per-device shapes fill (shardplan.cost._gpu)
         wf, wb = _wave_factors(graph, rb, tp, cp, hw.sms)
-        fwd = np.maximum(fwd, scaled.fwd_flops / flops / wf)
-        bwd = np.maximum(bwd, scaled.bwd_flops / flops / wb)
+        fwd = np.maximum(fwd, scaled.fwd_flops / rate / wf)
+        bwd = np.maximum(bwd, scaled.bwd_flops / rate / wb)
     # attention that writes its s x s scores (Megatron-LM's fused softmax kernels, before
     # flash attention): the scores' traffic on top of its products (separate kernels)
     scores = _score_elements(graph, layout, scaled.output_bytes / _ACT_BYTES[precision]) \
@@ -527,7 +550,10 @@ def llm_costs(graph: Graph, topology: Topology, parallel: ParallelConfig,
     backward = np.array([bwd[nodes].sum() for nodes in stages]) + exposed_b
 
     # pipeline messages: activations crossing from stage j to j + 1 (deduplicated by source),
-    # split over the tensor-parallel ranks (Megatron's scatter-gather of pipeline tensors)
+    # split over the tensor-parallel ranks (Megatron's scatter-gather of pipeline tensors);
+    # DeepSpeed's pipeline engine sends the whole tensor from every tensor-parallel rank
+    deepspeed_pipe = settings.stack == "megatron-deepspeed"
+    split_send = 1 if deepspeed_pipe else tp
     send = np.zeros(s_count)
     cut = stage_of[src] != stage_of[dst]
     seen_src: set[int] = set()
@@ -535,23 +561,43 @@ def llm_costs(graph: Graph, topology: Topology, parallel: ParallelConfig,
         if int(src[e]) in seen_src:
             continue
         seen_src.add(int(src[e]))
-        send[stage_of[src[e]]] += ebytes[e] / tp
+        send[stage_of[src[e]]] += ebytes[e] / split_send
     send_s = np.zeros(s_count)
     for j in range(s_count - 1):
         a = _rank_devices(parallel, j % pp)[0]
         b = _rank_devices(parallel, (j + 1) % pp)[0]
         send_s[j] = p2p_seconds(topology, hw, int(a), int(b), float(send[j]))
+    if deepspeed_pipe:
+        # its SendActivation / SendGrad instructions block the sender until the receiver
+        # has the tensor (deepspeed/runtime/pipe/engine.py over p2p.send / p2p.recv): a
+        # stage's forward ends when its output is sent, its backward when its input's
+        # gradient is
+        crosses = np.array([(j + 1) % pp != j % pp for j in range(s_count - 1)] + [False])
+        forward = forward + np.where(crosses, send_s, 0.0)
+        backward = backward + np.concatenate([[0.0], np.where(crosses[:-1], send_s[:-1],
+                                                               0.0)])
 
     # data parallelism: gradients of each virtual stage, per device
     p_dev = np.array([(n_params[nodes] / param_div[nodes]).sum() for nodes in stages])
+    # a tied output head under a pipeline: the last stage holds its own copy of the word
+    # embedding, whose gradient the first and last stage all-reduce before the step
+    # (Megatron's embedding group, _allreduce_word_embedding_grads; DeepSpeed's
+    # ReduceTiedGrads)
+    tied = _tied_embedding_params(graph, layout) / tp if pp > 1 else 0.0
+    p_dev[-1] += tied
     grad_bytes = p_dev * g_bytes
-    d = parallel.data_parallel
+    d = parallel.data_parallel * parallel.cp  # the gradient group (_groups)
     gs = settings.gradient_sync
     fsdp = parallel.dp_shard > 1 or gs == "sharded"
     zero1 = gs == "zero1"
     kind = "reducescatter" if (fsdp or zero1) else "allreduce"
     sync = np.array([collective(kind, dp_group, float(b)) if d > 1 else 0.0
                      for b in grad_bytes])
+    if tied:
+        ends = np.array([_rank_devices(parallel, 0)[0], _rank_devices(parallel, pp - 1)[0]])
+        tie = collective("allreduce", ends, float(tied * g_bytes))
+        sync[0] += tie
+        sync[-1] += tie
     gather = np.zeros(s_count)
     module_unit = fsdp and settings.shard_unit == "module"
     units = np.array([_gather_units(layout, nodes, n_params, module_unit) for nodes in stages],
@@ -612,7 +658,7 @@ def llm_costs(graph: Graph, topology: Topology, parallel: ParallelConfig,
                 # per-op checkpointing also keeps the outputs its policy saves
                 mine = inside[saved[inside]]
                 kept[j] += float((scaled.output_bytes[mine] / div[mine]).sum())
-        act_held = kept * in_flight + largest_block
+        act_held = _held_at_rank_peak(parallel, settings, kept, in_flight) + largest_block
     elif recompute == "selective":
         # the attention cores are re-run one block at a time in the backward: every
         # micro-batch in flight keeps the rest, one block's core exists at a time
@@ -624,14 +670,15 @@ def llm_costs(graph: Graph, topology: Topology, parallel: ParallelConfig,
                 per = np.bincount(np.maximum(layout.block[mine], 0),
                                   weights=out_bytes[mine] / div[mine])
                 core[j], one_core[j] = per.sum(), per.max()
-        act_held = (act - core) * in_flight + one_core
+        act_held = _held_at_rank_peak(parallel, settings, act - core, in_flight) + one_core
     else:
-        act_held = act * in_flight
+        act_held = _held_at_rank_peak(parallel, settings, act, in_flight)
     state = OPTIMIZER_STATE[settings.optimizer] * 4.0  # fp32 moments
     mem: dict[str, np.ndarray] = {k: np.zeros(pp) for k in
                                   ("params", "gradients", "master", "optimizer", "activations",
                                    "gathered")}
-    shard = parallel.dp_shard if parallel.dp_shard > 1 else (d if gs == "sharded" else 1)
+    shard = parallel.dp_shard * parallel.cp if parallel.dp_shard > 1 else (
+        d if gs == "sharded" else 1)
     # torch FSDP2 under mixed precision (MixedPrecisionPolicy): the sharded parameters are the
     # fp32 ones the optimizer steps, cast to half precision as they are all-gathered, and
     # their gradients are fp32 whatever the reduce_dtype; no half-precision shard is kept
@@ -665,14 +712,60 @@ def llm_costs(graph: Graph, topology: Topology, parallel: ParallelConfig,
     buffers = float(graph.meta.get("buffer_bytes", 0) or 0) if isinstance(graph.meta, dict) \
         else 0.0
     mem["buffers"] = np.full(pp, buffers)
+    if settings.stack == "megatron-deepspeed":
+        _deepspeed_buffers(mem, rank_params, settings, d, g_bytes)
     mem["total"] = np.sum([mem[k] for k in ("params", "gradients", "master", "optimizer",
                                             "activations", "gathered", "buffers")], axis=0)
+    largest = np.zeros(pp)
+    for j, nodes in enumerate(stages):
+        largest[j % pp] = max(largest[j % pp],
+                              float((out_bytes[nodes] / div[nodes]).max(initial=0.0)))
+    if hw is not None:  # a GPU: the caching allocator, the CUDA context, NCCL
+        mem["reserved"] = reserved_bytes(mem["total"], largest,
+                                         expandable_segments=settings.expandable_segments)
+        mem["device"] = device_bytes(mem["reserved"], parallel)
+    else:
+        mem["reserved"] = mem["total"].copy()
+        mem["device"] = mem["total"].copy()
     return LLMCosts(forward=forward, backward=backward, tp_comm_forward=tp_f,
                     tp_comm_backward=tp_b, send_bytes=send, send_seconds=send_s,
                     grad_bytes=grad_bytes, grad_sync_seconds=sync,
                     param_gather_seconds=gather, optimizer_seconds=opt, memory=mem,
                     in_flight=in_flight, microbatches=settings.microbatches,
                     replica_batch=rb, gather_units=units)
+
+
+def _tied_embedding_params(graph: Graph, layout: BlockLayout) -> float:
+    """Parameters of the word embedding when the output head is tied to it (the head's
+    nodes hold no parameters of their own in the captured graph), else 0. O(n)."""
+    params = graph.param_bytes.astype(np.float64)
+    head = layout.vocab & (layout.block >= layout.num_blocks)
+    embedding = layout.vocab & (layout.block < 0)
+    if not head.any() or params[head].sum() > 0:
+        return 0.0
+    dtype_bytes = float(graph.meta.get("dtype_bytes", 4)) if isinstance(graph.meta, dict) \
+        else 4.0
+    return float(params[embedding].sum() / dtype_bytes)
+
+
+#: DeepSpeed's ZeRO buckets, elements (``reduce_bucket_size`` and ``allgather_bucket_size``
+#: default 5e8, deepspeed/runtime/zero/config.py): a flat gradient bucket is reduced at a time.
+DEEPSPEED_BUCKET = 5e8
+
+
+def _deepspeed_buffers(mem: dict[str, np.ndarray], rank_params: np.ndarray,
+                       settings: ExecutionSettings, d: int, g_bytes: int) -> None:
+    """DeepSpeed's optimizer buffers beside the parameters, gradients and states (in place,
+    per pipeline rank): its BF16 optimizer (``deepspeed/runtime/bf16_optimizer.py``)
+    accumulates every gradient in an fp32 copy of all the rank's parameters, unsharded; its
+    fp16 ZeRO-1 / 2 optimizer (``zero/stage_1_and_2.py``) keeps the fp32 gradients of its
+    partition; both reduce a flat bucket of :data:`DEEPSPEED_BUCKET` gradients at a time."""
+    if settings.precision == "bf16":
+        mem["gradients"] += rank_params * 4.0
+    elif settings.precision == "fp16" and settings.gradient_sync == "zero1" and d > 1:
+        mem["gradients"] += rank_params * 4.0 / d
+    if d > 1:
+        mem["gathered"] += np.minimum(rank_params, DEEPSPEED_BUCKET) * g_bytes
 
 
 @dataclass(frozen=True)
@@ -737,6 +830,54 @@ def _op_saved(graph: Graph) -> np.ndarray:
             saved[v] = count[b] % 2 == 1
     saved.setflags(write=False)
     return saved
+
+
+@lru_cache(maxsize=64)
+def fp8_linear_nodes(graph: Graph) -> np.ndarray:
+    """The nodes an fp8 run multiplies in fp8: the transformer blocks' linear layers.
+
+    Transformer Engine's ``fp8_autocast`` covers its ``Linear`` / ``LayerNormLinear`` /
+    ``LayerNormMLP`` modules, which Megatron-Core's blocks use; its ``DotProductAttention``
+    stays in bf16 unless ``fp8_dot_product_attention`` is set, and Megatron-Core's output
+    layer is its own ``ColumnParallelLinear``, not a Transformer Engine module. torchtitan's
+    float8 converts the blocks' ``nn.Linear`` and leaves the ``output`` head out by default.
+    O(n)."""
+    layout = block_layout(graph)
+    in_block = (layout.block >= 0) & (layout.block < layout.num_blocks)
+    linear = np.array([is_matmul(op) and not _SDPA.search(op.lower()) for op in graph.ops])
+    out = in_block & ~layout.attention_core & linear & (graph.param_bytes > 0)
+    out.setflags(write=False)
+    return out
+
+
+#: Bytes per element Transformer Engine's fp8 recipes move to feed an fp8 product: the
+#: fused cast-transpose (``cast_transpose`` in ``transformer_engine/common``) reads the bf16
+#: tensor (2) and writes its fp8 copy (1) and the transposed fp8 copy the other product of
+#: the backward needs on Hopper, whose fp8 tensor cores take only the TN layout (1). Paid
+#: for each fp8 product's input in the forward, its output gradient in the backward, and
+#: its weight once per iteration (Megatron passes ``is_first_microbatch``, so the fp8
+#: weights are cached across micro-batches).
+FP8_CAST_BYTES = 4.0
+
+
+def fp8_cast_seconds(graph: Graph, batch: int, fp8_nodes: np.ndarray, bw: float,
+                     microbatches: int) -> tuple[np.ndarray, np.ndarray]:
+    """Forward and backward seconds of the fp8 casts of one micro-batch, per node before
+    any parallel split (:data:`FP8_CAST_BYTES`): a product ``(M x K) (K x N)`` casts its
+    ``M K`` inputs forward, its ``M N`` output gradients backward, and its ``K N`` weights
+    once per iteration (a share of it per micro-batch). O(n)."""
+    g = graph.at_batch_size(batch)
+    dtype_bytes = float(graph.meta.get("dtype_bytes", 4)) if isinstance(graph.meta, dict) \
+        else 4.0
+    params = graph.param_bytes.astype(np.float64) / dtype_bytes
+    out = g.output_bytes.astype(np.float64) / dtype_bytes
+    fwd, bwd = np.zeros(graph.num_nodes), np.zeros(graph.num_nodes)
+    sel = fp8_nodes & (out > 0) & (params > 0)
+    k = np.where(sel, g.fwd_flops / np.maximum(2.0 * out, 1.0), 0.0)
+    inputs = np.where(sel, out * k * k / np.maximum(params, 1.0), 0.0)
+    fwd[sel] = FP8_CAST_BYTES * (inputs[sel] + params[sel] / max(microbatches, 1)) / bw
+    bwd[sel] = FP8_CAST_BYTES * out[sel] / bw
+    return fwd, bwd
 
 
 @lru_cache(maxsize=64)
@@ -911,4 +1052,36 @@ def _interleaved_in_flight(pp: int, vp: int, m: int) -> tuple[int, ...]:
     from shardplan.ir.schedule import make_schedule
 
     return make_schedule("interleaved-1f1b", pp * vp, m, virtual_stages=vp).in_flight()
+
+
+@lru_cache(maxsize=64)
+def _interleaved_timeline(pp: int, vp: int, m: int
+                          ) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
+    """Per pipeline rank of interleaved 1F1B: its virtual stages and the micro-batches each
+    holds after each action (:meth:`~shardplan.ir.schedule.Schedule.rank_in_flight`)."""
+    from shardplan.ir.schedule import make_schedule
+
+    sched = make_schedule("interleaved-1f1b", pp * vp, m, virtual_stages=vp)
+    out = []
+    for r in range(pp):
+        stages, counts = sched.rank_in_flight(r)
+        out.append((np.asarray(stages, dtype=np.int64), np.asarray(counts, dtype=np.float64)))
+    return tuple(out)
+
+
+def _held_at_rank_peak(parallel: ParallelConfig, settings: ExecutionSettings,
+                       per_mb: np.ndarray, in_flight: np.ndarray) -> np.ndarray:
+    """Activation bytes each virtual stage holds when its rank's activations peak: with
+    one stage per rank ``per_mb x in_flight``; under interleaving the counts at the action
+    where the rank's stages together hold the most (their own peaks come at different
+    times, so summing them would count memory no moment holds). O(m vp) per rank."""
+    if parallel.vp == 1:
+        return per_mb * in_flight
+    held = np.zeros_like(per_mb)
+    for stages, counts in _interleaved_timeline(parallel.pp, parallel.vp,
+                                                settings.microbatches):
+        if counts.size:
+            t = int(np.argmax(counts @ per_mb[stages]))
+            held[stages] = counts[t] * per_mb[stages]
+    return held
 

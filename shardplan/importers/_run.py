@@ -34,8 +34,8 @@ from shardplan.errors import ShardplanError
 from shardplan.ir.parallel import ParallelConfig
 from shardplan.ir.settings import ExecutionSettings
 
-__all__ = ["FLAVORS", "PRECISIONS", "RECOMPUTES", "ModelDims", "RunConfig", "execution_of",
-           "flavor_dims", "uneven_stage_layers"]
+__all__ = ["FLAVORS", "PRECISIONS", "RECOMPUTES", "ModelDims", "RunConfig",
+           "balanced_stage_layers", "execution_of", "flavor_dims", "uneven_stage_layers"]
 
 PRECISIONS = ("fp32", "bf16", "fp16", "fp8")
 RECOMPUTES = ("none", "selective", "op", "full")
@@ -162,6 +162,46 @@ def uneven_stage_layers(num_layers: int, pp: int, vp: int, first: int | None,
                                  f"virtual stages")
     out = tuple(counts[j % pp] // vp for j in range(pp * vp))
     return None if len(set(out)) == 1 else out  # even after all: the default layout
+
+
+def balanced_stage_layers(num_layers: int, stages: int, *, embedding: bool = False,
+                          loss: bool = False) -> tuple[int, ...] | None:
+    """Blocks per virtual stage when the embedding and / or the loss count as one layer each
+    and the ``num_layers (+1) (+1)`` layers are split as evenly as they go, earlier stages
+    taking the remainder; the first stage's count less the embedding, the last's less the
+    loss. None when that is the even split of the blocks alone.
+
+    The split of Megatron-Core's ``--account-for-embedding-in-pipeline-split`` /
+    ``--account-for-loss-in-pipeline-split`` (which require the sum to divide evenly: the
+    caller checks) and of Megatron-DeepSpeed's ``--pp-partition-method
+    type:transformer|embedding`` (DeepSpeed's ``PipelineModule`` balancing the two
+    embedding layers with the blocks, a remainder going to the first stages as DeepSpeed's
+    ``partition_uniform`` gives it). O(stages).
+
+    Raises
+    ------
+    ShardplanError
+        A stage would hold fewer than zero blocks.
+
+    Examples
+    --------
+    >>> balanced_stage_layers(126, 64, embedding=True, loss=True)[:3]
+    (1, 2, 2)
+    >>> balanced_stage_layers(70, 12, embedding=True, loss=True)
+    (5, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 5)
+    >>> balanced_stage_layers(72, 12) is None
+    True
+    """
+    total = num_layers + int(embedding) + int(loss)
+    q, r = divmod(total, stages)
+    counts = [q + (1 if i < r else 0) for i in range(stages)]
+    counts[0] -= int(embedding)
+    counts[-1] -= int(loss)
+    if min(counts) < 0:
+        raise ShardplanError(f"{num_layers} layers cannot fill {stages} pipeline stages with "
+                             f"the embedding and the loss counted as layers")
+    out = tuple(counts)
+    return None if len(set(out)) == 1 else out
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -310,7 +350,9 @@ def execution_of(parallel: ParallelConfig, *, micro_batch_size: int, global_batc
                  recompute: str = "none", gradient_sync: str = "end",
                  sequence_parallel: bool = False, tp_comm_overlap: bool = False,
                  optimizer: str = "adam", shard_unit: str = "block",
-                 recompute_every: int = 1, grad_reduce: str = "param") -> dict[str, Any]:
+                 recompute_every: int = 1, grad_reduce: str = "param",
+                 stack: str = "megatron", expandable_segments: bool = False
+                 ) -> dict[str, Any]:
     """The :attr:`RunConfig.execution` of a run: the plan's micro-batch (``micro_batch_size
     x dp x dp_shard``, shared by the data-parallel ranks) and its count, the schedule
     (``interleaved-1f1b`` when ``vp > 1``, else ``schedule`` or ``1f1b``) and the training
@@ -326,4 +368,5 @@ def execution_of(parallel: ParallelConfig, *, micro_batch_size: int, global_batc
             "sequence_parallel": bool(sequence_parallel),
             "tp_comm_overlap": bool(tp_comm_overlap), "optimizer": optimizer,
             "shard_unit": shard_unit, "recompute_every": recompute_every,
-            "grad_reduce": grad_reduce}
+            "grad_reduce": grad_reduce, "stack": stack,
+            "expandable_segments": bool(expandable_segments)}

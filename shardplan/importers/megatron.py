@@ -56,7 +56,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from shardplan.errors import ShardplanError
-from shardplan.importers._run import ModelDims, RunConfig, execution_of, uneven_stage_layers
+from shardplan.importers._run import (
+    ModelDims,
+    RunConfig,
+    balanced_stage_layers,
+    execution_of,
+    uneven_stage_layers,
+)
 from shardplan.ir.parallel import ParallelConfig
 
 __all__ = ["IGNORED_FLAGS", "IGNORED_VALUES", "megatron_args_of_row", "parse_megatron",
@@ -69,7 +75,8 @@ _READ_SWITCHES = frozenset({
     "--use-distributed-optimizer", "--use-torch-fsdp2", "--use-megatron-fsdp",
     "--use-custom-fsdp", "--overlap-grad-reduce", "--overlap-param-gather", "--tp-comm-overlap",
     "--deepspeed", "--no-pipeline-parallel", "--checkpoint-activations",
-    "--accumulate-allreduce-grads-in-fp32",
+    "--accumulate-allreduce-grads-in-fp32", "--account-for-embedding-in-pipeline-split",
+    "--account-for-loss-in-pipeline-split",
 })
 _READ_VALUES = frozenset({
     "--num-layers", "--hidden-size", "--num-attention-heads", "--num-query-groups",
@@ -82,7 +89,7 @@ _READ_VALUES = frozenset({
     "--context-parallel-size", "--data-parallel-size", "--fp8-format",
     "--recompute-granularity", "--recompute-method", "--recompute-num-layers",
     "--data-parallel-sharding-strategy", "--optimizer", "--kv-channels", "--zero-stage",
-    "--deepspeed_config", "--deepspeed-config",
+    "--deepspeed_config", "--deepspeed-config", "--pp-partition-method",
 })
 
 #: Switches that do not change what shardplan models (logging, checkpoints, kernel fusion).
@@ -362,6 +369,53 @@ def _sharding(args: Mapping[str, list[str]], notes: list[str], pp: int = 1
     return False, "bucketed" if "--overlap-grad-reduce" in args else "end"
 
 
+#: Megatron-DeepSpeed's ``--pp-partition-method`` values read (DeepSpeed's
+#: ``PipelineModule(partition_method=...)``): the blocks alone balanced, or the blocks and
+#: the two embedding layers (input embedding, tied output head) balanced together.
+_PARTITION_METHODS = ("type:transformer", "type:transformer|embedding")
+
+
+def _stage_layers(args: Mapping[str, list[str]], num_layers: int, pp: int, vp: int,
+                  first: int | None, last: int | None, notes: list[str]
+                  ) -> tuple[int, ...] | None:
+    """Blocks per virtual stage as the run's stack splits them (None: even).
+
+    Megatron-Core: ``--decoder-first/last-pipeline-num-layers``, or
+    ``--account-for-embedding-in-pipeline-split`` / ``--account-for-loss-in-pipeline-split``
+    (the embedding / the loss counted as one layer of the first / last virtual stage; Megatron
+    requires the total to divide by pp x vp). Megatron-DeepSpeed (``--deepspeed`` with a
+    pipeline): ``--pp-partition-method``, DeepSpeed's ``PipelineModule`` balancing its
+    layers over the stages (default ``type:transformer``, the blocks alone), so a block count
+    that does not divide is split with the extra blocks on the first stages.
+    """
+    emb = "--account-for-embedding-in-pipeline-split" in args
+    loss = "--account-for-loss-in-pipeline-split" in args
+    method = args.get("--pp-partition-method", [None])[0]
+    if emb or loss:
+        if first is not None or last is not None:
+            raise ShardplanError("--account-for-embedding/loss-in-pipeline-split and "
+                                 "--decoder-first/last-pipeline-num-layers exclude each other")
+        total = num_layers + int(emb) + int(loss)
+        if total % (pp * vp):
+            raise ShardplanError(f"{num_layers} layers with the embedding and loss counted "
+                                 f"({total}) do not divide evenly over pp x vp = {pp * vp} "
+                                 f"pipeline stages, as Megatron-Core requires")
+        return balanced_stage_layers(num_layers, pp * vp, embedding=emb, loss=loss)
+    if "--deepspeed" in args and pp > 1:
+        method = method or "type:transformer"
+        if method not in _PARTITION_METHODS:
+            raise ShardplanError(f"--pp-partition-method is one of "
+                                 f"{', '.join(_PARTITION_METHODS)}, got {method!r}")
+        if first is not None or last is not None or vp > 1:
+            raise ShardplanError("DeepSpeed's pipeline engine has neither uneven "
+                                 "--decoder-first/last-pipeline-num-layers nor virtual stages")
+        both = method.endswith("|embedding")
+        return balanced_stage_layers(num_layers, pp, embedding=both, loss=both)
+    if method is not None:
+        notes.append("--pp-partition-method without --deepspeed and a pipeline does nothing")
+    return uneven_stage_layers(num_layers, pp, vp, first, last)
+
+
 def parse_megatron(text: str, *, num_gpus: int | None = None, cluster: str | None = None
                    ) -> RunConfig:
     """Read a Megatron-LM argument string into a checked :class:`RunConfig`.
@@ -428,7 +482,7 @@ def parse_megatron(text: str, *, num_gpus: int | None = None, cluster: str | Non
             raise ShardplanError(f"{model.num_layers} layers are not a multiple of pp {pp} x "
                                  f"{n} layers per virtual stage")
         vp = model.num_layers // (pp * n)
-    stage_layers = uneven_stage_layers(model.num_layers, pp, vp, first, last)
+    stage_layers = _stage_layers(args, model.num_layers, pp, vp, first, last, notes)
     if "--no-pipeline-parallel" in args and pp > 1:
         raise ShardplanError(f"--no-pipeline-parallel and --pipeline-model-parallel-size {pp} "
                              f"contradict each other")
@@ -488,7 +542,8 @@ def parse_megatron(text: str, *, num_gpus: int | None = None, cluster: str | Non
                              gradient_sync=sync, sequence_parallel=seq_par,
                              tp_comm_overlap="--tp-comm-overlap" in args, optimizer=optimizer,
                              shard_unit=shard_unit,
-                             grad_reduce="fp32" if fp32_grads else "param")
+                             grad_reduce="fp32" if fp32_grads else "param",
+                             stack="megatron-deepspeed" if "--deepspeed" in args else "megatron")
     return RunConfig(model=model, cluster=cluster, num_gpus=num_gpus, parallel=parallel,
                      micro_batch_size=micro, global_batch=glob, execution=execution,
                      notes=tuple(notes), source="megatron")
@@ -507,8 +562,17 @@ def megatron_args_of_row(row: Mapping[str, Any]) -> str:
     published; 1 is written), ``precision``, ``recompute`` (``full``: uniform, one layer;
     ``selective``), ``sequence_parallel`` (0/1) and ``optimizer_sharding`` (``zero3
     (DeepSpeed)``: Megatron-DeepSpeed's ``--deepspeed --zero-stage 3``; another ``zero3...``:
-    Megatron FSDP of everything; ``zero1`` / ``distributed``: the distributed optimizer).
-    The data-parallel size goes in as shardplan's ``--data-parallel-size``.
+    Megatron FSDP of everything; ``zero1`` / ``distributed``: the distributed optimizer, or
+    under a ``Megatron-DeepSpeed`` ``stack`` DeepSpeed's ZeRO-1; ``none (ZeRO stage 0)``
+    there: ``--zero-stage 0``). Optional columns: ``cp`` (context parallelism), ``ffn``,
+    ``kv_heads`` and a ``model`` naming Llama (a Llama-style model: SwiGLU, RMSNorm, rotary
+    positions, grouped queries, untied head), a ``notes`` naming DeepSpeed's partition method
+    ``type:transformer|embedding``. A ``Megatron-Core`` row whose blocks do not divide over
+    ``pp x vp`` virtual stages but do with the embedding and loss counted as layers takes
+    ``--account-for-embedding/loss-in-pipeline-split``: the one split Megatron-Core accepts
+    for it. Virtual stages go in as
+    ``--num-virtual-stages-per-pipeline-rank``; the data-parallel size as shardplan's
+    ``--data-parallel-size``.
     """
     def num(key: str, default: int | None = None) -> int:
         text = _cell(row, key)
@@ -522,17 +586,33 @@ def megatron_args_of_row(row: Mapping[str, Any]) -> str:
             raise ShardplanError(f"row {_cell(row, 'id') or '?'}: {key} is not a number: "
                                  f"{text!r}") from None
 
-    layers, pp, vp = num("layers"), num("pp", 1), num("vp", 1)
+    layers, pp, vp, heads = num("layers"), num("pp", 1), num("vp", 1), num("heads")
     out = ["--num-layers", str(layers), "--hidden-size", str(num("hidden")),
-           "--num-attention-heads", str(num("heads")), "--seq-length", str(num("seq")),
+           "--num-attention-heads", str(heads), "--seq-length", str(num("seq")),
            "--max-position-embeddings", str(num("seq")), "--vocab-size", str(num("vocab")),
            "--micro-batch-size", str(num("micro_batch", 1)),
            "--global-batch-size", str(num("global_batch")),
            "--tensor-model-parallel-size", str(num("tp", 1)),
            "--pipeline-model-parallel-size", str(pp),
            "--data-parallel-size", str(num("dp", 1))]
+    if num("cp", 1) > 1:
+        out += ["--context-parallel-size", str(num("cp"))]
+    kv = num("kv_heads", heads)
+    if "llama" in _cell(row, "model").lower():
+        out += ["--swiglu", "--normalization", "RMSNorm", "--position-embedding-type", "rope",
+                "--untie-embeddings-and-output-weights"]
+    if kv != heads:
+        out += ["--group-query-attention", "--num-query-groups", str(kv)]
+    if _cell(row, "ffn"):
+        out += ["--ffn-hidden-size", str(num("ffn"))]
     if vp > 1:
-        out += ["--num-layers-per-virtual-pipeline-stage", str(layers // (pp * vp))]
+        out += ["--num-virtual-stages-per-pipeline-rank", str(vp)]
+    if layers % (pp * vp) and not (layers + 2) % (pp * vp) and "megatron-core" in _cell(
+            row, "stack").lower():
+        # the one split Megatron-Core accepts for such a count (126 blocks over pp 8 x vp 8:
+        # uneven first/last ranks would need their blocks to divide by vp)
+        out += ["--account-for-embedding-in-pipeline-split",
+                "--account-for-loss-in-pipeline-split"]
     precision = _cell(row, "precision").lower()
     if precision in ("fp16", "bf16"):
         out.append(f"--{precision}")
@@ -546,12 +626,24 @@ def megatron_args_of_row(row: Mapping[str, Any]) -> str:
         out += ["--recompute-granularity", "selective"]
     if _cell(row, "sequence_parallel") in ("1", "true", "True"):
         out.append("--sequence-parallel")
-    sharding = _cell(row, "optimizer_sharding").lower()
-    if sharding.startswith("zero3") and "deepspeed" in sharding:
-        out += ["--deepspeed", "--zero-stage", "3"]
-    elif sharding.startswith("zero3"):
-        out += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy",
-                "optim_grads_params"]
-    elif sharding.startswith(("zero1", "distributed")):
-        out.append("--use-distributed-optimizer")
+    out += _row_sharding(row, pp)
     return shlex.join(out)
+
+
+def _row_sharding(row: Mapping[str, Any], pp: int) -> list[str]:
+    """The data-parallel sharding arguments of a row (:func:`megatron_args_of_row`)."""
+    sharding = _cell(row, "optimizer_sharding").lower()
+    if "megatron-deepspeed" in _cell(row, "stack").lower():
+        stage = 3 if sharding.startswith("zero3") else 1 if sharding.startswith("zero1") else 0
+        out = ["--deepspeed", "--zero-stage", str(stage)]
+        if pp > 1 and "type:transformer|embedding" in _cell(row, "notes"):
+            out += ["--pp-partition-method", "type:transformer|embedding"]
+        return out
+    if sharding.startswith("zero3") and "deepspeed" in sharding:
+        return ["--deepspeed", "--zero-stage", "3"]
+    if sharding.startswith("zero3"):
+        return ["--use-megatron-fsdp", "--data-parallel-sharding-strategy",
+                "optim_grads_params"]
+    if sharding.startswith(("zero1", "distributed")):
+        return ["--use-distributed-optimizer"]
+    return []

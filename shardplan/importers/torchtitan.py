@@ -326,12 +326,14 @@ def run_of_torchtitan(sections: Mapping[str, Mapping[str, Any]], *,
     execution = execution_of(parallel, micro_batch_size=micro, global_batch=glob,
                              schedule=schedule, precision=precision,
                              recompute=_recompute(sections, notes), gradient_sync=sync,
-                     recompute_every=_recompute_every(sections),
+                             recompute_every=_recompute_every(sections),
                              sequence_parallel=seq_par,
                              tp_comm_overlap=bool(par_s.get("enable_async_tensor_parallel")),
                              optimizer=optimizer,
                              grad_reduce="fp32" if shard > 1 and reduce == "float32" and
-                             precision != "fp32" else "param")
+                             precision != "fp32" else "param", stack="torchtitan",
+                             # its run_train.sh launches with expandable_segments:True
+                             expandable_segments=True)
     return RunConfig(model=model, cluster=cluster, num_gpus=num_gpus, parallel=parallel,
                      micro_batch_size=micro, global_batch=glob, execution=execution,
                      notes=tuple(notes), source="torchtitan")

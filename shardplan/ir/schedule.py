@@ -225,6 +225,33 @@ class Schedule:
                     now[a.stage] -= 1
         return tuple(peak)
 
+    def rank_in_flight(self, rank: int) -> tuple[tuple[int, ...], list[tuple[int, ...]]]:
+        """The micro-batches each stage of one rank holds after each of its actions: the
+        rank's stages (in first-action order) and one tuple of counts per action. A rank's
+        memory peaks where the counts, weighted by each stage's bytes per micro-batch, sum
+        highest, which under interleaving is less than the sum of :meth:`in_flight`'s
+        per-stage peaks (they come at different times). O(S M / P).
+
+        Examples
+        --------
+        >>> one_f_one_b(2, 2).rank_in_flight(0)[1]
+        [(1,), (2,), (1,), (0,)]
+        """
+        leaves = [leaf for act in self.ranks[rank] for leaf in act.leaves()]
+        stages = tuple(dict.fromkeys(a.stage for a in leaves))
+        index = {s: i for i, s in enumerate(stages)}
+        now = [0] * len(stages)
+        out: list[tuple[int, ...]] = []
+        for a in leaves:
+            if a.op == FORWARD:
+                now[index[a.stage]] += 1
+            elif a.op in _GRAD_DONE:
+                now[index[a.stage]] -= 1
+            else:
+                continue
+            out.append(tuple(now))
+        return stages, out
+
     # ------------------------------------------------------------------ text form
     def to_text(self) -> str:
         """The CSV torch's ``_load_csv`` reads: one row per rank, one compute action per

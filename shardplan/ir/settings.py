@@ -32,7 +32,7 @@ from shardplan.errors import InvalidFileError, ShardplanError
 
 __all__ = ["ATTENTION_KERNELS", "DDP_BUCKET_BYTES", "GRADIENT_SYNCS", "GRAD_REDUCES",
            "LEGACY_SETTING_KEYS",
-           "OPTIMIZERS", "PRECISIONS", "RECOMPUTES", "SCHEDULES", "SHARD_UNITS",
+           "OPTIMIZERS", "PRECISIONS", "RECOMPUTES", "SCHEDULES", "SHARD_UNITS", "STACKS",
            "ExecutionSettings"]
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
@@ -43,6 +43,8 @@ PRECISIONS = ("fp32", "bf16", "fp16", "fp8")
 RECOMPUTES = ("none", "selective", "op", "full")
 SHARD_UNITS = ("block", "module")
 GRAD_REDUCES = ("param", "fp32")
+#: The software that runs an LLM plan, where it prices differently (ExecutionSettings.stack).
+STACKS = ("megatron", "megatron-deepspeed", "torchtitan")
 DDP_BUCKET_BYTES = 25 * 2**20  # torch DistributedDataParallel's default bucket_cap_mb
 
 # Keys older plans kept among their algorithm options (before the ``execution`` field).
@@ -186,6 +188,20 @@ class ExecutionSettings:
         ``module`` -- each parameterized sub-module on its own (DeepSpeed ZeRO-3, which
         fetches a module's parameters in its forward and backward hooks and prefetches a
         bucket of the next ones).
+    stack : {"megatron", "megatron-deepspeed", "torchtitan"}
+        The software that runs an LLM plan, where its mechanisms differ (``docs/gpu-model.md``,
+        "Each stack as it runs"): ``megatron`` (default) -- Megatron-LM / Megatron-Core / NeMo:
+        pipeline messages split over the tensor-parallel ranks and sent asynchronously;
+        ``megatron-deepspeed`` -- Megatron-DeepSpeed under DeepSpeed's pipeline engine and
+        ZeRO optimizer: every tensor-parallel rank sends the whole activation, blocking, and
+        DeepSpeed's optimizer keeps its own gradient buffers (fp32 accumulation of the BF16
+        optimizer, reduce buckets); ``torchtitan`` -- torch FSDP2 / pipelining (its FSDP is
+        priced by ``shard_unit`` ``block``). The importers set it from the configuration.
+    expandable_segments : bool
+        ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``: the caching allocator grows its
+        segments page by page, so what it reserves beyond the live tensors is rounding only
+        (``shardplan/cost/_reserved.py``; default False: fixed segments, which keep a hole
+        the size of the step's largest freed tensor). torchtitan's launch script sets it.
     """
 
     microbatch_size: int | None = None
@@ -206,6 +222,8 @@ class ExecutionSettings:
     shard_unit: str = "block"
     recompute_every: int = 1
     grad_reduce: str = "param"
+    stack: str = "megatron"
+    expandable_segments: bool = False
 
     def __post_init__(self) -> None:
         if self.microbatch_size is not None:
@@ -234,13 +252,17 @@ class ExecutionSettings:
         if self.grad_reduce not in GRAD_REDUCES:
             raise ShardplanError(f"unknown gradient reduction precision {self.grad_reduce!r} "
                                  f"(choose from {', '.join(GRAD_REDUCES)})")
+        if self.stack not in STACKS:
+            raise ShardplanError(f"unknown stack {self.stack!r} (choose from "
+                                 f"{', '.join(STACKS)})")
         if self.schedule not in SCHEDULES:
             raise ShardplanError(f"unknown schedule {self.schedule!r} (choose from "
                                  f"{', '.join(SCHEDULES)})")
         if self.optimizer not in OPTIMIZERS:
             raise ShardplanError(f"unknown optimizer {self.optimizer!r} (choose from "
                                  f"{', '.join(OPTIMIZERS)})")
-        for name in ("overlap", "sequence_parallel", "tp_comm_overlap"):
+        for name in ("overlap", "sequence_parallel", "tp_comm_overlap",
+                     "expandable_segments"):
             if not isinstance(getattr(self, name), bool):
                 raise ShardplanError(f"{name} must be true or false, got "
                                      f"{getattr(self, name)!r}")

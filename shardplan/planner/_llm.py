@@ -178,7 +178,7 @@ def llm_search(graph: Graph, topology: Topology, settings: ExecutionSettings, *,
             costs = llm_costs(graph, topology, par, st)
         except ShardplanError:
             continue
-        mem = float(costs.memory["total"].max())
+        mem = float(costs.memory["device"].max())  # what the device holds
         if mem > capacity:
             ranked.append(LLMCandidate(par, st, math.inf, mem, False))
             continue

@@ -64,6 +64,13 @@ class SimulationResult:
     busy_seconds : tuple of float
         Forward and backward compute per device.
     peak_memory_bytes, memory_capacity_bytes : tuple of float
+        What the tensors hold at their peak (``torch.cuda.max_memory_allocated``), and the
+        device's memory.
+    reserved_memory_bytes, device_memory_bytes : tuple of float
+        LLM plans: what the caching allocator reserves at the peak
+        (``torch.cuda.max_memory_reserved``) and what the device holds with the CUDA context
+        and NCCL's buffers (``nvidia-smi``), ``shardplan/cost/_reserved.py``; empty for other
+        plan kinds. :attr:`fits_memory` reads the device figure when there is one.
     allreduce_seconds : tuple of float
         Per pipeline stage, from its all-reduce's start to its end (0 for one replica).
     optimizer_seconds : float
@@ -99,12 +106,16 @@ class SimulationResult:
     intervals: tuple[Interval, ...] = ()
     memory_timeline: tuple[tuple[tuple[float, float], ...], ...] = ()
     options: dict[str, Any] | None = None
+    reserved_memory_bytes: tuple[float, ...] = ()
+    device_memory_bytes: tuple[float, ...] = ()
 
     @property
     def fits_memory(self) -> bool:
-        """Whether every device's peak memory is within its capacity."""
-        return all(p <= c for p, c in zip(self.peak_memory_bytes, self.memory_capacity_bytes,
-                                          strict=True))
+        """Whether every device's peak memory is within its capacity: the memory the device
+        holds (tensors, allocator's reserve, CUDA context, NCCL buffers) where the plan kind
+        prices it, else the tensors' peak."""
+        held = self.device_memory_bytes or self.peak_memory_bytes
+        return all(p <= c for p, c in zip(held, self.memory_capacity_bytes, strict=True))
 
     def to_dict(self, *, timeline: bool = False) -> dict[str, Any]:
         """The numbers as a JSON-able dict (with the intervals when ``timeline``)."""
@@ -115,6 +126,9 @@ class SimulationResult:
             "peak_memory_bytes": list(self.peak_memory_bytes),
             "memory_capacity_bytes": list(self.memory_capacity_bytes),
             "fits_memory": self.fits_memory,
+            **({"reserved_memory_bytes": list(self.reserved_memory_bytes),
+                "device_memory_bytes": list(self.device_memory_bytes)}
+               if self.device_memory_bytes else {}),
             "devices": list(self.devices),
             "busy_seconds": list(self.busy_seconds),
             "pipeline_seconds": self.pipeline_seconds,

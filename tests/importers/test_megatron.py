@@ -22,33 +22,74 @@ def _n(row: dict, key: str, default: int = 1) -> int:
     return int(row[key]) if row[key].strip() else default
 
 
-@pytest.mark.skipif(not ROWS, reason="no gpu-runs CSV beside the repository")
-@pytest.mark.parametrize("row", ROWS, ids=[r["id"] for r in ROWS])
+SHAPED = [row for row in ROWS if row["layers"].strip()]
+
+
+def _padded(vocab: int, tp: int) -> int:
+    return -(-vocab // (128 * tp)) * 128 * tp
+
+
+@pytest.mark.skipif(not SHAPED, reason="no gpu-runs CSV beside the repository")
+@pytest.mark.parametrize("row", SHAPED, ids=[r["id"] for r in SHAPED])
 def test_every_published_row_imports(row: dict) -> None:
     run = parse_megatron(megatron_args_of_row(row), num_gpus=int(row["gpus"]))
     tp, pp, vp, dp = _n(row, "tp"), _n(row, "pp"), _n(row, "vp"), _n(row, "dp")
+    cp = _n(row, "cp") if "cp" in row else 1
     zero3 = row["optimizer_sharding"].startswith("zero3")
-    assert run.parallel == ParallelConfig(tp=tp, pp=pp, vp=vp, dp=1 if zero3 else dp,
-                                          dp_shard=dp if zero3 else 1)
-    assert run.parallel.world_size == int(row["gpus"])
+    par = run.parallel
+    assert (par.tp, par.pp, par.vp, par.cp) == (tp, pp, vp, cp)
+    assert (par.dp, par.dp_shard) == ((1, dp) if zero3 else (dp, 1))
+    assert par.world_size == int(row["gpus"])
+    assert sum(par.layers_per_stage(int(row["layers"]))) == int(row["layers"])
     m = run.model
-    assert (m.family, m.hidden, m.num_heads, m.num_layers, m.vocab, m.seq_len) == (
-        "gpt", int(row["hidden"]), int(row["heads"]), int(row["layers"]), int(row["vocab"]),
-        int(row["seq"]))
-    assert m.ffn == 4 * m.hidden and m.num_kv_heads == m.num_heads
+    llama = "llama" in row.get("model", "").lower()
+    kv = _n(row, "kv_heads", int(row["heads"])) if "kv_heads" in row else int(row["heads"])
+    assert (m.family, m.hidden, m.num_heads, m.num_kv_heads, m.num_layers, m.seq_len) == (
+        "llama" if llama or kv != int(row["heads"]) else "gpt", int(row["hidden"]),
+        int(row["heads"]), kv, int(row["layers"]), int(row["seq"]))
+    assert m.vocab == _padded(int(row["vocab"]), tp)
+    assert m.ffn == (int(row["ffn"]) if row.get("ffn", "").strip() else 4 * m.hidden)
     micro = _n(row, "micro_batch")
     assert run.micro_batch_size == micro and run.global_batch == int(row["global_batch"])
     ex = run.execution
     assert ex["microbatch_size"] == micro * dp
     assert ex["microbatches"] == int(row["global_batch"]) // (micro * dp)
     assert ex["precision"] == row["precision"]
-    assert ex["recompute"] == row["recompute"]
+    assert ex["recompute"] == (row["recompute"] or "none")
     assert ex["sequence_parallel"] == (row["sequence_parallel"] == "1")
-    assert ex["gradient_sync"] == ("sharded" if zero3 else "end")
+    sync = {"zero3": "sharded", "zero1": "zero1"}.get(row["optimizer_sharding"][:5], "end")
+    assert ex["gradient_sync"] == sync
     assert ex["schedule"] == ("interleaved-1f1b" if vp > 1 else "1f1b")
     assert ex["virtual_stages"] == vp
     assert run.notes == ()
-    assert run.model.spec.startswith(f"gpt:hidden={row['hidden']},layers={row['layers']},")
+
+
+def test_published_uneven_splits_as_each_stack_makes_them() -> None:
+    """Megatron-DeepSpeed balances the blocks (and, by type:transformer|embedding, the two
+    embeddings) over the stages; Megatron-Core counts the embedding and loss as layers."""
+    row = {"layers": "70", "hidden": "14336", "heads": "64", "vocab": "250680", "seq": "2048",
+           "tp": "4", "pp": "12", "dp": "8", "global_batch": "2048", "micro_batch": "2",
+           "precision": "bf16", "recompute": "full", "stack": "Megatron-DeepSpeed",
+           "optimizer_sharding": "zero1 (DeepSpeed BF16 optimizer)",
+           "notes": "partition type:transformer|embedding"}
+    run = parse_megatron(megatron_args_of_row(row), num_gpus=384)
+    assert run.parallel.stage_layers == (5,) + (6,) * 10 + (5,)
+    assert run.execution["gradient_sync"] == "zero1"
+    run = parse_megatron(megatron_args_of_row({**row, "layers": "78", "notes": ""}),
+                         num_gpus=384)
+    assert run.parallel.stage_layers == (7,) * 6 + (6,) * 6
+    mcore = (GPT.replace("--num-layers 24", "--num-layers 126") + "--global-batch-size 8 "
+             "--pipeline-model-parallel-size 8 --num-virtual-stages-per-pipeline-rank 8 "
+             "--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split")
+    run = parse_megatron(mcore, num_gpus=8)
+    assert run.parallel.stage_layers == (1,) + (2,) * 62 + (1,)
+    with pytest.raises(ShardplanError, match="do not divide evenly"):
+        parse_megatron(mcore.replace("--num-layers 126", "--num-layers 125"), num_gpus=8)
+    with pytest.raises(ShardplanError, match="exclude each other"):
+        parse_megatron(mcore + " --decoder-first-pipeline-num-layers 1", num_gpus=8)
+    with pytest.raises(ShardplanError, match="--pp-partition-method"):
+        parse_megatron(megatron_args_of_row(row) + " --pp-partition-method parameters",
+                       num_gpus=384)
 
 
 def test_data_parallel_size_from_the_cluster() -> None:
@@ -216,7 +257,8 @@ def test_inconsistent_deepspeed_runs_are_refused(extra: str, reason: str) -> Non
 
 
 def test_a_deepspeed_zero3_row_reads_as_megatron_deepspeed() -> None:
-    row = next(r for r in ROWS if "deepspeed" in r["optimizer_sharding"].lower()) if ROWS else \
+    row = next(r for r in ROWS if "zero3 (deepspeed" in r["optimizer_sharding"].lower()) \
+        if ROWS else \
         {"id": "z3", "hidden": "1024", "heads": "16", "layers": "24", "vocab": "51200",
          "seq": "1024", "tp": "1", "pp": "1", "dp": "8", "global_batch": "16",
          "micro_batch": "2", "precision": "fp16", "recompute": "full",
