@@ -245,10 +245,11 @@ def group_collective_seconds(topology: Topology, model: GPUModel, kind: str,
 
 def cluster_collective_seconds(topology: Topology, kind: str, group_size: int,
                                nbytes: Any) -> Any:
-    """The collective of a group of ``group_size`` GPUs of a GPU cluster preset
-    (``dgx-a100``, ``dgx-h100``, ``dgx2-v100``) by the NCCL rule, the group packed onto
-    whole nodes (its GPUs consecutive: what data parallelism and a stage's replicas use);
-    None on any other topology. Elementwise over ``nbytes`` (0 where there are none).
+    """The collective of a group of ``group_size`` GPUs of a GPU cluster kind
+    (:data:`~shardplan.topology.CLUSTER_KINDS`: the presets and ``custom``) by the NCCL
+    rule, the group packed onto whole nodes (its GPUs consecutive: what data parallelism
+    and a stage's replicas use); None on any other topology. Elementwise over ``nbytes``
+    (0 where there are none).
 
     The price the plan kinds that do not name their groups' devices (a stage's replicas)
     read, through :func:`~shardplan.cost._collectives.measured_seconds`, in place of one
