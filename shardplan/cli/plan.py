@@ -136,10 +136,14 @@ def _check_size(text: str, options: dict[str, Any], kind: str = "") -> None:
     count = options.get("num_devices")
     if isinstance(shape, tuple):
         count = math.prod(shape)
-    nodes = options.get("nodes")
+    nodes = options.get("racks" if kind == "gb200-nvl72" else "nodes", 1)
     limit = MAX_PLAN_DEVICES
     if kind in CLUSTER_PRESETS and isinstance(nodes, int):
         count = nodes * CLUSTER_PRESETS[kind].gpus_per_node
+        limit = MAX_LLM_PLAN_DEVICES
+    per_node = options.get("gpus_per_node")
+    if kind == "custom" and isinstance(nodes, int) and isinstance(per_node, int):
+        count = nodes * per_node
         limit = MAX_LLM_PLAN_DEVICES
     if isinstance(count, int) and count > limit:
         raise ShardplanError(f"--cluster {text!r} has {count} devices; plan searches at most "

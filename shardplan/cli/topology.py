@@ -24,7 +24,12 @@ from shardplan.ir.topology import DENSE_JSON_DEVICES
 
 __all__ = ["register", "run"]
 
-CLUSTERS = ("dgx-a100", "dgx-h100", "dgx2-v100")
+CLUSTERS = ("dgx-a100", "dgx-h100", "dgx-h200", "dgx-b200", "dgx2-v100", "pcie-h100",
+            "gb200-nvl72", "custom")
+#: The device presets (``shardplan.topology.DEVICE_PRESETS``, kept here so that parsing the
+#: command line does not import the builders; a test holds the two equal).
+DEVICE_TYPES = ("v100", "a100", "a100-40gb", "h100", "h100-96gb", "h100-pcie", "h200",
+                "b200", "gb200")
 KINDS = ("flat", "hierarchical", "dgx1", *CLUSTERS, "mesh2d", "torus2d", "mesh3d", "torus3d",
          "random-blk-1", "random-blk-2", "uniform-dist", "measure")
 _RANDOM = ("random-blk-1", "random-blk-2", "uniform-dist")
@@ -44,6 +49,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
                      "super_block_size"),
     "uniform-dist": ("devices", "bandwidth", "latency", "seed"),
     **{k: ("nodes", "gpu", "gpu_memory", "nic_gbps", "nics") for k in CLUSTERS},
+    "gb200-nvl72": ("gpu", "gpu_memory", "nic_gbps", "nics"),  # racks=N after the kind
     "measure": ("nproc", "backend", "timeout", "sizes", "repeats", "collectives",
                 "collective_sizes"),
 }
@@ -88,10 +94,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="hierarchical: one name per level (default region,rack,box,gpu)")
     g.add_argument("--boxes", type=positive_int, metavar="N", help="dgx1: boxes of 8 GPUs")
     g.add_argument("--nodes", type=positive_int, metavar="N",
-                   help="dgx-a100, dgx-h100 (8 GPUs each), dgx2-v100 (16): nodes (default 1)")
+                   help="dgx-a100, dgx-h100, dgx-h200, dgx-b200, pcie-h100 (8 GPUs each), "
+                        "dgx2-v100 (16), custom: nodes (default 1); gb200-nvl72 takes "
+                        "racks=N after the kind")
     g.add_argument("--gpu", metavar="TYPE",
                    help="dgx-*: the GPU of every node, a device preset (dgx-a100: a100, or "
-                        "a100-40gb for the 40 GB A100 of 2020)")
+                        "a100-40gb for the 40 GB A100 of 2020; dgx-h100: h100-96gb for the "
+                        "500 W H100 with 96 GB HBM2e), or @FILE.json for a GPU of your own "
+                        "(docs/hardware.md)")
     g.add_argument("--gpu-memory", metavar="BYTES",
                    help="dgx-*: memory of every GPU, bytes or with a unit (40GiB)")
     g.add_argument("--nic-gbps", type=positive_float, metavar="GBPS",
@@ -118,7 +128,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--pcie-bandwidth", type=positive_float, metavar="B",
                    help="dgx1: bytes/s of the non-NVLink pairs of a box (default 1e10)")
     g = p.add_argument_group("devices")
-    g.add_argument("--device-type", choices=("v100", "a100", "a100-40gb", "h100"),
+    g.add_argument("--device-type", choices=DEVICE_TYPES,
                    help="device preset (default v100; measure: this machine's CPUs)")
     g.add_argument("--memory-bytes", type=positive_float, metavar="BYTES",
                    help="memory of every device (overrides the preset)")

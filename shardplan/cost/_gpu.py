@@ -11,15 +11,20 @@ its own figures, as before.
 - **Matrix products** reach the *maximum achievable matmul FLOP/s* (MAMF) of the GPU: the best
   large bf16 ``matmul`` measured by a brute-force search over shapes (Bekman, *Machine Learning
   Engineering*, "Maximum Achievable Matmul FLOPS comparison table", mamf-finder.py): A100 SXM
-  267.9 of 312 TFLOP/s (0.859), H100 SXM 792.1 of 989 (0.801). No V100 figure is published
-  there; V100 takes A100's fraction (an assumption, said so in the results table).
+  267.9 of 312 TFLOP/s (0.859), H100 SXM 792.1 of 989 (0.801); from a later revision of the
+  same table (stas00/ml-engineering 744d01e) H200 794.5 of 989 (the H100 row, "H200 is the
+  same"), B200 1745.0 of 2250 (0.776), GB200 1822.0 of 2500 (0.729): the rate each sustains
+  under its power limit. No V100, H100 PCIe or 500 W H100 figure is published there; they
+  take A100's and H100 SXM's fractions (assumptions, said so in ``docs/gpu-model.md``). A
+  ``custom`` GPU takes the fractions of the architecture it names.
 - **Wave quantization of matrix products.** A GEMM runs as output tiles, one thread block
   per tile, at most one large tile per SM at a time, in waves over the SMs; the last wave
   runs partly empty, so a product whose tile count is just above a multiple of the SM count
   takes a whole extra wave (NVIDIA, *Matrix Multiplication Background User's Guide*, sections
   2.3 "Typical tile dimensions in cuBLAS" and 3.2 "Wave quantization", whose worked example is
   A100's 108 SMs with 256 x 128 tiles). :func:`wave_efficiency` is that ratio with the
-  guide's 256 x 128 tile; SM counts are the datasheets' (A100 108, H100 SXM 132, V100 80).
+  guide's 256 x 128 tile; SM counts are the datasheets' (A100 108, H100 SXM 132, V100 80,
+  H100 PCIe 114; B200 148 as its SKU reads, Bekman, *Machine Learning Engineering*).
   MAMF is measured at its best shape, whole waves; wave efficiency scales it for the shapes
   a plan runs.
 - **Memory-bound operators** (normalisation, activations, residual additions, softmax, the
@@ -43,14 +48,15 @@ its own figures, as before.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from shardplan.ir import Topology
 
-__all__ = ["GEMM_TILE", "GPU_MODELS", "GPUModel", "cluster_collective_seconds", "gpu_model",
+__all__ = ["GEMM_TILE", "GPU_MODELS", "GPUModel", "cluster_collective_seconds",
+           "custom_gpu_model", "gpu_model",
            "group_collective_seconds", "nccl_terms", "node_ids", "p2p_seconds",
            "wave_efficiency"]
 
@@ -107,7 +113,42 @@ GPU_MODELS: dict[str, GPUModel] = {
     "v100": GPUModel("v100", _MAMF_A100, _HBM, sms=80,
                      source="no published MAMF: A100's fraction assumed; HBM as A100; NCCL "
                             "tuning.cc; 8 x H200 ring busbw"),
+    # Bekman's table (stas00/ml-engineering 744d01e, 2026-08): "H100 SXM 794.5 of 989 ...
+    # H200 is the same" (bf16; its fp8 row: H200 1453.4 of 1979)
+    "h200": GPUModel("h200", 794.5 / 989.0, _HBM, sms=132,
+                     source="MAMF 794.5 / 989 TFLOP/s, the H100 SXM row noted 'H200 is the "
+                            "same' (Bekman, ML Engineering); HBM as A100; NCCL tuning.cc; "
+                            "8 x H200 ring busbw"),
+    "h100-96gb": GPUModel("h100-96gb", 792.1 / 989.0, _HBM, sms=132,
+                          source="no published MAMF at 500 W: H100 SXM's (700 W) fraction "
+                                 "assumed; HBM as A100; NCCL tuning.cc; 8 x H200 ring busbw"),
+    "h100-pcie": GPUModel("h100-pcie", 792.1 / 989.0, _HBM, sms=114,
+                          source="no published MAMF: H100 SXM's fraction assumed (of the "
+                                 "PCIe card's own 756 TFLOP/s peak); HBM as A100; NCCL "
+                                 "tuning.cc; 8 x H200 ring busbw"),
+    "b200": GPUModel("b200", 1745.0 / 2250.0, _HBM, sms=148,
+                     source="MAMF 1745.0 / 2250 TFLOP/s, B200 SXM (Bekman, ML Engineering); "
+                            "HBM as A100; NCCL tuning.cc and 8 x H200 busbw assumed for "
+                            "NVLink 5"),
+    "gb200": GPUModel("gb200", 1822.0 / 2500.0, _HBM, sms=148,
+                      source="MAMF 1822.0 / 2500 TFLOP/s, GB200 SXM (Bekman, ML "
+                             "Engineering); SMs as B200 (assumed); HBM as A100; NCCL "
+                             "tuning.cc and 8 x H200 busbw assumed for NVLink 5"),
 }
+
+
+def custom_gpu_model(arch: str, sms: int) -> GPUModel | None:
+    """The model of a custom GPU (device type ``custom``): the fractions of ``arch``'s
+    reference GPU (:data:`~shardplan.topology.ARCH_REFERENCE`) with its own SM count; None
+    for an unknown architecture."""
+    from shardplan.topology._custom import ARCH_REFERENCE
+
+    ref = ARCH_REFERENCE.get(str(arch).lower())
+    if ref is None:
+        return None
+    base = GPU_MODELS[ref]
+    return replace(base, name="custom", sms=int(sms) if sms else base.sms,
+                   source=f"custom GPU: {ref}'s fractions (arch={arch}); {base.source}")
 
 
 def wave_efficiency(rows: Any, cols: Any, sms: int) -> np.ndarray:
@@ -131,10 +172,14 @@ def wave_efficiency(rows: Any, cols: Any, sms: int) -> np.ndarray:
 
 def gpu_model(topology: Topology) -> GPUModel | None:
     """The hardware model of a topology's devices (its first device's ``type``), or None
-    when they are not a known GPU type."""
+    when they are not a known GPU type. A ``custom`` GPU takes its architecture's
+    (:func:`custom_gpu_model`)."""
     if not topology.devices:
         return None
-    kind = str(topology.devices[0].extra.get("type", "")).lower()
+    extra = topology.devices[0].extra
+    kind = str(extra.get("type", "")).lower()
+    if kind == "custom":
+        return custom_gpu_model(str(extra.get("arch", "")), int(extra.get("sms") or 0))
     return GPU_MODELS.get(kind)
 
 
@@ -175,8 +220,11 @@ def nccl_terms(topology: Topology, model: GPUModel, kind: str, devices: Any,
     lat = model.nccl_base_latency + (steps - inter) * model.nccl_nvlink_step + \
         inter * model.nccl_net_step
     if g > 1:
+        # the ring inside a node runs at its slowest hop (PCIe between NVLink-bridged pairs;
+        # every hop the same through NVSwitch)
         local = dev[node == node[0]]
-        b_in = _pair_bandwidth(topology, int(local[0]), int(local[1]))
+        hops = np.asarray(topology.bandwidth[local, np.roll(local, -1)], dtype=np.float64)
+        b_in = float(hops.min())
         k_in = f * (g - 1) / g / (eta * b_in)
     if m > 1:
         other = dev[node != node[0]][0]
@@ -197,19 +245,20 @@ def group_collective_seconds(topology: Topology, model: GPUModel, kind: str,
 
 def cluster_collective_seconds(topology: Topology, kind: str, group_size: int,
                                nbytes: Any) -> Any:
-    """The collective of a group of ``group_size`` GPUs of a GPU cluster preset
-    (``dgx-a100``, ``dgx-h100``, ``dgx2-v100``) by the NCCL rule, the group packed onto
-    whole nodes (its GPUs consecutive: what data parallelism and a stage's replicas use);
-    None on any other topology. Elementwise over ``nbytes`` (0 where there are none).
+    """The collective of a group of ``group_size`` GPUs of a GPU cluster kind
+    (:data:`~shardplan.topology.CLUSTER_KINDS`: the presets and ``custom``) by the NCCL
+    rule, the group packed onto whole nodes (its GPUs consecutive: what data parallelism
+    and a stage's replicas use); None on any other topology. Elementwise over ``nbytes``
+    (0 where there are none).
 
     The price the plan kinds that do not name their groups' devices (a stage's replicas)
     read, through :func:`~shardplan.cost._collectives.measured_seconds`, in place of one
     ring over the group's slowest link: that ring crosses each node boundary through one
     GPU's NIC, where NCCL stripes a step over every NIC of the node. O(R)."""
-    from shardplan.topology._clusters import CLUSTER_PRESETS
+    from shardplan.topology._clusters import CLUSTER_KINDS
 
     gen = topology.meta.get("generator")
-    if not isinstance(gen, Mapping) or gen.get("kind") not in CLUSTER_PRESETS:
+    if not isinstance(gen, Mapping) or gen.get("kind") not in CLUSTER_KINDS:
         return None
     model = gpu_model(topology)
     r = int(group_size)

@@ -10,9 +10,14 @@ kind               builder
 ``flat``           :func:`flat`: one bandwidth and latency for every pair
 ``hierarchical``   :func:`hierarchical`: region > rack > box > GPU, one link class per level
 ``dgx1``           :func:`dgx1`: DGX-1 V100 boxes (NV2, NV1, PCIe inside; Ethernet between)
-``dgx-a100``       :func:`dgx_a100`, :func:`dgx_h100`, :func:`dgx2_v100` (``dgx-h100``,
-                   ``dgx2-v100``): GPU cluster presets, ``nodes`` NVSwitch nodes joined by
-                   InfiniBand, every figure from a datasheet (:data:`CLUSTER_PRESETS`)
+``dgx-a100``       :func:`dgx_a100`, :func:`dgx_h100`, :func:`dgx_h200`, :func:`dgx_b200`,
+                   :func:`dgx2_v100`, :func:`pcie_h100` (``dgx-h100``, ``dgx-h200``,
+                   ``dgx-b200``, ``dgx2-v100``, ``pcie-h100``): GPU cluster presets,
+                   ``nodes`` nodes joined by InfiniBand, every figure from a datasheet
+                   (:data:`CLUSTER_PRESETS`)
+``gb200-nvl72``    :func:`gb200_nvl72`: ``racks`` NVL72 racks, 72 GPUs per NVLink domain
+``custom``         :func:`custom_cluster`: nodes of a GPU of one's own (options or
+                   ``gpu=@FILE.json``)
 ``mesh2d`` ...     :func:`mesh2d`, :func:`torus2d`, :func:`mesh3d`, :func:`torus3d`
 ``random-blk-1``   :func:`random_blk_1`, :func:`random_blk_2`, :func:`uniform_dist`: paper 002's
                    random heterogeneous topologies (definitions in their docstrings)
@@ -46,13 +51,20 @@ from typing import Any
 from shardplan.errors import ShardplanError
 from shardplan.ir.topology import Topology
 from shardplan.topology._clusters import (
+    CLUSTER_KINDS,
     CLUSTER_PRESETS,
     ClusterPreset,
+    custom_cluster,
     dgx2_v100,
     dgx_a100,
+    dgx_b200,
     dgx_cluster,
     dgx_h100,
+    dgx_h200,
+    gb200_nvl72,
+    pcie_h100,
 )
+from shardplan.topology._custom import ARCH_REFERENCE, CustomGPU
 from shardplan.topology._devices import DEVICE_PRESETS, DevicePreset, make_devices
 from shardplan.topology._dgx import DGX1_NVLINKS, dgx1, dgx1_link_counts
 from shardplan.topology._grid import grid_links, mesh2d, mesh3d, torus2d, torus3d
@@ -61,11 +73,13 @@ from shardplan.topology._routing import Routes, path, route, routes_of
 from shardplan.topology._simple import flat, hierarchical
 
 __all__ = [
-    "BUILDERS", "CLUSTER_PRESETS", "DEVICE_PRESETS", "DGX1_NVLINKS", "ClusterPreset",
-    "DevicePreset", "Routes", "build", "build_spec", "dgx1", "dgx1_link_counts", "dgx2_v100",
-    "dgx_a100", "dgx_cluster", "dgx_h100", "flat", "grid_links", "hierarchical", "kinds",
-    "make_devices", "mesh2d", "mesh3d", "parse_spec", "path", "random_blk_1", "random_blk_2",
-    "register_builder", "route", "routes_of", "torus2d", "torus3d", "uniform_dist",
+    "ARCH_REFERENCE", "BUILDERS", "CLUSTER_KINDS", "CLUSTER_PRESETS", "DEVICE_PRESETS",
+    "DGX1_NVLINKS", "ClusterPreset", "CustomGPU", "DevicePreset", "Routes", "build",
+    "build_spec", "custom_cluster", "dgx1", "dgx1_link_counts", "dgx2_v100", "dgx_a100",
+    "dgx_b200", "dgx_cluster", "dgx_h100", "dgx_h200", "flat", "gb200_nvl72", "grid_links",
+    "hierarchical", "kinds", "make_devices", "mesh2d", "mesh3d", "parse_spec", "path",
+    "pcie_h100", "random_blk_1", "random_blk_2", "register_builder", "route", "routes_of",
+    "torus2d", "torus3d", "uniform_dist",
 ]
 
 #: Topology builders by kind (the names of ``shardplan topology KIND``).
@@ -76,6 +90,11 @@ BUILDERS: dict[str, Callable[..., Topology]] = {
     "dgx-a100": dgx_a100,
     "dgx-h100": dgx_h100,
     "dgx2-v100": dgx2_v100,
+    "dgx-h200": dgx_h200,
+    "dgx-b200": dgx_b200,
+    "pcie-h100": pcie_h100,
+    "gb200-nvl72": gb200_nvl72,
+    "custom": custom_cluster,
     "mesh2d": mesh2d,
     "torus2d": torus2d,
     "mesh3d": mesh3d,

@@ -41,6 +41,12 @@ class DevicePreset:
         Peak device-memory bandwidth, bytes/s: the roof of memory-bound operators.
     fp8_flops : float
         Peak dense fp8 tensor-core rate, FLOP/s; 0: the device has no fp8 (V100, A100).
+    arch : str
+        Only for a custom GPU (:mod:`shardplan.topology._custom`): the architecture whose
+        kernel and NCCL fractions it takes (``hopper``); empty for the presets, which have
+        their own.
+    sms : int
+        Only for a custom GPU: its streaming multiprocessors (0: its architecture's).
     """
 
     name: str
@@ -50,6 +56,8 @@ class DevicePreset:
     fp32_flops: float = 0.0
     memory_bandwidth: float = 0.0
     fp8_flops: float = 0.0
+    arch: str = ""
+    sms: int = 0
 
 
 #: Published peak numbers of the accelerators the papers use. Each ``flops`` is the *dense*
@@ -83,6 +91,52 @@ DEVICE_PRESETS: dict[str, DevicePreset] = {
         "fp8 (datasheet: 3,958 with sparsity), 67 TFLOP/s fp32, 3.35 TB/s HBM3 (H100 SXM "
         "datasheet)",
         fp32_flops=67e12, memory_bandwidth=3.35e12, fp8_flops=1979e12,
+    ),
+    "h100-96gb": DevicePreset(
+        "h100-96gb", 96 * GIB, 989e12,
+        "H100 with 96 GB HBM2e at 2.4 TB/s under a 500 W power limit: the GPU of Meta's Grand "
+        "Teton hosts as torchtitan's published H100 benchmarks describe them "
+        "(benchmarks/llama3_h100_202412_torchtitan.md, "
+        "benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md: 'default 500W power limit'). "
+        "NVIDIA publishes no datasheet for this part; its peaks are the GH100's (H100 SXM "
+        "datasheet: 989 dense bf16, 1,979 dense fp8, 67 fp32), the rates torchtitan's MFU "
+        "counts against; what 500 W sustains of them is not published (docs/gpu-model.md). "
+        "Not the Llama 3 GPUs: arXiv 2407.21783 section 3.3.1 trained on H100 at 700 W "
+        "with 80 GB HBM3 (the h100 preset)",
+        fp32_flops=67e12, memory_bandwidth=2.4e12, fp8_flops=1979e12,
+    ),
+    "h100-pcie": DevicePreset(
+        "h100-pcie", 80 * GIB, 756e12,
+        "NVIDIA H100 PCIe 80 GB (350 W): 756 TFLOP/s dense bf16 tensor core (H100 datasheet, "
+        "PCIe column: 1,513 with sparsity), 1,513 dense fp8 (3,026 with sparsity), 51 "
+        "TFLOP/s fp32, 2 TB/s HBM2e (H100 datasheet; H100 PCIe product brief PB-11133: 350 W "
+        "maximum TDP); 114 SMs (Hopper whitepaper)",
+        fp32_flops=51e12, memory_bandwidth=2.0e12, fp8_flops=1513e12,
+    ),
+    "h200": DevicePreset(
+        "h200", 141 * GIB, 989e12,
+        "NVIDIA H200 SXM 141 GB (700 W): the H100 SXM's peaks, 989 TFLOP/s dense bf16 "
+        "(datasheet 1,979 with sparsity), 1,979 dense fp8 (3,958 with sparsity), 67 fp32, "
+        "and 4.8 TB/s HBM3e (H200 datasheet)",
+        fp32_flops=67e12, memory_bandwidth=4.8e12, fp8_flops=1979e12,
+    ),
+    "b200": DevicePreset(
+        "b200", 180 * GIB, 2250e12,
+        "NVIDIA B200 as in DGX B200 / HGX B200 (1,000 W): 2,250 TFLOP/s dense bf16, 4,500 "
+        "dense fp8 (DGX B200 datasheet: 72 PFLOPS fp8 with sparsity for 8 GPUs), 80 fp32, "
+        "180 GB HBM3e at 8 TB/s (DGX B200 datasheet: 1,440 GB and 64 TB/s for 8 GPUs); "
+        "per-GPU peaks as tabulated in Bekman, Machine Learning Engineering, 'Theoretical "
+        "accelerator TFLOPS' (B200 SXM row, citing the DGX B200 datasheet)",
+        fp32_flops=80e12, memory_bandwidth=8e12, fp8_flops=4500e12,
+    ),
+    "gb200": DevicePreset(
+        "gb200", 186 * GIB, 2500e12,
+        "NVIDIA Blackwell GPU of a GB200 superchip (1,200 W): 2,500 TFLOP/s dense bf16, "
+        "5,000 dense fp8, 80 fp32 (GB200 NVL72 datasheet: 360 PFLOPS bf16 and 720 fp8 with "
+        "sparsity, 5,760 TFLOPS fp32, for 72 GPUs), 186 GB HBM3e at 8 TB/s (13.4 TB and 576 "
+        "TB/s for 72 GPUs); per GPU as in Bekman, Machine Learning Engineering (GB200 SXM "
+        "rows)",
+        fp32_flops=80e12, memory_bandwidth=8e12, fp8_flops=5000e12,
     ),
 }
 
@@ -297,4 +351,8 @@ def make_devices(names: Sequence[str], device: str | DevicePreset = "v100",
         extra["memory_bandwidth"] = preset.memory_bandwidth
     if flops is None and preset.fp8_flops > 0:
         extra["fp8_flops"] = preset.fp8_flops
+    if preset.arch:
+        extra["arch"] = preset.arch
+    if preset.sms:
+        extra["sms"] = preset.sms
     return tuple(Device(name=n, memory_bytes=mem, flops=fl, extra=dict(extra)) for n in names)

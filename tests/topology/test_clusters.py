@@ -46,7 +46,8 @@ def test_presets_give_the_datasheet_figures(builder, gpus, nvlink, nic, mem, hal
 
 def test_every_preset_records_the_source_of_every_figure() -> None:
     for p in CLUSTER_PRESETS.values():
-        assert set(p.sources) == {"gpus_per_node", "nvlink_bandwidth", "nics", "nic_gbps"}
+        pcie = {"pcie_bandwidth"} if p.nvlink_pairs else set()
+        assert set(p.sources) == {"gpus_per_node", "nvlink_bandwidth", "nics", "nic_gbps"} | pcie
         assert all(len(v) > 20 for v in p.sources.values())
 
 
@@ -67,7 +68,7 @@ def test_overrides_and_the_comma_spec() -> None:
     ("dgx-a100,nodes=0", "nodes"), ("dgx-a100,gpu_memory=lots", "gpu_memory"),
     ("dgx-a100,nic_gbps=-1", "nic_gbps"), ("dgx-a100,boxes=2", "does not take"),
     ("dgx-a100,nodes", "KEY=VALUE"), ("dgx-a100,nodes=1,nodes=2", "twice"),
-    ("dgx-b200,nodes=2", "unknown topology kind"),
+    ("dgx-b300,nodes=2", "unknown topology kind"),
 ])
 def test_bad_specs_are_one_line_errors(spec: str, match: str) -> None:
     with pytest.raises(ShardplanError, match=match) as err:
