@@ -157,14 +157,27 @@ def split_arguments(text: str) -> list[tuple[str, list[str]]]:
     return out
 
 
+#: The kind of size (:data:`shardplan.ir.limits.LIMITS`) of each integer argument read.
+_SIZES = {
+    "--num-layers": "layers", "--hidden-size": "width", "--ffn-hidden-size": "width",
+    "--kv-channels": "width", "--num-attention-heads": "heads", "--num-query-groups": "heads",
+    "--seq-length": "sequence", "--max-position-embeddings": "sequence",
+    "--vocab-size": "vocab", "--padded-vocab-size": "vocab",
+    "--make-vocab-size-divisible-by": "vocab", "--micro-batch-size": "batch",
+    "--global-batch-size": "batch", "--tensor-model-parallel-size": "degree",
+    "--pipeline-model-parallel-size": "degree", "--context-parallel-size": "degree",
+    "--data-parallel-size": "degree", "--num-virtual-stages-per-pipeline-rank": "degree",
+    "--num-layers-per-virtual-pipeline-stage": "layers",
+    "--decoder-first-pipeline-num-layers": "layers",
+    "--decoder-last-pipeline-num-layers": "layers", "--recompute-num-layers": "layers",
+    "--zero-stage": "degree",
+}
+
+
 def _int(name: str, values: list[str], minimum: int = 1) -> int:
-    try:
-        v = int(values[0])
-    except ValueError:
-        raise ShardplanError(f"{name} takes an integer, got {values[0]!r}") from None
-    if v < minimum:
-        raise ShardplanError(f"{name} must be >= {minimum}, got {v}")
-    return v
+    from shardplan.ir.limits import parse_count
+
+    return parse_count(name, values[0], _SIZES.get(name, "batch"), minimum)
 
 
 def _read(text: str) -> tuple[dict[str, list[str]], list[str]]:
