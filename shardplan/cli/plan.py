@@ -174,6 +174,10 @@ def _limit_memory(topology: Any, limit: float | None) -> Any:
         return topology
     from dataclasses import replace
 
+    most = max(float(d.memory_bytes) for d in topology.devices)
+    if limit > most:
+        note(f"--memory-limit {limit:.4g} bytes is above the devices' memory ({most:.4g} "
+             f"bytes): the devices' own memory is planned for")
     devices = tuple(replace(d, memory_bytes=min(float(d.memory_bytes), limit))
                     for d in topology.devices)
     return replace(topology, devices=devices)
@@ -201,11 +205,17 @@ def _run(args: argparse.Namespace) -> int:
         check_model_trust(str(graph.meta["model"]), from_file=f"the graph {args.model}",
                           trusted=args.trust_model_code)
     changes = settings_changes(args)
+    # --global-batch goes to the search, which splits it into micro-batches itself: the
+    # default count of 8, which the user did not set, is never the reason to refuse it
+    changes.pop("global_batch", None)
     fixed: dict[str, Any] = {k: changes.pop(k) for k in ("microbatches", "schedule",
                                                           "gradient_sync") if k in changes}
     baseline = _baseline(args, graph, topology)
     start = ExecutionSettings() if baseline is None else _training_settings(baseline.settings)
     settings, _ = start.override(**changes)
+    from shardplan.ir.hardware import check_precision
+
+    check_precision(topology, settings.precision)  # before the search: never blamed on memory
     global_batch = args.global_batch
     if global_batch is None and baseline is not None:
         global_batch = baseline.settings.global_batch
@@ -258,6 +268,17 @@ def _baseline(args: argparse.Namespace, graph: Any, topology: Any) -> Any:
     if own.parallel is None:
         raise ShardplanError(f"--baseline {args.baseline} is not an LLM plan (it has no "
                              f"'parallel' layout; 'shardplan import' writes one)")
+    own_model = (own.meta.get("imported_from") or {}).get("model")
+    this_model = graph.meta.get("model")
+    if own_model and this_model and own_model != this_model:
+        raise ShardplanError(f"--baseline {args.baseline} is a plan of {own_model}, not of "
+                             f"{this_model}: a baseline must be of the same model")
+    if not (own_model and this_model) and own.graph != graph.name:
+        raise ShardplanError(f"--baseline {args.baseline} is a plan of graph {own.graph!r}, "
+                             f"not of {graph.name!r}: a baseline must be of the same model")
+    if own.topology and own.topology != topology.name:
+        note(f"--baseline {args.baseline} was made for cluster {own.topology!r}: it is "
+             f"simulated again on {topology.name!r}")
     return layout_plan(graph, topology, own.parallel, own.settings, algorithm="baseline")
 
 
