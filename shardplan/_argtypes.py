@@ -8,7 +8,8 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["nonnegative_int", "positive_float", "positive_int", "ray_address"]
+__all__ = ["byte_size", "nonnegative_int", "positive_float", "positive_int", "ray_address",
+           "size_int"]
 
 
 def _parse(text: str, convert: Callable[[str], Any], ok: Callable[[Any], bool],
@@ -34,6 +35,56 @@ def nonnegative_int(text: str) -> int:
 def positive_float(text: str) -> float:
     return float(_parse(text, float, lambda v: v > 0 and v != float("inf"),
                         "a positive number"))
+
+
+def size_int(kind: str) -> Callable[[str], int]:
+    """A positive integer within :data:`shardplan.ir.limits.LIMITS` for ``kind`` (argparse
+    names the flag before the one line saying why)."""
+    def parse(text: str) -> int:
+        from shardplan.errors import ShardplanError
+        from shardplan.ir.limits import check_size
+
+        v = positive_int(text)
+        try:
+            check_size("", v, kind)
+        except ShardplanError as exc:
+            raise argparse.ArgumentTypeError(str(exc).strip()) from None
+        return v
+
+    parse.__name__ = f"{kind}_size"
+    return parse
+
+
+_UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 10**3, "kib": 2**10, "m": 2**20, "mb": 10**6,
+          "mib": 2**20, "g": 2**30, "gb": 10**9, "gib": 2**30, "t": 2**40, "tb": 10**12,
+          "tib": 2**40, "p": 2**50, "pb": 10**15, "pib": 2**50}
+
+
+def byte_size(text: str) -> float:
+    """``16GiB``, ``1.5e10``, ``512MB``, ``80 GB`` -> bytes (KB/MB/GB/TB powers of 1000,
+    KiB/MiB/GiB/TiB and K/M/G/T of 1024): the same units everywhere a size of memory is
+    given (``--memory-limit``, ``--memory-bytes``, ``--gpu-memory``, ``gpu_memory=``), at
+    most :data:`shardplan.ir.limits.LIMITS` ``memory``."""
+    import math
+
+    t = text.strip().lower().replace(" ", "")
+    num = t.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = t[len(num):]
+    try:
+        value = float(num) * _UNITS[unit]
+    except (ValueError, KeyError, OverflowError):
+        raise argparse.ArgumentTypeError(f"expected a size like 16GiB or 1.5e10, got "
+                                         f"{text!r}") from None
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"expected a positive size, got {text!r}")
+    from shardplan.errors import ShardplanError
+    from shardplan.ir.limits import check_size
+
+    try:
+        check_size("", value, "memory")
+    except ShardplanError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return value
 
 
 def ray_address(text: str) -> str:

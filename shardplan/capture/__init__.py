@@ -216,8 +216,9 @@ def capture_spec(
     ``meta``: build on the meta device (True), or when the model would not fit in memory
     (None, a :class:`~shardplan.errors.ShardplanWarning` says so), or in memory (False).
     """
-    from shardplan.workload.zoo import block_spec, resolve_meta
+    from shardplan.workload.zoo import block_spec, check_spec_sizes, resolve_meta
 
+    check_spec_sizes(spec, batch_size=batch_size, seq_len=seq_len)
     atomic_names = _atomic_list(atomic)
     _check_options(granularity, atomic_names, mode)
     on_meta = resolve_meta(spec, False if meta is None and profile else meta, seq_len=seq_len)

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, NoReturn
 
-from shardplan._argtypes import nonnegative_int, positive_float, positive_int
+from shardplan._argtypes import nonnegative_int, positive_float, positive_int, size_int
 from shardplan.errors import ShardplanError
 from shardplan.ir.io import dumps, write_json
 
@@ -192,17 +192,17 @@ def progress_reporter(labels: Mapping[str, str] | None = None
 #: The execution-setting flags (``ExecutionSettings`` fields): dest -> (flag, keywords).
 SETTING_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "microbatch_size": ("--microbatch-size", {
-        "type": positive_int, "metavar": "B",
+        "type": size_int("batch"), "metavar": "B",
         "help": "samples per micro-batch, shared by a stage's replicas (default: the graph's "
                 "batch size)"}),
     "global_batch": ("--global-batch", {
-        "type": positive_int, "metavar": "B",
+        "type": size_int("batch"), "metavar": "B",
         "help": "samples per iteration (sets the micro-batch size to B / micro-batches)"}),
-    "microbatches": ("--microbatches", {"type": positive_int, "metavar": "M",
+    "microbatches": ("--microbatches", {"type": size_int("microbatches"), "metavar": "M",
                                         "help": "micro-batches per iteration (default 8)"}),
     "schedule": ("--schedule", {"choices": ("gpipe", "1f1b", "interleaved-1f1b"),
                                 "help": "pipeline schedule (default 1f1b)"}),
-    "virtual_stages": ("--virtual-stages", {"type": positive_int, "metavar": "V",
+    "virtual_stages": ("--virtual-stages", {"type": size_int("degree"), "metavar": "V",
                                             "help": "interleaved-1f1b: stages per rank "
                                                     "(default 2)"}),
     "recompute": ("--recompute", {"nargs": "?", "const": "full",

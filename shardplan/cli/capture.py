@@ -9,6 +9,7 @@ import argparse
 import sys
 import time
 
+from shardplan._argtypes import size_int
 from shardplan.cli._common import (
     add_output,
     declare_files,
@@ -17,6 +18,7 @@ from shardplan.cli._common import (
     progress_reporter,
     split_names,
 )
+from shardplan.errors import ShardplanError
 
 __all__ = ["register"]
 
@@ -38,10 +40,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                "n_heads, n_kv_heads, vocab_size, multiple_of, ffn_dim_multiplier, ...). "
                "FILE.py:FUNCTION: FUNCTION() returns (model, example_inputs).")
     p.add_argument("model", metavar="MODEL", nargs="?", help=_MODEL_HELP)
-    p.add_argument("--batch-size", type=positive_int, default=8, metavar="N",
+    p.add_argument("--batch-size", type=size_int("batch"), default=8, metavar="N",
                    help="batch size of the example inputs (default 8)")
-    p.add_argument("--seq-len", type=positive_int, default=128, metavar="L",
-                   help="tokens per sequence for language models (default 128)")
+    p.add_argument("--seq-len", type=size_int("sequence"), default=None, metavar="L",
+                   help="tokens per sequence for language models (default: the spec's "
+                        "seq=, else 128; both given must agree)")
     p.add_argument("--image-size", type=positive_int, default=None, metavar="S",
                    help="image height and width (default 224; inception_v3 299)")
     p.add_argument("--granularity", choices=("op", "module"), default="op",
@@ -73,7 +76,6 @@ def _si(x: float) -> str:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from shardplan.errors import ShardplanError
 
     if args.list_models:
         from shardplan.capture import list_models
@@ -85,7 +87,13 @@ def _run(args: argparse.Namespace) -> int:
     if not args.output and not args.json:
         raise ShardplanError("say where the graph goes: -o FILE or --json")
     from shardplan.capture import capture_spec
+    from shardplan.workload.zoo import spec_seq
 
+    seq = spec_seq(args.model)
+    if seq is not None and args.seq_len is not None and seq != args.seq_len:
+        raise ShardplanError(f"the model spec's seq={seq} and --seq-len {args.seq_len} "
+                             f"disagree: give the sequence length once")
+    args.seq_len = args.seq_len or seq or 128
     t0 = time.perf_counter()
     with progress_reporter({"flops": "counting FLOPs", "profile": "profiling"}) \
             as progress:

@@ -193,6 +193,11 @@ def _finish(args: argparse.Namespace, run: Any, topology: Any) -> int:
     from shardplan.cli._common import print_json, with_provenance
     from shardplan.ir.io import write_json
 
+    if topology is not None:
+        from shardplan.ir.hardware import check_precision
+
+        check_precision(topology, run.execution.get("precision", "fp32"))
+
     for line in run.notes:
         note(line)
     if args.json:

@@ -14,7 +14,7 @@ import os
 import sys
 from typing import Any
 
-from shardplan._argtypes import ray_address
+from shardplan._argtypes import byte_size, ray_address, size_int
 from shardplan.cli._common import (
     add_settings_arguments,
     declare_files,
@@ -30,26 +30,6 @@ from shardplan.cli._common import (
 from shardplan.errors import ShardplanError
 
 __all__ = ["register"]
-
-_UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 10**3, "kib": 2**10, "m": 2**20, "mb": 10**6,
-          "mib": 2**20, "g": 2**30, "gb": 10**9, "gib": 2**30, "t": 2**40, "tb": 10**12,
-          "tib": 2**40}
-
-
-def byte_size(text: str) -> float:
-    """``16GiB``, ``1.5e10``, ``512MB`` -> bytes."""
-    t = text.strip().lower().replace(" ", "")
-    num = t.rstrip("abcdefghijklmnopqrstuvwxyz")
-    unit = t[len(num):]
-    try:
-        value = float(num) * _UNITS[unit]
-    except (ValueError, KeyError):
-        raise argparse.ArgumentTypeError(f"expected a size like 16GiB or 1.5e10, got "
-                                         f"{text!r}") from None
-    if not (value > 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"expected a positive size, got {text!r}")
-    return value
-
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add the ``plan`` command to ``sub``."""
@@ -68,7 +48,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cluster", required=True, metavar="TOPO",
                    help="a topology file, or a builder like dgx1,boxes=2 or "
                         "hierarchical,shape=4x4")
-    p.add_argument("--global-batch", type=positive_int, metavar="B",
+    p.add_argument("--global-batch", type=size_int("batch"), metavar="B",
                    help="samples per iteration (default: the graph's batch per device)")
     p.add_argument("--memory-limit", type=byte_size, metavar="BYTES",
                    help="memory per device to plan for, at most the topology's (16GiB)")
@@ -86,10 +66,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--workers", type=positive_int, metavar="N",
                    help="processes evaluating candidates (default: the CPUs, at most 4)")
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    p.add_argument("--batch-size", type=positive_int, default=8, metavar="N",
+    p.add_argument("--batch-size", type=size_int("batch"), default=8, metavar="N",
                    help="capture: samples per graph (default 8)")
-    p.add_argument("--seq-len", type=positive_int, default=128, metavar="L",
-                   help="capture: tokens per sample (default 128)")
+    p.add_argument("--seq-len", type=size_int("sequence"), default=None, metavar="L",
+                   help="capture: tokens per sample (default: the spec's seq=, else 128; both "
+                        "given must agree)")
     add_settings_arguments(p, skip=("microbatch_size", "global_batch"))
     p.add_argument("--baseline", metavar="PLAN",
                    help="an LLM plan of your own (as 'shardplan import' writes it): searched "
@@ -118,7 +99,28 @@ def _cluster(text: str) -> Any:
         return load_topology(text)
     kind, options = parse_spec(text)
     _check_size(text, options, kind)
+    _check_rates(options)
     return build(kind, **options)
+
+
+def _check_rates(options: dict[str, Any]) -> None:
+    """The memory, FLOP/s and bandwidth keys of a ``--cluster`` spec within
+    :data:`shardplan.ir.limits.LIMITS`, named as written (``gpu_memory=``), before the
+    builder runs."""
+    from shardplan.ir.limits import check_size
+    from shardplan.topology._devices import check_bytes
+
+    for key, value in options.items():
+        if isinstance(value, bool):
+            continue
+        if "memory" in key and "bandwidth" not in key:
+            check_size(f"{key}=", check_bytes(key, value), "memory")
+        elif key == "flops" and isinstance(value, (int, float)):
+            check_size(f"{key}=", value, "flops")
+        elif key == "nic_gbps" and isinstance(value, (int, float)):
+            check_size(f"{key}=", value * 1e9 / 8, "bandwidth")
+        elif "bandwidth" in key and isinstance(value, (int, float)):
+            check_size(f"{key}=", value, "bandwidth")
 
 
 def _check_size(text: str, options: dict[str, Any], kind: str = "") -> None:
@@ -161,8 +163,14 @@ def _graph(args: argparse.Namespace) -> Any:
     if _from_graph_file(args):
         return load_graph(args.model)
     from shardplan.capture import capture_spec
+    from shardplan.workload.zoo import spec_seq
 
-    return capture_spec(args.model, batch_size=args.batch_size, seq_len=args.seq_len)
+    seq = spec_seq(args.model)
+    if seq is not None and args.seq_len is not None and seq != args.seq_len:
+        raise ShardplanError(f"the model spec's seq={seq} and --seq-len {args.seq_len} "
+                             f"disagree: give the sequence length once")
+    return capture_spec(args.model, batch_size=args.batch_size,
+                        seq_len=args.seq_len or seq or 128)
 
 
 def _limit_memory(topology: Any, limit: float | None) -> Any:
@@ -170,6 +178,10 @@ def _limit_memory(topology: Any, limit: float | None) -> Any:
         return topology
     from dataclasses import replace
 
+    most = max(float(d.memory_bytes) for d in topology.devices)
+    if limit > most:
+        note(f"--memory-limit {limit:.4g} bytes is above the devices' memory ({most:.4g} "
+             f"bytes): the devices' own memory is planned for")
     devices = tuple(replace(d, memory_bytes=min(float(d.memory_bytes), limit))
                     for d in topology.devices)
     return replace(topology, devices=devices)
@@ -197,11 +209,17 @@ def _run(args: argparse.Namespace) -> int:
         check_model_trust(str(graph.meta["model"]), from_file=f"the graph {args.model}",
                           trusted=args.trust_model_code)
     changes = settings_changes(args)
+    # --global-batch goes to the search, which splits it into micro-batches itself: the
+    # default count of 8, which the user did not set, is never the reason to refuse it
+    changes.pop("global_batch", None)
     fixed: dict[str, Any] = {k: changes.pop(k) for k in ("microbatches", "schedule",
                                                           "gradient_sync") if k in changes}
     baseline = _baseline(args, graph, topology)
     start = ExecutionSettings() if baseline is None else _training_settings(baseline.settings)
     settings, _ = start.override(**changes)
+    from shardplan.ir.hardware import check_precision
+
+    check_precision(topology, settings.precision)  # before the search: never blamed on memory
     global_batch = args.global_batch
     if global_batch is None and baseline is not None:
         global_batch = baseline.settings.global_batch
@@ -254,6 +272,17 @@ def _baseline(args: argparse.Namespace, graph: Any, topology: Any) -> Any:
     if own.parallel is None:
         raise ShardplanError(f"--baseline {args.baseline} is not an LLM plan (it has no "
                              f"'parallel' layout; 'shardplan import' writes one)")
+    own_model = (own.meta.get("imported_from") or {}).get("model")
+    this_model = graph.meta.get("model")
+    if own_model and this_model and own_model != this_model:
+        raise ShardplanError(f"--baseline {args.baseline} is a plan of {own_model}, not of "
+                             f"{this_model}: a baseline must be of the same model")
+    if not (own_model and this_model) and own.graph != graph.name:
+        raise ShardplanError(f"--baseline {args.baseline} is a plan of graph {own.graph!r}, "
+                             f"not of {graph.name!r}: a baseline must be of the same model")
+    if own.topology and own.topology != topology.name:
+        note(f"--baseline {args.baseline} was made for cluster {own.topology!r}: it is "
+             f"simulated again on {topology.name!r}")
     return layout_plan(graph, topology, own.parallel, own.settings, algorithm="baseline")
 
 

@@ -69,7 +69,11 @@ def _run(args: argparse.Namespace) -> int:
     from shardplan.simulate import simulate
 
     plan, graph, topology = load_plan_inputs(args)
-    result = simulate(plan, graph, topology, **simulation_kwargs(args, plan, graph))
+    kw = simulation_kwargs(args, plan, graph)
+    from shardplan.ir.hardware import check_precision
+
+    check_precision(topology, kw["settings"].precision)
+    result = simulate(plan, graph, topology, **kw)
     data = result.to_dict(timeline=args.intervals)
     if plan.objective.lower_bound is not None:
         data["plan_lower_bound"] = plan.objective.lower_bound

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from shardplan._argtypes import byte_size
 from shardplan.cli._common import (
     add_output,
     declare_files,
@@ -102,7 +103,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "a100-40gb for the 40 GB A100 of 2020; dgx-h100: h100-96gb for the "
                         "500 W H100 with 96 GB HBM2e), or @FILE.json for a GPU of your own "
                         "(docs/hardware.md)")
-    g.add_argument("--gpu-memory", metavar="BYTES",
+    g.add_argument("--gpu-memory", type=byte_size, metavar="BYTES",
                    help="dgx-*: memory of every GPU, bytes or with a unit (40GiB)")
     g.add_argument("--nic-gbps", type=positive_float, metavar="GBPS",
                    help="dgx-*: line rate of one InfiniBand NIC, Gb/s (200, 400, 100)")
@@ -130,8 +131,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     g = p.add_argument_group("devices")
     g.add_argument("--device-type", choices=DEVICE_TYPES,
                    help="device preset (default v100; measure: this machine's CPUs)")
-    g.add_argument("--memory-bytes", type=positive_float, metavar="BYTES",
-                   help="memory of every device (overrides the preset)")
+    g.add_argument("--memory-bytes", type=byte_size, metavar="BYTES",
+                   help="memory of every device, bytes or with a unit as --gpu-memory takes "
+                        "them (16GiB, 1.5e10; overrides the preset)")
     g.add_argument("--flops", type=positive_float, metavar="FLOP/S",
                    help="peak FLOP/s of every device (overrides the preset)")
     g.add_argument("--name", help="topology name (default from the kind and its options)")

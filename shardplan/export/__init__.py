@@ -73,9 +73,14 @@ def export(plan: Plan, graph: Graph, topology: Topology, fmt: str, *,
     if fmt == "chrome-trace":
         from shardplan.export._trace import chrome_trace
 
-        return Export(fmt, json.dumps(chrome_trace(plan, graph, topology, settings, schedule),
-                                      separators=(",", ":")) + "\n")
-    if plan.parallel is not None and fmt in ("megatron", "torchtitan"):
+        trace = chrome_trace(plan, graph, topology, settings, schedule)
+        if plan.parallel is not None:  # the degrees and settings the trace was simulated at
+            from shardplan.export._parallel import llm_record
+
+            trace["otherData"].update(parallel=plan.parallel.to_dict(),
+                                      **llm_record(plan, settings, "chrome-trace"))
+        return Export(fmt, json.dumps(trace, separators=(",", ":")) + "\n")
+    if plan.parallel is not None:
         from shardplan.export._parallel import PARALLEL_EXPORTERS
 
         return PARALLEL_EXPORTERS[fmt](plan, graph, topology, settings, schedule, opts)

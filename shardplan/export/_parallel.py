@@ -24,7 +24,8 @@ from shardplan.export._common import EXPORT_FORMAT, Export, ExportOptions
 from shardplan.ir import ExecutionSettings, Graph, Plan, Topology
 from shardplan.ir.parallel import ParallelConfig
 
-__all__ = ["PARALLEL_EXPORTERS", "megatron_parallel", "torchtitan_parallel"]
+__all__ = ["PARALLEL_EXPORTERS", "deepspeed_parallel", "llm_record", "megatron_parallel",
+           "torch_parallel", "torchtitan_parallel"]
 
 _DEFAULTS: dict[str, Any] = {"precision": "fp32", "recompute": "none", "gradient_sync": "end",
                              "sequence_parallel": False, "tp_comm_overlap": False,
@@ -272,4 +273,143 @@ def torchtitan_parallel(plan: Plan, graph: Graph, topology: Topology,
     return Export("torchtitan", f"# {title}\n{shlex.join(flags)}\n", notes=tuple(notes))
 
 
-PARALLEL_EXPORTERS = {"megatron": megatron_parallel, "torchtitan": torchtitan_parallel}
+def llm_record(plan: Plan, settings: ExecutionSettings, tool: str) -> dict[str, Any]:
+    """Every degree and training setting of an LLM plan, by name: what each export carries
+    (the formats without a field of their own for one write it here, or refuse)."""
+    par = plan.parallel
+    assert par is not None
+    micro, count = _batch(par, settings, tool)
+    return {"tensor_parallel": par.tp, "pipeline_parallel": par.pp,
+            "virtual_stages": par.vp, "context_parallel": par.cp,
+            "data_parallel_replicate": par.dp, "data_parallel_shard": par.dp_shard,
+            "data_parallel": par.data_parallel, "world_size": par.world_size,
+            "stage_layers": None if par.stage_layers is None else list(par.stage_layers),
+            "micro_batch_size": micro, "microbatches": count,
+            "global_batch": micro * par.data_parallel * count,
+            "precision": _setting(plan, settings, "precision"),
+            "recompute": _setting(plan, settings, "recompute"),
+            "recompute_every": int(settings.recompute_every),
+            "sequence_parallel": bool(_setting(plan, settings, "sequence_parallel")),
+            "tp_comm_overlap": bool(_setting(plan, settings, "tp_comm_overlap")),
+            "gradient_sync": _setting(plan, settings, "gradient_sync")}
+
+
+#: torch's DeviceMesh of an LLM plan: dimensions slowest first, in the plan's rank order
+#: (tensor-parallel index fastest, pipeline slowest; :mod:`shardplan.ir.parallel`).
+_MESH = (("pp", "pp"), ("dp_replicate", "dp"), ("dp_shard", "dp_shard"), ("cp", "cp"),
+         ("tp", "tp"))
+
+
+def torch_parallel(plan: Plan, graph: Graph, topology: Topology,
+                   settings: ExecutionSettings, schedule: Any, opts: ExportOptions
+                   ) -> Export:
+    """torch.distributed.pipelining's export of an LLM plan: the split points and schedule
+    of the pipeline (virtual stage ``j`` on pipeline rank ``j % pp``, as torch's looped
+    schedules place them), ``data_parallel`` the data-parallel ranks (``dp x dp_shard``, not
+    every device of a pipeline rank), the device mesh (``init_device_mesh`` dimensions in the
+    plan's rank order) and every degree and setting (:func:`llm_record`)."""
+    from shardplan.export._common import torch_schedule_name
+    from shardplan.export._frameworks import _torch
+    from shardplan.ir.schedule import interleaved_1f1b
+
+    par = plan.parallel
+    assert par is not None
+    record = llm_record(plan, settings, "torch")
+    base = _torch(plan, graph, topology, settings, schedule, opts)
+    out = json.loads(base.text)
+    notes = [n for n in base.notes if "ranks of one stage each" not in n]
+    if par.vp > 1 and schedule is None:  # the plan's virtual stages share their rank's devices
+        sch = interleaved_1f1b(par.pp, par.vp, record["microbatches"])
+        out.update(num_ranks=sch.num_ranks, stage_rank=list(sch.stage_rank),
+                   schedule=torch_schedule_name(sch.name, par.vp),
+                   schedule_csv=sch.to_text())
+    shape = [getattr(par, f) for _, f in _MESH]
+    names = [n for n, _ in _MESH]
+    out.update(data_parallel=par.data_parallel, parallel=par.to_dict(), **{
+        k: v for k, v in record.items() if k not in ("data_parallel", "micro_batch_size",
+                                                      "microbatches")},
+        micro_batch_size_per_rank=record["micro_batch_size"],
+        mesh={"shape": shape, "dim_names": names}, moved=notes)
+    out["python"] = (f"from torch.distributed.device_mesh import init_device_mesh\n"
+                     f"mesh = init_device_mesh('cuda', {tuple(shape)!r}, "
+                     f"mesh_dim_names={tuple(names)!r})\n" + out["python"])
+    return Export("torch", json.dumps(out, indent=2) + "\n", notes=tuple(notes))
+
+
+def deepspeed_parallel(plan: Plan, graph: Graph, topology: Topology,
+                       settings: ExecutionSettings, schedule: Any, opts: ExportOptions
+                       ) -> Export:
+    """DeepSpeed's export of an LLM plan: the ``PipelineModule`` split (uniform partition
+    only, one stage per pipeline rank, ``activation_checkpoint_interval`` for full
+    recompute) and the DeepSpeed config (batch over the data-parallel ranks only,
+    ``bf16`` / ``fp16``, ``zero_optimization.stage``, ``tensor_parallel.autotp_size``).
+    What DeepSpeed has no setting for is refused in one line naming it: context
+    parallelism (its sequence parallelism is Ulysses' all-to-all, not ring attention),
+    virtual stages, fully sharded data parallelism under a pipeline or beside replicas
+    (HSDP), fp8, and selective / per-op recompute."""
+    from shardplan.export._frameworks import _uniform_parts
+    from shardplan.export._layers import pipeline_parts
+
+    par = plan.parallel
+    assert par is not None
+    rec = llm_record(plan, settings, "deepspeed")
+    label = par.label()
+    if par.cp > 1:
+        raise ShardplanError(f"deepspeed has no context-parallel degree (its sequence "
+                             f"parallelism is Ulysses' all-to-all, not ring attention): the "
+                             f"plan's CP {par.cp} ({label}) cannot be written")
+    if par.vp > 1:
+        raise ShardplanError(f"deepspeed's PipelineModule runs one stage per pipeline rank: "
+                             f"the plan's VP {par.vp} (virtual stages per rank) cannot be "
+                             f"written")
+    if par.dp_shard > 1 and (par.pp > 1 or par.dp > 1):
+        what = f"PP {par.pp}" if par.pp > 1 else f"DP {par.dp} replicas (HSDP)"
+        raise ShardplanError(f"deepspeed shards parameters (ZeRO-3) over all data-parallel "
+                             f"ranks and not under a pipeline: the plan's FSDP "
+                             f"{par.dp_shard} with {what} cannot be written")
+    if rec["precision"] == "fp8":
+        raise ShardplanError("deepspeed's config has no fp8 training: the plan's fp8 "
+                             "precision cannot be written")
+    if rec["recompute"] in ("selective", "op"):
+        raise ShardplanError(f"deepspeed's PipelineModule recomputes whole layers "
+                             f"(activation_checkpoint_interval): the plan's {rec['recompute']} "
+                             f"recompute cannot be written")
+    if par.pp > 1 and settings.schedule == "gpipe":
+        raise ShardplanError("deepspeed's pipeline engine runs 1F1B, not the plan's gpipe")
+    parts = pipeline_parts(plan, graph, "deepspeed", exact=opts.exact)
+    parts.whole_layers("deepspeed")
+    bounds = [0]
+    for layers in parts.stage_layers:
+        bounds.append(bounds[-1] + len(layers))
+    uniform = _uniform_parts(len(parts.layers), par.pp)
+    if uniform != bounds:
+        raise ShardplanError(f"deepspeed's PipelineModule places layers by partition_method "
+                             f"(uniform, parameters or type:REGEX), not by boundaries, and the "
+                             f"plan's layer boundaries {bounds} are not uniform's {uniform}")
+    notes = list(parts.moved)
+    for key, what in (("sequence_parallel", "Megatron's sequence parallelism"),
+                      ("tp_comm_overlap", "tensor-parallel communication overlap")):
+        if rec[key] and par.tp > 1:
+            notes.append(f"deepspeed's config has no {what}: it is the model code's to do "
+                         f"(written in the export's {key!r} only)")
+    sync = rec["gradient_sync"]
+    stage = 3 if par.dp_shard > 1 else 1 if sync == "zero1" else 0
+    config: dict[str, Any] = {
+        "train_batch_size": rec["global_batch"],
+        "train_micro_batch_size_per_gpu": rec["micro_batch_size"],
+        "gradient_accumulation_steps": rec["microbatches"],
+        "zero_optimization": {"stage": stage}}
+    if rec["precision"] in ("bf16", "fp16"):
+        config[rec["precision"]] = {"enabled": True}
+    if par.tp > 1:
+        config["tensor_parallel"] = {"autotp_size": par.tp}
+    interval = rec["recompute_every"] if rec["recompute"] == "full" else 0
+    out = {"format": EXPORT_FORMAT, "to": "deepspeed", "graph": plan.graph,
+           "num_stages": par.pp, "layers": list(parts.layers), "parts": bounds,
+           "partition_method": "uniform", "activation_checkpoint_interval": interval,
+           "moved": notes, "parallel": par.to_dict(), **rec, "ds_config": config}
+    return Export("deepspeed", json.dumps(out, indent=2) + "\n", notes=tuple(notes))
+
+
+PARALLEL_EXPORTERS = {"megatron": megatron_parallel, "torchtitan": torchtitan_parallel,
+                      "torch": torch_parallel, "deepspeed": deepspeed_parallel}

@@ -270,6 +270,22 @@ class RunConfig:
             raise ShardplanError(f"global batch {self.global_batch} is not a multiple of "
                                  f"micro-batch {self.micro_batch_size} x data-parallel size "
                                  f"{par.data_parallel} = {step}")
+        from shardplan.ir.limits import check_size
+
+        check_size(f"the world size ({par.label()})", par.world_size, "devices")
+        glob_flag = {"megatron": "--global-batch-size",
+                     "torchtitan": "[training] global_batch_size"}.get(self.source,
+                                                                        "global batch")
+        from shardplan.ir.limits import LIMITS
+
+        count = self.global_batch // step
+        most, why = LIMITS["microbatches"]
+        if count > most:
+            raise ShardplanError(f"{glob_flag} {self.global_batch} is {count:,} micro-batches of "
+                                 f"{self.micro_batch_size} sample(s) on each of "
+                                 f"{par.data_parallel} data-parallel rank(s), above the "
+                                 f"{int(most):,} micro-batches per iteration shardplan plans "
+                                 f"for: {why}")
         if par.vp > 1 and par.pp < 2:
             raise ShardplanError("virtual pipeline stages need a pipeline of 2 or more ranks")
         if par.stage_layers is None and m.num_layers % par.num_stages:

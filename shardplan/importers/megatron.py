@@ -65,8 +65,8 @@ from shardplan.importers._run import (
 )
 from shardplan.ir.parallel import ParallelConfig
 
-__all__ = ["IGNORED_FLAGS", "IGNORED_VALUES", "megatron_args_of_row", "parse_megatron",
-           "split_arguments"]
+__all__ = ["IGNORED_FLAGS", "IGNORED_VALUES", "KNOWN_UNMODELLED", "megatron_args_of_row",
+           "parse_megatron", "split_arguments"]
 
 #: Arguments read, and whether each is a switch (no value).
 _READ_SWITCHES = frozenset({
@@ -131,6 +131,44 @@ IGNORED_VALUES = frozenset({
     "--dist-ckpt-format", "--init-method-xavier-uniform", "--data-args-path",
 })
 
+#: Megatron-LM arguments that change the run and that shardplan does not model (a note
+#: names each one given), as Megatron-LM's ``megatron/training/arguments.py`` defines them
+#: for the megatron-core release pinned in requirements.txt (0.16; the wheel ships
+#: ``megatron.core`` only, so the names are written here). Any argument in none of the
+#: tables is refused, naming the closest known one: Megatron's own parser
+#: (``allow_abbrev=False``) would stop the run on it.
+KNOWN_UNMODELLED = frozenset({
+    "--num-experts", "--expert-model-parallel-size", "--expert-tensor-parallel-size",
+    "--moe-router-topk", "--moe-ffn-hidden-size", "--moe-grouped-gemm", "--moe-aux-loss-coeff",
+    "--moe-router-load-balancing-type", "--moe-token-dispatcher-type", "--moe-layer-freq",
+    "--moe-shared-expert-intermediate-size", "--moe-router-pre-softmax",
+    "--moe-expert-capacity-factor", "--moe-layer-recompute", "--num-layers-per-stage",
+    "--pipeline-model-parallel-layout", "--encoder-num-layers", "--decoder-num-layers",
+    "--encoder-pipeline-model-parallel-size", "--encoder-tensor-model-parallel-size",
+    "--use-flash-attn", "--use-distributed-checkpointing", "--overlap-p2p-communication",
+    "--no-overlap-p2p-communication", "--defer-embedding-wgrad-compute",
+    "--delay-wgrad-compute", "--tp-comm-overlap-cfg", "--tp-comm-bulk-wgrad",
+    "--tp-comm-bulk-dgrad", "--cpu-offloading", "--cpu-offloading-num-layers",
+    "--fp8-param-gather", "--first-last-layers-bf16", "--num-layers-at-start-in-bf16",
+    "--num-layers-at-end-in-bf16", "--fp4-format", "--rampup-batch-size",
+    "--decoupled-lr", "--decoupled-min-lr", "--use-precision-aware-optimizer",
+    "--main-grads-dtype", "--main-params-dtype", "--exp-avg-dtype", "--exp-avg-sq-dtype",
+    "--optimizer-cpu-offload", "--overlap-param-gather-with-optimizer-step",
+    "--align-param-gather", "--no-align-param-gather", "--align-grad-reduce",
+    "--num-distributed-optimizer-instances", "--use-sharp", "--ddp-average-in-collective",
+    "--ddp-num-buckets", "--ddp-pad-buckets-for-high-nccl-busbw", "--gradient-reduce-div-fusion",
+    "--cross-entropy-fusion-impl", "--multi-latent-attention", "--q-lora-rank",
+    "--kv-lora-rank", "--qk-head-dim", "--qk-pos-emb-head-dim", "--v-head-dim",
+    "--mtp-num-layers", "--mtp-loss-scaling-factor", "--hybrid-attention-ratio",
+    "--hybrid-mlp-ratio", "--hybrid-override-pattern", "--window-size", "--squared-relu",
+    "--openai-gelu", "--onnx-safe", "--bert-no-binary-head",
+    "--hierarchical-context-parallel-sizes", "--cp-comm-type", "--nccl-communicator-config-path",
+    "--use-tp-pp-dp-mapping", "--ds-sequence-parallel-size", "--recompute-modules",
+    "--distribute-saved-activations",
+    "--use-cpu-initialization", "--empty-unused-memory-level", "--deterministic-mode",
+    "--te-rng-tracker", "--inference-rng-tracker", "--overlap-moe-expert-parallel-comm",
+})
+
 #: Megatron's ``--tokenizer-type`` values whose vocabulary is known without the tokenizer
 #: file (GPT-2's BPE: 50,257 tokens, before padding).
 _TOKENIZER_VOCAB = {"GPT2BPETokenizer": 50257}
@@ -164,14 +202,27 @@ def split_arguments(text: str) -> list[tuple[str, list[str]]]:
     return out
 
 
+#: The kind of size (:data:`shardplan.ir.limits.LIMITS`) of each integer argument read.
+_SIZES = {
+    "--num-layers": "layers", "--hidden-size": "width", "--ffn-hidden-size": "width",
+    "--kv-channels": "width", "--num-attention-heads": "heads", "--num-query-groups": "heads",
+    "--seq-length": "sequence", "--max-position-embeddings": "sequence",
+    "--vocab-size": "vocab", "--padded-vocab-size": "vocab",
+    "--make-vocab-size-divisible-by": "vocab", "--micro-batch-size": "batch",
+    "--global-batch-size": "batch", "--tensor-model-parallel-size": "degree",
+    "--pipeline-model-parallel-size": "degree", "--context-parallel-size": "degree",
+    "--data-parallel-size": "degree", "--num-virtual-stages-per-pipeline-rank": "degree",
+    "--num-layers-per-virtual-pipeline-stage": "layers",
+    "--decoder-first-pipeline-num-layers": "layers",
+    "--decoder-last-pipeline-num-layers": "layers", "--recompute-num-layers": "layers",
+    "--zero-stage": "degree",
+}
+
+
 def _int(name: str, values: list[str], minimum: int = 1) -> int:
-    try:
-        v = int(values[0])
-    except ValueError:
-        raise ShardplanError(f"{name} takes an integer, got {values[0]!r}") from None
-    if v < minimum:
-        raise ShardplanError(f"{name} must be >= {minimum}, got {v}")
-    return v
+    from shardplan.ir.limits import parse_count
+
+    return parse_count(name, values[0], _SIZES.get(name, "batch"), minimum)
 
 
 def _read(text: str) -> tuple[dict[str, list[str]], list[str]]:
@@ -197,6 +248,18 @@ def _read(text: str) -> tuple[dict[str, list[str]], list[str]]:
             notes.append(f"{name} is given twice: the last ({' '.join(values) or 'on'}) "
                          f"counts, as in Megatron-LM")
         args[name] = values
+    for n in unknown:
+        if n not in KNOWN_UNMODELLED:
+            import difflib
+
+            known = sorted(_READ_SWITCHES | _READ_VALUES | IGNORED_FLAGS | IGNORED_VALUES |
+                           KNOWN_UNMODELLED)
+            close = difflib.get_close_matches(n, known, n=1, cutoff=0.6)
+            hint = (f" (did you mean {close[0]}?)" if close else
+                    f" (the closest known is "
+                    f"{difflib.get_close_matches(n, known, n=1, cutoff=0.0)[0]})")
+            raise ShardplanError(f"unknown Megatron-LM argument {n}{hint}: Megatron-LM's "
+                                 f"parser refuses it (allow_abbrev=False)")
     notes += [f"Megatron-LM argument {n} changes the run and is not modelled" for n in unknown]
     return args, notes
 
@@ -285,6 +348,16 @@ def _recompute(args: Mapping[str, list[str]], layers_per_chunk: int, notes: list
         return "selective"
     if gran != "full":
         raise ShardplanError(f"--recompute-granularity is full or selective, got {gran!r}")
+    if "--recompute-granularity" in args:
+        # megatron-core's TransformerConfig.__post_init__: "Using recompute_granularity: full
+        # so recompute_method must be "block" or "uniform"", and recompute_num_layers set
+        for need in ("--recompute-method", "--recompute-num-layers"):
+            if need not in args:
+                raise ShardplanError(f"--recompute-granularity full needs {need}: Megatron-LM "
+                                     f"refuses full recompute without it (its "
+                                     f"TransformerConfig: recompute_method must be block or "
+                                     f"uniform, recompute_num_layers between 1 and the layers "
+                                     f"per pipeline rank)")
     method = args.get("--recompute-method", ["uniform"])[0]
     if method not in ("uniform", "block"):
         raise ShardplanError(f"--recompute-method is uniform or block, got {method!r}")

@@ -172,10 +172,15 @@ def parse_torchtitan_flags(text: str) -> dict[str, dict[str, Any]]:
 
 def _int(sections: Mapping[str, Mapping[str, Any]], section: str, key: str, default: int,
          minimum: int = 1) -> int:
+    from shardplan.ir.limits import check_size
+
     v = sections.get(section, {}).get(key, default)
     if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
         raise ShardplanError(f"[{section}] {key} must be an integer >= {minimum}, got {v!r}")
-    return v
+    kind = ("sequence" if key == "seq_len" else "degree" if key.endswith("degree") or
+            key == "s" else "layers" if "layers" in key else
+            "tokens" if key.startswith("num_tokens") else "batch")
+    return int(check_size(f"[{section}] {key}", v, kind))
 
 
 def _notes_of_unread(sections: Mapping[str, Mapping[str, Any]]) -> list[str]:

@@ -226,9 +226,12 @@ class ExecutionSettings:
     expandable_segments: bool = False
 
     def __post_init__(self) -> None:
+        from shardplan.ir.limits import check_size
+
         if self.microbatch_size is not None:
-            _int("microbatch_size", self.microbatch_size)
-        _int("microbatches", self.microbatches)
+            check_size("micro-batch size", _int("microbatch_size", self.microbatch_size),
+                       "batch")
+        check_size("micro-batches", _int("microbatches", self.microbatches), "microbatches")
         _int("virtual_stages", self.virtual_stages)
         _int("bucket_bytes", self.bucket_bytes)
         _int("recompute_every", self.recompute_every)

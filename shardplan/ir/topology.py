@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
 import numpy as np
 
-from shardplan.errors import InvalidFileError
+from shardplan.errors import InvalidFileError, ShardplanError
 from shardplan.ir._pairs import GridPairs, PairMatrix, PairModel, pair_model_from_dict
+from shardplan.ir.limits import check_size
 
 __all__ = ["DENSE_JSON_DEVICES", "TOPOLOGY_FORMAT", "Device", "Level", "Link", "Topology"]
 
@@ -199,12 +201,20 @@ class Topology:
             raise InvalidFileError("a topology needs at least one device")
         object.__setattr__(self, "devices", tuple(self.devices))
         for i, d in enumerate(self.devices):
-            for attr in ("memory_bytes", "flops"):
+            for attr, kind in (("memory_bytes", "memory"), ("flops", "flops")):
                 v = getattr(d, attr)
-                if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0 \
-                        or not np.isfinite(v):
+                try:  # a Python int beyond float64 (1e30 written as an integer) is no number
+                    ok = not isinstance(v, bool) and isinstance(v, (int, float)) and \
+                        float(v) > 0 and math.isfinite(float(v))
+                except OverflowError:
+                    ok = False
+                if not ok:
                     raise InvalidFileError(f"device {i} ({d.name!r}) needs a positive "
                                            f"{attr}, got {v!r}")
+                try:
+                    check_size(f"device {i} ({d.name!r}) {attr}", v, kind)
+                except ShardplanError as exc:
+                    raise InvalidFileError(str(exc)) from None
         names = [d.name for d in self.devices]
         if len(set(names)) != n:
             raise InvalidFileError("device names must be unique")

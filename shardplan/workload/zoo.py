@@ -66,8 +66,8 @@ from shardplan.workload.mlp import MLP
 from shardplan.workload.vision import build_torchvision as _build_torchvision
 from shardplan.workload.vision import torchvision_names as _torchvision_names
 
-__all__ = ["BlockSpec", "block_spec", "build_model", "list_models", "needs_meta",
-           "parameter_estimate", "resolve_meta"]
+__all__ = ["BlockSpec", "block_spec", "build_model", "check_spec_sizes", "list_models",
+           "needs_meta", "parameter_estimate", "resolve_meta", "spec_seq"]
 
 #: Build on the meta device when float32 parameters take more than this share of the memory.
 MEMORY_SHARE = 0.5
@@ -85,6 +85,51 @@ def list_models() -> list[str]:
     except ImportError:  # pragma: no cover
         return names
     return names + [f"torchvision:{n}" for n in cls + seg]
+
+
+#: The size kind (:data:`shardplan.ir.limits.LIMITS`) of each dimension key of a gpt:,
+#: llama*: or transformer spec.
+_SPEC_SIZES = {"layers": "layers", "n_layers": "layers", "num_layers": "layers",
+               "hidden": "width", "dim": "width", "ffn": "width", "ffn_dim": "width",
+               "d_model": "width", "heads": "heads", "n_heads": "heads", "n_kv_heads": "heads",
+               "num_heads": "heads", "vocab": "vocab", "vocab_size": "vocab",
+               "seq": "sequence", "n_layer": "layers", "n_embd": "width", "n_head": "heads"}
+
+
+def spec_seq(spec: str) -> int | None:
+    """The ``seq=`` of a model spec (``llama3:8B,seq=4096``), or None."""
+    import re
+
+    m = re.search(r"(?:^|[,:])seq=(\d+)(?:,|$)", spec.strip())
+    return int(m.group(1)) if m else None
+
+
+def check_spec_sizes(spec: str, *, batch_size: int | None = None,
+                     seq_len: int | None = None) -> None:
+    """Every size a model spec gives (``layers=``, ``hidden=``, ``seq=``, ...; a flavor's
+    own sizes count too) and the batch and sequence flags, within
+    :data:`shardplan.ir.limits.LIMITS`, before anything is built; one line naming the key
+    otherwise."""
+    from shardplan.ir.limits import check_size
+
+    if batch_size is not None:
+        check_size("--batch-size", batch_size, "batch")
+    if seq_len is not None:
+        check_size("--seq-len", seq_len, "sequence")
+    head, _, opts = spec.strip().partition(",")
+    kind, _, name = head.partition(":")
+    if kind not in ("gpt", "llama2", "llama3", "transformer", "transformers"):
+        return
+    text = (name + "," + opts) if kind == "gpt" else opts
+    for item in text.split(","):
+        key, eq, value = item.partition("=")
+        key = key.strip()
+        if eq and key in _SPEC_SIZES:
+            try:
+                v = float(value)
+            except ValueError:
+                continue  # the model's own parser says what is wrong with it
+            check_size(f"{key}=", v, _SPEC_SIZES[key])
 
 
 def parameter_estimate(spec: str, *, seq_len: int = 128) -> int | None:
@@ -204,6 +249,7 @@ def build_model(spec: str, *, batch_size: int = 8, seq_len: int = 128,
     if not isinstance(spec, str) or not spec.strip():
         raise ShardplanError("the model must be a non-empty name")
     spec = spec.strip()
+    check_spec_sizes(spec, batch_size=batch_size, seq_len=seq_len)
     for what, v in (("batch size", batch_size), ("sequence length", seq_len)):
         if not isinstance(v, int) or v < 1:
             raise ShardplanError(f"{what} must be a positive integer, got {v!r}")

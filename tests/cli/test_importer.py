@@ -22,7 +22,7 @@ ARGS = ("--num-layers 4 --hidden-size 64 --num-attention-heads 4 --seq-length 32
 
 def test_megatron_run_as_json(capsys) -> None:
     rc = run_cli(["import", "megatron", "--args", ARGS + "--num-experts 4 --lr 1e-3",
-                  "--cluster", "flat,devices=8", "--json"])
+                  "--cluster", "flat,devices=8,device=a100", "--json"])
     out, err = capsys.readouterr()
     assert rc == 0
     run = json.loads(out)
@@ -35,7 +35,7 @@ def test_megatron_run_as_json(capsys) -> None:
 
 def test_torchtitan_run_as_json(capsys) -> None:
     rc = run_cli(["import", "torchtitan", str(DATA / "llama3_8b.toml"), "--cluster",
-                  "flat,devices=16", "--json"])
+                  "flat,devices=16,device=a100", "--json"])
     out, err = capsys.readouterr()
     assert rc == 0 and err == ""
     run = json.loads(out)
@@ -45,8 +45,8 @@ def test_torchtitan_run_as_json(capsys) -> None:
 @pytest.mark.parametrize(("argv", "reason"), [
     (["megatron", "--args", ARGS.replace("heads 4", "heads 3"), "--json"], "attention heads"),
     (["megatron", "--args", ARGS + "--tensor-model-parallel-size 8", "--cluster",
-      "flat,devices=16", "--json"], "does not divide the 4 attention heads"),
-    (["megatron", "--args", ARGS, "--cluster", "flat,devices=12", "--json"],
+      "flat,devices=16,device=a100", "--json"], "does not divide the 4 attention heads"),
+    (["megatron", "--args", ARGS, "--cluster", "flat,devices=12,device=a100", "--json"],
      "global batch 16 is not a multiple"),
     (["megatron", "--args", ARGS, "-o", "DIR"], "needs the cluster"),
     (["megatron", "--args", ARGS], "-o DIR or --json"),
@@ -94,7 +94,7 @@ def test_writes_files_every_command_accepts(tmp_path: Path, monkeypatch: pytest.
                                             capsys) -> None:
     calls = _stand_in_capture(monkeypatch)
     out = tmp_path / "run"
-    assert run_cli(["import", "megatron", "--args", ARGS, "--cluster", "flat,devices=8",
+    assert run_cli(["import", "megatron", "--args", ARGS, "--cluster", "flat,devices=8,device=a100",
                     "-o", str(out)]) == 0
     assert "wrote graph.json, topology.json, plan.json" in capsys.readouterr().out
     assert calls == [("capture", "gpt:hidden=64,layers=4,heads=4,vocab=1024,seq=32", 2, 32)]
@@ -126,7 +126,7 @@ def test_torchtitan_writes_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
         "data_parallel_shard_degree = -1", "data_parallel_shard_degree = 2\n"
         "tensor_parallel_degree = 2").replace("tensor_parallel_degree = 1\n", ""))
     out = tmp_path / "run"
-    assert run_cli(["import", "torchtitan", str(config), "--cluster", "flat,devices=4",
+    assert run_cli(["import", "torchtitan", str(config), "--cluster", "flat,devices=4,device=a100",
                     "-o", str(out)]) == 0
     plan = load_plan(out / "plan.json")
     assert plan.parallel is not None and plan.parallel.dp_shard == 2
@@ -138,7 +138,7 @@ def test_nothing_is_written_when_a_step_fails(tmp_path: Path,
     _stand_in_capture(monkeypatch)
     monkeypatch.setitem(sys.modules, "shardplan.strategy.llm", None)  # not importable
     out = tmp_path / "run"
-    assert run_cli(["import", "megatron", "--args", ARGS, "--cluster", "flat,devices=8",
+    assert run_cli(["import", "megatron", "--args", ARGS, "--cluster", "flat,devices=8,device=a100",
                     "-o", str(out)]) == 2
     assert not out.exists() or not any(out.iterdir())
 
@@ -151,7 +151,7 @@ def test_with_the_real_capture_and_layout(tmp_path: Path) -> None:
     if not any(m.startswith("gpt") for m in list_models()):
         pytest.skip("the zoo has no gpt:hidden=... spec yet")
     out = tmp_path / "run"
-    assert run_cli(["import", "megatron", "--args", ARGS, "--cluster", "flat,devices=8",
+    assert run_cli(["import", "megatron", "--args", ARGS, "--cluster", "flat,devices=8,device=a100",
                     "-o", str(out)]) == 0
     assert run_cli(["simulate", str(out / "plan.json"), str(out / "graph.json"),
                     str(out / "topology.json"), "--json"]) == 0
@@ -163,7 +163,7 @@ def test_an_input_in_dir_is_not_overwritten(tmp_path: Path, capsys) -> None:
     config = out / "plan.json"
     config.write_text((DATA / "llama3_8b.toml").read_text())
     before = config.read_bytes()
-    assert run_cli(["import", "torchtitan", str(config), "--cluster", "flat,devices=8",
+    assert run_cli(["import", "torchtitan", str(config), "--cluster", "flat,devices=8,device=a100",
                     "-o", str(out)]) == 2
     assert "one of this command's inputs" in capsys.readouterr().err
     assert config.read_bytes() == before and sorted(p.name for p in out.iterdir()) == [

@@ -205,7 +205,8 @@ def _random_megatron(seed: int) -> tuple[str, int]:
             f"--global-batch-size {micro * dp * int(rng.choice((1, 4)))}",
             str(rng.choice(["", "--fp16", "--bf16", "--bf16 --fp8-format e4m3"])),
             str(rng.choice(["", "--recompute-granularity selective",
-                            "--recompute-granularity full"])),
+                            "--recompute-granularity full --recompute-method uniform "
+                            "--recompute-num-layers 1"])),
             str(rng.choice(["", "--use-distributed-optimizer", "--overlap-grad-reduce",
                             "--use-torch-fsdp2"]))]
     if vp > 1:
