@@ -38,11 +38,11 @@ def positive_float(text: str) -> float:
 
 
 def size_int(kind: str) -> Callable[[str], int]:
-    """A positive integer within :data:`shardplan.ir.limits.LIMITS` for ``kind`` (argparse
+    """A positive integer within :data:`shardplan._limits.LIMITS` for ``kind`` (argparse
     names the flag before the one line saying why)."""
     def parse(text: str) -> int:
         from shardplan.errors import ShardplanError
-        from shardplan.ir.limits import check_size
+        from shardplan._limits import check_size
 
         v = positive_int(text)
         try:
@@ -64,7 +64,7 @@ def byte_size(text: str) -> float:
     """``16GiB``, ``1.5e10``, ``512MB``, ``80 GB`` -> bytes (KB/MB/GB/TB powers of 1000,
     KiB/MiB/GiB/TiB and K/M/G/T of 1024): the same units everywhere a size of memory is
     given (``--memory-limit``, ``--memory-bytes``, ``--gpu-memory``, ``gpu_memory=``), at
-    most :data:`shardplan.ir.limits.LIMITS` ``memory``."""
+    most :data:`shardplan._limits.LIMITS` ``memory``."""
     import math
 
     t = text.strip().lower().replace(" ", "")
@@ -78,7 +78,7 @@ def byte_size(text: str) -> float:
     if not (value > 0 and math.isfinite(value)):
         raise argparse.ArgumentTypeError(f"expected a positive size, got {text!r}")
     from shardplan.errors import ShardplanError
-    from shardplan.ir.limits import check_size
+    from shardplan._limits import check_size
 
     try:
         check_size("", value, "memory")

@@ -21,7 +21,7 @@ MAX_LINES = 1000
 
 # ------------------------------------------------------------------------------------ layers
 #: Modules at the bottom, importable from everywhere.
-BASE = {"errors", "_version", "_rng", "_workers", "_ranks", "_argtypes"}
+BASE = {"errors", "_version", "_rng", "_workers", "_ranks", "_argtypes", "_limits"}
 _VALUES = BASE | {"ir"}
 _CORE = _VALUES | {"objectives", "registry", "topology"}
 _PLANNING = _CORE | {"cost", "strategy", "simulate", "partition", "mapping"}
@@ -34,7 +34,9 @@ ALLOWED: dict[str, set[str]] = {
     "_rng": {"errors"},
     "_workers": {"errors"},
     "_ranks": {"errors"},
-    "_argtypes": {"errors", "_workers"},  # --ray's type is the executor's address parser
+    "_argtypes": {"errors", "_workers", "_limits"},  # --ray's type is the executor's address
+    # parser; sizes are checked against the one table of limits
+    "_limits": {"errors"},
     # value objects and their files
     "ir": BASE,
     # plain data every planner reads: no planner, no torch
@@ -55,7 +57,7 @@ ALLOWED: dict[str, set[str]] = {
     "report": _PLANNING,
     "export": _PLANNING,
     # the torch side: workload below capture and runtime, measurement above the runtime
-    "workload": {"errors"},
+    "workload": {"errors", "_limits"},
     "capture": _VALUES | {"workload"},
     "runtime": _PLANNING - {"partition", "mapping"} | {"workload"},
     "measure": _PLANNING - {"partition", "mapping"} | {"workload", "capture", "runtime"},

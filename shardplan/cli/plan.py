@@ -105,9 +105,9 @@ def _cluster(text: str) -> Any:
 
 def _check_rates(options: dict[str, Any]) -> None:
     """The memory, FLOP/s and bandwidth keys of a ``--cluster`` spec within
-    :data:`shardplan.ir.limits.LIMITS`, named as written (``gpu_memory=``), before the
+    :data:`shardplan._limits.LIMITS`, named as written (``gpu_memory=``), before the
     builder runs."""
-    from shardplan.ir.limits import check_size
+    from shardplan._limits import check_size
     from shardplan.topology._devices import check_bytes
 
     for key, value in options.items():

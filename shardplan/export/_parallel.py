@@ -86,8 +86,16 @@ def megatron_parallel(plan: Plan, graph: Graph, topology: Topology,
             "--pipeline-model-parallel-size", str(par.pp)]
     if par.vp > 1:
         args += ["--num-virtual-stages-per-pipeline-rank", str(par.vp)]
-    ranks = _per_rank(par)
-    if ranks is not None and len(set(ranks)) > 1:
+    deepspeed = settings.stack == "megatron-deepspeed"
+    split_args = _balanced_split_args(par, deepspeed)
+    ranks = _per_rank(par) if split_args is None else None
+    if split_args is not None:
+        args += split_args
+    elif deepspeed and par.stage_layers is not None:
+        raise ShardplanError(f"the plan's stages hold {list(par.stage_layers)} layers: "
+                             f"DeepSpeed's pipeline engine balances them (type:transformer, "
+                             f"or with the embeddings type:transformer|embedding), not so")
+    elif ranks is not None and len(set(ranks)) > 1:
         middle = ranks[1:-1]
         if len(set(middle)) > 1:
             raise ShardplanError(f"the plan's pipeline ranks hold {ranks} layers: Megatron-LM "
@@ -127,6 +135,8 @@ def megatron_parallel(plan: Plan, graph: Graph, topology: Topology,
             args += ["--deepspeed", "--zero-stage", "3"]
         else:
             args.append("--use-torch-fsdp2")
+    elif deepspeed:  # Megatron-DeepSpeed's ZeRO-1 (its optimizer), or none
+        args += ["--deepspeed", "--zero-stage", "1" if sync == "zero1" else "0"]
     elif sync == "zero1":
         args.append("--use-distributed-optimizer")
     elif sync == "bucketed":
@@ -147,7 +157,7 @@ def megatron_parallel(plan: Plan, graph: Graph, topology: Topology,
     if precision == "fp16" and grad_reduce == "fp32":
         args.append("--accumulate-allreduce-grads-in-fp32")
     elif precision in ("bf16", "fp8") and grad_reduce == "param" and \
-            settings.shard_unit != "module":
+            settings.shard_unit != "module" and not deepspeed:
         notes.append("Megatron-LM accumulates and reduces bf16 gradients in fp32: the plan's "
                      "half-precision gradient reduction is written as fp32")
     args += ["--optimizer", "adam" if optimizer in ("adam", "adamw") else "sgd"]
@@ -159,6 +169,29 @@ def megatron_parallel(plan: Plan, graph: Graph, topology: Topology,
            "global_batch_size": micro * par.data_parallel * count, "args": args,
            "args_text": shlex.join(args)}
     return Export("megatron", json.dumps(out, indent=2) + "\n", notes=tuple(notes))
+
+
+def _balanced_split_args(par: Any, deepspeed: bool) -> list[str] | None:
+    """The arguments of a split the stack balances itself (None when the plan's is not
+    one): Megatron-DeepSpeed's ``--pp-partition-method type:transformer|embedding``, or
+    Megatron-Core's ``--account-for-embedding/loss-in-pipeline-split``, each checked by
+    :func:`~shardplan.ir.parallel.balanced_stage_layers` (what the importer reads them
+    as)."""
+    from shardplan.ir.parallel import balanced_stage_layers
+
+    if par.stage_layers is None:
+        return [] if deepspeed else None
+    layers, stages = sum(par.stage_layers), par.num_stages
+    if deepspeed and par.stage_layers == balanced_stage_layers(layers, stages):
+        return []  # DeepSpeed's default type:transformer
+    if tuple(par.stage_layers) != balanced_stage_layers(layers, stages, embedding=True,
+                                                        loss=True):
+        return None
+    if deepspeed:
+        return ["--pp-partition-method", "type:transformer|embedding"]
+    if (layers + 2) % stages:
+        return None
+    return ["--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"]
 
 
 def _num_layers(plan: Plan, graph: Graph) -> int:

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from shardplan.errors import ShardplanError
-from shardplan.ir.parallel import ParallelConfig
+from shardplan.ir.parallel import ParallelConfig, balanced_stage_layers
 from shardplan.ir.settings import ExecutionSettings
 
 __all__ = ["FLAVORS", "PRECISIONS", "RECOMPUTES", "ModelDims", "RunConfig",
@@ -164,46 +164,6 @@ def uneven_stage_layers(num_layers: int, pp: int, vp: int, first: int | None,
     return None if len(set(out)) == 1 else out  # even after all: the default layout
 
 
-def balanced_stage_layers(num_layers: int, stages: int, *, embedding: bool = False,
-                          loss: bool = False) -> tuple[int, ...] | None:
-    """Blocks per virtual stage when the embedding and / or the loss count as one layer each
-    and the ``num_layers (+1) (+1)`` layers are split as evenly as they go, earlier stages
-    taking the remainder; the first stage's count less the embedding, the last's less the
-    loss. None when that is the even split of the blocks alone.
-
-    The split of Megatron-Core's ``--account-for-embedding-in-pipeline-split`` /
-    ``--account-for-loss-in-pipeline-split`` (which require the sum to divide evenly: the
-    caller checks) and of Megatron-DeepSpeed's ``--pp-partition-method
-    type:transformer|embedding`` (DeepSpeed's ``PipelineModule`` balancing the two
-    embedding layers with the blocks, a remainder going to the first stages as DeepSpeed's
-    ``partition_uniform`` gives it). O(stages).
-
-    Raises
-    ------
-    ShardplanError
-        A stage would hold fewer than zero blocks.
-
-    Examples
-    --------
-    >>> balanced_stage_layers(126, 64, embedding=True, loss=True)[:3]
-    (1, 2, 2)
-    >>> balanced_stage_layers(70, 12, embedding=True, loss=True)
-    (5, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 5)
-    >>> balanced_stage_layers(72, 12) is None
-    True
-    """
-    total = num_layers + int(embedding) + int(loss)
-    q, r = divmod(total, stages)
-    counts = [q + (1 if i < r else 0) for i in range(stages)]
-    counts[0] -= int(embedding)
-    counts[-1] -= int(loss)
-    if min(counts) < 0:
-        raise ShardplanError(f"{num_layers} layers cannot fill {stages} pipeline stages with "
-                             f"the embedding and the loss counted as layers")
-    out = tuple(counts)
-    return None if len(set(out)) == 1 else out
-
-
 @dataclass(frozen=True, kw_only=True)
 class RunConfig:
     """One training run as Megatron-LM or torchtitan describe it, checked for consistency.
@@ -270,13 +230,13 @@ class RunConfig:
             raise ShardplanError(f"global batch {self.global_batch} is not a multiple of "
                                  f"micro-batch {self.micro_batch_size} x data-parallel size "
                                  f"{par.data_parallel} = {step}")
-        from shardplan.ir.limits import check_size
+        from shardplan._limits import check_size
 
         check_size(f"the world size ({par.label()})", par.world_size, "devices")
         glob_flag = {"megatron": "--global-batch-size",
                      "torchtitan": "[training] global_batch_size"}.get(self.source,
                                                                         "global batch")
-        from shardplan.ir.limits import LIMITS
+        from shardplan._limits import LIMITS
 
         count = self.global_batch // step
         most, why = LIMITS["microbatches"]

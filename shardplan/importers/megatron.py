@@ -202,7 +202,7 @@ def split_arguments(text: str) -> list[tuple[str, list[str]]]:
     return out
 
 
-#: The kind of size (:data:`shardplan.ir.limits.LIMITS`) of each integer argument read.
+#: The kind of size (:data:`shardplan._limits.LIMITS`) of each integer argument read.
 _SIZES = {
     "--num-layers": "layers", "--hidden-size": "width", "--ffn-hidden-size": "width",
     "--kv-channels": "width", "--num-attention-heads": "heads", "--num-query-groups": "heads",
@@ -220,7 +220,7 @@ _SIZES = {
 
 
 def _int(name: str, values: list[str], minimum: int = 1) -> int:
-    from shardplan.ir.limits import parse_count
+    from shardplan._limits import parse_count
 
     return parse_count(name, values[0], _SIZES.get(name, "batch"), minimum)
 

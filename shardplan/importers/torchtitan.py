@@ -172,7 +172,7 @@ def parse_torchtitan_flags(text: str) -> dict[str, dict[str, Any]]:
 
 def _int(sections: Mapping[str, Mapping[str, Any]], section: str, key: str, default: int,
          minimum: int = 1) -> int:
-    from shardplan.ir.limits import check_size
+    from shardplan._limits import check_size
 
     v = sections.get(section, {}).get(key, default)
     if isinstance(v, bool) or not isinstance(v, int) or v < minimum:

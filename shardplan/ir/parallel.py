@@ -33,7 +33,7 @@ from typing import Any
 
 from shardplan.errors import InvalidFileError, ShardplanError
 
-__all__ = ["ParallelConfig"]
+__all__ = ["ParallelConfig", "balanced_stage_layers"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -168,3 +168,43 @@ class ParallelConfig:
             return cls(**kw)
         except ShardplanError as e:
             raise InvalidFileError(str(e)) from None
+
+
+def balanced_stage_layers(num_layers: int, stages: int, *, embedding: bool = False,
+                          loss: bool = False) -> tuple[int, ...] | None:
+    """Blocks per virtual stage when the embedding and / or the loss count as one layer each
+    and the ``num_layers (+1) (+1)`` layers are split as evenly as they go, earlier stages
+    taking the remainder; the first stage's count less the embedding, the last's less the
+    loss. None when that is the even split of the blocks alone.
+
+    The split of Megatron-Core's ``--account-for-embedding-in-pipeline-split`` /
+    ``--account-for-loss-in-pipeline-split`` (which require the sum to divide evenly: the
+    caller checks) and of Megatron-DeepSpeed's ``--pp-partition-method
+    type:transformer|embedding`` (DeepSpeed's ``PipelineModule`` balancing the two
+    embedding layers with the blocks, a remainder going to the first stages as DeepSpeed's
+    ``partition_uniform`` gives it). O(stages).
+
+    Raises
+    ------
+    ShardplanError
+        A stage would hold fewer than zero blocks.
+
+    Examples
+    --------
+    >>> balanced_stage_layers(126, 64, embedding=True, loss=True)[:3]
+    (1, 2, 2)
+    >>> balanced_stage_layers(70, 12, embedding=True, loss=True)
+    (5, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 5)
+    >>> balanced_stage_layers(72, 12) is None
+    True
+    """
+    total = num_layers + int(embedding) + int(loss)
+    q, r = divmod(total, stages)
+    counts = [q + (1 if i < r else 0) for i in range(stages)]
+    counts[0] -= int(embedding)
+    counts[-1] -= int(loss)
+    if min(counts) < 0:
+        raise ShardplanError(f"{num_layers} layers cannot fill {stages} pipeline stages with "
+                             f"the embedding and the loss counted as layers")
+    out = tuple(counts)
+    return None if len(set(out)) == 1 else out

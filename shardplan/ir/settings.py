@@ -226,7 +226,7 @@ class ExecutionSettings:
     expandable_segments: bool = False
 
     def __post_init__(self) -> None:
-        from shardplan.ir.limits import check_size
+        from shardplan._limits import check_size
 
         if self.microbatch_size is not None:
             check_size("micro-batch size", _int("microbatch_size", self.microbatch_size),

@@ -87,7 +87,7 @@ def list_models() -> list[str]:
     return names + [f"torchvision:{n}" for n in cls + seg]
 
 
-#: The size kind (:data:`shardplan.ir.limits.LIMITS`) of each dimension key of a gpt:,
+#: The size kind (:data:`shardplan._limits.LIMITS`) of each dimension key of a gpt:,
 #: llama*: or transformer spec.
 _SPEC_SIZES = {"layers": "layers", "n_layers": "layers", "num_layers": "layers",
                "hidden": "width", "dim": "width", "ffn": "width", "ffn_dim": "width",
@@ -108,9 +108,9 @@ def check_spec_sizes(spec: str, *, batch_size: int | None = None,
                      seq_len: int | None = None) -> None:
     """Every size a model spec gives (``layers=``, ``hidden=``, ``seq=``, ...; a flavor's
     own sizes count too) and the batch and sequence flags, within
-    :data:`shardplan.ir.limits.LIMITS`, before anything is built; one line naming the key
+    :data:`shardplan._limits.LIMITS`, before anything is built; one line naming the key
     otherwise."""
-    from shardplan.ir.limits import check_size
+    from shardplan._limits import check_size
 
     if batch_size is not None:
         check_size("--batch-size", batch_size, "batch")

@@ -380,7 +380,7 @@ def test_fsdp2_copies_its_blocks_out_and_its_gradients_in(g, topo):
     DeepSpeed's module unit and plain data parallelism copy nothing."""
     import dataclasses
 
-    from shardplan.cost._llm import FSDP_COPY_OUT
+    from shardplan.cost._llm import FSDP_COPY_OUT, _tied_embedding_params
 
     bw = topo.devices[0].extra["memory_bandwidth"] * gpu_model(topo).memory_efficiency
     w, gb, _ = precision_bytes("bf16")
@@ -392,6 +392,7 @@ def test_fsdp2_copies_its_blocks_out_and_its_gradients_in(g, topo):
     assert module.forward.tolist() == pytest.approx(plain.forward.tolist())
     layout = block_layout(g)
     p = np.array([g.param_bytes[nodes].sum() / 4 for nodes in stage_nodes(layout, par)])
+    p[-1] += _tied_embedding_params(g, layout)  # the last stage's copy of the tied head
     out = FSDP_COPY_OUT * w * p / bw
     assert (block.forward - module.forward).tolist() == pytest.approx(out.tolist())
     assert (block.backward - module.backward).tolist() == \

@@ -8,8 +8,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from shardplan.cost import block_layout, llm_costs, stage_nodes
 from shardplan.cost import _llm as llm
+from shardplan.cost import block_layout, llm_costs, stage_nodes
 from shardplan.cost._reserved import (
     ALLOCATOR_ROUND,
     CUDA_CONTEXT_BYTES,

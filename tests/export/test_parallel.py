@@ -70,8 +70,11 @@ def _same_run(a: RunConfig, b: RunConfig) -> None:
     assert a.execution == b.execution
 
 
-@pytest.mark.skipif(not ROWS, reason="no gpu-runs CSV beside the repository")
-@pytest.mark.parametrize("row", ROWS, ids=[r["id"] for r in ROWS])
+SHAPED = [row for row in ROWS if row["layers"].strip() and int(row.get("ep") or 1) == 1]
+
+
+@pytest.mark.skipif(not SHAPED, reason="no gpu-runs CSV beside the repository")
+@pytest.mark.parametrize("row", SHAPED, ids=[r["id"] for r in SHAPED])
 def test_published_rows_round_trip_through_megatron(row: dict) -> None:
     args = megatron_args_of_row(row)
     run = parse_megatron(args, num_gpus=int(row["gpus"]))

@@ -1,4 +1,4 @@
-"""shardplan.ir.limits and shardplan.ir.hardware on their own."""
+"""shardplan._limits and shardplan.ir.hardware on their own."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 
 from shardplan.errors import ShardplanError
 from shardplan.ir.hardware import check_precision
-from shardplan.ir.limits import LIMITS, check_size, parse_count
+from shardplan._limits import LIMITS, check_size, parse_count
 from shardplan.topology import build
 
 

@@ -1,0 +1,250 @@
+"""Where a transformer's nodes sit in an LLM plan, and what every pricing step reads.
+
+The roles of :mod:`shardplan.cost._llm`'s module docstring ("Which nodes split"): every node's
+transformer block, tensor-parallel region and vocabulary split (:func:`block_layout`), the
+virtual stages' nodes (:func:`stage_nodes`), the devices of a pipeline rank and its groups,
+the bytes per parameter at a precision, and :class:`Pricing`, the facts of one layout that
+the compute, communication and memory steps of :func:`~shardplan.cost.llm_costs` share.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from shardplan.cost._gpu import GPUModel
+from shardplan.errors import ShardplanError
+from shardplan.ir import ExecutionSettings, Graph, ParallelConfig, Topology
+
+__all__ = ["TP_REGIONS", "VOCAB_MODULES", "BlockLayout", "Pricing", "block_layout",
+           "precision_bytes", "stage_nodes"]
+
+#: Sub-modules of a block whose nodes are split over the tensor-parallel group.
+TP_REGIONS = ("attention", "self_attention", "attn", "feed_forward", "mlp")
+
+
+#: Top-level modules split by the vocabulary (the embedding and the output head).
+VOCAB_MODULES = ("tok_embeddings", "output", "lm_head", "wte", "word_embeddings")
+
+
+_LOSS_OPS = re.compile(r"cross_entropy|nll_loss|log_softmax")
+
+
+_ATTENTION_CORE = re.compile(r"scaled_dot_product|attention|flash|softmax|dropout")
+
+
+_BLOCK = re.compile(r"(?:^|\.)(?:layers|h|layer|blocks)\.(\d+)(?:\.|$)")
+
+
+#: Bytes of a parameter, its gradient, master copy and each optimizer moment per precision.
+_PARAM_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 2}
+
+
+_ACT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 2}
+
+
+def precision_bytes(precision: str) -> tuple[int, int, int]:
+    """``(parameter, gradient, master)`` bytes per parameter at a training precision.
+
+    Half precision (and fp8, whose matrix products read bf16 weights cast on the fly, as
+    Transformer Engine and torchao keep them) stores 2-byte weights and gradients beside
+    4-byte fp32 master weights (Micikevicius et al. 2018); fp32 has no master copy."""
+    if precision not in _PARAM_BYTES:
+        raise ShardplanError(f"unknown precision {precision!r} (choose from "
+                             f"{', '.join(_PARAM_BYTES)})")
+    w = _PARAM_BYTES[precision]
+    return w, w, (0 if precision == "fp32" else 4)
+
+
+@dataclass(frozen=True)
+class BlockLayout:
+    """Where every node of a transformer graph sits.
+
+    Attributes
+    ----------
+    block : ndarray of int, shape (n,)
+        Transformer block of each node; ``-1`` before the first (embedding), ``num_blocks``
+        after the last (final norm, head, loss).
+    num_blocks : int
+    region : ndarray of int, shape (n,)
+        Split region id of a node inside a block's attention or feed-forward, else ``-1``.
+    vocab : ndarray of bool, shape (n,)
+        Nodes of the vocabulary-parallel embedding, head and loss.
+    attention_core : ndarray of bool, shape (n,)
+        Parameter-free nodes of an attention region (what selective recompute re-runs).
+    """
+
+    block: np.ndarray
+    num_blocks: int
+    region: np.ndarray
+    vocab: np.ndarray
+    attention_core: np.ndarray
+
+    @property
+    def split(self) -> np.ndarray:
+        """Nodes split over the tensor-parallel group."""
+        return (self.region >= 0) | self.vocab
+
+
+def block_layout(graph: Graph) -> BlockLayout:
+    """Assign every node to its transformer block and tensor-parallel role (module docstring).
+
+    Nodes without a block index go before the blocks when no block node precedes them, after
+    otherwise. Raises :class:`ShardplanError` when the graph has no ``layers.N`` modules.
+    O(n + m)."""
+    return _layout_cached(graph)
+
+
+@lru_cache(maxsize=16)
+def _layout_cached(graph: Graph) -> BlockLayout:
+    n = graph.num_nodes
+    block = np.full(n, -2, dtype=np.int64)
+    region_key: dict[str, int] = {}
+    region = np.full(n, -1, dtype=np.int64)
+    vocab = np.zeros(n, dtype=bool)
+    core = np.zeros(n, dtype=bool)
+    for v, (mod, op) in enumerate(zip(graph.modules, graph.ops, strict=True)):
+        m = _BLOCK.search(mod or "")
+        if m is not None:
+            block[v] = int(m.group(1))
+            rest = (mod[m.end():] if m.end() < len(mod) else "").split(".")
+            if rest and rest[0] in TP_REGIONS:
+                key = mod[:m.end()] + "." + rest[0]
+                region[v] = region_key.setdefault(key, len(region_key))
+                if (rest[0] in ("attention", "self_attention", "attn")
+                        and graph.param_bytes[v] == 0 and _ATTENTION_CORE.search(op.lower())):
+                    core[v] = True
+        else:
+            top = (mod or "").split(".")[0]
+            if top in VOCAB_MODULES or _LOSS_OPS.search(op.lower()):
+                vocab[v] = True
+    if not (block >= 0).any():
+        raise ShardplanError(f"graph {graph.name!r} has no transformer blocks (no module "
+                             f"named layers.N): the LLM plan kind needs them")
+    ids = np.unique(block[block >= 0])
+    remap = {int(b): i for i, b in enumerate(ids)}
+    block = np.array([remap.get(int(b), int(b)) for b in block], dtype=np.int64)
+    nb = len(ids)
+    # nodes outside the blocks: after the blocks when a block node reaches them
+    after = np.zeros(n, dtype=bool)
+    for v in graph.topological_order.tolist():
+        if block[v] >= 0 or after[v]:
+            after[graph.successors(v)] = True
+    outside = block == -2
+    block[outside & after] = nb
+    block[outside & ~after] = -1
+    return BlockLayout(block=block, num_blocks=nb, region=region, vocab=vocab,
+                       attention_core=core)
+
+
+def stage_nodes(layout: BlockLayout, parallel: ParallelConfig) -> list[np.ndarray]:
+    """The nodes of every virtual stage in pipeline order: its blocks, the embedding with the
+    first and the head with the last. O(n)."""
+    per = parallel.layers_per_stage(layout.num_blocks)
+    bounds = np.concatenate(([0], np.cumsum(per)))
+    key = layout.block.copy()
+    key[key < 0] = 0
+    key[key >= layout.num_blocks] = layout.num_blocks - 1
+    stage_of_block = np.searchsorted(bounds, np.arange(layout.num_blocks), side="right") - 1
+    # an empty stage (0 blocks) keeps nothing; searchsorted picks the last stage that starts
+    # at a block, which is the non-empty one
+    sid = stage_of_block[key]
+    sid[layout.block < 0] = 0
+    sid[layout.block >= layout.num_blocks] = parallel.num_stages - 1
+    return [np.flatnonzero(sid == j) for j in range(parallel.num_stages)]
+
+
+def _rank_devices(parallel: ParallelConfig, pp_rank: int) -> np.ndarray:
+    r = parallel.devices_per_rank
+    return np.arange(pp_rank * r, (pp_rank + 1) * r)
+
+
+def _groups(parallel: ParallelConfig, pp_rank: int) -> tuple[np.ndarray, np.ndarray]:
+    """A tensor-parallel group and a gradient group of a pipeline rank (device ids).
+
+    The gradient group is the data-parallel ranks with the context-parallel ones: context
+    parallelism splits the sequence over ranks that hold the same weights, so their
+    gradients are reduced (and a distributed optimizer or FSDP sharded) over ``dp x cp``
+    ranks, as Megatron-Core's ``get_data_parallel_group(with_context_parallel=True)`` and
+    torchtitan's ``dp_shard_cp`` mesh do."""
+    base = pp_rank * parallel.devices_per_rank
+    tp = base + np.arange(parallel.tp)
+    dp = base + parallel.tp * np.arange(parallel.data_parallel * parallel.cp)
+    return tp, dp
+
+
+def _tied_embedding_params(graph: Graph, layout: BlockLayout) -> float:
+    """Parameters of the word embedding when the output head is tied to it (the head's
+    nodes hold no parameters of their own in the captured graph), else 0. O(n)."""
+    params = graph.param_bytes.astype(np.float64)
+    head = layout.vocab & (layout.block >= layout.num_blocks)
+    embedding = layout.vocab & (layout.block < 0)
+    if not head.any() or params[head].sum() > 0:
+        return 0.0
+    dtype_bytes = float(graph.meta.get("dtype_bytes", 4)) if isinstance(graph.meta, dict) \
+        else 4.0
+    return float(params[embedding].sum() / dtype_bytes)
+
+
+@dataclass(frozen=True, eq=False)
+class Pricing:
+    """What the steps of :func:`~shardplan.cost.llm_costs` share about one layout (built
+    once per call; ``eq=False``: compared by identity, never hashed by value).
+
+    Attributes
+    ----------
+    graph, topology, parallel, settings
+        The call's arguments.
+    layout : BlockLayout
+    stages : list of ndarray
+        The nodes of every virtual stage (:func:`stage_nodes`); ``stage_of`` the inverse.
+    div, param_div : ndarray
+        Per node, what its activations and its parameters are divided by on one device.
+    n_params : ndarray
+        Parameters of every node (elements).
+    rb : int
+        Sequences per micro-batch of one data-parallel replica.
+    w_bytes, g_bytes, master_bytes : int
+        Bytes per parameter, gradient (4 under ``grad_reduce`` ``fp32``) and master copy.
+    hw : GPUModel or None
+        The GPU model (None off GPUs).
+    flops, fp32, bw : float
+        Matrix-product rate at the precision, fp32 rate and HBM bandwidth, as reached.
+    collective : callable
+        ``(kind, device ids, bytes) -> seconds`` on this topology.
+    """
+
+    graph: Graph
+    topology: Topology
+    parallel: ParallelConfig
+    settings: ExecutionSettings
+    layout: BlockLayout
+    stages: list[np.ndarray]
+    stage_of: np.ndarray
+    div: np.ndarray
+    param_div: np.ndarray
+    n_params: np.ndarray
+    in_block: np.ndarray
+    rb: int
+    w_bytes: int
+    g_bytes: int
+    master_bytes: int
+    hw: GPUModel | None
+    flops: float
+    fp32: float
+    bw: float
+    collective: Callable[[str, np.ndarray, float], float]
+
+    @property
+    def sp(self) -> bool:
+        """Sequence parallelism in force (it needs tensor parallelism)."""
+        return self.settings.sequence_parallel and self.parallel.tp > 1
+
+    @property
+    def gradient_group(self) -> int:
+        """Ranks a gradient is reduced over: data parallel times context parallel."""
+        return self.parallel.data_parallel * self.parallel.cp
