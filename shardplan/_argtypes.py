@@ -41,8 +41,8 @@ def size_int(kind: str) -> Callable[[str], int]:
     """A positive integer within :data:`shardplan._limits.LIMITS` for ``kind`` (argparse
     names the flag before the one line saying why)."""
     def parse(text: str) -> int:
-        from shardplan.errors import ShardplanError
         from shardplan._limits import check_size
+        from shardplan.errors import ShardplanError
 
         v = positive_int(text)
         try:
@@ -77,8 +77,8 @@ def byte_size(text: str) -> float:
                                          f"{text!r}") from None
     if not (value > 0 and math.isfinite(value)):
         raise argparse.ArgumentTypeError(f"expected a positive size, got {text!r}")
-    from shardplan.errors import ShardplanError
     from shardplan._limits import check_size
+    from shardplan.errors import ShardplanError
 
     try:
         check_size("", value, "memory")

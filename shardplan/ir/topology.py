@@ -9,9 +9,9 @@ from typing import Any, cast
 
 import numpy as np
 
+from shardplan._limits import check_size
 from shardplan.errors import InvalidFileError, ShardplanError
 from shardplan.ir._pairs import GridPairs, PairMatrix, PairModel, pair_model_from_dict
-from shardplan._limits import check_size
 
 __all__ = ["DENSE_JSON_DEVICES", "TOPOLOGY_FORMAT", "Device", "Level", "Link", "Topology"]
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from shardplan._limits import LIMITS, check_size, parse_count
 from shardplan.errors import ShardplanError
 from shardplan.ir.hardware import check_precision
-from shardplan._limits import LIMITS, check_size, parse_count
 from shardplan.topology import build
 
 
