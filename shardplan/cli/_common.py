@@ -253,10 +253,12 @@ SETTING_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
                 "transformer block, as FSDP2 and Megatron FSDP; module: each sub-module, as "
                 "DeepSpeed ZeRO-3)"}),
     "stack": ("--stack", {
-        "choices": ("megatron", "megatron-deepspeed", "torchtitan"),
+        "choices": ("megatron", "megatron-core", "megatron-deepspeed", "torchtitan"),
         "help": "LLM plans: the software that runs the plan, where it prices differently "
-                "(megatron, default: Megatron-LM / Megatron-Core / NeMo; megatron-deepspeed: "
-                "DeepSpeed's pipeline engine and ZeRO optimizer; torchtitan)"}),
+                "(megatron, default: Megatron-LM's own modules; megatron-core: Megatron-Core "
+                "with Transformer Engine, as Megatron-LM and NeMo run today; "
+                "megatron-deepspeed: DeepSpeed's pipeline engine and ZeRO optimizer; "
+                "torchtitan)"}),
     "expandable_segments": ("--expandable-segments", {
         "action": "store_const", "const": True,
         "help": "LLM plans: the run sets PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "

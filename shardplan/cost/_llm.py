@@ -414,6 +414,10 @@ def node_seconds(pr: Pricing) -> NodeTimes:
         bwd = bwd + np.where(pr.in_block & ~op_saved, fwd, 0.0)
     out_bytes = _graph_facts(graph).kept_bytes(scaled, _ACT_BYTES[precision]) + \
         SCORE_BYTES_KEPT * per_elem * scores
+    if st.stack == "megatron-core":
+        drop, own = te_kept(graph)
+        out_bytes = np.where(drop, 0.0, out_bytes)
+        out_bytes[own] = scaled.output_bytes[own]
     # the loss keeps its fp32 log-probabilities of the vocabulary-split logits (the captured
     # graph ends at the logits; a loss node, when captured, is priced as any node)
     if logits >= 0:
@@ -514,6 +518,59 @@ def _op_saved(graph: Graph) -> np.ndarray:
             saved[v] = count[b] % 2 == 1
     saved.setflags(write=False)
     return saved
+
+
+@lru_cache(maxsize=16)
+def te_kept(graph: Graph) -> tuple[np.ndarray, np.ndarray]:
+    """What Megatron-Core's Transformer Engine blocks keep for the backward, against what
+    eager autograd keeps of the captured graph: ``(drop, own)`` masks -- nodes whose kept
+    output they do not keep, and the query, key and value products whose outputs they keep
+    as produced. Counted from Transformer Engine's modules (``LayerNormLinear`` /
+    ``LayerNormMLP`` save the norm's input and output, ``DotProductAttention`` its q, k, v
+    at their own head counts and its output, the fused rotary embedding nothing beside them,
+    the fused SwiGLU / GeLU (``bias_swiglu_fusion``) the first product's output, recomputing
+    the activation):
+
+    - a norm module keeps its last node's output (the normalized input the next product
+      reads), not its intermediate ``x * rsqrt(...)``;
+    - an attention region keeps its attention core's output and the outputs of its query,
+      key and value products; not the rotary embedding's intermediates, keys and values
+      repeated over the query heads, or the copy of the core's output laid out for the
+      projection;
+    - an MLP region keeps its products' outputs and the input of its last product; not the
+      activation's intermediate (SiLU of the gate). O(n)."""
+    layout = block_layout(graph)
+    n = graph.num_nodes
+    in_block = (layout.block >= 0) & (layout.block < layout.num_blocks)
+    drop = np.zeros(n, dtype=bool)
+    own = np.zeros(n, dtype=bool)
+    last_of: dict[str, int] = {}
+    for v in np.flatnonzero(in_block):
+        mod = graph.modules[v] or ""
+        if mod.rsplit(".", 1)[-1].endswith("norm"):
+            if mod in last_of:
+                drop[last_of[mod]] = True
+            last_of[mod] = int(v)
+    region = layout.region
+    leaving = np.zeros(n, dtype=bool)
+    leaving[graph.src[region[graph.src] != region[graph.dst]]] = True
+    linear = np.array([is_matmul(op) and not _SDPA.search(op.lower()) for op in graph.ops]) \
+        & (graph.param_bytes > 0)
+    core = np.array([bool(_FUSED_ATTENTION.search(op.lower())) for op in graph.ops])
+    for reg in np.unique(region[region >= 0]):
+        nodes = np.flatnonzero(region == reg)
+        if core[nodes].any():  # attention
+            own[nodes[linear[nodes] & ~leaving[nodes]]] = True
+            drop[nodes[~core[nodes] & ~own[nodes]]] = True
+        else:  # MLP: the last product's input stays
+            last = nodes[linear[nodes] & leaving[nodes]]
+            feeds = np.isin(graph.dst, last)
+            fc2_in = np.isin(np.arange(n), graph.src[feeds])
+            drop[nodes[~linear[nodes] & ~fc2_in[nodes]]] = True
+    drop &= ~own
+    drop.setflags(write=False)
+    own.setflags(write=False)
+    return drop, own
 
 
 @lru_cache(maxsize=64)

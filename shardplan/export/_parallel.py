@@ -106,6 +106,8 @@ def megatron_parallel(plan: Plan, graph: Graph, topology: Topology,
             args += ["--decoder-last-pipeline-num-layers", str(ranks[-1])]
     if par.cp > 1:
         args += ["--context-parallel-size", str(par.cp)]
+    if settings.stack == "megatron":  # Megatron's own modules, not Transformer Engine's
+        args += ["--transformer-impl", "local"]
     args += ["--micro-batch-size", str(micro),
              "--global-batch-size", str(micro * par.data_parallel * count)]
     if par.pp > 1 and settings.schedule == "gpipe":
@@ -179,7 +181,7 @@ def _balanced_split_args(par: Any, deepspeed: bool) -> list[str] | None:
     as)."""
     from shardplan.ir.parallel import balanced_stage_layers
 
-    if par.stage_layers is None:
+    if par.stage_layers is None or len(set(par.stage_layers)) == 1:
         return [] if deepspeed else None
     layers, stages = sum(par.stage_layers), par.num_stages
     if deepspeed and par.stage_layers == balanced_stage_layers(layers, stages):

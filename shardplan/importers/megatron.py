@@ -76,6 +76,7 @@ _READ_SWITCHES = frozenset({
     "--use-custom-fsdp", "--overlap-grad-reduce", "--overlap-param-gather", "--tp-comm-overlap",
     "--deepspeed", "--no-pipeline-parallel", "--checkpoint-activations",
     "--accumulate-allreduce-grads-in-fp32", "--account-for-embedding-in-pipeline-split",
+    "--use-legacy-models",
     "--account-for-loss-in-pipeline-split",
 })
 _READ_VALUES = frozenset({
@@ -89,12 +90,12 @@ _READ_VALUES = frozenset({
     "--context-parallel-size", "--data-parallel-size", "--fp8-format",
     "--recompute-granularity", "--recompute-method", "--recompute-num-layers",
     "--data-parallel-sharding-strategy", "--optimizer", "--kv-channels", "--zero-stage",
-    "--deepspeed_config", "--deepspeed-config", "--pp-partition-method",
+    "--deepspeed_config", "--deepspeed-config", "--pp-partition-method", "--transformer-impl",
 })
 
 #: Switches that do not change what shardplan models (logging, checkpoints, kernel fusion).
 IGNORED_FLAGS = frozenset({
-    "--use-mcore-models", "--use-legacy-models", "--no-masked-softmax-fusion",
+    "--use-mcore-models", "--no-masked-softmax-fusion",
     "--no-bias-gelu-fusion", "--no-bias-dropout-fusion", "--no-gradient-accumulation-fusion",
     "--no-async-tensor-model-parallel-allreduce", "--no-rope-fusion", "--disable-bias-linear",
     "--no-position-embedding", "--log-params-norm", "--log-num-zeros-in-grad",
@@ -121,7 +122,7 @@ IGNORED_VALUES = frozenset({
     "--seed", "--tensorboard-dir", "--wandb-project", "--wandb-exp-name", "--wandb-save-dir",
     "--attention-dropout", "--hidden-dropout", "--loss-scale", "--initial-loss-scale",
     "--min-loss-scale", "--loss-scale-window", "--hysteresis", "--num-workers",
-    "--dataloader-type", "--data-cache-path", "--transformer-impl", "--attention-backend",
+    "--dataloader-type", "--data-cache-path", "--attention-backend",
     "--ckpt-format", "--exit-interval", "--exit-duration-in-mins", "--norm-epsilon",
     "--rotary-base", "--rotary-percent", "--distributed-timeout-minutes", "--timing-log-option",
     "--tensorboard-queue-size", "--log-timers-to-tensorboard", "--hf-tokenizer-path",
@@ -489,6 +490,23 @@ def _stage_layers(args: Mapping[str, list[str]], num_layers: int, pp: int, vp: i
     return uneven_stage_layers(num_layers, pp, vp, first, last)
 
 
+def _stack(args: Mapping[str, list[str]]) -> str:
+    """The software the arguments run (:attr:`~shardplan.ir.ExecutionSettings.stack`):
+    Megatron-DeepSpeed with ``--deepspeed``; Megatron's own modules, every tensor autograd
+    keeps, with ``--transformer-impl local`` or ``--use-legacy-models``; else Megatron-Core
+    with Transformer Engine, Megatron-LM's default ``--transformer-impl
+    transformer_engine``."""
+    impl = args.get("--transformer-impl", ["transformer_engine"])[0]
+    if impl not in ("transformer_engine", "local", "inference_optimized"):
+        raise ShardplanError(f"--transformer-impl is transformer_engine or local, got "
+                             f"{impl!r}")
+    if "--deepspeed" in args:
+        return "megatron-deepspeed"
+    if impl == "local" or "--use-legacy-models" in args:
+        return "megatron"
+    return "megatron-core"
+
+
 def parse_megatron(text: str, *, num_gpus: int | None = None, cluster: str | None = None
                    ) -> RunConfig:
     """Read a Megatron-LM argument string into a checked :class:`RunConfig`.
@@ -616,7 +634,7 @@ def parse_megatron(text: str, *, num_gpus: int | None = None, cluster: str | Non
                              tp_comm_overlap="--tp-comm-overlap" in args, optimizer=optimizer,
                              shard_unit=shard_unit,
                              grad_reduce="fp32" if fp32_grads else "param",
-                             stack="megatron-deepspeed" if "--deepspeed" in args else "megatron")
+                             stack=_stack(args))
     return RunConfig(model=model, cluster=cluster, num_gpus=num_gpus, parallel=parallel,
                      micro_batch_size=micro, global_batch=glob, execution=execution,
                      notes=tuple(notes), source="megatron")
@@ -704,8 +722,11 @@ def megatron_args_of_row(row: Mapping[str, Any]) -> str:
 
 
 def _row_sharding(row: Mapping[str, Any], pp: int) -> list[str]:
-    """The data-parallel sharding arguments of a row (:func:`megatron_args_of_row`)."""
+    """The data-parallel sharding arguments of a row (:func:`megatron_args_of_row`), and
+    ``--transformer-impl local`` for a row of Megatron-LM before Megatron-Core and
+    Transformer Engine (a row with no ``stack``: the 2020-2022 papers)."""
     sharding = _cell(row, "optimizer_sharding").lower()
+    legacy = [] if _cell(row, "stack") else ["--transformer-impl", "local"]
     if "megatron-deepspeed" in _cell(row, "stack").lower():
         stage = 3 if sharding.startswith("zero3") else 1 if sharding.startswith("zero1") else 0
         out = ["--deepspeed", "--zero-stage", str(stage)]
@@ -715,8 +736,8 @@ def _row_sharding(row: Mapping[str, Any], pp: int) -> list[str]:
     if sharding.startswith("zero3") and "deepspeed" in sharding:
         return ["--deepspeed", "--zero-stage", "3"]
     if sharding.startswith("zero3"):
-        return ["--use-megatron-fsdp", "--data-parallel-sharding-strategy",
-                "optim_grads_params"]
+        return legacy + ["--use-megatron-fsdp", "--data-parallel-sharding-strategy",
+                         "optim_grads_params"]
     if sharding.startswith(("zero1", "distributed")):
-        return ["--use-distributed-optimizer"]
-    return []
+        return legacy + ["--use-distributed-optimizer"]
+    return legacy

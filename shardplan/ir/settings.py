@@ -44,7 +44,7 @@ RECOMPUTES = ("none", "selective", "op", "full")
 SHARD_UNITS = ("block", "module")
 GRAD_REDUCES = ("param", "fp32")
 #: The software that runs an LLM plan, where it prices differently (ExecutionSettings.stack).
-STACKS = ("megatron", "megatron-deepspeed", "torchtitan")
+STACKS = ("megatron", "megatron-core", "megatron-deepspeed", "torchtitan")
 DDP_BUCKET_BYTES = 25 * 2**20  # torch DistributedDataParallel's default bucket_cap_mb
 
 # Keys older plans kept among their algorithm options (before the ``execution`` field).
@@ -188,10 +188,14 @@ class ExecutionSettings:
         ``module`` -- each parameterized sub-module on its own (DeepSpeed ZeRO-3, which
         fetches a module's parameters in its forward and backward hooks and prefetches a
         bucket of the next ones).
-    stack : {"megatron", "megatron-deepspeed", "torchtitan"}
+    stack : {"megatron", "megatron-core", "megatron-deepspeed", "torchtitan"}
         The software that runs an LLM plan, where its mechanisms differ (``docs/gpu-model.md``,
-        "Each stack as it runs"): ``megatron`` (default) -- Megatron-LM / Megatron-Core / NeMo:
-        pipeline messages split over the tensor-parallel ranks and sent asynchronously;
+        "Each stack as it runs"): ``megatron`` (default) -- Megatron-LM's own modules (its
+        2020-2022 GPT, ``--transformer-impl local``): pipeline messages split over the
+        tensor-parallel ranks and sent asynchronously, every tensor autograd keeps kept;
+        ``megatron-core`` -- Megatron-Core with Transformer Engine (Megatron-LM's default,
+        NeMo): the same, with Transformer Engine's fused modules keeping only what they save
+        (``shardplan/cost/_llm.py``, :func:`~shardplan.cost._llm.te_kept`);
         ``megatron-deepspeed`` -- Megatron-DeepSpeed under DeepSpeed's pipeline engine and
         ZeRO optimizer: every tensor-parallel rank sends the whole activation, blocking, and
         DeepSpeed's optimizer keeps its own gradient buffers (fp32 accumulation of the BF16

@@ -36,8 +36,10 @@ def _plan(par: ParallelConfig, execution: dict | None = None, model: str | None 
     if execution is not None or model is not None:
         meta["imported_from"] = {"tool": "test", **({"model": model} if model else {}),
                                  "execution": execution or {}}
+    # Megatron-Core with Transformer Engine, what Megatron-LM runs by default (stack
+    # "megatron", its own modules, adds --transformer-impl local: tested on its own)
     s = ExecutionSettings(**{"microbatch_size": par.data_parallel, "microbatches": 4,
-                             **settings})
+                             "stack": "megatron-core", **settings})
     return Plan("llm", "cluster", "hand", (Stage((0,), (0,)),), Objective("x", 0.0),
                 execution=s, parallel=par, meta=meta)
 
@@ -170,6 +172,27 @@ def test_megatron_first_and_last_pipeline_ranks(pp: int, vp: int, layers: tuple,
     if vp > 1:
         head += ["--num-virtual-stages-per-pipeline-rank", str(vp)]
     assert args[:args.index("--micro-batch-size")] == head + extra
+
+
+def test_megatron_stacks_as_arguments() -> None:
+    """Megatron's own modules are --transformer-impl local; Megatron-DeepSpeed's ZeRO-1 and
+    the split it balances with the embeddings are its own arguments."""
+    args, _, _ = _megatron(_plan(ParallelConfig(dp=4), stack="megatron"))
+    assert args[args.index("--transformer-impl") + 1] == "local"
+    par = ParallelConfig(pp=3, dp=2, stage_layers=(2, 3, 2))
+    args, _, _ = _megatron(_plan(par, stack="megatron-deepspeed", gradient_sync="zero1",
+                                 microbatches=6))
+    assert "--transformer-impl" not in args
+    assert args[args.index("--deepspeed") + 1:args.index("--deepspeed") + 3] == \
+        ["--zero-stage", "1"]
+    assert args[args.index("--pp-partition-method") + 1] == "type:transformer|embedding"
+    with pytest.raises(ShardplanError, match="DeepSpeed's pipeline engine balances"):
+        _megatron(_plan(ParallelConfig(pp=2, stage_layers=(2, 5)),
+                        stack="megatron-deepspeed"))
+    args, _, _ = _megatron(_plan(ParallelConfig(pp=2, vp=2, stage_layers=(1, 2, 2, 1)),
+                                 microbatches=4))
+    assert "--account-for-embedding-in-pipeline-split" in args
+    assert "--account-for-loss-in-pipeline-split" in args
 
 
 def test_megatron_refusals_are_one_line() -> None:
