@@ -33,7 +33,7 @@ from typing import Any
 
 from shardplan.errors import InvalidFileError, ShardplanError
 
-__all__ = ["ParallelConfig", "balanced_stage_layers"]
+__all__ = ["ParallelConfig", "balanced_stage_layers", "pipeline_split"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -208,3 +208,42 @@ def balanced_stage_layers(num_layers: int, stages: int, *, embedding: bool = Fal
                              f"the embedding and the loss counted as layers")
     out = tuple(counts)
     return None if len(set(out)) == 1 else out
+
+
+def pipeline_split(num_layers: int, pp: int, vp: int = 1) -> tuple[bool, tuple[int, ...] | None]:
+    """A split of ``num_layers`` blocks over ``pp x vp`` virtual stages that Megatron-LM and
+    torchtitan can both express: ``(True, None)`` when they divide evenly; else the split with
+    the embedding and the loss counted as one layer each when that divides
+    (:func:`balanced_stage_layers`; Megatron-Core's ``--account-for-embedding/loss-in-
+    pipeline-split``); else the first and last pipeline rank holding fewer blocks, the middle
+    ones ``k`` each (Megatron's ``--decoder-first/last-pipeline-num-layers``), every rank's
+    blocks dividing over its ``vp`` virtual stages; ``(False, None)`` when none exists or a
+    stage would be empty. O(pp vp).
+
+    Examples
+    --------
+    >>> pipeline_split(126, 8, 1)[1][:2], pipeline_split(126, 8, 1)[1][-1]
+    ((15, 16), 15)
+    >>> pipeline_split(31, 5, 1)
+    (True, (5, 7, 7, 7, 5))
+    >>> pipeline_split(126, 64, 2), pipeline_split(32, 4, 2)
+    ((False, None), (True, None))
+    """
+    stages = pp * vp
+    if num_layers < stages:
+        return False, None
+    if num_layers % stages == 0:
+        return True, None
+    if (num_layers + 2) % stages == 0:
+        split = balanced_stage_layers(num_layers, stages, embedding=True, loss=True)
+        if split is not None and min(split) > 0:
+            return True, split
+    if pp < 3:
+        return False, None
+    for k in sorted({vp * (num_layers // stages), vp * -(-num_layers // stages)}, reverse=True):
+        ends = num_layers - (pp - 2) * k
+        if k < vp or ends % 2 or (ends // 2) % vp or not vp <= ends // 2 <= k:
+            continue
+        per_rank = [ends // 2] + [k] * (pp - 2) + [ends // 2]
+        return True, tuple(per_rank[j % pp] // vp for j in range(stages))
+    return False, None

@@ -21,13 +21,14 @@ from typing import Any
 from shardplan.cost._llm import block_layout, llm_costs
 from shardplan.errors import ShardplanError
 from shardplan.ir import ExecutionSettings, Graph, Objective, ParallelConfig, Plan, Topology
+from shardplan.ir.parallel import pipeline_split
 from shardplan.ir.settings import RECOMPUTES
 from shardplan.simulate import SimulationResult, simulate
 from shardplan.strategy.llm import OBJECTIVE, check_layout, layout_plan
 
-__all__ = ["LLM_ROWS", "LLMCandidate", "LLMSearch", "baseline_comparison", "candidates",
-           "family_rows", "has_blocks", "knobs", "llm_plan", "llm_search", "moved_knobs",
-           "node_size"]
+__all__ = ["LLM_ROWS", "WIDE", "LLMCandidate", "LLMSearch", "SearchSpace",
+           "baseline_comparison", "candidates", "family_rows", "has_blocks", "knobs",
+           "llm_plan", "llm_search", "moved_knobs", "node_size", "wide_space"]
 
 
 def llm_plan(graph: Graph, topology: Topology, parallel: ParallelConfig,
@@ -76,6 +77,7 @@ class LLMSearch:
     seconds: float
     timed_out: bool
     considered: int
+    offered: int = 0
 
     @property
     def best(self) -> LLMCandidate | None:
@@ -86,49 +88,145 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+@dataclass(frozen=True)
+class SearchSpace:
+    """The knobs :func:`candidates` varies beyond TP, PP, DP, the micro-batch, virtual
+    stages, recompute and sequence parallelism.
+
+    Attributes
+    ----------
+    shardings : tuple of str
+        How the data-parallel ranks hold parameters, gradients and optimizer state:
+        ``settings`` (the settings' ``gradient_sync`` as given), ``ddp`` (replicas, DDP's
+        overlapped buckets), ``zero1`` (the distributed optimizer), ``fsdp`` (every rank a
+        shard: FSDP2 / ZeRO-3), ``hsdp`` (shards of 8 or 64 ranks, replicated between).
+    context : bool
+        Also context parallelism of 2, 4 and 8 where the sequence allows (2 cp chunks of at
+        least 1,024 tokens).
+    uneven : bool
+        Also pipelines whose blocks do not divide over the stages, split as
+        :func:`~shardplan.ir.parallel.pipeline_split` allows.
+    recomputes : tuple of str
+        Recompute levels tried.
+    sequence_parallel : tuple of bool
+        Sequence parallelism with TP > 1 (off without TP).
+    """
+
+    shardings: tuple[str, ...] = ("settings",)
+    context: bool = False
+    uneven: bool = False
+    recomputes: tuple[str, ...] = RECOMPUTES
+    sequence_parallel: tuple[bool, ...] = (False, True)
+
+
+#: What ``shardplan plan`` searches (issue 45): every sharding, context parallelism, uneven
+#: pipelines; sequence parallelism always with TP (it only removes work and memory in the
+#: price), per-op recompute only where torchtitan runs (its stack).
+WIDE = SearchSpace(shardings=("ddp", "zero1", "fsdp", "hsdp"), context=True, uneven=True,
+                   recomputes=("none", "selective", "full"), sequence_parallel=(True,))
+
+
+def wide_space(settings: ExecutionSettings) -> SearchSpace:
+    """:data:`WIDE`, keeping a gradient sync the user set (any but the default ``end``) and
+    adding per-op recompute under torchtitan."""
+    space = WIDE
+    if settings.gradient_sync != "end":
+        space = replace(space, shardings=("settings",))
+    if settings.stack == "torchtitan":
+        space = replace(space, recomputes=(*space.recomputes, "op"))
+    return space
+
+
+def _shardings(space: SearchSpace, dp: int, settings: ExecutionSettings
+               ) -> Iterator[tuple[int, int, str]]:
+    """``(replicas, shard degree, gradient sync)`` of each sharding for ``dp`` data-parallel
+    ranks."""
+    seen: set[tuple[int, int, str]] = set()
+    for kind in space.shardings:
+        if kind == "settings":
+            out = [(dp, 1, settings.gradient_sync)]
+        elif kind == "ddp":
+            out = [(dp, 1, "bucketed" if dp > 1 else "end")]
+        elif kind == "zero1":
+            out = [(dp, 1, "zero1")] if dp > 1 else []
+        elif kind == "fsdp":
+            out = [(1, dp, "sharded")] if dp > 1 else []
+        else:  # hsdp
+            out = [(dp // sh, sh, "sharded") for sh in (8, 64) if dp % sh == 0 and dp > sh]
+        for item in out:
+            if item not in seen:
+                seen.add(item)
+                yield item
+
+
 def candidates(graph: Graph, topology: Topology, settings: ExecutionSettings, *,
                global_batch: int, devices: int | None = None,
-               max_microbatch: int = 8) -> Iterator[tuple[ParallelConfig, ExecutionSettings]]:
+               max_microbatch: int = 8, space: SearchSpace = SearchSpace()
+               ) -> Iterator[tuple[ParallelConfig, ExecutionSettings]]:
     """Every layout of ``devices`` (default: all) for ``global_batch`` sequences: TP a
-    divisor of the node size and of the heads, PP a divisor of the blocks, DP the rest (which
-    must divide the batch), per-replica micro-batches of 1 to ``max_microbatch``, 1 to 4
-    virtual stages when the blocks allow, each recompute level, sequence parallelism with
+    divisor of the node size and of the heads, PP a divisor of the blocks (or, with
+    ``space.uneven``, of the rest, split by :func:`~shardplan.ir.parallel.pipeline_split`),
+    CP where ``space.context`` allows, DP the rest (which must divide the batch) held as
+    each of ``space.shardings``, per-replica micro-batches of 1 to ``max_microbatch``, 1 to
+    4 virtual stages when the blocks allow, each recompute level, sequence parallelism with
     TP. O(product of the choices)."""
     n = devices or topology.num_devices
     layout = block_layout(graph)
     dims = graph.meta.get("transformer") if isinstance(graph.meta, dict) else None
     heads = dims.get("heads") if isinstance(dims, dict) else None
     kv = dims.get("kv_heads") if isinstance(dims, dict) else None
+    seq = dims.get("seq") if isinstance(dims, dict) else None
     node = node_size(topology)
+    blocks = layout.num_blocks
     for tp in _divisors(min(node, n)):
         if any(isinstance(h, int) and h % tp for h in (heads, kv)):
             continue
         for pp in _divisors(n // tp):
-            if layout.num_blocks % pp:
+            if pp > blocks or (blocks % pp and not space.uneven):
                 continue
-            dp = n // (tp * pp)
-            if global_batch % dp:
+            for cp in _contexts(space, seq, n // (tp * pp)):
+                dp = n // (tp * pp * cp)
+                if global_batch % dp:
+                    continue
+                yield from _batching(layout, settings, space, tp, pp, cp, dp,
+                                     global_batch // dp, max_microbatch)
+
+
+def _contexts(space: SearchSpace, seq: Any, rest: int) -> list[int]:
+    if not space.context or not isinstance(seq, int):
+        return [1]
+    return [c for c in (1, 2, 4, 8) if rest % c == 0 and seq % (2 * c) == 0
+            and (c == 1 or seq // (2 * c) >= 1024)]
+
+
+def _batching(layout: Any, settings: ExecutionSettings, space: SearchSpace, tp: int,
+              pp: int, cp: int, dp: int, per_replica: int, max_microbatch: int
+              ) -> Iterator[tuple[ParallelConfig, ExecutionSettings]]:
+    """The micro-batch, virtual-stage, recompute, sequence-parallel and sharding choices of
+    one TP x PP x CP x DP grid (:func:`candidates`)."""
+    for mb in (1, 2, 4, 8, 16):
+        if mb > max_microbatch or per_replica % mb:
+            continue
+        m = per_replica // mb
+        if pp > 1 and m < pp:
+            continue
+        for vp in (1, 2, 3, 4):
+            if vp > 1 and (pp == 1 or m % pp):
                 continue
-            per_replica = global_batch // dp
-            for mb in (1, 2, 4, 8, 16):
-                if mb > max_microbatch or per_replica % mb:
-                    continue
-                m = per_replica // mb
-                if pp > 1 and m < pp:
-                    continue
-                for vp in (1, 2, 3, 4):
-                    if vp > 1 and (pp == 1 or layout.num_blocks % (pp * vp) or m % pp):
-                        continue
-                    for rc in RECOMPUTES:
-                        for sp in ((False, True) if tp > 1 else (False,)):
-                            yield (ParallelConfig(tp=tp, pp=pp, dp=dp, vp=vp),
-                                   replace(settings, microbatch_size=mb * dp,
-                                           microbatches=m, recompute=rc,
-                                           schedule="interleaved-1f1b" if vp > 1
-                                           else "1f1b",
-                                           virtual_stages=vp if vp > 1
-                                           else settings.virtual_stages,
-                                           sequence_parallel=sp))
+            ok, split = pipeline_split(layout.num_blocks, pp, vp)
+            if not ok or (split is not None and not space.uneven):
+                continue
+            for rc in space.recomputes:
+                for sp in (space.sequence_parallel if tp > 1 else (False,)):
+                    for rep, shard, sync in _shardings(space, dp, settings):
+                        yield (ParallelConfig(tp=tp, pp=pp, dp=rep, dp_shard=shard, cp=cp,
+                                              vp=vp, stage_layers=split),
+                               replace(settings, microbatch_size=mb * dp,
+                                       microbatches=m, recompute=rc, gradient_sync=sync,
+                                       schedule="interleaved-1f1b" if vp > 1 else "1f1b",
+                                       virtual_stages=vp if vp > 1
+                                       else settings.virtual_stages,
+                                       sequence_parallel=sp))
 
 
 #: The share of :func:`llm_search`'s time limit spent pricing candidates (the rest simulates
@@ -139,8 +237,8 @@ PRICING_SHARE = 0.6
 def llm_search(graph: Graph, topology: Topology, settings: ExecutionSettings, *,
                global_batch: int, time_limit: float = 60.0, devices: int | None = None,
                max_microbatch: int = 8,
-               include: Sequence[tuple[ParallelConfig, ExecutionSettings]] = ()
-               ) -> LLMSearch:
+               include: Sequence[tuple[ParallelConfig, ExecutionSettings]] = (),
+               space: SearchSpace = SearchSpace()) -> LLMSearch:
     """The fastest layout of :func:`candidates` (and of ``include``: a user's own
     configuration, so the winner is never slower than it) that fits, by branch and bound in the
     simulator's price, within ``time_limit`` seconds (the best so far when it runs out).
@@ -150,7 +248,14 @@ def llm_search(graph: Graph, topology: Topology, settings: ExecutionSettings, *,
     simulated in the order of their bounds, and the search stops when the next bound is no
     better than the best simulated iteration: no candidate left can beat it, so the winner is
     the simulator's best of them all. O(candidates * (n + pp * vp)) plus one simulation
-    per candidate whose bound is below the winner's time."""
+    per candidate whose bound is below the winner's time.
+
+    Candidates are priced in the order of :func:`_promise` (a rough guess, never a price:
+    it only decides what is priced first when the time runs out) and a candidate whose
+    parameters, gradients and optimizer state alone exceed the devices' memory
+    (:func:`_static_bytes`, a lower bound on what it holds) is recorded as not fitting
+    without pricing. ``space`` (:class:`SearchSpace`) widens the knobs; the result says how
+    many candidates there were and how many were priced."""
     from shardplan.simulate._llm import lower_bound_seconds, simulate_llm
 
     start = time.monotonic()
@@ -159,9 +264,12 @@ def llm_search(graph: Graph, topology: Topology, settings: ExecutionSettings, *,
     ranked: list[LLMCandidate] = []
     considered = 0
     timed_out = False
-    pool = itertools.chain(include, candidates(graph, topology, settings,
-                                               global_batch=global_batch, devices=devices,
-                                               max_microbatch=max_microbatch))
+    offered = sorted(candidates(graph, topology, settings, global_batch=global_batch,
+                                devices=devices, max_microbatch=max_microbatch, space=space),
+                     key=lambda c: _promise(*c))
+    pool = itertools.chain(include, offered)
+    params = float(graph.param_bytes.sum()) / float(
+        graph.meta.get("dtype_bytes", 4) if isinstance(graph.meta, dict) else 4)
     seen: set[tuple[Any, ...]] = set()
     included = {(p, s) for p, s in include}
     for par, st in pool:
@@ -173,6 +281,10 @@ def llm_search(graph: Graph, topology: Topology, settings: ExecutionSettings, *,
             timed_out = True  # the rest of the time simulates what was priced
             break
         considered += 1
+        static = _static_bytes(params, par, st)
+        if static > capacity and key not in included:
+            ranked.append(LLMCandidate(par, st, math.inf, static, False))
+            continue
         try:
             check_layout(graph, topology, par, st)
             costs = llm_costs(graph, topology, par, st)
@@ -198,7 +310,47 @@ def llm_search(graph: Graph, topology: Topology, settings: ExecutionSettings, *,
         best = min(best, res.iteration_seconds)
         ranked.append(LLMCandidate(par, st, res.iteration_seconds, mem, True))
     ranked.sort(key=lambda c: (not c.fits, c.iteration_seconds, c.peak_memory_bytes))
-    return LLMSearch(tuple(ranked), time.monotonic() - start, timed_out, considered)
+    return LLMSearch(tuple(ranked), time.monotonic() - start, timed_out, considered,
+                     offered=len(offered) + len(included))
+
+
+def _static_bytes(params: float, par: ParallelConfig, st: ExecutionSettings) -> float:
+    """A lower bound on what one device holds of parameters, gradients, master weights and
+    optimizer state: the model's parameters spread evenly over TP x PP (a stage holds at
+    least the mean), each at its bytes, divided as the layout shards them (the cost model's
+    rules, :mod:`shardplan.cost._llm_memory`). O(1)."""
+    from shardplan.cost._formulas import OPTIMIZER_STATE
+    from shardplan.cost._llm import precision_bytes
+
+    w, g, master = precision_bytes(st.precision)
+    if st.grad_reduce == "fp32":
+        g = 4
+    state = OPTIMIZER_STATE[st.optimizer] * 4.0
+    d = par.data_parallel * par.cp
+    per = params / (par.tp * par.pp)
+    if par.dp_shard > 1 or st.gradient_sync == "sharded":
+        shard = par.dp_shard * par.cp if par.dp_shard > 1 else d
+        # FSDP2 in mixed precision keeps fp32 gradients and no half shard (4); others more
+        return per * ((4 + master + state) if master else (w + g + state)) / shard
+    opt_div = d if st.gradient_sync == "zero1" else 1
+    return per * (w + g + (master + state) / opt_div)
+
+
+#: Rough relative costs that order the candidates (:func:`_promise`): what recompute adds to
+#: the backward, TP's exposed share per doubling, CP's per doubling.
+_RECOMPUTE_COST = {"none": 0.0, "selective": 0.03, "op": 0.15, "full": 0.33}
+
+
+def _promise(par: ParallelConfig, st: ExecutionSettings) -> float:
+    """A rough guess of a layout's time relative to others of the same work, to price the
+    likely best first: recompute's extra pass, the pipeline's bubble ``(pp - 1) / (m vp)``,
+    tensor and context parallelism's communication, small micro-batches' thin products. It
+    is never a price (:func:`llm_search`). O(1)."""
+    bubble = (par.pp - 1) / max(1, st.microbatches * par.vp)
+    per_replica = (st.microbatch_size or 1) // max(1, par.data_parallel)
+    return ((1 + _RECOMPUTE_COST.get(st.recompute, 0.0)) * (1 + bubble)
+            * (1 + 0.03 * math.log2(par.tp)) * (1 + 0.03 * math.log2(par.cp))
+            * (1 + 0.05 / max(1, per_replica)))
 
 
 def knobs(parallel: ParallelConfig, settings: ExecutionSettings) -> dict[str, Any]:
@@ -265,7 +417,7 @@ def family_rows(graph: Graph, topology: Topology, settings: ExecutionSettings, *
     candidates that fit, and the included configurations, as dicts of the ranking's row
     fields (the planner wraps them), each with its plan."""
     found = llm_search(graph, topology, settings, global_batch=global_batch,
-                       time_limit=time_limit, include=include)
+                       time_limit=time_limit, include=include, space=wide_space(settings))
     keep = [c for c in found.ranked if c.fits][:LLM_ROWS]
     mine = {(p, s) for p, s in include}
     keep += [c for c in found.ranked if (c.parallel, c.settings) in mine and c not in keep]
@@ -276,6 +428,8 @@ def family_rows(graph: Graph, topology: Topology, settings: ExecutionSettings, *
                            search_seconds=found.seconds)
         own = (c.parallel, c.settings) in mine
         note = c.parallel.label() + (" (your configuration)" if own else "")
+        if found.timed_out:  # say what was not evaluated
+            note += f" (priced {found.considered} of {found.offered} layouts in the limit)"
         rows.append({"stages": c.parallel.num_stages, "replicas": c.parallel.devices_per_rank,
                      "schedule": c.settings.schedule, "microbatches": c.settings.microbatches,
                      "mapping": c.parallel.label(), "gradient_sync": c.settings.gradient_sync,

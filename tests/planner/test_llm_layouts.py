@@ -20,6 +20,7 @@ from shardplan.planner._llm import (
     llm_plan,
     llm_search,
     moved_knobs,
+    wide_space,
 )
 from shardplan.simulate import simulate
 from shardplan.strategy.llm import layout_plan
@@ -188,8 +189,10 @@ def test_an_included_layout_is_simulated_first_and_once(g, topo):
                                                        [(c.parallel, c.settings)
                                                         for c in fitting[:LLM_ROWS]])
     assert len(rows) > 1
+    # the family searches the wide space (every sharding, context parallelism, uneven
+    # pipelines)
     again = llm_search(g, topo, ExecutionSettings(), global_batch=16, time_limit=600,
-                       include=[own])
+                       include=[own], space=wide_space(ExecutionSettings()))
     first = [c for c in again.ranked if c.fits][0]
     assert {k: v for k, v in rows[0].items() if k not in ("search_seconds", "plan")} == {
         "stages": first.parallel.num_stages, "replicas": first.parallel.devices_per_rank,
