@@ -216,9 +216,10 @@ def pipeline_split(num_layers: int, pp: int, vp: int = 1) -> tuple[bool, tuple[i
     the embedding and the loss counted as one layer each when that divides
     (:func:`balanced_stage_layers`; Megatron-Core's ``--account-for-embedding/loss-in-
     pipeline-split``); else the first and last pipeline rank holding fewer blocks, the middle
-    ones ``k`` each (Megatron's ``--decoder-first/last-pipeline-num-layers``), every rank's
-    blocks dividing over its ``vp`` virtual stages; ``(False, None)`` when none exists or a
-    stage would be empty. O(pp vp).
+    ones ``k`` each, the smallest ``k`` that allows it (Megatron's
+    ``--decoder-first/last-pipeline-num-layers``), every rank's blocks dividing over its
+    ``vp`` virtual stages; ``(False, None)`` when none exists or a stage would be empty.
+    O(pp vp + num_layers / vp).
 
     Examples
     --------
@@ -240,9 +241,14 @@ def pipeline_split(num_layers: int, pp: int, vp: int = 1) -> tuple[bool, tuple[i
             return True, split
     if pp < 3:
         return False, None
-    for k in sorted({vp * (num_layers // stages), vp * -(-num_layers // stages)}, reverse=True):
+    # the lightest middle ranks that leave the first and last rank no more than they hold
+    # (k >= num_layers / pp), so the busiest rank holds as little as it can
+    k0 = vp * -(-num_layers // (pp * vp))
+    for k in range(k0, num_layers + 1, vp):
         ends = num_layers - (pp - 2) * k
-        if k < vp or ends % 2 or (ends // 2) % vp or not vp <= ends // 2 <= k:
+        if ends < 2 * vp:
+            break
+        if ends % 2 or (ends // 2) % vp or ends // 2 > k:
             continue
         per_rank = [ends // 2] + [k] * (pp - 2) + [ends // 2]
         return True, tuple(per_rank[j % pp] // vp for j in range(stages))

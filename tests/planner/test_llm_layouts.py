@@ -4,6 +4,7 @@ what the search records of each, and the knobs a comparison names."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 
@@ -308,3 +309,77 @@ def test_every_included_layout_is_simulated(g, topo):
     got = {(c.parallel, c.settings): c for c in found.ranked}
     assert fast in got and slow in got
     assert got[slow].iteration_seconds > got[fast].iteration_seconds
+
+
+# ------------------------------------------------------------------ the wide space (issue 45)
+def _wide_grid(n, node, heads, blocks, batch, seq, settings):
+    """The wide space by its rules, from the full grid (no pruning): every sharding,
+    context parallelism, uneven pipelines by pipeline_split."""
+    from shardplan.ir.parallel import pipeline_split
+
+    out = set()
+    for tp, pp, cp, mb, vp, rc in itertools.product(
+            range(1, n + 1), range(1, n + 1), (1, 2, 4, 8), (1, 2, 4, 8), (1, 2, 3, 4),
+            ("none", "selective", "full")):
+        if node % tp or n % tp or heads % tp or n % (tp * pp) or pp > blocks:
+            continue
+        if (n // (tp * pp)) % cp or seq % (2 * cp) or (cp > 1 and seq // (2 * cp) < 1024):
+            continue
+        dp = n // (tp * pp * cp)
+        if batch % dp or (batch // dp) % mb:
+            continue
+        m = batch // dp // mb
+        if (pp > 1 and m < pp) or (vp > 1 and (pp == 1 or m % pp)):
+            continue
+        ok, split = pipeline_split(blocks, pp, vp)
+        if not ok:
+            continue
+        shards = {(dp, 1, "bucketed" if dp > 1 else "end")}
+        if dp > 1:
+            shards |= {(dp, 1, "zero1"), (1, dp, "sharded")}
+            shards |= {(dp // s, s, "sharded") for s in (8, 64) if dp % s == 0 and dp > s}
+        for rep, shard, sync in shards:
+            out.add((tp, pp, cp, rep, shard, vp, split, mb * dp, m, rc, tp > 1, sync))
+    return out
+
+
+def test_the_wide_space_is_exactly_the_layouts_its_rules_allow():
+    g = gpt_graph(layers=6, hidden=32, seq=4096, vocab=64, heads=4)
+    topo = build("flat", num_devices=16)
+    s = ExecutionSettings()
+    got = [(p.tp, p.pp, p.cp, p.dp, p.dp_shard, p.vp, p.stage_layers, st.microbatch_size,
+            st.microbatches, st.recompute, st.sequence_parallel, st.gradient_sync)
+           for p, st in candidates(g, topo, s, global_batch=32, space=wide_space(s))]
+    assert len(got) == len(set(got))
+    assert set(got) == _wide_grid(16, 16, 4, 6, 32, 4096, s)
+    assert any(x[6] is not None for x in got) and any(x[2] > 1 for x in got)
+    assert any(x[4] > 1 and x[3] > 1 for x in got)  # HSDP
+
+
+def test_a_gradient_sync_the_user_set_is_kept():
+    s = ExecutionSettings(gradient_sync="zero1")
+    assert wide_space(s).shardings == ("settings",)
+    assert "op" in wide_space(ExecutionSettings(stack="torchtitan")).recomputes
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_static_memory_bound_is_below_what_the_cost_model_holds(seed):
+    """_static_bytes never exceeds the priced memory, so pruning by it drops only layouts
+    that would not fit."""
+    import random
+
+    from shardplan.cost import llm_costs
+    from shardplan.planner._llm import _static_bytes
+
+    rng = random.Random(seed)
+    g = gpt_graph(layers=6, hidden=32, seq=4096, vocab=64, heads=4)
+    topo = build("flat", num_devices=16)
+    params = float(g.param_bytes.sum()) / 4
+    offered = list(candidates(g, topo, ExecutionSettings(), global_batch=32,
+                              space=wide_space(ExecutionSettings())))
+    for par, st in rng.sample(offered, 40):
+        for precision, grad in (("bf16", "fp32"), ("fp32", "param"), ("fp16", "param")):
+            st2 = dataclasses.replace(st, precision=precision, grad_reduce=grad)
+            mem = llm_costs(g, topo, par, st2).memory
+            static = mem["params"] + mem["gradients"] + mem["master"] + mem["optimizer"]
+            assert _static_bytes(params, par, st2) <= static.max() * (1 + 1e-9)
