@@ -89,12 +89,23 @@ def tensor_parallel_seconds(pr: Pricing, fwd: np.ndarray, bwd: np.ndarray,
         tp_b[j] += cb
         comp_f, comp_b = region_compute.get((reg, j), (0.0, 0.0))
         if pr.settings.tp_comm_overlap:
-            exposed_f[j] += max(0.0, cf - comp_f)
-            exposed_b[j] += max(0.0, cb - comp_b)
+            exposed_f[j] += _overlapped(cf, comp_f, par.tp)
+            exposed_b[j] += _overlapped(cb, comp_b, par.tp)
         else:
             exposed_f[j] += cf
             exposed_b[j] += cb
     return tp_f, tp_b, exposed_f, exposed_b
+
+
+def _overlapped(comm: float, compute: float, tp: int) -> float:
+    """What stays exposed of a region's tensor-parallel collectives overlapped with its
+    products (``--tp-comm-overlap``): Transformer Engine's userbuffers overlap splits the
+    collective and its product into ``tp`` chunks and pipelines them (each chunk's exchange
+    under the previous chunk's product, ``transformer_engine/pytorch/module/base.py``'s
+    ring-exchange and pipelined overlaps), so the first chunk's exchange waits, and the rest
+    hides behind the compute that is left. O(1)."""
+    first = comm / tp
+    return first + max(0.0, comm - first - compute)
 
 
 def pipeline_messages(pr: Pricing, edge_bytes: np.ndarray, forward: np.ndarray,

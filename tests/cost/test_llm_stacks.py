@@ -204,3 +204,14 @@ def test_a_plan_fits_by_what_its_devices_hold(g, h100):
                                     strict=True)))
     assert res.fits_memory and not squeezed.fits_memory
     assert "device_memory_bytes" in res.to_dict()
+
+
+def test_tensor_parallel_overlap_leaves_the_first_chunk_exposed():
+    """Transformer Engine pipelines a region's collective in tp chunks under its product: the
+    first chunk waits, the rest hides behind what compute is left."""
+    from shardplan.cost._llm_comm import _overlapped
+
+    assert _overlapped(8.0, 100.0, 4) == 2.0
+    assert _overlapped(8.0, 0.0, 4) == 8.0
+    assert _overlapped(8.0, 3.0, 4) == 2.0 + 3.0
+    assert _overlapped(8.0, 100.0, 1) == 8.0
