@@ -466,6 +466,8 @@ def gb200_nvl72(racks: int = 1, *, gpu_memory: float | str | None = None,
     >>> t.num_devices, float(t.bandwidth[0, 71]), float(t.bandwidth[0, 72])
     (144, 900000000000.0, 50000000000.0)
     """
+    if isinstance(racks, bool) or not isinstance(racks, int) or racks < 1:
+        raise ShardplanError(f"racks must be an integer >= 1, got {racks!r}")
     t = dgx_cluster("gb200-nvl72", racks, gpu_memory=gpu_memory, nic_gbps=nic_gbps, nics=nics,
                     nvlink_bandwidth=nvlink_bandwidth, nvlink_latency=nvlink_latency,
                     ib_latency=ib_latency, flops=flops, name=name, gpu=gpu)

@@ -55,6 +55,25 @@ CASES = {
                                    "--memory-limit", "1e30"], "--memory-limit"),
     "topology --memory-bytes 1e30": (["topology", "flat", "--memory-bytes", "1e30", "--json"],
                                      "--memory-bytes: 1e+30 is above"),
+    # issue 44's arguments
+    "an unknown --transformer-impl": (_mg("--global-batch-size 8 --transformer-impl foo"),
+                                      "--transformer-impl is transformer_engine or local"),
+    "a partition method DeepSpeed is not read for": (
+        _mg("--global-batch-size 8 --deepspeed --zero-stage 1 "
+            "--pipeline-model-parallel-size 2 --pp-partition-method parameters"),
+        "--pp-partition-method is one of"),
+    "embedding and loss counted, not dividing": (
+        _mg("--global-batch-size 8 --num-layers 7 --pipeline-model-parallel-size 4 "
+            "--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split"),
+        "do not divide evenly over pp x vp = 4 pipeline stages, as Megatron-Core requires"),
+    "both uneven-split styles": (
+        _mg("--global-batch-size 8 --pipeline-model-parallel-size 4 "
+            "--decoder-first-pipeline-num-layers 1 --account-for-loss-in-pipeline-split"),
+        "exclude each other"),
+    "zero GB200 racks": (["topology", "gb200-nvl72,racks=0", "--json"],
+                         "racks must be an integer >= 1"),
+    "a custom GPU without its figures": (["topology", "custom,nodes=1", "--json"],
+                                         "custom needs flops"),
 }
 
 
