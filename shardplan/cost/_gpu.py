@@ -119,9 +119,16 @@ GPU_MODELS: dict[str, GPUModel] = {
                      source="MAMF 794.5 / 989 TFLOP/s, the H100 SXM row noted 'H200 is the "
                             "same' (Bekman, ML Engineering); HBM as A100; NCCL tuning.cc; "
                             "8 x H200 ring busbw"),
-    "h100-96gb": GPUModel("h100-96gb", 792.1 / 989.0, _HBM, sms=132,
-                          source="no published MAMF at 500 W: H100 SXM's (700 W) fraction "
-                                 "assumed; HBM as A100; NCCL tuning.cc; 8 x H200 ring busbw"),
+    # torchtitan (benchmarks/llama3_h100_202412_torchtitan.md): at its 500 W limit "the
+    # actual peak TFLOPs number is between SXM and NVL": H100 NVL's datasheet 835 and H100
+    # SXM's 989 dense bf16 TFLOP/s bound the clock it sustains; the bracket's middle
+    # (912 / 989) scales H100 SXM's MAMF fraction
+    "h100-96gb": GPUModel("h100-96gb", 792.1 / 989.0 * (835.0 + 989.0) / 2.0 / 989.0, _HBM,
+                          sms=132,
+                          source="no published MAMF at 500 W: H100 SXM's fraction x the middle "
+                                 "of the clock bracket torchtitan states (between H100 NVL's "
+                                 "835 and SXM's 989 TFLOP/s); HBM as A100; NCCL tuning.cc; "
+                                 "8 x H200 ring busbw"),
     "h100-pcie": GPUModel("h100-pcie", 792.1 / 989.0, _HBM, sms=114,
                           source="no published MAMF: H100 SXM's fraction assumed (of the "
                                  "PCIe card's own 756 TFLOP/s peak); HBM as A100; NCCL "

@@ -360,7 +360,9 @@ class NodeTimes:
     as the node is split; recompute in the backward), and what the memory step reads: the
     graph at the replica's batch and precision (``scaled``), the bytes each node keeps for
     the backward (``out_bytes``, with materialized scores and the loss's fp32
-    log-probabilities), the checkpointed nodes and the per-op policy's saved ones."""
+    log-probabilities), the checkpointed nodes and the per-op policy's saved ones, and the
+    bytes the loss's backward allocates on one device of the last stage
+    (``loss_gradient``, :data:`LOSS_GRADIENT_BYTES`)."""
 
     scaled: Graph
     fwd: np.ndarray
@@ -368,6 +370,7 @@ class NodeTimes:
     out_bytes: np.ndarray
     ckpt_node: np.ndarray
     op_saved: np.ndarray
+    loss_gradient: float = 0.0
 
 
 def node_seconds(pr: Pricing) -> NodeTimes:
@@ -422,8 +425,22 @@ def node_seconds(pr: Pricing) -> NodeTimes:
     # graph ends at the logits; a loss node, when captured, is priced as any node)
     if logits >= 0:
         out_bytes[logits] += n_logits * 4.0
+    loss_grad = _loss_gradient_bytes(st) * n_logits / pr.div[logits] if logits >= 0 else 0.0
     return NodeTimes(scaled=scaled, fwd=fwd, bwd=bwd, out_bytes=out_bytes,
-                     ckpt_node=ckpt_node, op_saved=op_saved)
+                     ckpt_node=ckpt_node, op_saved=op_saved, loss_gradient=loss_grad)
+
+
+#: Bytes per logit element the loss's backward allocates while the forward's are still held,
+#: by how the stack computes the loss (``docs/gpu-model.md``). torch's ``cross_entropy`` on
+#: ``logits.float()`` (torchtitan) writes a new fp32 gradient (4) and its cast back to the
+#: logits' half precision (2); Megatron's vocabulary-parallel cross entropy turns its saved
+#: fp32 softmax into the gradient in place, leaving only the cast (2).
+LOSS_GRADIENT_BYTES = {"torch": (4.0, 2.0), "in-place": (0.0, 2.0)}
+
+
+def _loss_gradient_bytes(st: ExecutionSettings) -> float:
+    fp32, cast = LOSS_GRADIENT_BYTES["torch" if st.stack == "torchtitan" else "in-place"]
+    return fp32 + (cast if st.precision != "fp32" else 0.0)
 
 
 def _checkpointed(pr: Pricing) -> np.ndarray:

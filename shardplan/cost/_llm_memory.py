@@ -68,6 +68,9 @@ def rank_memory(pr: Pricing, times: Any, p_dev: np.ndarray, rank_params: np.ndar
         mem["master"][r] += p_dev[j] * pr.master_bytes / opt_div
         mem["optimizer"][r] += p_dev[j] * state / opt_div
         mem["activations"][r] += act_held[j]
+    # the loss's backward on the last stage allocates the logits' gradients while that
+    # micro-batch's activations are held
+    mem["activations"][(par.num_stages - 1) % pp] += times.loss_gradient
     if shard > 1:
         mem["gathered"] = _gathered(pr)
     # the model's buffers (rotary tables, ...), as captured, on every rank: each stage's

@@ -24,7 +24,8 @@ CUSTOM = ("custom,nodes=2,gpus_per_node=8,flops=1.3e15,fp32_flops=1.6e14,"
 # the GPU model each kind's devices get: matmul fraction (MAMF / peak) and SMs
 @pytest.mark.parametrize("spec, model, mamf, sms", [
     ("dgx-h100", "h100", 792.1 / 989, 132),
-    ("dgx-h100,gpu=h100-96gb", "h100-96gb", 792.1 / 989, 132),   # assumed: H100 SXM's
+    # H100 SXM's fraction x the middle of torchtitan's "between SXM and NVL" bracket
+    ("dgx-h100,gpu=h100-96gb", "h100-96gb", 792.1 / 989 * (835 + 989) / 2 / 989, 132),
     ("pcie-h100", "h100-pcie", 792.1 / 989, 114),               # assumed: H100 SXM's
     ("dgx-h200", "h200", 794.5 / 989, 132),                     # "H200 is the same"
     ("dgx-b200", "b200", 1745.0 / 2250, 148),

@@ -215,3 +215,24 @@ def test_tensor_parallel_overlap_leaves_the_first_chunk_exposed():
     assert _overlapped(8.0, 0.0, 4) == 8.0
     assert _overlapped(8.0, 3.0, 4) == 2.0 + 3.0
     assert _overlapped(8.0, 100.0, 1) == 8.0
+
+
+def test_the_loss_backward_allocates_the_logits_gradient_on_the_last_stage(h100):
+    """torch's cross_entropy on fp32 logits (torchtitan) writes a new fp32 gradient and its
+    half cast (4 + 2 bytes per logit); Megatron's in place leaves the cast (2); fp32 training
+    has no cast."""
+    g = gpt_graph(hidden=H, layers=L, seq=S, vocab=V, batch=B, loss=False)
+    par = ParallelConfig(pp=2, tp=2)
+    logits = B * S * V / 2  # one micro-batch, split by the vocabulary over TP 2
+
+    def act(**kw):
+        return llm_costs(g, h100, par, settings(**kw)).memory["activations"]
+
+    tt, mg = act(precision="bf16", stack="torchtitan"), act(precision="bf16")
+    assert tt[1] - mg[1] == pytest.approx(4 * logits)
+    assert tt[0] == mg[0]  # the first stage holds no logits
+    assert mg[1] - act(precision="bf16", stack="megatron-core")[1] >= 0
+    assert act(precision="fp32", stack="torchtitan")[1] - act(precision="fp32")[1] == \
+        pytest.approx(4 * logits)
+    assert llm._loss_gradient_bytes(settings(precision="fp32")) == 0.0
+    assert llm._loss_gradient_bytes(settings(precision="bf16")) == 2.0
