@@ -68,10 +68,24 @@ def cluster_of(row: dict[str, str]) -> tuple[str, float]:
         # Omni-Path 100 Gb/s links per node
         return f"dgx-a100,nodes={max(1, math.ceil(gpus / 8))},nics=4,nic_gbps=100", \
             80 * 2**30
+    nodes = max(1, math.ceil(gpus / 8))
+    where = row.get("nodes_gpus", "").lower()
     if "V100" in gpu:
         return f"dgx2-v100,nodes={max(1, math.ceil(gpus / 16))}", 32 * 2**30
+    if "GB200" in gpu:
+        return f"gb200-nvl72,racks={max(1, math.ceil(gpus / 72))}", 186 * 2**30
+    if "B200" in gpu:
+        return f"dgx-b200,nodes={nodes}", 180 * 2**30
+    if "H200" in gpu:
+        return f"dgx-h200,nodes={nodes}", 141 * 2**30
+    if "H100" in gpu and ("96GB" in gpu or "HBM2E" in gpu or "500W" in gpu
+                          or "grand teton" in where):
+        # Meta's Grand Teton H100 (torchtitan's H100 benchmarks): 96 GB HBM2e, 500 W
+        return f"dgx-h100,nodes={nodes},gpu=h100-96gb", 96 * 2**30
+    if "H100" in gpu and "PCIE" in gpu:
+        return f"pcie-h100,nodes={nodes}", 80 * 2**30
     if "H100" in gpu:
-        return f"dgx-h100,nodes={max(1, math.ceil(gpus / 8))}", 80 * 2**30
+        return f"dgx-h100,nodes={nodes}", 80 * 2**30
     if "80GB" in gpu:
         return f"dgx-a100,nodes={max(1, math.ceil(gpus / 8))}", 80 * 2**30
     return f"dgx-a100,nodes={max(1, math.ceil(gpus / 8))},gpu=a100-40gb", 40 * 2**30
@@ -167,8 +181,9 @@ def predict(row: dict[str, str]) -> dict[str, Any]:
 
     start = time.monotonic()
     row, shape_note = complete(row)
-    spec, capacity = cluster_of(row)
+    spec, _ = cluster_of(row)
     topology = build_spec(spec)
+    capacity = float(topology.device_memory.min())
     run = run_of_row(row)
     settings, _ = run.settings()
     # Megatron-LM's 2020-2022 attention and Megatron-DeepSpeed's of 2022 wrote the s x s
