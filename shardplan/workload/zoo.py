@@ -112,24 +112,24 @@ def check_spec_sizes(spec: str, *, batch_size: int | None = None,
     otherwise."""
     from shardplan._limits import check_size
 
+    head, _, opts = spec.strip().partition(",")
+    kind, _, name = head.partition(":")
+    if kind in ("gpt", "llama2", "llama3", "transformer", "transformers"):
+        # the spec's own keys first: a sequence the flag took from seq= is named as seq=
+        text = (name + "," + opts) if kind == "gpt" else opts
+        for item in text.split(","):
+            key, eq, value = item.partition("=")
+            key = key.strip()
+            if eq and key in _SPEC_SIZES:
+                try:
+                    v = float(value)
+                except ValueError:
+                    continue  # the model's own parser says what is wrong with it
+                check_size(f"{key}=", v, _SPEC_SIZES[key])
     if batch_size is not None:
         check_size("--batch-size", batch_size, "batch")
     if seq_len is not None:
         check_size("--seq-len", seq_len, "sequence")
-    head, _, opts = spec.strip().partition(",")
-    kind, _, name = head.partition(":")
-    if kind not in ("gpt", "llama2", "llama3", "transformer", "transformers"):
-        return
-    text = (name + "," + opts) if kind == "gpt" else opts
-    for item in text.split(","):
-        key, eq, value = item.partition("=")
-        key = key.strip()
-        if eq and key in _SPEC_SIZES:
-            try:
-                v = float(value)
-            except ValueError:
-                continue  # the model's own parser says what is wrong with it
-            check_size(f"{key}=", v, _SPEC_SIZES[key])
 
 
 def parameter_estimate(spec: str, *, seq_len: int = 128) -> int | None:

@@ -70,6 +70,9 @@ CASES = {
         _mg("--global-batch-size 8 --pipeline-model-parallel-size 4 "
             "--decoder-first-pipeline-num-layers 1 --account-for-loss-in-pipeline-split"),
         "exclude each other"),
+    "a spec's seq= beyond any context": (
+        ["plan", "gpt:hidden=64,layers=2,heads=2,vocab=100,seq=100000000", "--cluster",
+         "dgx-a100,nodes=1"], "seq=100,000,000 is above"),
     "zero GB200 racks": (["topology", "gb200-nvl72,racks=0", "--json"],
                          "racks must be an integer >= 1"),
     "a custom GPU without its figures": (["topology", "custom,nodes=1", "--json"],
