@@ -20,7 +20,7 @@ from shardplan.errors import ShardplanError
 from shardplan.ir import Graph, Level, Plan, Topology
 from shardplan.ir.hardware import NO_BF16
 
-__all__ = ["DEFAULT_TIME_LIMIT", "TARGETS", "TARGET_STACKS", "Assumptions",
+__all__ = ["ASSUMPTION_ORDER", "DEFAULT_TIME_LIMIT", "TARGETS", "TARGET_STACKS", "Assumptions",
            "bf16_tensor_cores", "keep_target", "use_gpus"]
 
 #: Seconds ``plan`` searches when no ``--time-limit`` is given: an answer within a minute.
@@ -221,15 +221,23 @@ def keep_target(result: Any, graph: Graph, topology: Topology, target: str, *,
                    comparisons=_comparisons(kept)), report
 
 
+#: The order of the ``assumed:`` line (other keys after them, as added).
+ASSUMPTION_ORDER = ("precision", "sequence", "global_batch", "gpus", "stack", "time_limit",
+                    "target")
+
+
 @dataclass
 class Assumptions:
-    """Every default the planner took where the user said nothing, in the order said:
-    ``assumed: bf16 (tensor cores; --precision to change), sequence 8192 (...), ...``."""
+    """Every default the planner took where the user said nothing, in
+    :data:`ASSUMPTION_ORDER`: ``assumed: bf16 (tensor cores; --precision to change),
+    sequence 8192 (...), ...``."""
 
     items: list[tuple[str, str]] = field(default_factory=list)
 
     def add(self, key: str, text: str) -> None:
         self.items.append((key, text))
+        rank = {k: i for i, k in enumerate(ASSUMPTION_ORDER)}
+        self.items.sort(key=lambda kv: rank.get(kv[0], len(rank)))  # stable
 
     def line(self) -> str:
         return "assumed: " + ", ".join(text for _, text in self.items)

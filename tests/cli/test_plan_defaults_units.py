@@ -58,3 +58,10 @@ def test_assumptions_line() -> None:
     assert a.line() == ("assumed: bf16 (tensor cores; --precision to change), time limit "
                         "60 s (--time-limit to change)")
     assert list(a.to_dict()) == ["precision", "time_limit"]
+
+
+def test_assumptions_keep_their_order() -> None:
+    a = Assumptions()
+    for key in ("time_limit", "sequence", "precision"):
+        a.add(key, key)
+    assert a.line() == "assumed: precision, sequence, time_limit"
