@@ -67,9 +67,9 @@ _RUN_EPILOG = ("DIR gets graph.json (the model captured at the run's micro-batch
                "parallel layout, its execution settings included), all or none. An argument "
                "that changes the run but is not modelled gets one 'shardplan: note:' line; an "
                "inconsistent run (TP not dividing the heads, a batch that does not divide, a "
-               "world size other than the cluster's GPUs) is an error. --json prints the run "
-               "as read (model spec, parallel layout, execution settings, notes) instead of, "
-               "or besides, writing DIR.")
+               "world size other than the cluster's GPUs, or --gpus N of them) is an error. "
+               "--json prints the run as read (model spec, parallel layout, execution "
+               "settings, notes) instead of, or besides, writing DIR.")
 
 
 def _register_runs(kinds: argparse._SubParsersAction) -> None:
@@ -101,6 +101,10 @@ def _run_options(p: argparse.ArgumentParser, *, inputs: tuple[str, ...]) -> None
                    help="the cluster (a topology kind with options, as 'plan --cluster' takes "
                         "it, e.g. dgx-a100,nodes=4; or a topology file); its GPUs are the run's "
                         "world size")
+    p.add_argument("--gpus", type=positive_int, metavar="N",
+                   help="the run uses N of the cluster's GPUs (its first: 2 of a node's 8, "
+                        "as Megatron-LM's own README rows; or whole nodes; the cluster spec's "
+                        "gpus=N alike): the world size is N; default: all")
     p.add_argument("-o", "--output", metavar="DIR", dest="output_dir",
                    help="write graph.json, topology.json and plan.json in this folder")
     p.add_argument("--json", action="store_true", help="print the run as read, as JSON")
@@ -116,7 +120,13 @@ def _topology(args: argparse.Namespace) -> Any:
         return None
     from shardplan.cli.plan import _cluster
 
-    return _cluster(args.cluster)
+    return _cluster(args.cluster, args.gpus)
+
+
+def _world_size(args: argparse.Namespace, topology: Any) -> int | None:
+    """The run's world size: the (restricted) cluster's GPUs, else ``--gpus``, else None
+    (the run's own arguments say)."""
+    return args.gpus if topology is None else topology.num_devices
 
 
 def _run_megatron(args: argparse.Namespace) -> int:
@@ -124,7 +134,7 @@ def _run_megatron(args: argparse.Namespace) -> int:
 
     topology = _begin(args)
     run = parse_megatron(args.megatron_args, cluster=args.cluster,
-                         num_gpus=None if topology is None else topology.num_devices)
+                         num_gpus=_world_size(args, topology))
     return _finish(args, run, topology)
 
 
@@ -135,7 +145,7 @@ def _run_torchtitan(args: argparse.Namespace) -> int:
     topology = _begin(args)
     sections = torchtitan_options(read_text(args.run_config), source=args.run_config)
     run = run_of_torchtitan(sections, cluster=args.cluster,
-                            num_gpus=None if topology is None else topology.num_devices)
+                            num_gpus=_world_size(args, topology))
     return _finish(args, run, topology)
 
 

@@ -27,6 +27,16 @@ from shardplan.cli._common import (
     time_left,
     with_provenance,
 )
+from shardplan.cli._llm_table import plain
+from shardplan.cli._plan_defaults import (
+    DEFAULT_TIME_LIMIT,
+    TARGET_STACKS,
+    TARGETS,
+    Assumptions,
+    bf16_tensor_cores,
+    keep_target,
+    use_gpus,
+)
 from shardplan.errors import ShardplanError
 
 __all__ = ["register"]
@@ -57,7 +67,16 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "pipedream, pipedream-sequence, params, uniform, sharding, pase, "
                         "hybrid)")
     p.add_argument("--time-limit", type=positive_float, metavar="SEC",
-                   help="stop the search after SEC seconds with the best plan so far")
+                   help="stop the search after SEC seconds with the best plan so far "
+                        f"(default {DEFAULT_TIME_LIMIT:g})")
+    p.add_argument("--gpus", type=positive_int, metavar="N",
+                   help="use N of the cluster's GPUs (its first: 2 of a node's 8, or whole "
+                        "nodes; the cluster spec's gpus=N alike; default: all)")
+    p.add_argument("--target", choices=TARGETS,
+                   help="keep only plans this stack can run and 'shardplan export --to' "
+                        "writes (each ranked plan is exported in memory, and dropped when "
+                        "the export refuses it); torchtitan and deepspeed also price the "
+                        "plans as that stack runs them unless --stack is given")
     p.add_argument("--top", type=positive_int, default=10, metavar="K",
                    help="candidates to show (default 10)")
     p.add_argument("--ray", type=ray_address, metavar="ADDRESS",
@@ -69,8 +88,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-size", type=size_int("batch"), default=8, metavar="N",
                    help="capture: samples per graph (default 8)")
     p.add_argument("--seq-len", type=size_int("sequence"), default=None, metavar="L",
-                   help="capture: tokens per sample (default: the spec's seq=, else 128; both "
-                        "given must agree)")
+                   help="capture: tokens per sample (default: the spec's seq=, else the "
+                        "sequence a published flavor was trained at (llama3: 8192, llama2: "
+                        "4096), else 128; both given must agree)")
     add_settings_arguments(p, skip=("microbatch_size", "global_batch"))
     p.add_argument("--baseline", metavar="PLAN",
                    help="an LLM plan of your own (as 'shardplan import' writes it): searched "
@@ -90,17 +110,31 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=_run)
 
 
-def _cluster(text: str) -> Any:
+def _cluster(text: str, gpus: int | None = None) -> Any:
+    """The cluster of ``--cluster`` (a topology file or a builder spec), restricted to
+    ``gpus`` of its GPUs (``--gpus``, or the spec's own ``gpus=`` key;
+    :func:`~shardplan.cli._plan_defaults.use_gpus`)."""
     import shardplan.measure  # noqa: F401 - registers the topology kind 'measure'
     from shardplan.ir import load_topology
     from shardplan.topology import build, parse_spec
 
     if os.path.exists(text) or text.endswith(".json"):
-        return load_topology(text)
+        topology = load_topology(text)
+        return topology if gpus is None else use_gpus(topology, gpus)
     kind, options = parse_spec(text)
+    own = options.pop("gpus", None)
+    if own is not None and (isinstance(own, bool) or not isinstance(own, int) or own < 1):
+        raise ShardplanError(f"--cluster {text!r}: gpus= must be a positive integer, got "
+                             f"{own!r}")
+    if own is not None and gpus is not None and own != gpus:
+        raise ShardplanError(f"--cluster {text!r} says gpus={own} and --gpus says {gpus}: "
+                             f"give the GPU count once")
     _check_size(text, options, kind)
     _check_rates(options)
-    return build(kind, **options)
+    topology = build(kind, **options)
+    count = gpus if gpus is not None else own
+    return topology if count is None else use_gpus(
+        topology, count, flag="--gpus" if gpus is not None else "gpus=")
 
 
 def _check_rates(options: dict[str, Any]) -> None:
@@ -157,20 +191,36 @@ def _from_graph_file(args: argparse.Namespace) -> bool:
     return os.path.exists(args.model) and args.model.endswith(".json")
 
 
-def _graph(args: argparse.Namespace) -> Any:
+#: The sequence a spec is captured at when neither it (``seq=``), its flavor nor
+#: ``--seq-len`` gives one.
+DEFAULT_SEQ = 128
+
+
+def _graph(args: argparse.Namespace, assumed: Assumptions | None = None) -> Any:
+    """The graph file, or the model spec captured; the sequence it was captured at, when the
+    user gave none, added to ``assumed`` (a language model's only)."""
     from shardplan.ir import load_graph
 
     if _from_graph_file(args):
         return load_graph(args.model)
     from shardplan.capture import capture_spec
-    from shardplan.workload.zoo import spec_seq
+    from shardplan.workload.zoo import spec_seq, training_seq
 
     seq = spec_seq(args.model)
     if seq is not None and args.seq_len is not None and seq != args.seq_len:
         raise ShardplanError(f"the model spec's seq={seq} and --seq-len {args.seq_len} "
                              f"disagree: give the sequence length once")
-    return capture_spec(args.model, batch_size=args.batch_size,
-                        seq_len=args.seq_len or seq or 128)
+    chosen = args.seq_len or seq
+    why = ""
+    if chosen is None:
+        trained = training_seq(args.model)
+        chosen, why = trained if trained is not None else (DEFAULT_SEQ, "the default")
+    graph = capture_spec(args.model, batch_size=args.batch_size, seq_len=chosen)
+    meta = graph.meta.get("transformer") if isinstance(graph.meta, dict) else None
+    if why and assumed is not None and isinstance(meta, dict):
+        assumed.add("sequence", f"sequence {meta.get('seq', chosen)} ({why}; seq= or "
+                                f"--seq-len to change)")
+    return graph
 
 
 def _limit_memory(topology: Any, limit: float | None) -> Any:
@@ -201,8 +251,9 @@ def _run(args: argparse.Namespace) -> int:
         if bad:
             raise ShardplanError(f"unknown plan family {bad[0]!r} (choose from "
                                  f"{', '.join(FAMILIES)})")
-    topology = _limit_memory(_cluster(args.cluster), args.memory_limit)
-    graph = _graph(args)
+    topology = _limit_memory(_cluster(args.cluster, args.gpus), args.memory_limit)
+    assumed = Assumptions()
+    graph = _graph(args, assumed)
     if args.run and _from_graph_file(args) and graph.meta.get("model"):
         from shardplan.runtime._args import check_model_trust
 
@@ -216,6 +267,8 @@ def _run(args: argparse.Namespace) -> int:
                                                           "gradient_sync") if k in changes}
     baseline = _baseline(args, graph, topology)
     start = ExecutionSettings() if baseline is None else _training_settings(baseline.settings)
+    if baseline is None:
+        changes.update(_defaults(args, graph, topology, families, assumed))
     settings, _ = start.override(**changes)
     from shardplan.ir.hardware import check_precision
 
@@ -224,9 +277,10 @@ def _run(args: argparse.Namespace) -> int:
     if global_batch is None and baseline is not None:
         global_batch = baseline.settings.global_batch
     include = [] if baseline is None else [(baseline.parallel, baseline.settings)]
+    time_limit = DEFAULT_TIME_LIMIT if args.time_limit is None else args.time_limit
     with progress_reporter() as progress:
         result = search(graph, topology, global_batch=global_batch, settings=settings,
-                        families=families, time_limit=time_left(args.time_limit),
+                        families=families, time_limit=time_left(time_limit),
                         seed=args.seed, workers=args.workers, fixed=fixed, ray=args.ray,
                         progress=progress, include=include)
     for err in result.errors:
@@ -234,6 +288,12 @@ def _run(args: argparse.Namespace) -> int:
     if result.timed_out:
         note(f"the time limit stopped the search after {result.done} of {result.tasks} "
              "tasks: the best plan so far")
+    _assume_after(args, result, topology, assumed)
+    target = None
+    if args.target is not None:
+        result, target = keep_target(result, graph, topology, args.target,
+                                     keep=max(args.top, 20))
+        assumed.add("target", target.summary())
     winner = result.winner
     if winner is None:
         raise ShardplanError("the time limit ran out before any candidate was evaluated")
@@ -248,16 +308,87 @@ def _run(args: argparse.Namespace) -> int:
     compared = None if baseline is None else _compare(baseline, winner, result, graph, topology)
     if args.json:
         out = result.to_dict(top=args.top)
+        _llm_json(out, result, graph, topology, args.top)
+        out["assumptions"] = assumed.to_dict()
+        out["assumed"] = assumed.line()
+        if target is not None:
+            out["target"] = target.to_dict()
         if measured is not None:
             out["run"] = measured
         if compared is not None:
             out["baseline"] = compared
         print_json(out)
     else:
-        _print(result, args, measured)
+        _print(result, args, measured, graph, topology, assumed)
         if compared is not None:
             print(compared["summary"])
     return 0
+
+
+def _plans_llm(graph: Any, topology: Any, families: list[str] | None) -> bool:
+    """Whether the LLM family is among those searched (a transformer)."""
+    from shardplan.planner._llm import has_blocks
+    from shardplan.planner._search import default_families
+
+    if families is not None:
+        return "llm" in families and has_blocks(graph)
+    return "llm" in default_families(graph, topology)
+
+
+def _defaults(args: argparse.Namespace, graph: Any, topology: Any,
+              families: list[str] | None, assumed: Assumptions) -> dict[str, Any]:
+    """The settings ``plan`` chooses where the user said nothing (no ``--baseline``): an
+    LLM's bf16 on GPUs with bf16 tensor cores, the ``--target`` stack's pricing; each said
+    in ``assumed``."""
+    out: dict[str, Any] = {}
+    llm = _plans_llm(graph, topology, families)
+    if args.precision is None:
+        if llm and bf16_tensor_cores(topology):
+            out["precision"] = "bf16"
+            assumed.add("precision", "bf16 (tensor cores; --precision to change)")
+        elif llm:
+            assumed.add("precision", "fp32 (no bf16 tensor cores; --precision to change)")
+        else:
+            assumed.add("precision", "fp32 (--precision to change)")
+    if llm and args.stack is None:
+        stack = TARGET_STACKS.get(args.target or "", "megatron")
+        out["stack"] = stack
+        why = f"--target {args.target}" if stack != "megatron" else "Megatron-LM's modules"
+        assumed.add("stack", f"stack {stack} ({why}; --stack to change)")
+    return out
+
+
+def _assume_after(args: argparse.Namespace, result: Any, topology: Any,
+                  assumed: Assumptions) -> None:
+    """The assumptions the search's answer shows: the global batch, the GPUs, the time
+    limit."""
+    if args.global_batch is None and not args.baseline:
+        per = result.global_batch / max(1, topology.num_devices)
+        per_text = f"{per:g} per GPU, " if per == int(per) else ""
+        assumed.add("global_batch", f"global batch {result.global_batch} ({per_text}"
+                                    f"--global-batch to change)")
+    gen = topology.meta.get("generator") if isinstance(topology.meta, dict) else None
+    total = (gen.get("options") or {}).get("gpus_of") if isinstance(gen, dict) else None
+    if total:
+        assumed.add("gpus", f"{topology.num_devices} of the cluster's {total} GPUs (--gpus)")
+    else:
+        assumed.add("gpus", f"all {topology.num_devices} GPUs of {topology.name} (--gpus N "
+                            f"to use fewer)")
+    if args.time_limit is None:
+        stopped = ": it stopped the search" if result.timed_out else ""
+        assumed.add("time_limit", f"time limit {DEFAULT_TIME_LIMIT:g} s{stopped} "
+                                  f"(--time-limit to change)")
+
+
+def _llm_json(out: dict[str, Any], result: Any, graph: Any, topology: Any, top: int) -> None:
+    """Each LLM row of ``--json``'s ranking gets ``llm``: its fields in the user's terms
+    (:func:`~shardplan.cli._llm_table.llm_fields`)."""
+    from shardplan.cli._llm_table import llm_fields
+
+    for row, shown in zip(result.ranked[:top], out["ranked"], strict=True):
+        fields = llm_fields(row, graph, topology, result.global_batch)
+        if fields is not None:
+            shown["llm"] = fields
 
 
 def _baseline(args: argparse.Namespace, graph: Any, topology: Any) -> Any:
@@ -322,26 +453,49 @@ def _compare(baseline: Any, winner: Any, result: Any, graph: Any, topology: Any
             "moved": moved, "summary": summary}
 
 
-def _print(result: Any, args: argparse.Namespace, measured: dict[str, Any] | None) -> None:
+def _print(result: Any, args: argparse.Namespace, measured: dict[str, Any] | None,
+           graph: Any, topology: Any, assumed: Assumptions) -> None:
+    """The ranking: LLM rows in the user's terms (:mod:`shardplan.cli._llm_table`), the
+    other families' rows in the papers' table, each row with its rank; the assumptions in
+    one line under them."""
     from rich.console import Console
     from rich.table import Table
 
+    from shardplan.cli._llm_table import LLM_COLUMNS, llm_fields, llm_table_rows
     from shardplan.planner import shape_label
 
-    table = Table(title=f"{len(result.ranked)} candidates, global batch {result.global_batch}"
-                        f", searched in {result.seconds:.1f} s")
-    for col in ("#", "family", "S x R", "schedule", "M", "mapping", "sync", "ms/iter",
-                "samples/s", "peak GiB", "search s"):
-        table.add_column(col, justify="right" if col not in ("family", "schedule", "mapping",
-                                                            "sync") else "left")
-    for i, r in enumerate(result.ranked[:args.top]):
-        ms = f"{r.iteration_seconds * 1e3:.4g}" if math.isfinite(r.iteration_seconds) else "-"
-        table.add_row(str(i + 1), r.family, shape_label(r), r.schedule,
-                      str(r.microbatches), r.mapping, r.gradient_sync,
-                      ms if r.fits else f"{ms} (no fit)", f"{r.throughput:.5g}",
-                      f"{r.peak_memory_bytes / 2**30:.3g}", f"{r.search_seconds:.2g}")
     console = Console(file=sys.stdout, width=max(120, Console().width))
-    console.print(table)
+    shown = list(enumerate(result.ranked[:args.top], start=1))
+    llm = [(i, r, f) for i, r in shown
+           if (f := llm_fields(r, graph, topology, result.global_batch)) is not None]
+    ranks = {i for i, _, _ in llm}
+    others = [(i, r) for i, r in shown if i not in ranks]
+    title = (f"{len(result.ranked)} candidates, global batch {result.global_batch}, "
+             f"searched in {result.seconds:.1f} s")
+    if llm:
+        seq = llm[0][2]["sequence"]
+        table = Table(title=title + (f"; sequences of {seq} tokens" if seq else ""))
+        for col in LLM_COLUMNS:
+            table.add_column(col, no_wrap=True, justify="left" if col in (
+                "TP x PP x DP", "precision", "recompute", "SP") else "right")
+        for cells in llm_table_rows(llm):
+            table.add_row(*cells)
+        Console(file=sys.stdout, width=max(170, Console().width)).print(table)
+    if others or not llm:
+        table = Table(title=title if not llm else "other families")
+        for col in ("#", "family", "S x R", "schedule", "M", "mapping", "sync", "ms/iter",
+                    "samples/s", "peak GiB", "search s"):
+            table.add_column(col, justify="right" if col not in (
+                "family", "schedule", "mapping", "sync") else "left")
+        for i, r in others:
+            ms = plain(r.iteration_seconds * 1e3)
+            table.add_row(str(i), r.family, shape_label(r), r.schedule,
+                          str(r.microbatches), r.mapping, r.gradient_sync,
+                          ms if r.fits else f"{ms} (no fit)", plain(r.throughput, 5),
+                          plain(r.peak_memory_bytes / 2**30, 3), plain(r.search_seconds, 2))
+        console.print(table)
+    if assumed.items:
+        sys.stdout.write(assumed.line() + "\n")
     comp = result.comparisons
     lines = []
     if "speedup_over_data_parallel" in comp:

@@ -34,9 +34,9 @@ from torch import nn
 
 from shardplan.errors import ShardplanError
 
-__all__ = ["FLAVORS", "Attention", "FeedForward", "Llama", "LlamaConfig", "RMSNorm",
-           "TransformerBlock", "apply_rotary", "build_llama", "config_of", "ffn_hidden_dim",
-           "parameter_count", "rope_tables", "transformer_meta"]
+__all__ = ["FLAVORS", "TRAINING_SEQ", "Attention", "FeedForward", "Llama", "LlamaConfig",
+           "RMSNorm", "TransformerBlock", "apply_rotary", "build_llama", "config_of",
+           "ffn_hidden_dim", "parameter_count", "rope_tables", "transformer_meta"]
 
 
 @dataclass(kw_only=True, slots=True)
@@ -134,6 +134,15 @@ FLAVORS: dict[str, LlamaConfig] = {
                               ffn_dim_multiplier=1.3, multiple_of=4096, **_L2),
 }
 
+
+#: The sequence each family's published flavors were trained at: Llama 3 and 3.1 pre-trained
+#: at 8,192 tokens (arXiv 2407.21783, section 3.4.1: "a sequence length of 8K tokens" before
+#: long-context pre-training), Llama 2 at 4,096 (arXiv 2307.09288, section 2.2: "we double
+#: the context length", 4k tokens). The ``debug`` flavors are no published run: not listed.
+TRAINING_SEQ: dict[str, int] = {
+    **{k: 8192 for k in FLAVORS if k.startswith("llama3:") and not k.endswith(":debug")},
+    **{k: 4096 for k in FLAVORS if k.startswith("llama2:") and not k.endswith(":debug")},
+}
 
 def ffn_hidden_dim(cfg: LlamaConfig) -> int:
     """The SwiGLU width: ``int(2 * 4 dim / 3)``, times ``ffn_dim_multiplier`` (truncated),

@@ -58,6 +58,7 @@ from shardplan.workload.gpt import gpt_transformer_meta as _gpt_meta
 from shardplan.workload.hf import HF_CONFIGS
 from shardplan.workload.hf import build_hf as _build_hf
 from shardplan.workload.llama import FLAVORS as _LLAMA_FLAVORS
+from shardplan.workload.llama import TRAINING_SEQ as _LLAMA_TRAINING_SEQ
 from shardplan.workload.llama import build_llama as _build_llama
 from shardplan.workload.llama import config_of as _llama_config
 from shardplan.workload.llama import parameter_count as _llama_parameter_count
@@ -67,7 +68,7 @@ from shardplan.workload.vision import build_torchvision as _build_torchvision
 from shardplan.workload.vision import torchvision_names as _torchvision_names
 
 __all__ = ["BlockSpec", "block_spec", "build_model", "check_spec_sizes", "list_models",
-           "needs_meta", "parameter_estimate", "resolve_meta", "spec_seq"]
+           "needs_meta", "parameter_estimate", "resolve_meta", "spec_seq", "training_seq"]
 
 #: Build on the meta device when float32 parameters take more than this share of the memory.
 MEMORY_SHARE = 0.5
@@ -102,6 +103,18 @@ def spec_seq(spec: str) -> int | None:
 
     m = re.search(r"(?:^|[,:])seq=(\d+)(?:,|$)", spec.strip())
     return int(m.group(1)) if m else None
+
+
+def training_seq(spec: str) -> tuple[int, str] | None:
+    """The sequence a published flavor was trained at and what it is (``(8192, "llama3's
+    training length")`` for ``llama3:8B``; :data:`~shardplan.workload.llama.TRAINING_SEQ`),
+    or None: a spec of dimensions (``gpt:``), a ``debug`` flavor, any other model. A spec's
+    own ``seq=`` is :func:`spec_seq`'s, and wins."""
+    head = spec.strip().partition(",")[0]
+    seq = _LLAMA_TRAINING_SEQ.get(head)
+    if seq is None:
+        return None
+    return seq, f"{head.partition(':')[0]}'s training length"
 
 
 def check_spec_sizes(spec: str, *, batch_size: int | None = None,

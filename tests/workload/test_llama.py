@@ -152,3 +152,13 @@ def test_automatic_meta_says_so(monkeypatch) -> None:
     with pytest.warns(ShardplanWarning, match="built on the meta device"):
         model, _, _ = build_model("llama3:debug", batch_size=1, seq_len=8, meta=None)
     assert next(model.parameters()).is_meta
+
+
+def test_flavors_have_their_training_sequence() -> None:
+    from shardplan.workload.zoo import training_seq
+
+    assert training_seq("llama3:8B") == (8192, "llama3's training length")
+    assert training_seq("llama3:405B,n_layers=2") == (8192, "llama3's training length")
+    assert training_seq("llama2:7B") == (4096, "llama2's training length")
+    assert training_seq("llama3:debug") is None
+    assert training_seq("gpt:hidden=64,layers=2,heads=4,vocab=64") is None
