@@ -1,4 +1,4 @@
-"""``shardplan plan`` against Meta's published Llama 3 405B layouts: ``results/plan_llama3_405b.md``.
+"""`shardplan plan` against Meta's published Llama 3 405B layouts (`results/plan_llama3_405b.md`).
 
 Issue 45's check: ``plan llama3:405B,seq=8192 --global-batch 2048 --precision bf16`` on
 ``dgx-h100,nodes=1024`` (8,192 H100) and ``nodes=2048`` (16,384) must return within 60 s a
