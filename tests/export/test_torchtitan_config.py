@@ -256,3 +256,31 @@ def test_the_405b_run_on_512_h100_round_trips(titan: types.SimpleNamespace,
     parts = titan.pipe._generate_llm_fqn_per_model_part(stages, layers, first, last)
     assert tuple(sum(m.startswith("layers.") for m in p) for p in parts) == \
         run.parallel.stage_layers
+
+
+def test_a_pipeline_plans_recipe_on_a_base_recipe(titan: types.SimpleNamespace,
+                                                  tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pipeline plan (no ``parallel`` layout): the recipe module starts from the user's
+    recipe (``--torchtitan-base``) and sets the split by module names, the schedule CSV and
+    the batch; torchtitan 0.3.0 parses it and the flags to the same options."""
+    from dataclasses import replace
+
+    _, llm, graph = _layout("pp-uneven")
+    plan = replace(llm, parallel=None)
+    out = export(plan, graph, build("flat", num_devices=_GPUS, device="h100"), "torchtitan",
+                 options=ExportOptions(
+                     output_name="pipe_plan.py", schedule_csv=str(tmp_path / "s.csv"),
+                     torchtitan_base="torchtitan.models.llama3.config_registry:llama3_70b"))
+    (tmp_path / "pipe_plan.py").write_text(out.text)
+    (tmp_path / "s.csv").write_text(out.beside[".schedule.csv"])
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    config = _parse(titan, ["--module", "pipe_plan", "--config", "shardplan_plan"])
+    flags = _parse(titan, shlex.split(out.beside[".flags"]))
+    assert flags.parallelism == config.parallelism and flags.training == config.training
+    p = config.parallelism
+    assert len(p.module_fqns_per_model_part) == len(plan.stages)
+    assert p.pipeline_parallel_schedule_csv.endswith("s.csv")
+    assert config.training.disable_cuda_graphs
+    assert config.training.local_batch_size % p.pipeline_parallel_microbatch_size == 0
