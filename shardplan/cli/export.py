@@ -25,8 +25,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "export", help="write a plan in the form another tool reads",
         description="Write PLAN for torch.distributed.pipelining (split points by module "
-                    "path, schedule CSV), torchtitan ([parallelism] TOML and schedule CSV "
-                    "beside it), Megatron-LM (--pipeline-model-parallel-layout and sizes), "
+                    "path, schedule CSV), torchtitan (a torchtitan 0.3.0 recipe module, its "
+                    "flags and the schedule CSV beside it), Megatron-LM "
+                    "(--pipeline-model-parallel-layout and sizes), "
                     "DeepSpeed (layer boundaries, partition_method) or as a Chrome trace of "
                     "the simulated iteration (Perfetto, chrome://tracing). A plan the format "
                     "cannot express ends in one line saying why (exit 2).")
@@ -38,8 +39,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "(inside a module for torch, a layer for the others) instead of "
                         "moving that start to the nearest place it can, with a note")
     p.add_argument("--torchtitan-version", choices=TORCHTITAN_VERSIONS, default="current",
-                   help="current: a recipe module (--module FILE --config shardplan_plan) "
-                        "and FILE.flags; 0.2: the [parallelism] TOML of torchtitan <= 0.2.2")
+                   help="current: a torchtitan 0.3.0 recipe module (--module FILE --config "
+                        "shardplan_plan) and FILE.flags; 0.2: the TOML of torchtitan <= 0.2.2")
     p.add_argument("--torchtitan-base", default="MODULE:FUNCTION", metavar="MODULE:FUNCTION",
                    help="the recipe of your model that the torchtitan recipe starts from")
     add_simulation_options(p)

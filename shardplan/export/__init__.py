@@ -6,9 +6,9 @@ around it, reads.
 - ``torch``: split points by module path for ``torch.distributed.pipelining.pipeline(module,
   mb_args, split_spec=...)`` (each pipeline stage after the first starts at a module,
   ``SplitPoint.BEGINNING``), the schedule as torch's CSV and its stage-to-rank placement.
-- ``torchtitan``: a recipe module for current torchtitan (``--module M --config
-  shardplan_plan``: the user's base recipe with the plan's
-  ``pipeline_parallel_module_fqns_per_model_part``, schedule, degrees and batch in tokens),
+- ``torchtitan``: a recipe module for torchtitan 0.3.0 (``--module M --config
+  shardplan_plan``: the user's base recipe with the plan's ``module_fqns_per_model_part``,
+  schedule, degrees and batch; LLM plans: :mod:`shardplan.export._torchtitan`),
   the same as ``--section.option`` flags, and the schedule CSV beside it; or, for torchtitan
   0.2.x (``ExportOptions(torchtitan_version="0.2")``), the ``[parallelism]`` TOML.
 - an LLM plan (one with ``parallel``) to ``megatron`` or ``torchtitan``: its parallel

@@ -87,8 +87,8 @@ def _seq_len(graph: Graph) -> int | None:
 
 _RECIPE = '''"""{title}.
 
-A torchtitan recipe (one config function returning ``Trainer.Config``). Run it from any
-folder, with this file's folder on the import path (PYTHONPATH):
+A torchtitan 0.3.0 recipe (one config function returning ``Trainer.Config``). Run it from
+any folder, with this file's folder on the import path (PYTHONPATH):
     torchrun ... -m torchtitan.train --module {module} --config shardplan_plan
 ``{flags_name}`` beside it holds the same settings as torchtitan's ``--section.option`` flags.
 Set BASE to your model's recipe (``module:function`` returning ``Trainer.Config``): this
@@ -114,15 +114,17 @@ def shardplan_plan() -> Trainer.Config:
     par = config.parallelism
     par.pipeline_parallel_degree = {pp}
     par.pipeline_parallel_layers_per_stage = None
-    par.pipeline_parallel_module_fqns_per_model_part = MODULE_FQNS_PER_MODEL_PART
+    par.module_fqns_per_model_part = MODULE_FQNS_PER_MODEL_PART
     par.pipeline_parallel_schedule = {schedule}
     par.pipeline_parallel_schedule_csv = SCHEDULE_CSV
-    par.num_pp_microbatches = {microbatches}
+    par.pipeline_parallel_microbatch_size = {micro}
     par.data_parallel_replicate_degree = {replicate}
     par.data_parallel_shard_degree = 1
     par.tensor_parallel_degree = 1
-    config.training.num_tokens_per_microbatch_per_dp_rank = {tokens_mb}
-    config.training.num_tokens_per_train_step = {tokens_step}
+    par.context_parallel_degree = 1
+    config.training.local_batch_size = {local}
+    config.training.global_batch_size = {glob}
+    config.training.disable_cuda_graphs = {no_graphs}  # torchtitan's graphs refuse a pipeline
     return config
 '''
 
@@ -158,27 +160,29 @@ def _torchtitan(plan: Plan, graph: Graph, topology: Topology, settings: Executio
             "",
         ]
         return Export("torchtitan", "\n".join(lines), beside, notes=tuple(notes))
-    seq = _seq_len(graph)
-    if seq is None:
-        raise ShardplanError("torchtitan counts a batch in tokens, and the graph's input is "
-                             "not a (batch, sequence) tensor of token ids")
-    tokens_mb, tokens_step = per * seq, per * seq * sch.num_microbatches * reps
-    flags = ["--parallelism.pipeline_parallel_degree", str(sch.num_ranks),
+    local, glob = per * sch.num_microbatches, per * sch.num_microbatches * reps
+    base_module, _, function = opts.torchtitan_base.partition(":")
+    flags = ["--module", base_module, "--config", function,
+             "--parallelism.pipeline_parallel_degree", str(sch.num_ranks),
+             "--parallelism.module_fqns_per_model_part", *(",".join(s) for s in fqns),
              "--parallelism.pipeline_parallel_schedule", name,
              "--parallelism.pipeline_parallel_schedule_csv", opts.schedule_csv,
-             "--parallelism.num_pp_microbatches", str(sch.num_microbatches),
+             "--parallelism.pipeline_parallel_microbatch_size", str(per),
              "--parallelism.data_parallel_replicate_degree", str(reps),
              "--parallelism.data_parallel_shard_degree", "1",
              "--parallelism.tensor_parallel_degree", "1",
-             "--training.num_tokens_per_microbatch_per_dp_rank", str(tokens_mb),
-             "--training.num_tokens_per_train_step", str(tokens_step)]
+             "--parallelism.context_parallel_degree", "1",
+             "--training.local_batch_size", str(local),
+             "--training.global_batch_size", str(glob)]
+    if sch.num_ranks > 1:
+        flags.append("--training.disable_cuda_graphs")
     csv_name = opts.schedule_csv.replace("\\", "/").rsplit("/", 1)[-1]
     module = opts.output_name.removesuffix(".py")
     text = _RECIPE.format(title=title, module=module, flags_name=f"{opts.output_name}.flags",
                           base=json.dumps(opts.torchtitan_base), csv_name=json.dumps(csv_name),
                           fqns=json.dumps(fqns), pp=sch.num_ranks, schedule=json.dumps(name),
-                          microbatches=sch.num_microbatches, replicate=reps,
-                          tokens_mb=tokens_mb, tokens_step=tokens_step)
+                          micro=per, replicate=reps, local=local, glob=glob,
+                          no_graphs=sch.num_ranks > 1)
     beside[".flags"] = shlex.join(flags) + "\n"  # read back with shlex.split
     return Export("torchtitan", text, beside, notes=tuple(notes))
 

@@ -209,103 +209,15 @@ def _num_layers(plan: Plan, graph: Graph) -> int:
     return max(blocks) + 1
 
 
-_TT_SCHEDULES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved-1f1b": "Interleaved1F1B"}
-_TT_PRECISION = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp8": "bfloat16"}
-
-
-def _toml(value: Any) -> str:
-    return json.dumps(value) if not isinstance(value, bool) else str(value).lower()
-
-
 def torchtitan_parallel(plan: Plan, graph: Graph, topology: Topology,
                         settings: ExecutionSettings, schedule: Any, opts: ExportOptions
                         ) -> Export:
-    """torchtitan's options of an LLM plan (module docstring): the ``[parallelism]``,
-    ``[training]``, ``[activation_checkpoint]`` and ``[optimizer]`` sections as TOML
-    (``torchtitan_version="0.2"``) or as ``--section.option`` flags (current)."""
-    par = plan.parallel
-    assert par is not None
-    micro, count = _batch(par, settings, "torchtitan")
-    if par.stage_layers is not None and len(set(par.stage_layers)) > 1:
-        raise ShardplanError(f"the plan's virtual stages hold {list(par.stage_layers)} layers:"
-                             f" uneven stages go to torchtitan as module names, which this "
-                             f"export of the degrees does not write")
-    parallelism: dict[str, Any] = {
-        "data_parallel_replicate_degree": par.dp, "data_parallel_shard_degree": par.dp_shard,
-        "tensor_parallel_degree": par.tp, "context_parallel_degree": par.cp,
-        "pipeline_parallel_degree": par.pp}
-    if par.pp > 1:
-        name = settings.schedule if par.vp == 1 or settings.schedule == "interleaved-1f1b" \
-            else "interleaved-1f1b"
-        parallelism["pipeline_parallel_schedule"] = _TT_SCHEDULES[name]
-        parallelism["pipeline_parallel_microbatch_size"] = micro
-        if par.vp > 1:
-            parallelism["pipeline_parallel_layers_per_stage"] = (
-                _num_layers(plan, graph) // par.num_stages)
-        local = micro * count
-        glob = local * par.data_parallel
-    else:
-        local = micro
-        glob = micro * count * par.data_parallel
-    parallelism["enable_async_tensor_parallel"] = bool(_setting(plan, settings,
-                                                                "tp_comm_overlap"))
-    if par.tp > 1 and not _setting(plan, settings, "sequence_parallel"):
-        parallelism["enable_sequence_parallel"] = False
-    precision = _setting(plan, settings, "precision")
-    training: dict[str, Any] = {"local_batch_size": local, "global_batch_size": glob,
-                                "mixed_precision_param": _TT_PRECISION[precision]}
-    if par.dp_shard > 1:  # FSDP's reduce_dtype (torchtitan's default float32)
-        fp32_grads = _setting(plan, settings, "grad_reduce") == "fp32"
-        training["mixed_precision_reduce"] = "float32" if fp32_grads \
-            else _TT_PRECISION[precision]
-    from shardplan.export._frameworks import _seq_len
+    """torchtitan's export of an LLM plan: a torchtitan 0.3.0 recipe module and its flags, or
+    (``torchtitan_version="0.2"``) the TOML of torchtitan 0.2.x
+    (:mod:`shardplan.export._torchtitan`)."""
+    from shardplan.export._torchtitan import llm_torchtitan
 
-    imported = plan.meta.get("imported_from") or {}
-    spec = str(imported.get("model", ""))
-    m = re.match(r"^(llama[23]):(\w+),seq=(\d+)$", spec)
-    seq = int(m.group(3)) if m else _seq_len(graph)
-    if seq is not None:
-        training["seq_len"] = seq
-    recompute = _setting(plan, settings, "recompute")
-    ac: dict[str, Any] = {"mode": "selective" if recompute == "op" else recompute}
-    notes = []
-    if recompute in ("selective", "op"):
-        ac["selective_ac_option"] = "op"
-    if recompute == "full" and settings.recompute_every > 1:
-        ac = {"mode": "selective", "selective_ac_option": str(settings.recompute_every)}
-    if recompute == "selective":
-        notes.append("torchtitan has no attention-only recomputation (Megatron-LM's "
-                     "selective): written as its per-op policy (selective_ac_option op)")
-    optimizer = _setting(plan, settings, "optimizer")
-    sections: dict[str, dict[str, Any]] = {}
-    if m:
-        sections["model"] = {"name": m.group(1), "flavor": m.group(2)}
-    if precision == "fp8":
-        sections.setdefault("model", {})["converters"] = ["float8"]
-    sections["training"] = training
-    sections["parallelism"] = parallelism
-    sections["activation_checkpoint"] = ac
-    if optimizer not in ("adam", "adamw"):
-        notes.append(f"torchtitan's optimizers are AdamW and Adam: {optimizer} written as AdamW")
-    sections["optimizer"] = {"name": "Adam" if optimizer == "adam" else "AdamW"}
-    title = (f"shardplan export of plan {plan.graph!r} on {plan.topology!r}: "
-             f"{par.label()}")
-    if opts.torchtitan_version == "0.2":
-        lines = [f"# {title}"]
-        for section, table in sections.items():
-            lines += ["", f"[{section}]"]
-            lines += [f"{k} = {_toml(v)}" for k, v in table.items()]
-        return Export("torchtitan", "\n".join(lines) + "\n", notes=tuple(notes))
-    flags: list[str] = []
-    for section, table in sections.items():
-        for k, v in table.items():
-            if isinstance(v, bool):
-                flags.append(f"--{section}.{k}" if v else f"--{section}.no-{k}")
-            elif isinstance(v, list):
-                flags += [f"--{section}.{k}", *map(str, v)]
-            else:
-                flags += [f"--{section}.{k}", str(v)]
-    return Export("torchtitan", f"# {title}\n{shlex.join(flags)}\n", notes=tuple(notes))
+    return llm_torchtitan(plan, graph, topology, settings, schedule, opts)
 
 
 def llm_record(plan: Plan, settings: ExecutionSettings, tool: str) -> dict[str, Any]:

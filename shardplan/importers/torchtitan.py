@@ -22,14 +22,27 @@ What is read:
   (``dp_shard``; -1: the GPUs the other degrees leave), ``tensor_parallel_degree``,
   ``pipeline_parallel_degree`` with ``pipeline_parallel_schedule`` (1F1B, GPipe,
   Interleaved1F1B; the other looped schedules are modelled as interleaved 1F1B, with a note),
-  ``pipeline_parallel_layers_per_stage`` (virtual stages per rank; looped schedules default to
-  2, as torchtitan does), ``pipeline_parallel_microbatch_size``, ``context_parallel_degree``,
-  ``enable_async_tensor_parallel`` (``tp_comm_overlap``). Tensor parallelism in torchtitan
-  shards the norms' activations by the sequence (``sequence_parallel``) unless
+  ``pipeline_parallel_microbatch_size``, ``context_parallel_degree``,
+  ``enable_async_tensor_parallel`` (``tp_comm_overlap``; 0.3.0:
+  ``[compile] enable_async_tensor_parallel``). Tensor parallelism in torchtitan shards the
+  norms' activations by the sequence (``sequence_parallel``) unless
   ``enable_sequence_parallel = false``.
+- The pipeline split, as torchtitan makes it (:func:`~shardplan.ir.parallel.\
+torchtitan_stage_layers`): ``module_fqns_per_model_part`` (one list of module names per
+  virtual stage; a stage's blocks are its ``layers.N``), else
+  ``pipeline_parallel_layers_per_stage`` L (``ceil((blocks + first + last) / L)`` virtual
+  stages, which must be a multiple of the pipeline degree; without it one stage per rank, two
+  for looped schedules) with ``pipeline_parallel_first_stage_less_layers`` /
+  ``last_stage_less_layers`` (default 1: the embedding and the output count as a layer each).
+  Uneven counts (Llama 3.1 405B's 126 blocks on PP 8: 15, 16 x 6, 15) are the plan's
+  ``ParallelConfig.stage_layers``.
 - ``[activation_checkpoint] mode`` none / selective / full; ``selective_ac_option = "op"`` is
   ``op`` (torchtitan's per-op policy), a layer period N is ``full`` with ``recompute_every``
-  N (every N-th block checkpointed).
+  N (every N-th block checkpointed). torchtitan 0.3.0 selects the policy by a subcommand
+  (``activation_checkpoint:full``, ``:selective``, per-op, ``:none``, ``:memory-budget``).
+- torchtitan 0.3.0's recipes (``--module llama3 --config llama3_405b``) start from what
+  torchtitan's own config function sets (:data:`RECIPES`: batch, sequence, TP, checkpointing,
+  Float8, async TP); the flags override it.
 - ``[optimizer] name`` (AdamW, Adam).
 
 Gradients: with ``dp_shard > 1`` FSDP2 shards everything (``sharded``); plain replicas run
@@ -65,8 +78,10 @@ READ: dict[str, frozenset[str]] = {
         "tensor_parallel_degree", "pipeline_parallel_degree", "pipeline_parallel_schedule",
         "pipeline_parallel_layers_per_stage", "pipeline_parallel_microbatch_size",
         "context_parallel_degree", "enable_async_tensor_parallel", "enable_sequence_parallel",
-        "num_pp_microbatches"}),
+        "num_pp_microbatches", "module_fqns_per_model_part",
+        "pipeline_parallel_first_stage_less_layers", "pipeline_parallel_last_stage_less_layers"}),
     "activation_checkpoint": frozenset({"mode", "selective_ac_option"}),
+    "compile": frozenset({"enable_async_tensor_parallel"}),
     "float8": frozenset({"enable_float8_linear"}),
     "optimizer": frozenset({"name"}),
 }
@@ -78,7 +93,7 @@ IGNORED: dict[str, frozenset[str]] = {
     "model": frozenset({"tokenizer_path", "hf_assets_path", "print_after_conversion"}),
     "training": frozenset({"steps", "max_norm", "dataset", "dataset_path", "warmup_steps",
                            "seed", "deterministic", "gc_freq",
-                           "dataloader"}),
+                           "dataloader", "disable_cuda_graphs"}),
     "optimizer": frozenset({"lr", "eps", "weight_decay", "beta1", "beta2", "implementation",
                             "min_lr_factor"}),
     "parallelism": frozenset({"disable_loss_parallel", "enable_compiled_autograd",
@@ -93,6 +108,27 @@ _SCHEDULES = {"1f1b": "1f1b", "gpipe": "gpipe", "interleaved1f1b": "interleaved-
 _LOOPED = ("loopedbfs", "interleavedzerobubble", "zbvzerobubble", "dualpipev")
 _PRECISION = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 _RECIPE = re.compile(r"^(llama[23])_(\d+b)$", re.IGNORECASE)
+_FLOAT8 = ("float8", "quantize.linear.float8")  # 0.1 / 0.2.x converter names
+#: What torchtitan 0.3.0's own config functions (``torchtitan/models/llama3/
+#: config_registry.py``) set, as sections: the flags after ``--config NAME`` override it.
+RECIPES: dict[str, dict[str, dict[str, Any]]] = {
+    "llama3_8b": {"training": {"local_batch_size": 1, "seq_len": 8192},
+                  "activation_checkpoint": {"mode": "selective", "selective_ac_option": "op"}},
+    "llama3_70b": {"training": {"local_batch_size": 8, "seq_len": 8192},
+                   "parallelism": {"tensor_parallel_degree": 8},
+                   "activation_checkpoint": {"mode": "full"}},
+    "llama3_405b": {"model": {"converters": ["float8"]},
+                    "training": {"local_batch_size": 2, "seq_len": 8192},
+                    "parallelism": {"tensor_parallel_degree": 8},
+                    "compile": {"enable_async_tensor_parallel": True},
+                    "activation_checkpoint": {"mode": "full"}},
+}
+#: torchtitan 0.3.0's activation checkpointing subcommands, as 0.2's ``mode``
+_AC_SUBCOMMANDS = {"selective": {"mode": "selective", "selective_ac_option": "op"},
+                   "full": {"mode": "full"}, "none": {"mode": "none"},
+                   "memory-budget": {"mode": "memory_budget"},
+                   "memory_budget": {"mode": "memory_budget"}}
+_SUBCOMMAND = re.compile(r"^activation[-_]checkpoint:([\w-]+)$")
 
 
 def parse_torchtitan_toml(text: str, *, source: str = "<toml>") -> dict[str, dict[str, Any]]:
@@ -127,7 +163,8 @@ def parse_torchtitan_flags(text: str) -> dict[str, dict[str, Any]]:
     ``--a.b=v`` and ``--a.b v`` are the same; a flag with no value is ``true`` and tyro's
     ``--a.no-b`` / ``--a.no_b`` is ``b = false``; hyphens in names are underscores; several
     values make a list. ``--module M --config NAME`` (a recipe) are kept under the section
-    ``""``.
+    ``""``; torchtitan 0.3.0's subcommand ``activation_checkpoint:full`` (``selective``,
+    ``none``, ``memory-budget``) is ``[activation_checkpoint] mode`` (selective: per op).
 
     Raises
     ------
@@ -139,8 +176,15 @@ def parse_torchtitan_flags(text: str) -> dict[str, dict[str, Any]]:
     except ValueError as exc:
         raise ShardplanError(f"cannot split the flags: {exc}") from None
     pairs: list[tuple[str, list[str]]] = []
+    subcommands: dict[str, Any] = {}
     for tok in tokens:
-        if tok.startswith("--") and len(tok) > 2:
+        sub = _SUBCOMMAND.match(tok)
+        if sub:
+            if sub.group(1) not in _AC_SUBCOMMANDS:
+                raise ShardplanError(f"unknown activation checkpointing subcommand {tok!r} "
+                                     f"(choose from {', '.join(_AC_SUBCOMMANDS)})")
+            subcommands = dict(_AC_SUBCOMMANDS[sub.group(1)])
+        elif tok.startswith("--") and len(tok) > 2:
             name, eq, value = tok.partition("=")
             pairs.append((name[2:], [value] if eq else []))
         elif not pairs:
@@ -167,6 +211,8 @@ def parse_torchtitan_flags(text: str) -> dict[str, dict[str, Any]]:
         else:
             v = [_value(x) for x in values]
         out.setdefault(section.replace("-", "_"), {})[option] = v
+    if subcommands:
+        out.setdefault("activation_checkpoint", {}).update(subcommands)
     return out
 
 
@@ -235,6 +281,7 @@ def run_of_torchtitan(sections: Mapping[str, Mapping[str, Any]], *,
         A missing or malformed option, or an inconsistent run (the degrees' product not the
         GPUs, a batch that does not divide, ...).
     """
+    sections = _with_recipe(sections)
     notes = _notes_of_unread(sections)
     train = sections.get("training", {})
     par_s = sections.get("parallelism", {})
@@ -266,22 +313,19 @@ def run_of_torchtitan(sections: Mapping[str, Mapping[str, Any]], *,
             notes.append(f"pipeline schedule {sched_name} is modelled as Interleaved1F1B")
     else:
         raise ShardplanError(f"unknown pipeline_parallel_schedule {sched_name!r}")
-    vp = 1
-    if pp > 1 and schedule == "interleaved-1f1b":
-        lps = par_s.get("pipeline_parallel_layers_per_stage")
-        if lps is None:
-            vp = 2
-        else:
-            lps = _int(sections, "parallelism", "pipeline_parallel_layers_per_stage", 1)
-            if model.num_layers % lps or (model.num_layers // lps) % pp:
-                raise ShardplanError(f"{model.num_layers} layers in stages of {lps} do not "
-                                     f"give every one of the {pp} pipeline ranks as many")
-            vp = model.num_layers // lps // pp
-            if vp == 1:
-                schedule = "1f1b"
-    elif pp == 1:
+    vp, stage_layers = 1, None
+    if pp > 1:
+        stage_layers = _stage_layers(sections, model.num_layers, pp,
+                                     looped=schedule == "interleaved-1f1b")
+        vp = len(stage_layers) // pp
+        if schedule == "interleaved-1f1b" and vp == 1:
+            schedule = "1f1b"
+        if len(set(stage_layers)) == 1:
+            stage_layers = None
+    else:
         schedule = "1f1b"
-    parallel = ParallelConfig(tp=tp, pp=pp, cp=cp, dp=rep, dp_shard=shard, vp=vp)
+    parallel = ParallelConfig(tp=tp, pp=pp, cp=cp, dp=rep, dp_shard=shard, vp=vp,
+                              stage_layers=stage_layers)
     dp_total = parallel.data_parallel
     if "num_tokens_per_microbatch_per_dp_rank" in train:
         tokens = _int(sections, "training", "num_tokens_per_microbatch_per_dp_rank", 1)
@@ -320,7 +364,8 @@ def run_of_torchtitan(sections: Mapping[str, Mapping[str, Any]], *,
                              f"{param}, got {reduce!r}")
     converters = sections.get("model", {}).get("converters", [])
     converters = [converters] if isinstance(converters, str) else list(converters)
-    if "float8" in converters or sections.get("float8", {}).get("enable_float8_linear"):
+    if any(c in _FLOAT8 for c in converters) or \
+            sections.get("float8", {}).get("enable_float8_linear"):
         precision = "fp8"
     optimizer = str(sections.get("optimizer", {}).get("name", "AdamW")).lower()
     if optimizer not in ("adamw", "adam"):
@@ -333,7 +378,9 @@ def run_of_torchtitan(sections: Mapping[str, Mapping[str, Any]], *,
                              recompute=_recompute(sections, notes), gradient_sync=sync,
                              recompute_every=_recompute_every(sections),
                              sequence_parallel=seq_par,
-                             tp_comm_overlap=bool(par_s.get("enable_async_tensor_parallel")),
+                             tp_comm_overlap=bool(
+                                 par_s.get("enable_async_tensor_parallel") or
+                                 sections.get("compile", {}).get("enable_async_tensor_parallel")),
                              optimizer=optimizer,
                              grad_reduce="fp32" if shard > 1 and reduce == "float32" and
                              precision != "fp32" else "param", stack="torchtitan",
@@ -342,6 +389,76 @@ def run_of_torchtitan(sections: Mapping[str, Mapping[str, Any]], *,
     return RunConfig(model=model, cluster=cluster, num_gpus=num_gpus, parallel=parallel,
                      micro_batch_size=micro, global_batch=glob, execution=execution,
                      notes=tuple(notes), source="torchtitan")
+
+
+def _with_recipe(sections: Mapping[str, Mapping[str, Any]]
+                 ) -> dict[str, dict[str, Any]]:
+    """The sections with torchtitan 0.3.0's recipe (``--config llama3_405b``) under them: what
+    the config function sets, each option the flags give overriding it."""
+    recipe = str(sections.get("", {}).get("config", "")).lower()
+    out: dict[str, dict[str, Any]] = {k: dict(v) for k, v in RECIPES.get(recipe, {}).items()}
+    if "model" in sections and ("name" in sections["model"] or "flavor" in sections["model"]):
+        out = {}  # a 0.2-era run names its model: no 0.3.0 recipe under it
+    for name, table in sections.items():
+        out.setdefault(name, {}).update(table)
+    return out
+
+
+def _stage_layers(sections: Mapping[str, Mapping[str, Any]], num_layers: int, pp: int, *,
+                  looped: bool) -> tuple[int, ...]:
+    """Blocks per virtual stage of a pipeline of ``pp`` ranks, as torchtitan splits the model
+    (module docstring); refuses what torchtitan's pipeline checks refuse."""
+    from shardplan.ir.parallel import torchtitan_stage_layers
+
+    par_s = sections.get("parallelism", {})
+    parts = par_s.get("module_fqns_per_model_part")
+    if parts is not None:
+        return _layers_of_parts(parts, num_layers, pp)
+    first = _int(sections, "parallelism", "pipeline_parallel_first_stage_less_layers", 1, 0)
+    last = _int(sections, "parallelism", "pipeline_parallel_last_stage_less_layers", 1, 0)
+    if par_s.get("pipeline_parallel_layers_per_stage") is None:
+        stages = pp * (2 if looped else 1)
+    else:
+        lps = _int(sections, "parallelism", "pipeline_parallel_layers_per_stage", 1)
+        stages = -(-(num_layers + first + last) // lps)
+        if stages % pp:
+            raise ShardplanError(f"torchtitan makes ceil(({num_layers} layers + {first} + "
+                                 f"{last}) / {lps}) = {stages} virtual stages, not a multiple "
+                                 f"of the {pp} pipeline ranks")
+        if looped and stages // pp < 2:
+            raise ShardplanError(f"a looped schedule needs 2 or more stages per rank, and "
+                                 f"pipeline_parallel_layers_per_stage {lps} gives "
+                                 f"{stages // pp}")
+        if not looped and stages != pp:
+            raise ShardplanError(f"a single-stage schedule runs one stage per rank, and "
+                                 f"pipeline_parallel_layers_per_stage {lps} gives {stages} "
+                                 f"stages on {pp} ranks")
+    return torchtitan_stage_layers(num_layers, stages, first_less=first, last_less=last)
+
+
+def _layers_of_parts(parts: Any, num_layers: int, pp: int) -> tuple[int, ...]:
+    """Blocks per part of ``module_fqns_per_model_part`` (TOML: a list of lists; flags: one
+    comma-separated list per part)."""
+    if isinstance(parts, str):
+        parts = [parts]
+    if not isinstance(parts, list):
+        raise ShardplanError("module_fqns_per_model_part must be a list of module lists")
+    lists = [p.split(",") if isinstance(p, str) else p for p in parts]
+    if len(lists) % pp:
+        raise ShardplanError(f"module_fqns_per_model_part has {len(lists)} parts, not a "
+                             f"multiple of the {pp} pipeline ranks")
+    counts, seen = [], 0
+    for names in lists:
+        blocks = [str(n) for n in names if re.fullmatch(r"layers\.\d+", str(n))]
+        if blocks != [f"layers.{i}" for i in range(seen, seen + len(blocks))]:
+            raise ShardplanError(f"module_fqns_per_model_part holds {blocks[:3]}... where "
+                                 f"layers.{seen} and the blocks after it come, in order")
+        counts.append(len(blocks))
+        seen += len(blocks)
+    if seen != num_layers:
+        raise ShardplanError(f"module_fqns_per_model_part places {seen} of the model's "
+                             f"{num_layers} layers")
+    return tuple(counts)
 
 
 def _recompute(sections: Mapping[str, Mapping[str, Any]], notes: list[str]) -> str:

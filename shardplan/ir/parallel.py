@@ -33,7 +33,8 @@ from typing import Any
 
 from shardplan.errors import InvalidFileError, ShardplanError
 
-__all__ = ["ParallelConfig", "balanced_stage_layers", "pipeline_split"]
+__all__ = ["ParallelConfig", "balanced_stage_layers", "pipeline_split",
+           "torchtitan_stage_layers"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -253,3 +254,56 @@ def pipeline_split(num_layers: int, pp: int, vp: int = 1) -> tuple[bool, tuple[i
         per_rank = [ends // 2] + [k] * (pp - 2) + [ends // 2]
         return True, tuple(per_rank[j % pp] // vp for j in range(stages))
     return False, None
+
+
+def torchtitan_stage_layers(num_layers: int, num_stages: int, *, first_less: int = 1,
+                            last_less: int = 1) -> tuple[int, ...]:
+    """Blocks per virtual stage as torchtitan splits a decoder (its
+    ``_generate_llm_fqn_per_model_part``, the same in 0.2.x and 0.3.0): the embedding counts
+    as ``first_less`` layers and the final norm with the output head as ``last_less``
+    (``pipeline_parallel_first/last_stage_less_layers``, 1 by default); the
+    ``num_layers + first_less + last_less`` layers are dealt out evenly, earlier stages
+    taking the remainder, and the first and last stages hold that many fewer blocks. One
+    stage holds everything. O(stages).
+
+    With weights of one each it is :func:`balanced_stage_layers` with the embedding and the
+    loss counted (which returns None for an even split).
+
+    Raises
+    ------
+    ShardplanError
+        What torchtitan refuses: more stages than weighted layers, or a weight above the
+        fewest layers a stage gets.
+
+    Examples
+    --------
+    >>> torchtitan_stage_layers(126, 8)  # Llama 3.1 405B on PP 8, one stage per rank
+    (15, 16, 16, 16, 16, 16, 16, 15)
+    >>> torchtitan_stage_layers(126, 16)[:3]  # Interleaved1F1B's default 2 stages per rank
+    (7, 8, 8)
+    >>> torchtitan_stage_layers(32, 4, first_less=0, last_less=0)
+    (8, 8, 8, 8)
+    """
+    if num_stages < 1:
+        raise ShardplanError("torchtitan needs at least one pipeline stage")
+    if num_stages == 1:
+        return (num_layers,)
+    total = num_layers + first_less + last_less
+    if num_stages > total:
+        raise ShardplanError(f"torchtitan cannot make {num_stages} pipeline stages of "
+                             f"{num_layers} layers with the embedding and output counted as "
+                             f"{first_less} and {last_less} ({total})")
+    q, r = divmod(total, num_stages)
+    if first_less > q or last_less > q:
+        raise ShardplanError(f"torchtitan's first/last stage weights ({first_less}, "
+                             f"{last_less}) exceed the {q} layers a stage gets")
+    counts = [q + (1 if i < r else 0) for i in range(num_stages)]
+    counts[0] -= first_less
+    counts[-1] -= last_less
+    # torchtitan deals blocks out while any are left: a last stage short of blocks gets fewer
+    left = num_layers
+    out = []
+    for c in counts:
+        out.append(min(c, left))
+        left -= out[-1]
+    return tuple(out)

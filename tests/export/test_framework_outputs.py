@@ -157,24 +157,32 @@ def test_torchtitan_recipe_and_flags_text() -> None:
     assert 'BASE = "my:fn"\n' in text
     # the CSV beside the recipe, by its name alone (a Windows path's too)
     assert 'SCHEDULE_CSV = str(Path(__file__).resolve().with_name("my tt.csv"))\n' in text
+    # torchtitan 0.3.0's options: micro-batches as the local batch over the micro-batch size
     for line in ("par.pipeline_parallel_degree = 2", "par.pipeline_parallel_schedule = \"1F1B\"",
-                 "par.num_pp_microbatches = 4", "par.data_parallel_replicate_degree = 2",
-                 "config.training.num_tokens_per_microbatch_per_dp_rank = 32",
-                 "config.training.num_tokens_per_train_step = 256"):
+                 "par.module_fqns_per_model_part = MODULE_FQNS_PER_MODEL_PART",
+                 "par.pipeline_parallel_microbatch_size = 2",
+                 "par.data_parallel_replicate_degree = 2",
+                 "config.training.local_batch_size = 8",
+                 "config.training.global_batch_size = 16"):
         assert f"    {line}\n" in text, line
+    assert "config.training.disable_cuda_graphs = True  #" in text
     flags = exp.beside[".flags"]
     assert flags.endswith("\n") and flags.count("\n") == 1
     # the flags read back (as torchtitan's importer and a shell read them) to the same path
-    assert shlex.split(flags) == [
-        "--parallelism.pipeline_parallel_degree", "2",
+    got = shlex.split(flags)
+    assert got[:6] == ["--module", "my", "--config", "fn",
+                       "--parallelism.pipeline_parallel_degree", "2"]
+    assert got[6] == "--parallelism.module_fqns_per_model_part"  # one argument a stage
+    assert got[9:] == [
         "--parallelism.pipeline_parallel_schedule", "1F1B",
         "--parallelism.pipeline_parallel_schedule_csv", "C:\\runs\\my tt.csv",
-        "--parallelism.num_pp_microbatches", "4",
+        "--parallelism.pipeline_parallel_microbatch_size", "2",
         "--parallelism.data_parallel_replicate_degree", "2",
         "--parallelism.data_parallel_shard_degree", "1",
         "--parallelism.tensor_parallel_degree", "1",
-        "--training.num_tokens_per_microbatch_per_dp_rank", "32",
-        "--training.num_tokens_per_train_step", "256"]
+        "--parallelism.context_parallel_degree", "1",
+        "--training.local_batch_size", "8", "--training.global_batch_size", "16",
+        "--training.disable_cuda_graphs"]
     par = torchtitan_options(flags)["parallelism"]
     assert par["pipeline_parallel_schedule_csv"] == "C:\\runs\\my tt.csv"
     assert exp.beside[".schedule.csv"] == _CSV
@@ -192,10 +200,6 @@ def test_torchtitan_recipe_module_is_the_file_name_without_py(output: str,
 
 def test_torchtitan_refusals_name_torchtitan() -> None:
     t2 = build("flat", num_devices=2)
-    with pytest.raises(ShardplanError, match=r"^torchtitan counts a batch in tokens, and the "
-                                             r"graph's input is not a \(batch, sequence\) "
-                                             r"tensor of token ids$"):
-        export(_plan([_CUT], microbatches=4), _graph(meta={}), t2, "torchtitan")
     with pytest.raises(ShardplanError, match=r"^torchtitan gives every data-parallel rank "
                                              r"whole samples, and the micro-batch of 3 does "
                                              r"not split over 2 replicas$"):
@@ -209,18 +213,11 @@ def test_torchtitan_refusals_name_torchtitan() -> None:
         export(_plan([2], n=5, microbatches=2), _graph(modules=mods), t2, "torchtitan")
 
 
-@pytest.mark.parametrize("meta", [
-    {"input_shapes": [[4, 16, 8]], "input_dtypes": ["int64"]},   # not (batch, sequence)
-    {"input_shapes": [[4, 16]], "input_dtypes": ["float32"]},     # not token ids
-    {"input_shapes": [[4, 16]], "input_dtypes": []},
-    {"input_shapes": [[4, 16]]},
-    {"input_dtypes": ["int64"]},
-    {"input_shapes": [], "input_dtypes": ["int64"]},
-])
-def test_torchtitan_needs_token_ids_to_count_tokens(meta: dict) -> None:
-    with pytest.raises(ShardplanError, match="counts a batch in tokens"):
-        export(_plan([_CUT], microbatches=4), _graph(meta=meta), build("flat", num_devices=2),
-               "torchtitan")
+def test_torchtitan_needs_no_token_ids() -> None:
+    """torchtitan 0.3.0 counts a batch in samples (local_batch_size), as 0.2 did."""
+    exp = export(_plan([_CUT], microbatches=4), _graph(meta={}), build("flat", num_devices=2),
+                 "torchtitan")
+    assert "config.training.local_batch_size = 16\n" in exp.text
 
 
 def test_torchtitan_02_tokens_are_not_needed() -> None:
@@ -414,7 +411,7 @@ def test_torchtitan_takes_the_settings_and_schedule_given() -> None:
     assert conf["parallelism"]["pipeline_parallel_schedule"] == "1F1B"
     assert exp.beside[".schedule.csv"] == custom.to_text()
     flags = shlex.split(export(plan, g, t, "torchtitan", schedule=custom).beside[".flags"])
-    assert flags[flags.index("--parallelism.num_pp_microbatches") + 1] == "3"
+    assert flags[flags.index("--training.local_batch_size") + 1] == "12"  # 3 micro-batches of 4
 
 
 def test_a_simulated_interleaving_is_exported_as_one_stage_per_rank() -> None:

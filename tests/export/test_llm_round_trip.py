@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from shardplan.errors import ShardplanError
-from shardplan.export import export
+from shardplan.export import ExportOptions, export
 from shardplan.importers._run import ModelDims, RunConfig, execution_of, flavor_dims
 from shardplan.importers.megatron import parse_megatron
 from shardplan.importers.torchtitan import run_of_torchtitan, torchtitan_options
@@ -129,13 +129,12 @@ def _deepspeed_config(ds: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> An
 #: (target, layout) -> the word the refusal names: what the format cannot hold
 REFUSED = {
     ("megatron", "hsdp"): "HSDP",
-    ("torchtitan", "uneven"): "uneven",
+    ("torchtitan", "interleaved"): "fp16",
     ("deepspeed", "tp-cp-pp"): "CP 2",
     ("deepspeed", "interleaved"): "VP 2",
     ("deepspeed", "hsdp"): "HSDP",
     ("deepspeed", "uneven"): "not uniform",
     ("deepspeed", "tp-pp-dp"): "not uniform",
-    ("torchtitan", "deepspeed-uniform"): "uneven",
     ("deepspeed", "fp8-pp"): "fp8",
     ("deepspeed", "tp-fsdp-selective"): "selective",
 }
@@ -162,8 +161,19 @@ def test_every_export_carries_every_degree_or_refuses(
                                num_gpus=_GPUS)
         got = _of_run(again)
     elif target == "torchtitan":
-        again = run_of_torchtitan(torchtitan_options(out.text), num_gpus=_GPUS)
+        # the flags beside the recipe module (torchtitan 0.3.0), and the 0.2 TOML
+        again = run_of_torchtitan(torchtitan_options(out.beside[".flags"]), num_gpus=_GPUS)
         got = _of_run(again)
+        per = run.parallel.layers_per_stage(_MODEL.num_layers)
+        assert again.parallel.layers_per_stage(_MODEL.num_layers) == per  # the same split
+        if run.parallel.tp == 1 or run.execution["sequence_parallel"]:
+            toml = export(plan, graph, topo, target,
+                          options=ExportOptions(torchtitan_version="0.2")).text
+            assert _of_run(run_of_torchtitan(torchtitan_options(toml), num_gpus=_GPUS)) == want
+        if want["precision"] == "fp8":  # the recipe module sets Float8: no flag does
+            assert "converters=[\n            Float8LinearConverter.Config(" in out.text
+            assert any("no flag for the model's converters" in n for n in out.notes)
+            got["precision"] = "fp8"
         if want["recompute"] == "selective":  # torchtitan's nearest policy, said in a note
             assert any("per-op policy" in n for n in out.notes)
             got["recompute"] = "selective"

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from shardplan.errors import ShardplanError
-from shardplan.export import ExportOptions, export
+from shardplan.export import Export, ExportOptions, export
 from shardplan.export._parallel import megatron_parallel
 from shardplan.importers._run import RunConfig
 from shardplan.importers.megatron import megatron_args_of_row, parse_megatron
@@ -22,6 +22,12 @@ from shardplan.topology import build
 RUNS = Path(__file__).resolve().parents[3] / "shared" / "gpu-runs"
 ROWS = [row for f in sorted(RUNS.glob("*.csv")) for row in csv.DictReader(f.open())]
 DATA = Path(__file__).resolve().parents[1] / "importers" / "data"
+
+
+def _titan_text(out: Export) -> str:
+    """What ``import torchtitan`` reads of an export: the 0.2 TOML, or the flags beside
+    torchtitan 0.3.0's recipe module."""
+    return out.beside.get(".flags", out.text)
 
 
 def _graph(num_layers: int) -> Graph:
@@ -148,7 +154,7 @@ tensor_parallel_degree = 8
 pipeline_parallel_degree = 4
 pipeline_parallel_schedule = "Interleaved1F1B"
 pipeline_parallel_microbatch_size = 2
-pipeline_parallel_layers_per_stage = 5
+pipeline_parallel_layers_per_stage = 7
 enable_async_tensor_parallel = true
 [activation_checkpoint]
 mode = "selective"
@@ -167,7 +173,7 @@ def test_torchtitan_round_trip(text: str, version: str) -> None:
                  options=ExportOptions(torchtitan_version=version))
     if version == "0.2":
         assert tomllib.loads(out.text)["parallelism"]["tensor_parallel_degree"] == run.parallel.tp
-    again = run_of_torchtitan(torchtitan_options(out.text), num_gpus=128)
+    again = run_of_torchtitan(torchtitan_options(_titan_text(out)), num_gpus=128)
     _same_run(run, again)
     assert again.model == run.model
 
@@ -175,8 +181,12 @@ def test_torchtitan_round_trip(text: str, version: str) -> None:
 def test_recompute_policies_without_a_counterpart_are_written_with_a_note() -> None:
     """torchtitan's per-op policy has no Megatron-LM counterpart (its selective is the
     nearest) and Megatron-LM's attention-only selective none in torchtitan (op is)."""
+    even = HYBRID.replace("pipeline_parallel_layers_per_stage = 7",  # 80 / 5: 16 even stages
+                          "pipeline_parallel_layers_per_stage = 5\n"
+                          "pipeline_parallel_first_stage_less_layers = 0\n"
+                          "pipeline_parallel_last_stage_less_layers = 0")
     titan = run_of_torchtitan(torchtitan_options(
-        HYBRID.replace("data_parallel_replicate_degree = 2", "data_parallel_replicate_degree = 1")
+        even.replace("data_parallel_replicate_degree = 2", "data_parallel_replicate_degree = 1")
     ), num_gpus=64)
     assert titan.execution["recompute"] == "op"
     plan, graph = _plan(titan)
@@ -260,6 +270,6 @@ def test_random_torchtitan_runs_round_trip(seed: int, version: str) -> None:
     plan, graph = _plan(run)
     out = export(plan, graph, build("flat", num_devices=gpus), "torchtitan",
                  options=ExportOptions(torchtitan_version=version))
-    again = run_of_torchtitan(torchtitan_options(out.text), num_gpus=gpus)
+    again = run_of_torchtitan(torchtitan_options(_titan_text(out)), num_gpus=gpus)
     _same_run(run, again)
     assert again.model == run.model

@@ -215,70 +215,104 @@ def test_megatron_refusals_are_one_line() -> None:
 
 # ------------------------------------------------------------------------------ torchtitan
 def _titan(plan: Plan, graph: Graph | None = None, version: str = "current"):
+    """(main text, the flags beside it or None, notes) of the torchtitan export."""
     exp = torchtitan_parallel(plan, graph or _graph(), None, plan.settings,  # type: ignore
-                              None, ExportOptions(torchtitan_version=version))
-    return exp.text, exp.notes
+                              None, ExportOptions(torchtitan_version=version,
+                                                  output_name="tt.py"))
+    return exp.text, exp.beside.get(".flags"), exp.notes
 
 
 def test_torchtitan_flags_of_an_interleaved_pipeline() -> None:
     par = ParallelConfig(tp=2, pp=2, dp=2, dp_shard=2, cp=2, vp=2)
     plan = _plan(par, model="llama3:8B,seq=4096", microbatch_size=8, microbatches=4,
                  schedule="1f1b", precision="bf16", recompute="selective",
-                 tp_comm_overlap=True, optimizer="adamw")
-    text, notes = _titan(plan, _graph(16))
-    title, flags = text.split("\n")[:2]
-    assert title == ("# shardplan export of plan 'llm' on 'cluster': " + par.label())
+                 tp_comm_overlap=True, optimizer="adamw", grad_reduce="fp32")
+    text, flags, notes = _titan(plan, _graph(16))
+    assert text.startswith('"""shardplan export of plan \'llm\' on \'cluster\': ' +
+                           par.label() + " (torchtitan 0.3.0).")
+    assert "--module tt --config shardplan_plan" in text
     assert shlex.split(flags) == [
-        "--model.name", "llama3", "--model.flavor", "8B",
-        "--training.local_batch_size", "8", "--training.global_batch_size", "32",
-        "--training.mixed_precision_param", "bfloat16",
-        "--training.mixed_precision_reduce", "bfloat16",  # FSDP's reduce_dtype: the plan's
-        "--training.seq_len", "4096",
+        "--module", "llama3", "--config", "llama3_8b",  # torchtitan's own recipe
         "--parallelism.data_parallel_replicate_degree", "2",
         "--parallelism.data_parallel_shard_degree", "2",
         "--parallelism.tensor_parallel_degree", "2",
         "--parallelism.context_parallel_degree", "2",
         "--parallelism.pipeline_parallel_degree", "2",
+        "--parallelism.no-enable-sequence-parallel",
         # virtual stages run the interleaved schedule whatever the settings said
         "--parallelism.pipeline_parallel_schedule", "Interleaved1F1B",
         "--parallelism.pipeline_parallel_microbatch_size", "2",
-        "--parallelism.pipeline_parallel_layers_per_stage", "4",   # 16 blocks, 4 stages
-        "--parallelism.enable_async_tensor_parallel",
-        "--parallelism.no-enable_sequence_parallel",
-        "--activation_checkpoint.mode", "selective",
-        "--activation_checkpoint.selective_ac_option", "op",
-        "--optimizer.name", "AdamW"]
-    assert text.endswith("\n") and text.count("\n") == 2
+        # 16 blocks in 4 even stages: torchtitan's weights of the embedding and output 0
+        "--parallelism.pipeline_parallel_layers_per_stage", "4",
+        "--parallelism.pipeline_parallel_first_stage_less_layers", "0",
+        "--parallelism.pipeline_parallel_last_stage_less_layers", "0",
+        "--training.local_batch_size", "8", "--training.global_batch_size", "32",
+        "--training.seq_len", "4096",
+        "--training.mixed_precision_param", "bfloat16",
+        "--training.mixed_precision_reduce", "float32",
+        "--training.disable_cuda_graphs",  # torchtitan 0.3.0 refuses CUDA graphs with PP
+        "--compile.enable", "--compile.enable_async_tensor_parallel",  # async TP compiles
+        "activation_checkpoint:selective"]
+    # the recipe module sets the same, option by option
+    for line in ("config.parallelism.pipeline_parallel_layers_per_stage = 4",
+                 'config.parallelism.pipeline_parallel_schedule = "Interleaved1F1B"',
+                 "config.parallelism.enable_sequence_parallel = False",
+                 "config.training.disable_cuda_graphs = True",
+                 "config.compile.enable_async_tensor_parallel = True",
+                 "config.activation_checkpoint = SelectiveAC.Config()",
+                 'model_spec = model_registry(\n        "8B",\n    )'):
+        assert line in text, line
+    compile(text, "tt.py", "exec")  # valid Python
     # Megatron-LM's attention-only selective has no torchtitan counterpart: said so
     assert notes == ("torchtitan has no attention-only recomputation (Megatron-LM's "
                      "selective): written as its per-op policy (selective_ac_option op)",)
 
 
-@pytest.mark.parametrize("precision, grad_reduce, want", [
-    ("bf16", "fp32", "float32"), ("fp16", "param", "float16"), ("fp32", "param", "float32"),
-    ("fp8", "param", "bfloat16"), ("fp8", "fp32", "float32")])
-def test_torchtitan_reduce_dtype(precision: str, grad_reduce: str, want: str) -> None:
-    """FSDP's reduce_dtype is written for a sharded plan, and only for one."""
+@pytest.mark.parametrize("precision, grad_reduce, note", [
+    ("bf16", "fp32", False), ("bf16", "param", True), ("fp32", "param", False),
+    ("fp8", "param", True), ("fp8", "fp32", False)])
+def test_torchtitan_reduce_dtype(precision: str, grad_reduce: str, note: bool) -> None:
+    """FSDP's reduce_dtype is float32 in torchtitan (its only choice): a plan reducing in
+    half precision gets a note."""
     plan = _plan(ParallelConfig(dp_shard=4), microbatch_size=4, precision=precision,
                  grad_reduce=grad_reduce)
-    flags = shlex.split(_titan(plan, _graph(4))[0].split("\n")[1])
-    assert flags[flags.index("--training.mixed_precision_reduce") + 1] == want
+    _, flags, notes = _titan(plan, _graph(4))
+    got = shlex.split(flags)
+    assert got[got.index("--training.mixed_precision_reduce") + 1] == "float32"
+    assert any("reduces FSDP gradients in float32" in n for n in notes) == note
     plan = _plan(ParallelConfig(dp=4), microbatch_size=4, precision=precision,
                  grad_reduce=grad_reduce)
-    assert "--training.mixed_precision_reduce" not in _titan(plan, _graph(4))[0]
+    assert not any("reduces FSDP" in n for n in _titan(plan, _graph(4))[2])
+
+
+def test_torchtitan_refuses_fp16_and_what_its_versions_lack() -> None:
+    with pytest.raises(ShardplanError, match=r"^torchtitan's mixed_precision_param is "
+                                             r"bfloat16 or float32: the plan's fp16 cannot be "
+                                             r"written$"):
+        _titan(_plan(ParallelConfig(dp=2), precision="fp16"))
+    tp = _plan(ParallelConfig(tp=2, dp=2), microbatch_size=2, sequence_parallel=False)
+    with pytest.raises(ShardplanError, match=r"^torchtitan 0.2 shards the norms' activations"):
+        _titan(tp, version="0.2")
+    assert "--parallelism.no-enable-sequence-parallel" in _titan(tp)[1]
+    every = _plan(ParallelConfig(dp_shard=2), recompute="full", recompute_every=2)
+    with pytest.raises(ShardplanError, match=r"^torchtitan 0.3.0 checkpoints every block or "
+                                             r"per op: .* every 2-th block"):
+        _titan(every, _graph(4))
 
 
 def test_torchtitan_toml_without_a_pipeline() -> None:
     par = ParallelConfig(tp=2, dp=4)
     plan = _plan(par, microbatch_size=8, microbatches=3, precision="fp8", recompute="full",
                  sequence_parallel=True, optimizer="momentum")
-    text, notes = _titan(plan, _graph(4, seq=128), version="0.2")
+    text, flags, notes = _titan(plan, _graph(4, seq=128), version="0.2")
     lines = text.split("\n")
-    assert lines[0] == "# shardplan export of plan 'llm' on 'cluster': " + par.label()
+    assert flags is None
+    assert lines[0] == ("# shardplan export of plan 'llm' on 'cluster': " + par.label() +
+                        " (torchtitan 0.2)")
     assert tomllib.loads(text) == {
-        "model": {"converters": ["float8"]},
-        "training": {"local_batch_size": 2, "global_batch_size": 24,
-                     "mixed_precision_param": "bfloat16", "seq_len": 128},
+        "model": {"converters": ["quantize.linear.float8"]},  # torchtitan 0.2.2's name
+        "training": {"local_batch_size": 2, "global_batch_size": 24, "seq_len": 128,
+                     "mixed_precision_param": "bfloat16", "mixed_precision_reduce": "float32"},
         "parallelism": {"data_parallel_replicate_degree": 4, "data_parallel_shard_degree": 1,
                         "tensor_parallel_degree": 2, "context_parallel_degree": 1,
                         "pipeline_parallel_degree": 1,
@@ -286,42 +320,59 @@ def test_torchtitan_toml_without_a_pipeline() -> None:
         "activation_checkpoint": {"mode": "full"},
         "optimizer": {"name": "AdamW"}}
     assert "enable_async_tensor_parallel = false" in lines
-    assert notes == ("torchtitan's optimizers are AdamW and Adam: momentum written as AdamW",)
-    # the same as flags: booleans as --x / --no-x, lists as one flag and its items
-    flags = shlex.split(_titan(plan, _graph(4, seq=128))[0].split("\n")[1])
-    assert flags[:2] == ["--model.converters", "float8"]
-    assert "--parallelism.no-enable_async_tensor_parallel" in flags
-    assert "--parallelism.enable_sequence_parallel" not in flags
-    assert "--parallelism.no-enable_sequence_parallel" not in flags
+    assert notes == ("torchtitan's recipes train with AdamW: the plan's momentum is written "
+                     "as AdamW",)
 
 
 @pytest.mark.parametrize("schedule, name", [("gpipe", "GPipe"), ("1f1b", "1F1B"),
                                             ("interleaved-1f1b", "Interleaved1F1B")])
 def test_torchtitan_pipeline_schedules(schedule: str, name: str) -> None:
-    plan = _plan(ParallelConfig(pp=2), microbatch_size=2, microbatches=4, schedule=schedule,
-                 optimizer="adam")
-    text, _ = _titan(plan, version="0.2")
+    plan = _plan(ParallelConfig(pp=2, vp=2 if schedule == "interleaved-1f1b" else 1),
+                 microbatch_size=2, microbatches=4, schedule=schedule, optimizer="adam")
+    text, _, _ = _titan(plan, version="0.2")
     got = tomllib.loads(text)
     assert got["parallelism"]["pipeline_parallel_schedule"] == name
     assert got["parallelism"]["pipeline_parallel_microbatch_size"] == 2
-    assert "pipeline_parallel_layers_per_stage" not in got["parallelism"]
     assert got["training"]["local_batch_size"] == 8 and got["training"]["global_batch_size"] == 8
     assert got["optimizer"] == {"name": "Adam"} and "seq_len" not in got["training"]
     assert got["activation_checkpoint"] == {"mode": "none"}
+    _, flags, _ = _titan(plan)
+    assert f"--parallelism.pipeline_parallel_schedule {name}" in flags
+    assert flags.startswith("--module MODULE --config FUNCTION")  # no recipe of its model
 
 
-def test_torchtitan_layers_per_stage_from_the_plan_or_the_graph() -> None:
+def test_torchtitan_split_as_it_counts_layers() -> None:
+    """torchtitan counts the embedding and the output as a layer each: a plan's split is
+    written as its layers per stage and first / last weights, or as module names."""
     even = ParallelConfig(pp=2, vp=2, stage_layers=(3, 3, 3, 3))
-    text, _ = _titan(_plan(even, microbatches=4), _graph(1), version="0.2")
-    assert tomllib.loads(text)["parallelism"]["pipeline_parallel_layers_per_stage"] == 3
+    par = tomllib.loads(_titan(_plan(even, microbatches=4), _graph(1), version="0.2")[0])[
+        "parallelism"]
+    # (12 + 0 + 0) / 3: 4 stages, two per rank
+    assert (par["pipeline_parallel_layers_per_stage"],
+            par["pipeline_parallel_first_stage_less_layers"],
+            par["pipeline_parallel_last_stage_less_layers"]) == (3, 0, 0)
+    # torchtitan's own split of 14 = 12 + 1 + 1 over 4: 4 - 1, 4, 3, 3 - 1
+    own = ParallelConfig(pp=2, vp=2, stage_layers=(3, 4, 3, 2))
+    par = tomllib.loads(_titan(_plan(own, microbatches=4), _graph(12), version="0.2")[0])[
+        "parallelism"]
+    assert (par["pipeline_parallel_layers_per_stage"],
+            par["pipeline_parallel_first_stage_less_layers"],
+            par["pipeline_parallel_last_stage_less_layers"]) == (4, 1, 1)
     blocks = _graph(12)
-    text, _ = _titan(_plan(ParallelConfig(pp=2, vp=3), microbatches=4), blocks, version="0.2")
-    assert tomllib.loads(text)["parallelism"]["pipeline_parallel_layers_per_stage"] == 2
-    with pytest.raises(ShardplanError, match=r"^the plan's virtual stages hold \[3, 3, 2, 4\] "
-                                             r"layers: uneven stages go to torchtitan as module "
-                                             r"names, which this export of the degrees does "
-                                             r"not write$"):
-        _titan(_plan(ParallelConfig(pp=2, vp=2, stage_layers=(3, 3, 2, 4)), microbatches=4))
+    par = tomllib.loads(_titan(_plan(ParallelConfig(pp=2, vp=3), microbatches=4), blocks,
+                               version="0.2")[0])["parallelism"]
+    assert par["pipeline_parallel_layers_per_stage"] == 2
+    # no weights give 3, 3, 2, 4: every stage's modules, torchtitan 0.2's head "output"
+    odd = _plan(ParallelConfig(pp=2, vp=2, stage_layers=(3, 3, 2, 4)), microbatches=4)
+    parts = tomllib.loads(_titan(odd, version="0.2")[0])["parallelism"][
+        "module_fqns_per_model_part"]
+    assert parts[0] == ["tok_embeddings", "layers.0", "layers.1", "layers.2"]
+    assert parts[3] == ["layers.8", "layers.9", "layers.10", "layers.11", "norm", "output"]
+    flags = shlex.split(_titan(odd)[1])  # 0.3.0: its head is lm_head, one argument a part
+    i = flags.index("--parallelism.module_fqns_per_model_part")
+    assert flags[i + 1:i + 5] == ["tok_embeddings,layers.0,layers.1,layers.2",
+                                  "layers.3,layers.4,layers.5", "layers.6,layers.7",
+                                  "layers.8,layers.9,layers.10,layers.11,norm,lm_head"]
     flat = Graph.from_arrays(name="g", fwd_flops=np.ones(3), src=np.arange(2),
                              dst=np.arange(1, 3), names=["a", "b", "c"], ops=["linear"] * 3,
                              modules=["emb", "mlp.fc", ""])
@@ -341,15 +392,27 @@ def test_torchtitan_counts_the_numbered_blocks(modules: list[str], want: int) ->
     g = Graph.from_arrays(name="g", fwd_flops=np.ones(n), src=np.arange(n - 1),
                           dst=np.arange(1, n), names=[f"n{i}" for i in range(n)],
                           ops=["linear"] * n, modules=modules)
-    # 2 x 2 virtual stages: the layers per stage are the blocks counted, divided by 4
-    text, _ = _titan(_plan(ParallelConfig(pp=2, vp=2), microbatches=4), g, version="0.2")
     assert _num_layers(_plan(ParallelConfig(pp=2, vp=2)), g) == want
-    assert tomllib.loads(text)["parallelism"]["pipeline_parallel_layers_per_stage"] == want // 4
+    text, _, _ = _titan(_plan(ParallelConfig(pp=2, vp=2), microbatches=4), g, version="0.2")
+    par = tomllib.loads(text)["parallelism"]
+    if "module_fqns_per_model_part" in par:
+        got = sum(p.count(f"layers.{i}") for p in par["module_fqns_per_model_part"]
+                  for i in range(want))
+    else:
+        from shardplan.ir.parallel import torchtitan_stage_layers
+
+        lps = par["pipeline_parallel_layers_per_stage"]
+        first = par["pipeline_parallel_first_stage_less_layers"]
+        last = par["pipeline_parallel_last_stage_less_layers"]
+        stages = -(-(want + first + last) // lps)
+        assert stages == 4
+        got = sum(torchtitan_stage_layers(want, stages, first_less=first, last_less=last))
+    assert got == want
 
 
 # ------------------------------------------------------------------ the rest of the text
 def test_the_exports_name_their_format_and_are_indented() -> None:
-    plan = _plan(ParallelConfig(dp=2))
+    plan = _plan(ParallelConfig(dp=2), optimizer="adamw")
     exp = megatron_parallel(plan, _graph(), None, plan.settings, None,  # type: ignore[arg-type]
                             ExportOptions())
     assert exp.format == "megatron"
@@ -357,12 +420,13 @@ def test_the_exports_name_their_format_and_are_indented() -> None:
     for version in ("0.2", "current"):
         got = torchtitan_parallel(plan, _graph(), None, plan.settings, None,  # type: ignore
                                   ExportOptions(torchtitan_version=version))
-        assert got.format == "torchtitan" and got.notes == ()
+        assert got.format == "torchtitan"
+        assert all("set BASE" in n for n in got.notes)  # a model without a recipe
         other = _plan(ParallelConfig(dp=2), optimizer="sgd")
         got = torchtitan_parallel(other, _graph(), None, other.settings, None,  # type: ignore
                                   ExportOptions(torchtitan_version=version))
-        assert got.notes == ("torchtitan's optimizers are AdamW and Adam: sgd written as "
-                             "AdamW",)
+        assert any("train with AdamW: the plan's sgd is written as AdamW" in n
+                   for n in got.notes)
 
 
 def test_torchtitan_refuses_a_micro_batch_the_replicas_cannot_share() -> None:
@@ -370,21 +434,28 @@ def test_torchtitan_refuses_a_micro_batch_the_replicas_cannot_share() -> None:
                                              r"whole samples, and the micro-batch of 3 does "
                                              r"not split over 2 ranks$"):
         _titan(_plan(ParallelConfig(dp=2), microbatch_size=3))
-    with pytest.raises(ShardplanError, match=r"virtual stages hold \[3, 3, 3, 5\] layers"):
-        _titan(_plan(ParallelConfig(pp=2, vp=2, stage_layers=(3, 3, 3, 5)), microbatches=4))
 
 
-def test_torchtitan_flags_of_fp8_keep_the_model_section_whole() -> None:
+def test_torchtitan_fp8_is_the_recipe_modules_converters() -> None:
     plan = _plan(ParallelConfig(dp=2), model="llama3:8B,seq=4096", precision="fp8",
-                 optimizer="adam")
-    text, notes = _titan(plan)
-    flags = shlex.split(text.split("\n")[1])
-    assert flags[:6] == ["--model.name", "llama3", "--model.flavor", "8B",
-                         "--model.converters", "float8"]
-    assert flags[6:8] == ["--training.local_batch_size", "1"]
-    assert flags[-2:] == ["--optimizer.name", "Adam"] and notes == ()
+                 optimizer="adamw")
+    text, flags, notes = _titan(plan)
+    assert "from torchtitan.components.quantization import Float8LinearConverter" in text
+    assert 'filter_fqns=["lm_head"]' in text
+    assert shlex.split(flags)[:6] == ["--module", "llama3", "--config", "llama3_8b",
+                                      "--parallelism.data_parallel_replicate_degree", "2"]
+    assert notes == ("torchtitan has no flag for the model's converters: llama3_8b trains "
+                     "without Float8 and the plan in fp8; the recipe module sets them, "
+                     "tt.py.flags cannot",)
     # no tensor parallelism: nothing said about sequence parallelism
-    assert not any("sequence_parallel" in f for f in flags)
+    assert "sequence" not in flags
+    bf16 = _plan(ParallelConfig(dp=2), model="llama3:405B,seq=8192", precision="bf16",
+                 optimizer="adamw")
+    text, flags, notes = _titan(bf16)
+    assert "Float8" not in text and "--config llama3_405b" in flags
+    assert notes == ("torchtitan has no flag for the model's converters: llama3_405b trains "
+                     "in Float8 and the plan in bf16; the recipe module sets them, "
+                     "tt.py.flags cannot",)
 
 
 @pytest.mark.parametrize("every", [1, 2, 3])
@@ -392,7 +463,7 @@ def test_recomputing_every_kth_block(every: int) -> None:
     """torchtitan's layer-period checkpointing: written as its selective option K for
     torchtitan; Megatron-LM checkpoints every block instead, and says so when K > 1."""
     plan = _plan(ParallelConfig(dp_shard=2), recompute="full", recompute_every=every)
-    text, notes = _titan(plan, _graph(4), version="0.2")
+    text, _, notes = _titan(plan, _graph(4), version="0.2")
     ac = tomllib.loads(text)["activation_checkpoint"]
     assert ac == ({"mode": "full"} if every == 1 else
                   {"mode": "selective", "selective_ac_option": str(every)})

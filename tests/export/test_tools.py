@@ -210,16 +210,18 @@ def test_deepspeed_rejects_what_the_export_refuses() -> None:
 # sets, with their types (torchtitan/config/parallelism.py, training.py), and the names that
 # no longer exist. Written as data: torchtitan does not install on CPU from PyPI in its
 # current form.
+# torchtitan 0.3.0's ParallelismConfig and TrainingConfig fields the recipe sets
+# (tests/export/test_torchtitan_config.py parses it with torchtitan itself)
 _TT_PARALLELISM = {"pipeline_parallel_degree": int, "pipeline_parallel_schedule": str,
-                   "pipeline_parallel_schedule_csv": str, "num_pp_microbatches": int,
-                   "pipeline_parallel_module_fqns_per_model_part": list,
+                   "pipeline_parallel_schedule_csv": str,
+                   "pipeline_parallel_microbatch_size": int,
+                   "module_fqns_per_model_part": list,
                    "pipeline_parallel_layers_per_stage": type(None),
                    "data_parallel_replicate_degree": int, "data_parallel_shard_degree": int,
-                   "tensor_parallel_degree": int}
-_TT_TRAINING = {"num_tokens_per_microbatch_per_dp_rank": int,
-                "num_tokens_per_train_step": int}
-_TT_GONE = ("pipeline_parallel_microbatch_size", "local_batch_size",
-            "module_fqns_per_model_part")
+                   "tensor_parallel_degree": int, "context_parallel_degree": int}
+_TT_TRAINING = {"local_batch_size": int, "global_batch_size": int, "disable_cuda_graphs": bool}
+# what an earlier export wrote and no torchtitan release has
+_TT_GONE = ("num_pp_microbatches", "num_tokens_per", "pipeline_parallel_module_fqns")
 _TORCH_SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble",
                     "ZBVZeroBubble", "DualPipeV")
 
@@ -276,27 +278,33 @@ def test_torchtitan_recipe_sets_the_documented_fields(
             assert isinstance(getattr(obj, name), kind), name
     assert par.pipeline_parallel_schedule in _TORCH_SCHEDULES
     assert (par.pipeline_parallel_degree, par.data_parallel_replicate_degree,
-            par.num_pp_microbatches) == (2, 2, 4)
-    assert par.pipeline_parallel_module_fqns_per_model_part == [
+            par.pipeline_parallel_microbatch_size) == (2, 2, 2)
+    assert par.module_fqns_per_model_part == [
         ["tok_emb", "pos_emb", "blocks.0", "blocks.1"], ["blocks.2", "blocks.3", "ln_f", "head"]]
-    # tokens: 2 samples per replica and micro-batch (4 over 2 replicas) x 16 positions
-    assert tr.num_tokens_per_microbatch_per_dp_rank == 2 * _SEQ
-    assert tr.num_tokens_per_train_step == 2 * _SEQ * 4 * 2
+    # 2 samples per replica and micro-batch (4 over 2 replicas) x 4 micro-batches
+    assert (tr.local_batch_size, tr.global_batch_size) == (2 * 4, 2 * 4 * 2)
+    assert tr.disable_cuda_graphs
     csv = Path(par.pipeline_parallel_schedule_csv)
     assert csv.is_absolute() and csv.read_text().count("\n") == 2  # one row per rank
     # the flags: documented --section.option names only, values of their types
     flags = shlex.split((out.parent / "tt_plan.py.flags").read_text())
     parser = argparse.ArgumentParser(allow_abbrev=False, exit_on_error=False)
+    parser.add_argument("--module")
+    parser.add_argument("--config")
+    parser.add_argument("--parallelism.module_fqns_per_model_part", nargs="+")
+    parser.add_argument("--training.disable_cuda_graphs", action="store_true")
     for section, fields in (("parallelism", _TT_PARALLELISM), ("training", _TT_TRAINING)):
         for name, kind in fields.items():
             if kind in (int, str):
                 parser.add_argument(f"--{section}.{name}", type=kind)
     ns = vars(parser.parse_args(flags))
     assert Path(ns["parallelism.pipeline_parallel_schedule_csv"]) == csv
-    assert ns["training.num_tokens_per_train_step"] == tr.num_tokens_per_train_step
+    assert ns["training.global_batch_size"] == tr.global_batch_size
+    assert (ns["module"], ns["config"]) == ("my_recipes", "my_model")
+    assert [p.split(",") for p in ns["parallelism.module_fqns_per_model_part"]] == \
+        par.module_fqns_per_model_part
     text = out.read_text() + " ".join(flags)
-    assert not any(gone in text.replace("pipeline_parallel_module_fqns_per_model_part", "")
-                   for gone in _TT_GONE)
+    assert not any(gone in text for gone in _TT_GONE)
 
 
 def test_torchtitan_02_keeps_the_toml() -> None:

@@ -62,7 +62,9 @@ mode = "full"
 
 def test_every_degree_and_the_batch() -> None:
     run = _run(HYBRID, gpus=256)
-    assert run.parallel == ParallelConfig(dp=2, dp_shard=2, tp=8, pp=4, cp=2, vp=2)
+    # torchtitan's split: 80 blocks + embedding + output = 82 layers over 8 virtual stages
+    assert run.parallel == ParallelConfig(dp=2, dp_shard=2, tp=8, pp=4, cp=2, vp=2,
+                                          stage_layers=(10, 11, 10, 10, 10, 10, 10, 9))
     # 8 local samples in micro-batches of 2; 128 = 8 x 4 data-parallel ranks x 4 steps
     assert run.micro_batch_size == 2 and run.microbatches == 16
     ex = run.execution
@@ -81,11 +83,29 @@ def test_every_degree_and_the_batch() -> None:
     assert run_of_torchtitan(flags, num_gpus=256) == run
 
 
+def _with(text: str, extra: str) -> str:
+    return text.replace('pipeline_parallel_microbatch_size = 2',
+                        f'pipeline_parallel_microbatch_size = 2\n{extra}')
+
+
 def test_layers_per_stage_and_schedules() -> None:
-    text = HYBRID.replace('pipeline_parallel_microbatch_size = 2',
-                          'pipeline_parallel_microbatch_size = 2\n'
-                          'pipeline_parallel_layers_per_stage = 5')
-    assert _run(text, gpus=256).parallel.vp == 4  # 80 layers / 5 = 16 stages on 4 ranks
+    # torchtitan: ceil((80 + 1 + 1) / 7) = 12 virtual stages, 3 on each of the 4 ranks
+    par = _run(_with(HYBRID, "pipeline_parallel_layers_per_stage = 7"), gpus=256).parallel
+    assert par.vp == 3 and par.stage_layers == (6,) + (7,) * 9 + (6, 5)
+    # the embedding and the output not counted: 80 / 5 = 16 even stages
+    even = _with(HYBRID, "pipeline_parallel_layers_per_stage = 5\n"
+                         "pipeline_parallel_first_stage_less_layers = 0\n"
+                         "pipeline_parallel_last_stage_less_layers = 0")
+    par = _run(even, gpus=256).parallel
+    assert par.vp == 4 and par.stage_layers is None
+    # 82 / 5 -> 17 stages: torchtitan's check refuses them on 4 ranks, and so does the import
+    with pytest.raises(ShardplanError, match="17 virtual stages, not a multiple of the 4"):
+        _run(_with(HYBRID, "pipeline_parallel_layers_per_stage = 5"), gpus=256)
+    parts = [["tok_embeddings"] + [f"layers.{i}" for i in range(9)]] + \
+        [[f"layers.{i}" for i in range(a, a + 10)] for a in range(9, 69, 10)] + \
+        [[f"layers.{i}" for i in range(69, 80)] + ["norm", "output"]]
+    fqns = _with(HYBRID, f"module_fqns_per_model_part = {parts!r}".replace("'", '"'))
+    assert _run(fqns, gpus=256).parallel.stage_layers == (9, 10, 10, 10, 10, 10, 10, 11)
     zbv = _run(HYBRID.replace("Interleaved1F1B", "ZBVZeroBubble"), gpus=256)
     assert zbv.execution["schedule"] == "interleaved-1f1b"
     assert any("ZBVZeroBubble" in n for n in zbv.notes)
@@ -112,7 +132,7 @@ def test_notes_for_options_that_change_the_run() -> None:
     assert run.execution["recompute"] == "full"
     assert run.execution["recompute_every"] == 2  # every second block checkpointed
     assert run.notes == (
-        "torchtitan section [compile] changes the run and is not modelled",
+        "torchtitan option compile.enable changes the run and is not modelled",
         "torchtitan section [experimental] changes the run and is not modelled")
 
 
@@ -171,3 +191,55 @@ def test_reading_errors() -> None:
         run_of_torchtitan(parse_torchtitan_flags("--module m --config my_model"), num_gpus=8)
     with pytest.raises(ShardplanError, match="name and flavor"):
         _run("[training]\nseq_len = 10\n")
+
+
+def test_405b_on_512_h100_splits_unevenly_as_torchtitan_does() -> None:
+    """torchtitan's own Llama 3.1 405B run (FSDP 8 x TP 8 x PP 8 on 512 H100): 126 blocks do
+    not divide over 8 or 16 stages; torchtitan counts the embedding and the output as layers
+    and gives the first and last stages one block fewer."""
+    text = (DATA / "llama3_405b_512gpu.flags").read_text()
+    run = _run(text, gpus=512)
+    assert run.model.spec == "llama3:405B,seq=8192"
+    assert run.parallel == ParallelConfig(
+        tp=8, pp=8, dp_shard=8, vp=2, stage_layers=(7,) + (8,) * 14 + (7,))
+    assert (run.micro_batch_size, run.microbatches, run.global_batch) == (1, 32, 256)
+    ex = run.execution  # what torchtitan's llama3_405b recipe sets under the flags
+    assert ex["precision"] == "fp8" and ex["recompute"] == "full" and ex["tp_comm_overlap"]
+    assert run.notes == ()
+    one = _run(text.replace("Interleaved1F1B", "1F1B"), gpus=512)
+    assert one.parallel.stage_layers == (15,) + (16,) * 6 + (15,)
+    assert one.execution["schedule"] == "1f1b"
+    # the same run as a 0.2-era TOML file
+    toml = """
+[model]
+name = "llama3"
+flavor = "405B"
+converters = ["quantize.linear.float8"]
+[training]
+local_batch_size = 32
+global_batch_size = 256
+seq_len = 8192
+[parallelism]
+data_parallel_shard_degree = -1
+tensor_parallel_degree = 8
+pipeline_parallel_degree = 8
+pipeline_parallel_schedule = "Interleaved1F1B"
+enable_async_tensor_parallel = true
+[activation_checkpoint]
+mode = "full"
+"""
+    assert _run(toml, gpus=512).parallel == run.parallel
+
+
+def test_torchtitan_030_subcommands_and_recipes() -> None:
+    sections = parse_torchtitan_flags(
+        "--module llama3 --config llama3_70b --parallelism.data_parallel_shard_degree 4 "
+        "activation_checkpoint:none --compile.enable --compile.enable_async_tensor_parallel")
+    run = run_of_torchtitan(sections, num_gpus=32)
+    assert run.parallel == ParallelConfig(tp=8, dp_shard=4)  # TP 8: the recipe's
+    assert run.execution["recompute"] == "none" and run.execution["tp_comm_overlap"]
+    assert run.micro_batch_size == 8
+    assert parse_torchtitan_flags("activation_checkpoint:selective")[
+        "activation_checkpoint"] == {"mode": "selective", "selective_ac_option": "op"}
+    with pytest.raises(ShardplanError, match="unknown activation checkpointing subcommand"):
+        parse_torchtitan_flags("activation_checkpoint:some")
