@@ -194,6 +194,11 @@ class LLMCosts:
     gather_units : ndarray
         FSDP: how many gathers each virtual stage's pass makes (its blocks, or its
         parameterized modules); the first is never hidden behind compute.
+    gathers_once : bool
+        FSDP keeps each stage's parameters gathered from its first forward to the end of the
+        iteration (torchtitan under a pipeline: ``reshard_after_forward`` off, "to avoid
+        per-microbatch all-gathers", its ``apply_fsdp``), instead of gathering them for every
+        micro-batch's forward and backward.
     optimizer_seconds : ndarray
         Each pipeline rank's optimizer step.
     memory : dict of str to ndarray
@@ -224,6 +229,7 @@ class LLMCosts:
     microbatches: int
     replica_batch: int
     gather_units: np.ndarray
+    gathers_once: bool = False
 
 
 def check_layout(graph: Graph, topology: Topology, parallel: ParallelConfig,
@@ -298,7 +304,16 @@ def llm_costs(graph: Graph, topology: Topology, parallel: ParallelConfig,
                     grad_bytes=dp.grad_bytes, grad_sync_seconds=dp.sync,
                     param_gather_seconds=dp.gather, optimizer_seconds=opt, memory=mem,
                     in_flight=in_flight, microbatches=settings.microbatches,
-                    replica_batch=pr.rb, gather_units=dp.units)
+                    replica_batch=pr.rb, gather_units=dp.units,
+                    gathers_once=keeps_gathered(settings, parallel))
+
+
+def keeps_gathered(settings: ExecutionSettings, parallel: ParallelConfig) -> bool:
+    """Whether FSDP keeps each stage's parameters gathered across micro-batches: torchtitan
+    under a pipeline (its ``apply_fsdp`` turns ``reshard_after_forward`` off when pipeline
+    parallelism is on)."""
+    return settings.stack == "torchtitan" and parallel.pp > 1 and (
+        parallel.dp_shard > 1 or settings.gradient_sync == "sharded")
 
 
 def pricing(graph: Graph, topology: Topology, parallel: ParallelConfig,

@@ -71,7 +71,12 @@ def rank_memory(pr: Pricing, times: Any, p_dev: np.ndarray, rank_params: np.ndar
     # the loss's backward on the last stage allocates the logits' gradients while that
     # micro-batch's activations are held
     mem["activations"][(par.num_stages - 1) % pp] += times.loss_gradient
-    if shard > 1:
+    if shard > 1 and st.stack == "torchtitan" and pp > 1:
+        # kept gathered across micro-batches (torchtitan's apply_fsdp under a pipeline): the
+        # rank's stages whole, at the parameters' compute precision
+        for j in range(par.num_stages):
+            mem["gathered"][j % pp] += p_dev[j] * pr.w_bytes
+    elif shard > 1:
         mem["gathered"] = _gathered(pr)
     # the model's buffers (rotary tables, ...), as captured, on every rank: each stage's
     # blocks read them

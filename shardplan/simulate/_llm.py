@@ -17,7 +17,9 @@ price of this plan kind):
 - FSDP (``dp_shard > 1`` or ``sharded``): each forward and backward gathers the stage's
   parameters unit by unit (blocks, or modules under ``shard_unit`` ``module``), the next
   unit's gather prefetched under the current unit's compute, so an action takes
-  ``max(compute, gather) + gather / units`` (the first unit's gather is never hidden);
+  ``max(compute, gather) + gather / units`` (the first unit's gather is never hidden); when
+  the stack keeps them gathered between micro-batches (``LLMCosts.gathers_once``:
+  torchtitan under a pipeline) only each stage's first forward gathers;
 - the step: the optimizer over the rank's (sharded) parameters after the last reduction;
   under ZeRO-1 the updated parameters are then all-gathered (exposed: Megatron's
   ``--overlap-param-gather`` overlaps it with the next forward, which this model does not).
@@ -79,10 +81,12 @@ def simulate_llm(plan: Plan, graph: Graph, topology: Topology,
     overlapped = gs in ("bucketed", "zero1", "sharded") or fsdp
     units = costs.gather_units
 
-    def duration(j: int, op: str) -> float:
+    def duration(j: int, op: str, m: int = 0) -> float:
         compute = float(costs.forward[j] if op == FORWARD else costs.backward[j])
         if not fsdp or par.data_parallel <= 1:
             return compute
+        if costs.gathers_once and not (op == FORWARD and m == 0):
+            return compute  # the stage's parameters stay gathered after its first forward
         g = float(costs.param_gather_seconds[j])
         return max(compute, g) + g / float(units[j])
 
@@ -138,7 +142,7 @@ def simulate_llm(plan: Plan, graph: Graph, topology: Topology,
                 if t is None:
                     break
                 start = max(float(clock[r]), t)
-                dur = duration(act.stage, act.op)
+                dur = duration(act.stage, act.op, act.microbatch)
                 end = start + dur
                 (f_done if act.op == FORWARD else b_done)[act.stage, act.microbatch] = end
                 clock[r] = end

@@ -236,3 +236,24 @@ def test_the_loss_backward_allocates_the_logits_gradient_on_the_last_stage(h100)
         pytest.approx(4 * logits)
     assert llm._loss_gradient_bytes(settings(precision="fp32")) == 0.0
     assert llm._loss_gradient_bytes(settings(precision="bf16")) == 2.0
+
+
+def test_torchtitan_keeps_a_pipelines_fsdp_parameters_gathered(g, h100):
+    """Under a pipeline torchtitan turns reshard_after_forward off: each stage gathers once
+    per iteration and holds its parameters whole; without a pipeline, or under Megatron,
+    every micro-batch gathers."""
+    from shardplan.planner._llm import llm_plan
+
+    par = ParallelConfig(pp=2, dp_shard=4)
+    st = settings(precision="bf16", microbatch_size=8, microbatches=4)
+    tt = llm_costs(g, h100, par, dataclasses.replace(st, stack="torchtitan"))
+    mg = llm_costs(g, h100, par, st)
+    assert tt.gathers_once and not mg.gathers_once
+    assert not llm_costs(g, h100, ParallelConfig(dp_shard=8),
+                         dataclasses.replace(st, stack="torchtitan")).gathers_once
+    params = tt.grad_bytes / 2  # each stage's parameters per device (bf16 gradients)
+    assert tt.memory["gathered"].tolist() == pytest.approx((2 * params).tolist())
+    assert (mg.memory["gathered"] < tt.memory["gathered"]).all()  # two blocks, not all
+    _, fast = llm_plan(g, h100, par, dataclasses.replace(st, stack="torchtitan"))
+    _, slow = llm_plan(g, h100, par, dataclasses.replace(st, stack="megatron-core"))
+    assert fast.iteration_seconds < slow.iteration_seconds
