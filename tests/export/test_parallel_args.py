@@ -489,3 +489,51 @@ def test_per_op_recompute_and_deepspeed_pipelines_in_megatron_arguments() -> Non
                                              r"ZeRO-3\) under pipeline parallelism, which "
                                              r"DeepSpeed does not run$"):
         _megatron(_plan(ParallelConfig(pp=2, dp_shard=2), shard_unit="module"))
+
+
+# ------------------------------------------------------------------ megatron-core's own checks
+_CORE_FIELDS = {  # Megatron-LM argument -> megatron-core TransformerConfig field
+    "--tensor-model-parallel-size": ("tensor_model_parallel_size", int),
+    "--pipeline-model-parallel-size": ("pipeline_model_parallel_size", int),
+    "--num-virtual-stages-per-pipeline-rank": ("virtual_pipeline_model_parallel_size", int),
+    "--context-parallel-size": ("context_parallel_size", int),
+    "--decoder-first-pipeline-num-layers": ("num_layers_in_first_pipeline_stage", int),
+    "--decoder-last-pipeline-num-layers": ("num_layers_in_last_pipeline_stage", int),
+    "--recompute-granularity": ("recompute_granularity", str),
+    "--recompute-method": ("recompute_method", str),
+    "--recompute-num-layers": ("recompute_num_layers", int),
+    "--fp8-format": ("fp8", str)}
+_CORE_SWITCHES = {"--sequence-parallel": "sequence_parallel",
+                  "--account-for-embedding-in-pipeline-split":
+                      "account_for_embedding_in_pipeline_split",
+                  "--account-for-loss-in-pipeline-split": "account_for_loss_in_pipeline_split"}
+
+
+@pytest.mark.parametrize("par, extra", [
+    (ParallelConfig(tp=2, pp=4, vp=2, stage_layers=(1,) + (2,) * 6 + (1,)), {}),
+    (ParallelConfig(pp=5, stage_layers=(5, 7, 7, 7, 5)), {"recompute": "full"}),
+    (ParallelConfig(tp=2, cp=2, dp=2), {"sequence_parallel": True, "precision": "fp8"}),
+    (ParallelConfig(tp=4, pp=2, vp=2), {"recompute": "selective", "sequence_parallel": True}),
+])
+def test_megatron_exports_of_llm_plans_pass_megatron_cores_config_checks(par, extra) -> None:
+    """The arguments an LLM plan exports build a megatron-core TransformerConfig, whose
+    __post_init__ runs Megatron's own consistency checks (uneven splits, virtual stages,
+    recompute, sequence parallelism, fp8)."""
+    core = pytest.importorskip("megatron.core.transformer.transformer_config")
+    torch = pytest.importorskip("torch")
+    plan = _plan(par, microbatches=2 * par.pp, **extra)
+    args, _, _ = _megatron(plan)
+    kw: dict = {}
+    for i, a in enumerate(args):
+        if a in _CORE_FIELDS:
+            name, kind = _CORE_FIELDS[a]
+            kw[name] = kind(args[i + 1])
+        elif a in _CORE_SWITCHES:
+            kw[_CORE_SWITCHES[a]] = True
+    layers = sum(par.stage_layers) if par.stage_layers else 8 * par.pp * par.vp
+    conf = core.TransformerConfig(
+        num_layers=layers, hidden_size=64, num_attention_heads=8,
+        pipeline_dtype=torch.bfloat16, bf16=True, params_dtype=torch.bfloat16, **kw)
+    assert conf.tensor_model_parallel_size == par.tp
+    assert conf.pipeline_model_parallel_size == par.pp
+    assert (conf.virtual_pipeline_model_parallel_size or 1) == par.vp
