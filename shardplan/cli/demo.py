@@ -5,9 +5,13 @@
    and let ``shardplan plan`` weigh every family of plan with the simulator; write the
    winner, its simulated iteration and schedule, and an HTML report with the ranking, the
    timeline, the partitioned graph and the bandwidth heat map.
-2. On this machine, for real: measure two local processes (``topology measure``), plan a
-   small model on them, train the winner for a few steps with torch.distributed, and print
-   the predicted against the measured time per step.
+2. The LLM story: import a published Megatron-LM run (GPT-3 175B on 96 DGX A100, TP 8 x
+   PP 12, arXiv 2104.04473 Table 2), let the LLM search find a faster layout in the same
+   simulator, and print the Megatron-LM arguments that launch it.
+3. On this machine, for real: measure two local processes (``topology measure``), plan a
+   small model on them, train the winner for a few steps with torch.distributed (on targets
+   a model can learn, so the loss falls), and print the predicted against the measured time
+   per step.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ LOCAL_MODEL = "mlp"
 
 def run_demo(out_dir: str | Path, *, model: str = DEFAULT_MODEL, batch_size: int = 8,
              boxes: int = 2, time_limit: float = 60.0, run: bool = True, steps: int = 5,
-             quiet: bool = False) -> dict[str, Any]:
+             quiet: bool = False, llm: bool = True) -> dict[str, Any]:
     """Run the demo (see the module docstring), writing its files under ``out_dir``;
     returns what it produced."""
     from shardplan.capture import capture_spec
@@ -110,11 +114,66 @@ def run_demo(out_dir: str | Path, *, model: str = DEFAULT_MODEL, batch_size: int
     say(f"simulated the winner: {result.iteration_seconds * 1e3:.2f} ms per iteration, "
         f"{result.throughput:.0f} samples/s, bubble {result.bubble_fraction:.0%}, peak memory "
         f"{max(result.peak_memory_bytes) / 2**30:.2f} GiB; report -> {out / 'report.html'}")
+    if llm:
+        done.append(_llm_story(out, say, min(time_limit, 20.0)))
     if run:
         done.append(_local_run(out, steps, say))
     say(f"done in {time.perf_counter() - t_start:.1f} s; outputs are in {out}/")
     return {"out_dir": str(out), "steps": done, "summary_file": str(out / "summary.json"),
             "report": rep["html"]}
+
+
+#: The published run the LLM story imports: Megatron-LM's GPT-3 175B on 768 A100 (arXiv
+#: 2104.04473 Table 2, the row meg21t2-ptdp-174B-768 of ../shared/gpu-runs).
+GPT3_175B = ("--num-layers 96 --hidden-size 12288 --num-attention-heads 96 --seq-length 2048 "
+             "--max-position-embeddings 2048 --vocab-size 51200 --micro-batch-size 1 "
+             "--global-batch-size 1536 --tensor-model-parallel-size 8 "
+             "--pipeline-model-parallel-size 12 --fp16 --recompute-granularity full "
+             "--recompute-method uniform --recompute-num-layers 1 --transformer-impl local")
+
+
+def _llm_story(out: Path, say: Any, time_limit: float) -> dict[str, Any]:
+    """Import a published Megatron-LM run, search a faster layout, print its arguments."""
+    import dataclasses
+
+    from shardplan.capture import capture_spec
+    from shardplan.export import export
+    from shardplan.importers.megatron import parse_megatron
+    from shardplan.planner._llm import llm_plan, llm_search, wide_space
+    from shardplan.strategy.llm import layout_plan
+    from shardplan.topology import build_spec
+
+    t0 = time.perf_counter()
+    run = parse_megatron(GPT3_175B, num_gpus=768, cluster="dgx-a100,nodes=96")
+    settings, _ = run.settings()
+    # Megatron-LM's 2021 attention wrote its scores (docs/gpu-model.md)
+    settings = dataclasses.replace(settings, attention="materialized")
+    graph = capture_spec(run.model.spec, batch_size=1, meta=True)
+    topo = build_spec("dgx-a100,nodes=96")
+    _, base = llm_plan(graph, topo, run.parallel, settings)
+    found = llm_search(graph, topo, dataclasses.replace(settings, gradient_sync="end"),
+                       global_batch=run.global_batch, time_limit=time_limit,
+                       include=[(run.parallel, settings)], space=wide_space(settings))
+    best = found.best
+    if best is None:
+        raise ShardplanError("the LLM search found no layout that fits")
+    plan = layout_plan(graph, topo, best.parallel, best.settings)
+    save(plan, out / "llm-plan.json")
+    args = export(plan, graph, topo, "megatron")
+    write_json(out / "llm-megatron.json", {"args_text": args.text})
+    import json
+
+    text = json.loads(args.text)["args_text"]
+    say(f"LLM: imported Megatron-LM's GPT-3 175B on 768 A100 ({run.parallel.label()}): "
+        f"{base.iteration_seconds:.1f} s per iteration in the simulator; the search "
+        f"({found.considered} layouts, {found.seconds:.0f} s) found {best.parallel.label()}, "
+        f"{best.iteration_seconds:.1f} s ({base.iteration_seconds / best.iteration_seconds:.2f}x)"
+        f" -> {out / 'llm-plan.json'}")
+    say(f"  launch it with Megatron-LM's pretrain_gpt.py and: {text}")
+    return {"step": "llm", "seconds": time.perf_counter() - t0,
+            "baseline": run.parallel.label(), "baseline_seconds": base.iteration_seconds,
+            "winner": best.parallel.label(), "winner_seconds": best.iteration_seconds,
+            "megatron_args": text}
 
 
 def _local_run(out: Path, steps: int, say: Any) -> dict[str, Any]:
@@ -154,7 +213,7 @@ def _local_run(out: Path, steps: int, say: Any) -> dict[str, Any]:
 def _handler(args: argparse.Namespace) -> int:
     result = run_demo(args.out_dir, model=args.model, batch_size=args.batch_size,
                       boxes=args.boxes, time_limit=args.time_limit, run=not args.no_run,
-                      steps=args.steps, quiet=args.json)
+                      steps=args.steps, quiet=args.json, llm=not args.no_llm)
     if args.json:
         print_json(result)
     return 0
@@ -173,6 +232,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                                                          "processes")
     p.add_argument("--steps", type=positive_int, default=5, help="steps of the real run "
                                                                  "(default 5)")
+    p.add_argument("--no-llm", action="store_true", help="skip the LLM story (a published "
+                                                         "Megatron-LM run imported and "
+                                                         "planned faster)")
     p.add_argument("--json", action="store_true", help="print what was produced as JSON")
     declare_files(p, inputs=("model",))
     p.set_defaults(handler=_handler)

@@ -85,10 +85,22 @@ def batch_for_step(example_inputs: tuple[Any, ...], output_classes: int, *, batc
             inputs.append(torch.randn(shape, generator=gen, dtype=t.dtype))
         else:
             inputs.append(torch.randint(0, output_classes, shape, generator=gen, dtype=t.dtype))
-    tshape = (batch_size, *example_inputs[0].shape[1:]) if _is_tokens(example_inputs) \
-        else (batch_size,)
-    target = torch.randint(0, output_classes, tshape, generator=gen)
-    return tuple(inputs), target
+    return tuple(inputs), learnable_target(inputs, output_classes, seed=seed)
+
+
+def learnable_target(inputs: list[torch.Tensor], output_classes: int, *, seed: int
+                     ) -> torch.Tensor:
+    """Targets a model can learn from its inputs, so a run's loss falls: for token inputs
+    each token's class is a fixed permutation of the token itself (``(31 t + 7) mod
+    classes``: an embedding and a head learn it); otherwise the class a fixed random linear
+    teacher gives the first input (the argmax of ``x W``, ``W`` drawn from ``seed`` alone, the
+    same every step)."""
+    if _is_tokens(tuple(inputs)):
+        return (inputs[0].long() * 31 + 7) % output_classes
+    x = inputs[0].flatten(1).float()
+    teacher = torch.Generator().manual_seed(int(seed) * 7_919 + 17)
+    w = torch.randn((x.shape[1], output_classes), generator=teacher)
+    return (x @ w).argmax(dim=1)
 
 
 def _is_tokens(example_inputs: tuple[Any, ...]) -> bool:
