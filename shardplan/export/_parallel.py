@@ -15,47 +15,23 @@ what the importer recorded in the plan (``imported_from.execution``), else their
 from __future__ import annotations
 
 import json
-import re
 import shlex
 from typing import Any
 
 from shardplan.errors import ShardplanError
-from shardplan.export._common import EXPORT_FORMAT, Export, ExportOptions
+from shardplan.export._common import (
+    EXPORT_FORMAT,
+    Export,
+    ExportOptions,
+    _batch,
+    _setting,
+)
 from shardplan.ir import ExecutionSettings, Graph, Plan, Topology
 from shardplan.ir.parallel import ParallelConfig
 
 __all__ = ["PARALLEL_EXPORTERS", "deepspeed_parallel", "llm_record", "megatron_parallel",
            "torch_parallel", "torchtitan_parallel"]
 
-_DEFAULTS: dict[str, Any] = {"precision": "fp32", "recompute": "none", "gradient_sync": "end",
-                             "sequence_parallel": False, "tp_comm_overlap": False,
-                             "optimizer": "adam"}
-_BLOCK = re.compile(r"(?:^|\.)(?:layers|h|blocks)\.(\d+)(?:\.|$)")
-
-
-def _setting(plan: Plan, settings: ExecutionSettings, name: str) -> Any:
-    """A training setting: the settings' own field when it has it (and, for ``recompute``,
-    a granularity rather than a boolean), else the importer's record, else the default."""
-    recorded = (plan.meta.get("imported_from") or {}).get("execution") or {}
-    if hasattr(settings, name):
-        v = getattr(settings, name)
-        if name == "recompute" and isinstance(v, bool):
-            rec = recorded.get("recompute")
-            return rec if v and rec in ("selective", "op", "full") else "full" if v else "none"
-        if name == "gradient_sync" and v == "end" and recorded.get(name) == "zero1":
-            return "zero1"
-        return v
-    return recorded.get(name, _DEFAULTS[name])
-
-
-def _batch(par: ParallelConfig, settings: ExecutionSettings, tool: str) -> tuple[int, int]:
-    """(micro-batch per data-parallel rank, micro-batches)."""
-    shared = int(settings.microbatch_size or 0)
-    if shared % par.data_parallel:
-        raise ShardplanError(f"{tool} gives every data-parallel rank whole samples, and the "
-                             f"micro-batch of {shared} does not split over "
-                             f"{par.data_parallel} ranks")
-    return shared // par.data_parallel, int(settings.microbatches)
 
 
 def _per_rank(par: ParallelConfig) -> list[int] | None:
@@ -195,18 +171,6 @@ def _balanced_split_args(par: Any, deepspeed: bool) -> list[str] | None:
         return None
     return ["--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"]
 
-
-def _num_layers(plan: Plan, graph: Graph) -> int:
-    par = plan.parallel
-    assert par is not None
-    if par.stage_layers is not None:
-        return sum(par.stage_layers)
-    blocks = {int(m.group(1)) for mod in graph.modules if mod
-              for m in [_BLOCK.search(mod)] if m}
-    if not blocks:
-        raise ShardplanError("torchtitan counts pipeline stages in layers, and the graph has "
-                             "no numbered block list (module paths like layers.0)")
-    return max(blocks) + 1
 
 
 def torchtitan_parallel(plan: Plan, graph: Graph, topology: Topology,

@@ -109,7 +109,7 @@ def _model(plan: Plan, graph: Graph) -> tuple[str, str, int | None]:
 def llm_torchtitan(plan: Plan, graph: Graph, topology: Topology,
                    settings: ExecutionSettings, schedule: Any, opts: ExportOptions) -> Export:
     """torchtitan's export of an LLM plan (module docstring)."""
-    from shardplan.export._parallel import _batch, _num_layers, _setting
+    from shardplan.export._common import _batch, _num_layers, _setting
 
     par = plan.parallel
     assert par is not None

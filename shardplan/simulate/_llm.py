@@ -142,7 +142,7 @@ def simulate_llm(plan: Plan, graph: Graph, topology: Topology,
                 if t is None:
                     break
                 start = max(float(clock[r]), t)
-                dur = duration(act.stage, act.op, act.microbatch)
+                dur = duration(act.stage, act.op, act.microbatch or 0)
                 end = start + dur
                 (f_done if act.op == FORWARD else b_done)[act.stage, act.microbatch] = end
                 clock[r] = end

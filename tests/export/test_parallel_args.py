@@ -16,7 +16,8 @@ import pytest
 
 from shardplan.errors import ShardplanError
 from shardplan.export import ExportOptions
-from shardplan.export._parallel import _num_layers, megatron_parallel, torchtitan_parallel
+from shardplan.export._common import _num_layers
+from shardplan.export._parallel import megatron_parallel, torchtitan_parallel
 from shardplan.ir import ExecutionSettings, Graph, Objective, ParallelConfig, Plan, Stage
 
 
