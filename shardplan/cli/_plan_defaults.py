@@ -32,8 +32,10 @@ TARGETS = ("megatron", "torchtitan", "deepspeed", "torch")
 
 #: The stack (``ExecutionSettings.stack``, how the LLM plan kind prices a run) each target
 #: runs its plans on, when ``--stack`` is not given: torchtitan's own, DeepSpeed's pipeline
-#: engine and ZeRO (Megatron-DeepSpeed); ``megatron`` and ``torch`` keep the default.
-TARGET_STACKS = {"torchtitan": "torchtitan", "deepspeed": "megatron-deepspeed"}
+#: engine and ZeRO (Megatron-DeepSpeed), Megatron-Core with Transformer Engine (what
+#: Megatron-LM runs by default today); ``torch`` keeps the default.
+TARGET_STACKS = {"torchtitan": "torchtitan", "deepspeed": "megatron-deepspeed",
+                 "megatron": "megatron-core"}
 
 #: Custom-GPU architectures without bf16 arithmetic (:mod:`shardplan.topology._custom`).
 _NO_BF16_ARCHS = frozenset({"volta"})

@@ -205,7 +205,8 @@ def test_target_megatron_drops_what_megatron_refuses(capsys: pytest.CaptureFixtu
                      "llm,pase", "--time-limit", "30", "--target", "megatron", "--top", "50")
     assert {r["family"] for r in res["ranked"]} == {"llm"}
     assert "pase" in res["target"]["dropped_by_family"]
-    assert res["assumptions"]["stack"].startswith("stack megatron (Megatron-LM's")
+    # Megatron-LM runs Megatron-Core with Transformer Engine by default
+    assert res["assumptions"]["stack"].startswith("stack megatron-core (--target megatron")
 
 
 def test_target_that_runs_nothing_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
