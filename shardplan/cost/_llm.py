@@ -298,7 +298,7 @@ def llm_costs(graph: Graph, topology: Topology, parallel: ParallelConfig,
     opt = np.asarray(optimizer_seconds(rank_params / opt_share * 4.0, settings.optimizer,
                                        pr.fp32, pr.bw, settings.precision,
                                        settings.grad_reduce == "fp32"), dtype=np.float64)
-    mem, in_flight = rank_memory(pr, times, dp.params, rank_params)
+    mem, in_flight = rank_memory(pr, times, dp.params, rank_params, send)
     return LLMCosts(forward=forward, backward=backward, tp_comm_forward=tp_f,
                     tp_comm_backward=tp_b, send_bytes=send, send_seconds=send_s,
                     grad_bytes=dp.grad_bytes, grad_sync_seconds=dp.sync,

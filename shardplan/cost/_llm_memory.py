@@ -39,14 +39,20 @@ ZERO3_REDUCE_BUCKET = 5e8
 DEEPSPEED_BUCKET = 5e8
 
 
-def rank_memory(pr: Pricing, times: Any, p_dev: np.ndarray, rank_params: np.ndarray
+def rank_memory(pr: Pricing, times: Any, p_dev: np.ndarray, rank_params: np.ndarray,
+                send_bytes: np.ndarray | None = None
                 ) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """Bytes per device of every pipeline rank by kind (:class:`~shardplan.cost.LLMCosts`'s
     ``memory``), and the micro-batches each virtual stage holds at its peak. ``times`` is
-    the compute step's :class:`~shardplan.cost._llm.NodeTimes`. O(n + pp vp m)."""
+    the compute step's :class:`~shardplan.cost._llm.NodeTimes`; ``send_bytes`` what each
+    stage sends on per micro-batch (DeepSpeed's pipeline engine keeps it). O(n + pp vp m)."""
     par, st, pp = pr.parallel, pr.settings, pr.parallel.pp
     in_flight = _in_flight(par, st)
     act_held = _activations_held(pr, times, in_flight)
+    if st.stack == "megatron-deepspeed" and send_bytes is not None:
+        # DeepSpeed's pipeline engine keeps each micro-batch's stage output in its pipe
+        # buffers (pipe_buffers['outputs']) until that micro-batch's backward
+        act_held = act_held + send_bytes * in_flight
     state = OPTIMIZER_STATE[st.optimizer] * 4.0  # fp32 moments
     mem: dict[str, np.ndarray] = {k: np.zeros(pp) for k in
                                   ("params", "gradients", "master", "optimizer", "activations",

@@ -257,3 +257,13 @@ def test_torchtitan_keeps_a_pipelines_fsdp_parameters_gathered(g, h100):
     _, fast = llm_plan(g, h100, par, dataclasses.replace(st, stack="torchtitan"))
     _, slow = llm_plan(g, h100, par, dataclasses.replace(st, stack="megatron-core"))
     assert fast.iteration_seconds < slow.iteration_seconds
+
+
+def test_deepspeeds_pipe_buffers_keep_each_micro_batchs_output(g, h100):
+    par = ParallelConfig(tp=2, pp=2)
+    st = settings(precision="bf16", microbatches=4)
+    mg = llm_costs(g, h100, par, st)
+    ds = llm_costs(g, h100, par, dataclasses.replace(st, stack="megatron-deepspeed"))
+    extra = ds.memory["activations"] - mg.memory["activations"]
+    assert extra[0] == pytest.approx(ds.send_bytes[0] * ds.in_flight[0])
+    assert extra[1] == pytest.approx(0.0)  # the last stage sends nothing on
