@@ -131,6 +131,11 @@ NEMO_RECIPE = ("--use-distributed-optimizer --overlap-grad-reduce --overlap-para
                "--sequence-parallel --tp-comm-overlap")
 
 
+#: Sources whose runs predate torch 1.13 (October 2022), which first loaded CUDA modules
+#: lazily: Megatron-LM's 2020-2022 papers and BLOOM's search of February 2022 (torch 1.11).
+EAGER_CUDA_SOURCES = frozenset({"meg20", "meg21", "meg21t2", "meg22", "bloom"})
+
+
 def is_nemo(row: dict[str, str]) -> bool:
     return "nemo" in row.get("stack", "").lower()
 
@@ -191,6 +196,8 @@ def predict(row: dict[str, str]) -> dict[str, Any]:
     # fused (flash) attention, torchtitan torch's scaled_dot_product_attention
     if not is_torchtitan(row) and not is_nemo(row):
         settings = dataclasses.replace(settings, attention="materialized")
+    if source_of(row["id"]) in EAGER_CUDA_SOURCES:
+        settings = dataclasses.replace(settings, lazy_loading=False)
     graph = graph_of(run.model.spec)
     plan, result = llm_plan(graph, topology, run.parallel, settings)
     peak = max(result.peak_memory_bytes)

@@ -100,7 +100,7 @@ def rank_memory(pr: Pricing, times: Any, p_dev: np.ndarray, rank_params: np.ndar
     if pr.hw is not None:  # a GPU: the caching allocator, the CUDA context, NCCL
         mem["reserved"] = reserved_bytes(mem["total"], largest,
                                          expandable_segments=st.expandable_segments)
-        mem["device"] = device_bytes(mem["reserved"], par)
+        mem["device"] = device_bytes(mem["reserved"], par, lazy_loading=st.lazy_loading)
     else:
         mem["reserved"] = mem["total"].copy()
         mem["device"] = mem["total"].copy()

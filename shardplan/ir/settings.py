@@ -206,6 +206,10 @@ class ExecutionSettings:
         segments page by page, so what it reserves beyond the live tensors is rounding only
         (``shardplan/cost/_reserved.py``; default False: fixed segments, which keep a hole
         the size of the step's largest freed tensor). torchtitan's launch script sets it.
+    lazy_loading : bool
+        CUDA loads kernels as they are first used (``CUDA_MODULE_LOADING=LAZY``, which torch
+        sets since 1.13): the CUDA context holds 287 MB instead of 667 MB
+        (``shardplan/cost/_reserved.py``; default True; False for runs of older torch).
     """
 
     microbatch_size: int | None = None
@@ -228,6 +232,7 @@ class ExecutionSettings:
     grad_reduce: str = "param"
     stack: str = "megatron"
     expandable_segments: bool = False
+    lazy_loading: bool = True
 
     def __post_init__(self) -> None:
         from shardplan._limits import check_size
@@ -269,7 +274,7 @@ class ExecutionSettings:
             raise ShardplanError(f"unknown optimizer {self.optimizer!r} (choose from "
                                  f"{', '.join(OPTIMIZERS)})")
         for name in ("overlap", "sequence_parallel", "tp_comm_overlap",
-                     "expandable_segments"):
+                     "expandable_segments", "lazy_loading"):
             if not isinstance(getattr(self, name), bool):
                 raise ShardplanError(f"{name} must be true or false, got "
                                      f"{getattr(self, name)!r}")

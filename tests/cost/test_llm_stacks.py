@@ -267,3 +267,12 @@ def test_deepspeeds_pipe_buffers_keep_each_micro_batchs_output(g, h100):
     extra = ds.memory["activations"] - mg.memory["activations"]
     assert extra[0] == pytest.approx(ds.send_bytes[0] * ds.in_flight[0])
     assert extra[1] == pytest.approx(0.0)  # the last stage sends nothing on
+
+
+def test_a_run_of_older_torch_holds_the_eager_cuda_context(g, h100):
+    par = ParallelConfig(tp=2)
+    lazy = llm_costs(g, h100, par, settings(precision="bf16")).memory
+    eager = llm_costs(g, h100, par, settings(precision="bf16", lazy_loading=False)).memory
+    assert eager["device"] - lazy["device"] == pytest.approx(
+        CUDA_CONTEXT_BYTES["eager"] - CUDA_CONTEXT_BYTES["lazy"])
+    assert (eager["reserved"] == lazy["reserved"]).all()
