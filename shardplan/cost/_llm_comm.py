@@ -112,13 +112,14 @@ def pipeline_messages(pr: Pricing, edge_bytes: np.ndarray, forward: np.ndarray,
                       backward: np.ndarray) -> tuple[np.ndarray, ...]:
     """Activations crossing from virtual stage j to j + 1 per device (deduplicated by
     source), split over the tensor-parallel ranks (Megatron's scatter-gather of pipeline
-    tensors) or, under DeepSpeed's pipeline engine, whole from every tensor-parallel rank;
-    the seconds each takes; and the stages' forward and backward with DeepSpeed's blocking
-    sends in them. O(m + pp vp)."""
+    tensors; DeepSpeed's pipeline engine partitions them the same way, ``pipe_partitioned``
+    and ``grad_partitioned`` on by default); the seconds each takes; and, under DeepSpeed's
+    pipeline engine, the stages' forward and backward with its blocking sends and the
+    all-gather over the tensor-parallel ranks that rebuilds each received tensor
+    (``PartitionedTensor.full``) in them. O(m + pp vp)."""
     par, graph, stage_of = pr.parallel, pr.graph, pr.stage_of
     s_count, pp = par.num_stages, par.pp
     deepspeed_pipe = pr.settings.stack == "megatron-deepspeed"
-    split_send = 1 if deepspeed_pipe else par.tp
     send = np.zeros(s_count)
     src, dst = graph.src, graph.dst
     seen_src: set[int] = set()
@@ -126,7 +127,7 @@ def pipeline_messages(pr: Pricing, edge_bytes: np.ndarray, forward: np.ndarray,
         if int(src[e]) in seen_src:
             continue
         seen_src.add(int(src[e]))
-        send[stage_of[src[e]]] += edge_bytes[e] / split_send
+        send[stage_of[src[e]]] += edge_bytes[e] / par.tp
     send_s = np.zeros(s_count)
     for j in range(s_count - 1):
         a = _rank_devices(par, j % pp)[0]
@@ -136,11 +137,16 @@ def pipeline_messages(pr: Pricing, edge_bytes: np.ndarray, forward: np.ndarray,
         # its SendActivation / SendGrad instructions block the sender until the receiver
         # has the tensor (deepspeed/runtime/pipe/engine.py over p2p.send / p2p.recv): a
         # stage's forward ends when its output is sent, its backward when its input's
-        # gradient is
+        # gradient is; the receiver then all-gathers the partitions over its TP ranks
         crosses = np.array([(j + 1) % pp != j % pp for j in range(s_count - 1)] + [False])
-        forward = forward + np.where(crosses, send_s, 0.0)
+        tp_group, _ = _groups(par, 0)
+        rebuild = np.array([pr.collective("allgather", tp_group, float(b * par.tp))
+                            if par.tp > 1 and b > 0 else 0.0 for b in send])
+        forward = forward + np.where(crosses, send_s, 0.0) + np.concatenate(
+            [[0.0], np.where(crosses[:-1], rebuild[:-1], 0.0)])
         backward = backward + np.concatenate([[0.0], np.where(crosses[:-1], send_s[:-1],
-                                                               0.0)])
+                                                               0.0)]) + \
+            np.where(crosses, rebuild, 0.0)
     return send, send_s, forward, backward
 
 

@@ -197,9 +197,9 @@ class ExecutionSettings:
         NeMo): the same, with Transformer Engine's fused modules keeping only what they save
         (``shardplan/cost/_llm.py``, :func:`~shardplan.cost._llm.te_kept`);
         ``megatron-deepspeed`` -- Megatron-DeepSpeed under DeepSpeed's pipeline engine and
-        ZeRO optimizer: every tensor-parallel rank sends the whole activation, blocking, and
-        DeepSpeed's optimizer keeps its own gradient buffers (fp32 accumulation of the BF16
-        optimizer, reduce buckets); ``torchtitan`` -- torch FSDP2 / pipelining (its FSDP is
+        ZeRO optimizer: blocking sends of partitioned tensors, rebuilt by an all-gather over
+        the tensor-parallel ranks, outputs kept in pipe buffers, and DeepSpeed's optimizer's
+        own gradient buffers (fp32 accumulation of the BF16 optimizer, reduce buckets); ``torchtitan`` -- torch FSDP2 / pipelining (its FSDP is
         priced by ``shard_unit`` ``block``). The importers set it from the configuration.
     expandable_segments : bool
         ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``: the caching allocator grows its

@@ -121,16 +121,22 @@ def test_fp8_with_no_fp8_products_prices_as_bf16(g, h100, monkeypatch):
     assert none.backward == pytest.approx(bf16.backward)
 
 
-def test_deepspeeds_pipeline_sends_whole_tensors_and_blocks(g, h100):
+def test_deepspeeds_pipeline_sends_partitions_blocks_and_rebuilds(g, h100):
+    """DeepSpeed's pipeline engine partitions the tensors it sends over the TP ranks (as
+    Megatron does), blocks the sender, and all-gathers the partitions on receipt."""
+    from shardplan.cost._gpu import gpu_model, group_collective_seconds, node_ids
+
     par = ParallelConfig(tp=2, pp=2)
     mg = llm_costs(g, h100, par, settings(precision="bf16"))
     ds = llm_costs(g, h100, par, settings(precision="bf16", stack="megatron-deepspeed"))
-    assert ds.send_bytes[0] == pytest.approx(2 * mg.send_bytes[0])
-    assert ds.send_bytes[1] == 0
+    assert ds.send_bytes.tolist() == mg.send_bytes.tolist()
+    rebuild = group_collective_seconds(h100, gpu_model(h100), "allgather", np.arange(2),
+                                       float(ds.send_bytes[0] * 2), node_ids(h100))
+    assert rebuild > 0
     assert ds.forward[0] == pytest.approx(mg.forward[0] + ds.send_seconds[0])
-    assert ds.forward[1] == pytest.approx(mg.forward[1])
+    assert ds.forward[1] == pytest.approx(mg.forward[1] + rebuild)
     assert ds.backward[1] == pytest.approx(mg.backward[1] + ds.send_seconds[0])
-    assert ds.backward[0] == pytest.approx(mg.backward[0])
+    assert ds.backward[0] == pytest.approx(mg.backward[0] + rebuild)
 
 
 @pytest.mark.parametrize("precision,extra", [("bf16", 4.0), ("fp16", 4.0 / 4)])
