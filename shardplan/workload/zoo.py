@@ -200,8 +200,9 @@ class BlockSpec:
 
 
 def block_spec(spec: str, *, seq_len: int = 128) -> BlockSpec | None:
-    """For ``gpt:``, ``llama*:`` and MoE specs (no dense first layers), the two-block spec capture stamps the full depth
-    from (:mod:`shardplan.capture._stamp`); None for the other families."""
+    """For ``gpt:``, ``llama*:`` and MoE specs (without dense first layers), the two-block
+    spec capture stamps the full depth from (:mod:`shardplan.capture._stamp`); None for the
+    other families and for MoE models with dense first layers (captured whole)."""
     head, _, opts = spec.strip().partition(",")
     kind, _, name = head.partition(":")
     if kind == "gpt":
@@ -347,4 +348,5 @@ def _build(spec: str, head: str, opts: str, batch_size: int, seq_len: int,
     raise ShardplanError(f"unknown model {spec!r} (expected mlp, transformer, gnn, "
                          f"gpt:hidden=...,layers=..., llama3:FLAVOR, llama2:FLAVOR, "
                          f"mixtral:FLAVOR, deepseek_v3:FLAVOR, qwen3_moe:FLAVOR, "
-                         f"gpt_oss:FLAVOR, torchvision:NAME, transformers:NAME or FILE.py:FUNCTION)")
+                         f"gpt_oss:FLAVOR, torchvision:NAME, transformers:NAME or "
+                         f"FILE.py:FUNCTION)")

@@ -12,6 +12,7 @@ torch = pytest.importorskip("torch")
 
 from shardplan.capture import capture_spec  # noqa: E402
 from shardplan.errors import ShardplanError  # noqa: E402
+from shardplan.ir import Graph  # noqa: E402
 from shardplan.workload import build_model  # noqa: E402
 from shardplan.workload.moe import (  # noqa: E402
     FLAVORS,
@@ -136,8 +137,8 @@ def test_spec_options_and_errors() -> None:
     assert blocks.transformer["experts"] == 8 and blocks.transformer["seq"] == 256
 
 
-def _ops_under(graph: object, prefix: str) -> list[str]:
-    return [op for op, m in zip(graph.ops, graph.modules, strict=True)  # type: ignore[attr-defined]
+def _ops_under(graph: Graph, prefix: str) -> list[str]:
+    return [op for op, m in zip(graph.ops, graph.modules, strict=True)
             if m == prefix or m.startswith(prefix + ".")]
 
 
