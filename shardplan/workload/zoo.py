@@ -19,6 +19,11 @@
   Llama 2 (``7B``, ``13B``, ``70B``, ``debug``) as torchtitan defines them
   (:mod:`~shardplan.workload.llama`), with :class:`~shardplan.workload.llama.LlamaConfig`
   overrides and ``seq`` after commas (``llama3:8B,seq=4096,n_layers=2``);
+- ``mixtral:FLAVOR`` (``8x7B``, ``8x22B``), ``deepseek_v3:FLAVOR`` (``671B``),
+  ``qwen3_moe:FLAVOR`` (``30B-A3B``, ``235B-A22B``), ``gpt_oss:FLAVOR`` (``120B``), each with
+  a ``debug`` flavor: mixtures of experts after torchtitan's (:mod:`~shardplan.workload.moe`),
+  with :class:`~shardplan.workload.moe.MoEConfig` overrides and ``seq`` after commas
+  (``deepseek_v3:671B,seq=4096,n_layers=5``);
 - ``FILE.py:FUNCTION``: ``FUNCTION()`` in that file returns ``(model, example_inputs)``.
 
 Models can be built on the meta device (parameters, buffers and inputs without storage):
@@ -64,6 +69,12 @@ from shardplan.workload.llama import config_of as _llama_config
 from shardplan.workload.llama import parameter_count as _llama_parameter_count
 from shardplan.workload.llama import transformer_meta as _llama_meta
 from shardplan.workload.mlp import MLP
+from shardplan.workload.moe import FLAVORS as _MOE_FLAVORS
+from shardplan.workload.moe import TRAINING_SEQ as _MOE_TRAINING_SEQ
+from shardplan.workload.moe import build_moe as _build_moe
+from shardplan.workload.moe import config_of as _moe_config
+from shardplan.workload.moe import parameter_count as _moe_parameter_count
+from shardplan.workload.moe import transformer_meta as _moe_meta
 from shardplan.workload.vision import build_torchvision as _build_torchvision
 from shardplan.workload.vision import torchvision_names as _torchvision_names
 
@@ -80,7 +91,7 @@ def list_models() -> list[str]:
     Lists torchvision's classification and segmentation models when torchvision imports.
     """
     names = ["mlp", "transformer", "gnn", *(f"transformers:{n}" for n in HF_CONFIGS),
-             "gpt:hidden=H,layers=L,heads=A,vocab=V,seq=S", *_LLAMA_FLAVORS]
+             "gpt:hidden=H,layers=L,heads=A,vocab=V,seq=S", *_LLAMA_FLAVORS, *_MOE_FLAVORS]
     try:
         cls, seg = _torchvision_names()
     except ImportError:  # pragma: no cover
@@ -89,12 +100,17 @@ def list_models() -> list[str]:
 
 
 #: The size kind (:data:`shardplan._limits.LIMITS`) of each dimension key of a gpt:,
-#: llama*: or transformer spec.
+#: llama*:, MoE (mixtral:, deepseek_v3:, ...) or transformer spec.
 _SPEC_SIZES = {"layers": "layers", "n_layers": "layers", "num_layers": "layers",
                "hidden": "width", "dim": "width", "ffn": "width", "ffn_dim": "width",
                "d_model": "width", "heads": "heads", "n_heads": "heads", "n_kv_heads": "heads",
                "num_heads": "heads", "vocab": "vocab", "vocab_size": "vocab",
-               "seq": "sequence", "n_layer": "layers", "n_embd": "width", "n_head": "heads"}
+               "seq": "sequence", "n_layer": "layers", "n_embd": "width", "n_head": "heads",
+               "head_dim": "width", "moe_dim": "width", "dense_ffn_dim": "width",
+               "q_lora_rank": "width", "kv_lora_rank": "width"}
+
+#: The mixture-of-experts families (:mod:`shardplan.workload.moe`).
+_MOE_KINDS = frozenset(k.partition(":")[0] for k in _MOE_FLAVORS)
 
 
 def spec_seq(spec: str) -> int | None:
@@ -111,7 +127,7 @@ def training_seq(spec: str) -> tuple[int, str] | None:
     or None: a spec of dimensions (``gpt:``), a ``debug`` flavor, any other model. A spec's
     own ``seq=`` is :func:`spec_seq`'s, and wins."""
     head = spec.strip().partition(",")[0]
-    seq = _LLAMA_TRAINING_SEQ.get(head)
+    seq = _LLAMA_TRAINING_SEQ.get(head) or _MOE_TRAINING_SEQ.get(head)
     if seq is None:
         return None
     return seq, f"{head.partition(':')[0]}'s training length"
@@ -127,7 +143,8 @@ def check_spec_sizes(spec: str, *, batch_size: int | None = None,
 
     head, _, opts = spec.strip().partition(",")
     kind, _, name = head.partition(":")
-    if kind in ("gpt", "llama2", "llama3", "transformer", "transformers"):
+    if kind in ("gpt", "llama2", "llama3", "transformer", "transformers") or \
+            kind in _MOE_KINDS:
         # the spec's own keys first: a sequence the flag took from seq= is named as seq=
         text = (name + "," + opts) if kind == "gpt" else opts
         for item in text.split(","):
@@ -146,7 +163,7 @@ def check_spec_sizes(spec: str, *, batch_size: int | None = None,
 
 
 def parameter_estimate(spec: str, *, seq_len: int = 128) -> int | None:
-    """Parameters of a ``gpt:`` or ``llama*:`` spec from its dimensions (no model built);
+    """Parameters of a ``gpt:``, ``llama*:`` or MoE spec from its dimensions (no model built);
     None for the other families. Raises :class:`ShardplanError` on a bad spec."""
     head, _, opts = spec.strip().partition(",")
     kind, _, name = head.partition(":")
@@ -155,6 +172,8 @@ def parameter_estimate(spec: str, *, seq_len: int = 128) -> int | None:
                                                 seq_len))
     if kind in ("llama2", "llama3"):
         return _llama_parameter_count(_llama_config(head, _parse_overrides(opts, spec))[0])
+    if kind in _MOE_KINDS:
+        return _moe_parameter_count(_moe_config(head, _parse_overrides(opts, spec))[0])
     return None
 
 
@@ -181,8 +200,9 @@ class BlockSpec:
 
 
 def block_spec(spec: str, *, seq_len: int = 128) -> BlockSpec | None:
-    """For ``gpt:`` and ``llama*:`` specs, the two-block spec capture stamps the full depth
-    from (:mod:`shardplan.capture._stamp`); None for the other families."""
+    """For ``gpt:``, ``llama*:`` and MoE specs (without dense first layers), the two-block
+    spec capture stamps the full depth from (:mod:`shardplan.capture._stamp`); None for the
+    other families and for MoE models with dense first layers (captured whole)."""
     head, _, opts = spec.strip().partition(",")
     kind, _, name = head.partition(":")
     if kind == "gpt":
@@ -192,6 +212,13 @@ def block_spec(spec: str, *, seq_len: int = 128) -> BlockSpec | None:
         lcfg, seq = _llama_config(head, _parse_overrides(opts, spec))
         return BlockSpec(f"{spec},n_layers=2", lcfg.n_layers, "layers",
                          _llama_meta(lcfg, seq or seq_len))
+    if kind in _MOE_KINDS:
+        # dense first layers differ from the MoE ones: such a model is captured whole
+        mcfg, seq = _moe_config(head, _parse_overrides(opts, spec))
+        if mcfg.first_k_dense:
+            return None
+        return BlockSpec(f"{spec},n_layers=2", mcfg.n_layers, "layers",
+                         _moe_meta(mcfg, seq or seq_len, kind))
     return None
 
 
@@ -306,6 +333,10 @@ def _build(spec: str, head: str, opts: str, batch_size: int, seq_len: int,
         model, inputs, _, _ = _build_llama(head, _parse_overrides(opts, spec), batch_size,
                                            seq_len, device=device)
         return model, inputs, head.replace(":", "-")
+    if kind in _MOE_KINDS:
+        model, inputs, _, _ = _build_moe(head, _parse_overrides(opts, spec), batch_size,
+                                         seq_len, device=device)
+        return model, inputs, head.replace(":", "-")
     if kind == "torchvision" and name:
         if opts:
             raise ShardplanError("torchvision models take no options")
@@ -316,4 +347,6 @@ def _build(spec: str, head: str, opts: str, batch_size: int, seq_len: int,
         return model, inputs, name
     raise ShardplanError(f"unknown model {spec!r} (expected mlp, transformer, gnn, "
                          f"gpt:hidden=...,layers=..., llama3:FLAVOR, llama2:FLAVOR, "
-                         f"torchvision:NAME, transformers:NAME or FILE.py:FUNCTION)")
+                         f"mixtral:FLAVOR, deepseek_v3:FLAVOR, qwen3_moe:FLAVOR, "
+                         f"gpt_oss:FLAVOR, torchvision:NAME, transformers:NAME or "
+                         f"FILE.py:FUNCTION)")
