@@ -199,8 +199,9 @@ class ExecutionSettings:
         ``megatron-deepspeed`` -- Megatron-DeepSpeed under DeepSpeed's pipeline engine and
         ZeRO optimizer: blocking sends of partitioned tensors, rebuilt by an all-gather over
         the tensor-parallel ranks, outputs kept in pipe buffers, and DeepSpeed's optimizer's
-        own gradient buffers (fp32 accumulation of the BF16 optimizer, reduce buckets); ``torchtitan`` -- torch FSDP2 / pipelining (its FSDP is
-        priced by ``shard_unit`` ``block``). The importers set it from the configuration.
+        own gradient buffers (fp32 accumulation of the BF16 optimizer, reduce buckets);
+        ``torchtitan`` -- torch FSDP2 / pipelining (its FSDP is priced by ``shard_unit``
+        ``block``). The importers set it from the configuration.
     expandable_segments : bool
         ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``: the caching allocator grows its
         segments page by page, so what it reserves beyond the live tensors is rounding only
