@@ -92,12 +92,15 @@ def _run(args: argparse.Namespace) -> int:
     if args.json:
         print_json(data)
     else:
-        mem = max(result.peak_memory_bytes)
+        mem = f"peak memory {max(result.peak_memory_bytes) / 2**30:.2f} GiB"
+        if result.device_memory_bytes:  # LLM plans on GPUs: as runs report it
+            mem += (f" allocated, {max(result.reserved_memory_bytes) / 2**30:.2f} reserved, "
+                    f"{max(result.device_memory_bytes) / 2**30:.2f} on the device")
         sys.stdout.write(
             f"{result.schedule.name}, {result.num_microbatches} micro-batches on "
             f"{len(result.devices)} devices: {result.iteration_seconds * 1e3:.3f} ms per "
             f"iteration, {result.throughput:.4g} samples/s, bubble "
-            f"{result.bubble_fraction:.1%}, peak memory {mem / 2**30:.2f} GiB"
+            f"{result.bubble_fraction:.1%}, {mem}"
             f"{'' if result.fits_memory else ' (DOES NOT FIT)'}\n")
         for what, path in (("timeline", args.timeline), ("schedule", args.schedule_out),
                            ("result", args.output)):
