@@ -54,8 +54,9 @@ DEFAULT_RUNS = [ROOT.parent / "shared" / "gpu-runs", ROOT / "benchmarks" / "data
 OUT = ROOT / "benchmarks" / "results" / "gpu_published.md"
 
 
-def cluster_of(row: dict[str, str]) -> tuple[str, float]:
-    """The cluster preset a row ran on (by its ``gpu`` column) and its GPU memory.
+def cluster_of(row: dict[str, str]) -> str:
+    """The cluster preset a row ran on (by its ``gpu`` column; its GPU memory is the
+    preset's).
 
     An A100 row that does not say 80GB ran on the 40 GB A100 (``gpu=a100-40gb``: 1,555 GB/s
     of HBM2): the 80 GB part was announced in November 2020 (SC20), after the Megatron-LM
@@ -63,32 +64,31 @@ def cluster_of(row: dict[str, str]) -> tuple[str, float]:
     on the 80 GB part (Selene from 2021, torchtitan's) say so in their ``gpu`` column."""
     gpu = row["gpu"].upper().replace(" ", "")
     gpus = int(row["gpus"])
-    if "jean zay" in row.get("nodes_gpus", "").lower():
-        # BLOOM paper (arXiv 2211.05100) section 3.4.1: 8 A100 80 GB per node, four
-        # Omni-Path 100 Gb/s links per node
-        return f"dgx-a100,nodes={max(1, math.ceil(gpus / 8))},nics=4,nic_gbps=100", \
-            80 * 2**30
     nodes = max(1, math.ceil(gpus / 8))
     where = row.get("nodes_gpus", "").lower()
+    if "jean zay" in where:
+        # BLOOM paper (arXiv 2211.05100) section 3.4.1: 8 A100 80 GB per node, four
+        # Omni-Path 100 Gb/s links per node
+        return f"dgx-a100,nodes={nodes},nics=4,nic_gbps=100"
     if "V100" in gpu:
-        return f"dgx2-v100,nodes={max(1, math.ceil(gpus / 16))}", 32 * 2**30
+        return f"dgx2-v100,nodes={max(1, math.ceil(gpus / 16))}"
     if "GB200" in gpu:
-        return f"gb200-nvl72,racks={max(1, math.ceil(gpus / 72))}", 186 * 2**30
+        return f"gb200-nvl72,racks={max(1, math.ceil(gpus / 72))}"
     if "B200" in gpu:
-        return f"dgx-b200,nodes={nodes}", 180 * 2**30
+        return f"dgx-b200,nodes={nodes}"
     if "H200" in gpu:
-        return f"dgx-h200,nodes={nodes}", 141 * 2**30
+        return f"dgx-h200,nodes={nodes}"
     if "H100" in gpu and ("96GB" in gpu or "HBM2E" in gpu or "500W" in gpu
                           or "grand teton" in where):
         # Meta's Grand Teton H100 (torchtitan's H100 benchmarks): 96 GB HBM2e, 500 W
-        return f"dgx-h100,nodes={nodes},gpu=h100-96gb", 96 * 2**30
+        return f"dgx-h100,nodes={nodes},gpu=h100-96gb"
     if "H100" in gpu and "PCIE" in gpu:
-        return f"pcie-h100,nodes={nodes}", 80 * 2**30
+        return f"pcie-h100,nodes={nodes}"
     if "H100" in gpu:
-        return f"dgx-h100,nodes={nodes}", 80 * 2**30
+        return f"dgx-h100,nodes={nodes}"
     if "80GB" in gpu:
-        return f"dgx-a100,nodes={max(1, math.ceil(gpus / 8))}", 80 * 2**30
-    return f"dgx-a100,nodes={max(1, math.ceil(gpus / 8))},gpu=a100-40gb", 40 * 2**30
+        return f"dgx-a100,nodes={nodes}"
+    return f"dgx-a100,nodes={nodes},gpu=a100-40gb"
 
 
 def model_tflops(row: dict[str, str], seconds: float) -> float:
@@ -117,7 +117,7 @@ def published_seconds(row: dict[str, str]) -> float:
 
 def published_tflops(row: dict[str, str]) -> float:
     if row.get("mfu", "").strip():  # MFU x the half-precision peak of the row's cluster preset
-        peak = build_spec(cluster_of(row)[0]).devices[0].flops / 1e12
+        peak = build_spec(cluster_of(row)).devices[0].flops / 1e12
         return float(row["mfu"]) * peak
     return model_tflops(row, published_seconds(row))
 
@@ -186,8 +186,7 @@ def predict(row: dict[str, str]) -> dict[str, Any]:
 
     start = time.monotonic()
     row, shape_note = complete(row)
-    spec, _ = cluster_of(row)
-    topology = build_spec(spec)
+    topology = build_spec(cluster_of(row))
     capacity = float(topology.device_memory.min())
     run = run_of_row(row)
     settings, _ = run.settings()

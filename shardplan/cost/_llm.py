@@ -362,7 +362,7 @@ def pricing(graph: Graph, topology: Topology, parallel: ParallelConfig,
                    layout=layout, stages=stages, stage_of=stage_of, div=div,
                    param_div=np.where(split, tp, 1).astype(np.float64),
                    n_params=graph.param_bytes.astype(np.float64) / dtype_bytes,
-                   in_block=in_block,
+                   dtype_bytes=dtype_bytes, in_block=in_block,
                    rb=(settings.microbatch_size or graph.batch_size) // parallel.data_parallel,
                    w_bytes=w_bytes, g_bytes=g_bytes, master_bytes=master_bytes, hw=hw,
                    flops=flops, fp32=float(d0.extra.get("fp32_flops") or d0.flops), bw=bw,
@@ -392,9 +392,7 @@ def node_seconds(pr: Pricing) -> NodeTimes:
     """The "Compute" part of the module docstring, node by node. O(n)."""
     graph, st, layout, hw = pr.graph, pr.settings, pr.layout, pr.hw
     precision = st.precision
-    dtype_bytes = float(graph.meta.get("dtype_bytes", 4)) if isinstance(graph.meta, dict) \
-        else 4.0
-    act_scale = _ACT_BYTES[precision] / dtype_bytes
+    act_scale = _ACT_BYTES[precision] / pr.dtype_bytes
     scaled, fwd, bwd = _node_times(graph, pr.rb, act_scale, float(pr.w_bytes), pr.flops,
                                    pr.fp32, pr.bw, precision != "fp32")
     fwd, bwd = fwd.copy(), bwd.copy()

@@ -206,6 +206,8 @@ class Pricing:
         Per node, what its activations and its parameters are divided by on one device.
     n_params : ndarray
         Parameters of every node (elements).
+    dtype_bytes : float
+        Bytes per element the graph was captured at (its ``meta``'s ``dtype_bytes``, else 4).
     rb : int
         Sequences per micro-batch of one data-parallel replica.
     w_bytes, g_bytes, master_bytes : int
@@ -228,6 +230,7 @@ class Pricing:
     div: np.ndarray
     param_div: np.ndarray
     n_params: np.ndarray
+    dtype_bytes: float
     in_block: np.ndarray
     rb: int
     w_bytes: int

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
+from functools import lru_cache
 from typing import Any
 
 from shardplan.errors import InvalidFileError, ShardplanError
@@ -199,11 +200,7 @@ def balanced_stage_layers(num_layers: int, stages: int, *, embedding: bool = Fal
     >>> balanced_stage_layers(72, 12) is None
     True
     """
-    total = num_layers + int(embedding) + int(loss)
-    q, r = divmod(total, stages)
-    counts = [q + (1 if i < r else 0) for i in range(stages)]
-    counts[0] -= int(embedding)
-    counts[-1] -= int(loss)
+    counts = _dealt(num_layers, stages, int(embedding), int(loss))
     if min(counts) < 0:
         raise ShardplanError(f"{num_layers} layers cannot fill {stages} pipeline stages with "
                              f"the embedding and the loss counted as layers")
@@ -211,6 +208,18 @@ def balanced_stage_layers(num_layers: int, stages: int, *, embedding: bool = Fal
     return None if len(set(out)) == 1 else out
 
 
+def _dealt(num_layers: int, stages: int, first: int, last: int) -> list[int]:
+    """Blocks per stage when ``num_layers + first + last`` weighted layers are dealt out
+    evenly, earlier stages taking the remainder, and the first and last stages hold
+    ``first`` and ``last`` fewer blocks (the embedding's and the head's weights). O(stages)."""
+    q, r = divmod(num_layers + first + last, stages)
+    counts = [q + (1 if i < r else 0) for i in range(stages)]
+    counts[0] -= first
+    counts[-1] -= last
+    return counts
+
+
+@lru_cache(maxsize=4096)
 def pipeline_split(num_layers: int, pp: int, vp: int = 1) -> tuple[bool, tuple[int, ...] | None]:
     """A split of ``num_layers`` blocks over ``pp x vp`` virtual stages that Megatron-LM and
     torchtitan can both express: ``(True, None)`` when they divide evenly; else the split with
@@ -220,7 +229,7 @@ def pipeline_split(num_layers: int, pp: int, vp: int = 1) -> tuple[bool, tuple[i
     ones ``k`` each, the smallest ``k`` that allows it (Megatron's
     ``--decoder-first/last-pipeline-num-layers``), every rank's blocks dividing over its
     ``vp`` virtual stages; ``(False, None)`` when none exists or a stage would be empty.
-    O(pp vp + num_layers / vp).
+    O(pp vp + num_layers / vp), cached: a search asks for each shape many times.
 
     Examples
     --------
@@ -293,13 +302,11 @@ def torchtitan_stage_layers(num_layers: int, num_stages: int, *, first_less: int
         raise ShardplanError(f"torchtitan cannot make {num_stages} pipeline stages of "
                              f"{num_layers} layers with the embedding and output counted as "
                              f"{first_less} and {last_less} ({total})")
-    q, r = divmod(total, num_stages)
+    q = total // num_stages
     if first_less > q or last_less > q:
         raise ShardplanError(f"torchtitan's first/last stage weights ({first_less}, "
                              f"{last_less}) exceed the {q} layers a stage gets")
-    counts = [q + (1 if i < r else 0) for i in range(num_stages)]
-    counts[0] -= first_less
-    counts[-1] -= last_less
+    counts = _dealt(num_layers, num_stages, first_less, last_less)
     # torchtitan deals blocks out while any are left: a last stage short of blocks gets fewer
     left = num_layers
     out = []

@@ -294,6 +294,37 @@ class Llama(nn.Module):
         return self.output(self.norm(h))
 
 
+def flavor_overrides(flavor: str, overrides: dict[str, Any], flavors: dict[str, Any],
+                     config_cls: type, what: str, nullable: tuple[str, ...] = ()
+                     ) -> tuple[dict[str, Any], int | None]:
+    """A flavor's overrides checked against its config's fields: ``(the fields to replace,
+    the seq override or None)``, ``none`` given to a ``nullable`` field read as None. Shared
+    by the Llama and the MoE zoo (``what`` names the kind in the errors).
+
+    Raises
+    ------
+    ShardplanError
+        Unknown flavor or option, or an invalid ``seq``.
+    """
+    if flavor not in flavors:
+        family = flavor.split(":", 1)[0]
+        known = ", ".join(k.split(":", 1)[1] for k in flavors if k.startswith(family + ":"))
+        raise ShardplanError(f"unknown flavor {flavor!r} (choose from {known})")
+    values = dict(overrides)
+    seq = values.pop("seq", None)
+    if seq is not None and (isinstance(seq, bool) or not isinstance(seq, int) or seq < 1):
+        raise ShardplanError(f"{what} option seq must be a positive integer, got {seq!r}")
+    known_fields = {f.name for f in fields(config_cls)}
+    bad = sorted(set(values) - known_fields)
+    if bad:
+        raise ShardplanError(f"unknown {what} option {bad[0]!r} (choose from seq, "
+                             f"{', '.join(sorted(known_fields))})")
+    for key in nullable:
+        if isinstance(values.get(key), str) and values[key].lower() == "none":
+            values[key] = None
+    return values, seq
+
+
 def config_of(flavor: str, overrides: dict[str, Any]) -> tuple[LlamaConfig, int | None]:
     """The flavor's config with ``overrides`` applied, and the ``seq`` override (or None).
 
@@ -302,22 +333,8 @@ def config_of(flavor: str, overrides: dict[str, Any]) -> tuple[LlamaConfig, int 
     ShardplanError
         Unknown flavor or option, or an invalid value.
     """
-    if flavor not in FLAVORS:
-        family = flavor.split(":", 1)[0]
-        known = ", ".join(k.split(":", 1)[1] for k in FLAVORS if k.startswith(family + ":"))
-        raise ShardplanError(f"unknown flavor {flavor!r} (choose from {known})")
-    values = dict(overrides)
-    seq = values.pop("seq", None)
-    if seq is not None and (isinstance(seq, bool) or not isinstance(seq, int) or seq < 1):
-        raise ShardplanError(f"llama option seq must be a positive integer, got {seq!r}")
-    known_fields = {f.name for f in fields(LlamaConfig)}
-    bad = sorted(set(values) - known_fields)
-    if bad:
-        raise ShardplanError(f"unknown llama option {bad[0]!r} (choose from seq, "
-                             f"{', '.join(sorted(known_fields))})")
-    if isinstance(values.get("ffn_dim_multiplier"), str) and \
-            values["ffn_dim_multiplier"].lower() == "none":
-        values["ffn_dim_multiplier"] = None
+    values, seq = flavor_overrides(flavor, overrides, FLAVORS, LlamaConfig, "llama",
+                                   ("ffn_dim_multiplier",))
     return replace(FLAVORS[flavor], **values), seq
 
 

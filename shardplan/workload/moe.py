@@ -53,7 +53,7 @@ A spec is ``deepseek_v3:671B`` with :class:`MoEConfig` fields as overrides after
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -61,7 +61,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from shardplan.errors import ShardplanError
-from shardplan.workload.llama import RMSNorm, apply_rotary, rope_tables
+from shardplan.workload.llama import RMSNorm, apply_rotary, flavor_overrides, rope_tables
 
 __all__ = ["FLAVORS", "PUBLISHED", "TRAINING_SEQ", "Combine", "Dispatch", "GroupedExperts",
            "GroupedQueryAttention", "MoE", "MoEConfig", "MoETransformer",
@@ -664,22 +664,9 @@ def config_of(flavor: str, overrides: dict[str, Any]) -> tuple[MoEConfig, int | 
     ShardplanError
         Unknown flavor or option, or an invalid value.
     """
-    if flavor not in FLAVORS:
-        family = flavor.split(":", 1)[0]
-        known = ", ".join(k.split(":", 1)[1] for k in FLAVORS if k.startswith(family + ":"))
-        raise ShardplanError(f"unknown flavor {flavor!r} (choose from {known})")
-    values = dict(overrides)
-    seq = values.pop("seq", None)
-    if seq is not None and (isinstance(seq, bool) or not isinstance(seq, int) or seq < 1):
-        raise ShardplanError(f"moe option seq must be a positive integer, got {seq!r}")
-    known_fields = {f.name for f in fields(MoEConfig)}
-    bad = sorted(set(values) - known_fields)
-    if bad:
-        raise ShardplanError(f"unknown moe option {bad[0]!r} (choose from seq, "
-                             f"{', '.join(sorted(known_fields))})")
-    for key in ("n_kv_heads", "head_dim", "sliding_window", "swiglu_limit", "capacity_factor"):
-        if isinstance(values.get(key), str) and values[key].lower() == "none":
-            values[key] = None
+    values, seq = flavor_overrides(flavor, overrides, FLAVORS, MoEConfig, "moe",
+                                   ("n_kv_heads", "head_dim", "sliding_window",
+                                    "swiglu_limit", "capacity_factor"))
     cfg = replace(FLAVORS[flavor], **values)
     if "n_layers" in values and "first_k_dense" not in values and \
             cfg.first_k_dense > cfg.n_layers:
