@@ -18,8 +18,9 @@ from shardplan.export import ExportOptions, export
 from shardplan.importers._run import ModelDims, RunConfig, execution_of, flavor_dims
 from shardplan.importers.megatron import parse_megatron
 from shardplan.importers.torchtitan import run_of_torchtitan, torchtitan_options
-from shardplan.ir import Graph, Objective, ParallelConfig, Plan, Stage
+from shardplan.ir import Graph, ParallelConfig, Plan
 from shardplan.topology import build
+from tests.helpers import plan_of_run
 
 _GPUS = 16
 _MODEL: ModelDims = flavor_dims("llama3", "8B", 1024)  # 32 layers, 32 heads, 8 KV heads
@@ -71,26 +72,8 @@ def _run(name: str) -> RunConfig:
 
 
 def _plan(run: RunConfig, graph: Graph) -> Plan:
-    """The run laid out by hand: blocks by ``layers_per_stage``, the embedding with the
-    first virtual stage, the norm and head with the last."""
-    par = run.parallel
-    per = par.layers_per_stage(run.model.num_layers)
-    width = par.devices_per_rank
-    stages, start = [], 1
-    for j, n in enumerate(per):
-        nodes = list(range(start, start + n))
-        if j == 0:
-            nodes.insert(0, 0)
-        if j == len(per) - 1:
-            nodes += [graph.num_nodes - 2, graph.num_nodes - 1]
-        r = j % par.pp
-        stages.append(Stage(tuple(nodes), tuple(range(r * width, (r + 1) * width))))
-        start += n
-    settings, _ = run.settings()
-    meta = {"imported_from": {"tool": "test", "model": run.model.spec,
-                              "execution": dict(run.execution)}}
-    return Plan("llm", "cluster", "import", tuple(stages), Objective("x", 0.0),
-                execution=settings, parallel=par, meta=meta)
+    """The run laid out by hand (:func:`tests.helpers.plan_of_run`)."""
+    return plan_of_run(run, graph.num_nodes)
 
 
 def _want(run: RunConfig) -> dict[str, Any]:

@@ -29,8 +29,9 @@ import pytest
 from shardplan.export import ExportOptions, export
 from shardplan.importers._run import RunConfig, execution_of, flavor_dims
 from shardplan.importers.torchtitan import run_of_torchtitan, torchtitan_options
-from shardplan.ir import Graph, Objective, ParallelConfig, Plan, Stage
+from shardplan.ir import Graph, ParallelConfig, Plan
 from shardplan.topology import build
+from tests.helpers import plan_of_run
 
 _STANDINS = ("datasets", "torch.utils.tensorboard")
 
@@ -116,23 +117,7 @@ def _layout(name: str) -> tuple[RunConfig, Plan, Graph]:
                               ops=["linear"] * n, modules=modules, batch_size=1,
                               param_bytes=np.full(n, 1024), output_bytes=np.full(n, 4096),
                               meta={"input_shapes": [[1, seq]], "input_dtypes": ["int64"]})
-    per = par.layers_per_stage(model.num_layers)
-    width = par.devices_per_rank
-    stages, start = [], 1
-    for j, count in enumerate(per):
-        nodes = list(range(start, start + count))
-        if j == 0:
-            nodes.insert(0, 0)
-        if j == len(per) - 1:
-            nodes += [n - 2, n - 1]
-        r = j % par.pp
-        stages.append(Stage(tuple(nodes), tuple(range(r * width, (r + 1) * width))))
-        start += count
-    execution, _ = run.settings()
-    meta = {"imported_from": {"tool": "test", "model": model.spec,
-                              "execution": dict(run.execution)}}
-    plan = Plan("llm", "cluster", "import", tuple(stages), Objective("x", 0.0),
-                execution=execution, parallel=par, meta=meta)
+    plan = plan_of_run(run, n)
     return run, plan, graph
 
 
