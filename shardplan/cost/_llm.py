@@ -77,6 +77,7 @@ from shardplan.cost._llm_layout import (  # noqa: F401
     _rank_devices,
     _tied_embedding_params,
     block_layout,
+    keeps_gathered,
     precision_bytes,
     stage_nodes,
 )
@@ -307,13 +308,6 @@ def llm_costs(graph: Graph, topology: Topology, parallel: ParallelConfig,
                     replica_batch=pr.rb, gather_units=dp.units,
                     gathers_once=keeps_gathered(settings, parallel))
 
-
-def keeps_gathered(settings: ExecutionSettings, parallel: ParallelConfig) -> bool:
-    """Whether FSDP keeps each stage's parameters gathered across micro-batches: torchtitan
-    under a pipeline (its ``apply_fsdp`` turns ``reshard_after_forward`` off when pipeline
-    parallelism is on)."""
-    return settings.stack == "torchtitan" and parallel.pp > 1 and (
-        parallel.dp_shard > 1 or settings.gradient_sync == "sharded")
 
 
 def pricing(graph: Graph, topology: Topology, parallel: ParallelConfig,

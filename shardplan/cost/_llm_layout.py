@@ -190,6 +190,13 @@ def _tied_embedding_params(graph: Graph, layout: BlockLayout) -> float:
     return float(params[embedding].sum() / dtype_bytes)
 
 
+def keeps_gathered(settings: ExecutionSettings, parallel: ParallelConfig) -> bool:
+    """Whether FSDP keeps each stage's parameters gathered across micro-batches: torchtitan
+    under a pipeline (its ``apply_fsdp`` turns ``reshard_after_forward`` off when pipeline
+    parallelism is on)."""
+    return settings.stack == "torchtitan" and parallel.pp > 1 and (
+        parallel.dp_shard > 1 or settings.gradient_sync == "sharded")
+
 @dataclass(frozen=True, eq=False)
 class Pricing:
     """What the steps of :func:`~shardplan.cost.llm_costs` share about one layout (built

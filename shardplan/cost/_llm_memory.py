@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from shardplan.cost._formulas import OPTIMIZER_STATE
-from shardplan.cost._llm_layout import BlockLayout, Pricing
+from shardplan.cost._llm_layout import BlockLayout, Pricing, keeps_gathered
 from shardplan.cost._reserved import device_bytes, reserved_bytes
 from shardplan.ir import ExecutionSettings, Graph, ParallelConfig
 
@@ -77,7 +77,7 @@ def rank_memory(pr: Pricing, times: Any, p_dev: np.ndarray, rank_params: np.ndar
     # the loss's backward on the last stage allocates the logits' gradients while that
     # micro-batch's activations are held
     mem["activations"][(par.num_stages - 1) % pp] += times.loss_gradient
-    if shard > 1 and st.stack == "torchtitan" and pp > 1:
+    if shard > 1 and keeps_gathered(st, par):
         # kept gathered across micro-batches (torchtitan's apply_fsdp under a pipeline): the
         # rank's stages whole, at the parameters' compute precision
         for j in range(par.num_stages):

@@ -18,7 +18,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from shardplan.cost._llm import block_layout, llm_costs
+from shardplan.cost._formulas import OPTIMIZER_STATE
+from shardplan.cost._llm import block_layout, llm_costs, precision_bytes
 from shardplan.errors import ShardplanError
 from shardplan.ir import ExecutionSettings, Graph, Objective, ParallelConfig, Plan, Topology
 from shardplan.ir.parallel import pipeline_split
@@ -319,9 +320,6 @@ def _static_bytes(params: float, par: ParallelConfig, st: ExecutionSettings) -> 
     optimizer state: the model's parameters spread evenly over TP x PP (a stage holds at
     least the mean), each at its bytes, divided as the layout shards them (the cost model's
     rules, :mod:`shardplan.cost._llm_memory`). O(1)."""
-    from shardplan.cost._formulas import OPTIMIZER_STATE
-    from shardplan.cost._llm import precision_bytes
-
     w, g, master = precision_bytes(st.precision)
     if st.grad_reduce == "fp32":
         g = 4
