@@ -65,6 +65,7 @@ def _rank(rank: int, port: int, exported: dict, out: str) -> None:
             Path(out).write_text(json.dumps([float(v) for v in losses]))
     finally:
         dist.destroy_process_group()
+    os._exit(0)  # done: no interpreter teardown of gloo (it can abort at exit)
 
 
 def test_interleaved_export_runs_on_torch_pipelining(tmp_path: Path) -> None:

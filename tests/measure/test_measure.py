@@ -220,17 +220,18 @@ def test_busy_slowdown_compares_timings_of_the_same_round() -> None:
     assert slowdown_ratios([{1: 0.0, 2: 1.0}]) == {"1": 1.0, "2": 1.0}  # nothing to divide
 
 
-@pytest.mark.torch
-def test_dtensor_overhead_is_measured_on_the_runtimes_sharded_program(monkeypatch) -> None:
-    """What DTensor adds per operator is measured running a program as the runtime does
-    (its ShardedProgram over an exported, split program of transformer blocks), per graph
-    operator of that program, not bare DTensor operators in a loop (a third of it); and
-    per byte of the operators' outputs, from the same blocks at a second size."""
-    torch = pytest.importorskip("torch")
+def _dtensor_program_child(out: str) -> None:
+    """In a spawned process: a one-rank gloo group, the measurement with the program's
+    ``forward`` spied on, the result written to ``out``; then ``os._exit`` (a gloo group
+    torn down by the interpreter can abort the process at exit, and in the test process
+    itself that took a pytest worker down)."""
+    import json
+    import os
+
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    from shardplan.measure import _programs, _timing
+    from shardplan.measure import _programs
     from shardplan.runtime import _dtensor
 
     calls = []
@@ -240,7 +241,10 @@ def test_dtensor_overhead_is_measured_on_the_runtimes_sharded_program(monkeypatc
         calls.append(len([n for n in self.program.graph.nodes if n.op == "call_function"]))
         return real(self, *args)
 
-    monkeypatch.setattr(_dtensor.ShardedProgram, "forward", spy)
+    _dtensor.ShardedProgram.forward = spy
+    import torch
+
+    torch.set_num_threads(1)
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         mesh = init_device_mesh("cpu", (1,))
@@ -248,6 +252,31 @@ def test_dtensor_overhead_is_measured_on_the_runtimes_sharded_program(monkeypatc
                                          lambda: None, mesh, repeats=2, warmup=1)
     finally:
         dist.destroy_process_group()
+    with open(out, "w", encoding="utf-8") as fh:
+        json.dump({"calls": calls, "got": got}, fh)
+    os._exit(0)
+
+
+@pytest.mark.torch
+def test_dtensor_overhead_is_measured_on_the_runtimes_sharded_program(tmp_path) -> None:
+    """What DTensor adds per operator is measured running a program as the runtime does
+    (its ShardedProgram over an exported, split program of transformer blocks), per graph
+    operator of that program, not bare DTensor operators in a loop (a third of it); and
+    per byte of the operators' outputs, from the same blocks at a second size. Runs in a
+    spawned process (:func:`_dtensor_program_child`)."""
+    import json
+    import multiprocessing as mp
+
+    pytest.importorskip("torch")
+    from shardplan.measure import _timing
+
+    out = tmp_path / "got.json"
+    proc = mp.get_context("spawn").Process(target=_dtensor_program_child, args=(str(out),))
+    proc.start()
+    proc.join(timeout=300)
+    assert proc.exitcode == 0, f"the measuring process exited with {proc.exitcode}"
+    data = json.loads(out.read_text())
+    calls, got = data["calls"], data["got"]
     # each of the two sizes: a warm-up round and at least 5 timed ones
     assert len(calls) == 2 * (1 + 5) and calls[0] > 10 * _timing.BLOCKS // 2
     assert set(got) == {"per_op", "per_byte"}
