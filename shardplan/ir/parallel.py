@@ -17,6 +17,18 @@ so a tensor-parallel group is ``tp`` consecutive devices (inside one node when `
 the node's GPU count) and a pipeline rank's devices are one contiguous block of
 ``tp * cp * dp_shard * dp``.
 
+Expert layers (a mixture of experts) have a grid of their own over the same devices, as
+Megatron-Core folds it ("parallel folding"): inside each pipeline rank's block of devices the
+expert-tensor-parallel index varies fastest, then the expert-parallel index, then the expert
+data-parallel replica::
+
+    local = rank % devices_per_rank
+    etp_i = local % etp;  ep_i = (local // etp) % ep;  edp_i = local // (etp * ep)
+
+so ``etp * ep`` must divide ``tp * cp * dp_shard * dp``, and each expert-parallel group holds
+``experts / ep`` experts per device. ``etp`` None means the dense layers' ``tp`` (Megatron's
+default for ``--expert-tensor-parallel-size``).
+
 The plan's stages are its ``pp * vp`` virtual stages in pipeline order; virtual stage ``j`` runs
 on pipeline rank ``j % pp`` (interleaved 1F1B with ``vp`` stages per rank, on the same devices),
 and its ``devices`` are all the devices of that rank in rank order. ``stage_layers`` gives the
@@ -61,6 +73,11 @@ class ParallelConfig:
     stage_layers : tuple of int or None
         Transformer blocks per virtual stage in pipeline order (``pp * vp`` entries); None:
         as even as the block count allows.
+    ep : int
+        Expert-parallel degree: a mixture of experts' routed experts split over ``ep``
+        devices of each pipeline rank (``--expert-model-parallel-size``); 1 for a dense model.
+    etp : int or None
+        Expert tensor-parallel degree (``--expert-tensor-parallel-size``); None: ``tp``.
     """
 
     tp: int = 1
@@ -70,12 +87,20 @@ class ParallelConfig:
     cp: int = 1
     vp: int = 1
     stage_layers: tuple[int, ...] | None = None
+    ep: int = 1
+    etp: int | None = None
 
     def __post_init__(self) -> None:
-        for f in ("tp", "pp", "dp", "dp_shard", "cp", "vp"):
+        for f in ("tp", "pp", "dp", "dp_shard", "cp", "vp", "ep", "etp"):
             v = getattr(self, f)
+            if f == "etp" and v is None:
+                continue
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ShardplanError(f"parallel {f} must be an integer >= 1, got {v!r}")
+        if self.devices_per_rank % (self.expert_tp * self.ep):
+            raise ShardplanError(
+                f"expert layers need etp x ep = {self.expert_tp} x {self.ep} to divide a "
+                f"pipeline rank's {self.devices_per_rank} devices (tp x cp x dp_shard x dp)")
         if self.stage_layers is not None:
             layers = tuple(self.stage_layers)
             if len(layers) != self.pp * self.vp:
@@ -100,6 +125,30 @@ class ParallelConfig:
     def devices_per_rank(self) -> int:
         """Devices of one pipeline rank: ``tp * cp * dp_shard * dp``."""
         return self.tp * self.cp * self.dp_shard * self.dp
+
+    @property
+    def expert_tp(self) -> int:
+        """The expert layers' tensor-parallel degree: ``etp``, or ``tp`` when unset."""
+        return self.tp if self.etp is None else self.etp
+
+    @property
+    def expert_dp(self) -> int:
+        """Expert data-parallel replicas (their gradients are reduced over these):
+        ``devices_per_rank / (expert_tp * ep)``."""
+        return self.devices_per_rank // (self.expert_tp * self.ep)
+
+    @property
+    def is_expert_parallel(self) -> bool:
+        """Whether the expert layers have a grid of their own (``ep > 1`` or an ``etp``)."""
+        return self.ep > 1 or self.etp is not None
+
+    def expert_coordinates(self, rank: int) -> dict[str, int]:
+        """The expert grid's coordinates of a rank: ``etp``, ``ep``, ``edp`` and ``pp``
+        (module docstring's order)."""
+        pp = self.coordinates(rank)["pp"]
+        local = rank % self.devices_per_rank
+        return {"etp": local % self.expert_tp, "ep": (local // self.expert_tp) % self.ep,
+                "edp": local // (self.expert_tp * self.ep), "pp": pp}
 
     @property
     def num_stages(self) -> int:
@@ -142,11 +191,18 @@ class ParallelConfig:
                  if getattr(self, f) > 1]
         if self.vp > 1:
             parts.append(f"VP {self.vp}")
+        if self.ep > 1:
+            parts.append(f"EP {self.ep}")
+        if self.etp is not None and self.etp != self.tp:
+            parts.append(f"ETP {self.etp}")
         return " x ".join(parts) or "one device"
 
     # ------------------------------------------------------------------ JSON
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
+        for key, default in (("ep", 1), ("etp", None)):  # a dense plan's file as before
+            if d[key] == default:
+                del d[key]
         if self.stage_layers is None:
             del d["stage_layers"]
         else:

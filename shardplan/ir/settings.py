@@ -45,6 +45,8 @@ SHARD_UNITS = ("block", "module")
 GRAD_REDUCES = ("param", "fp32")
 #: The software that runs an LLM plan, where it prices differently (ExecutionSettings.stack).
 STACKS = ("megatron", "megatron-core", "megatron-deepspeed", "torchtitan")
+#: How a mixture of experts moves tokens to their experts (ExecutionSettings.moe_dispatcher).
+MOE_DISPATCHERS = ("alltoall", "allgather")
 DDP_BUCKET_BYTES = 25 * 2**20  # torch DistributedDataParallel's default bucket_cap_mb
 
 # Keys older plans kept among their algorithm options (before the ``execution`` field).
@@ -211,6 +213,18 @@ class ExecutionSettings:
         CUDA loads kernels as they are first used (``CUDA_MODULE_LOADING=LAZY``, which torch
         sets since 1.13): the CUDA context holds 287 MB instead of 667 MB
         (``shardplan/cost/_reserved.py``; default True; False for runs of older torch).
+    moe_dispatcher : {"alltoall", "allgather"}
+        How a mixture of experts' tokens reach the experts of other expert-parallel ranks
+        (Megatron-Core's ``--moe-token-dispatcher-type``): ``alltoall`` -- each token sent
+        to the ranks of its chosen experts and back; ``allgather`` -- every rank gathers all
+        tokens and keeps its experts' share, then the outputs are reduce-scattered.
+    moe_capacity_factor : float or None
+        Expert capacity as a multiple of the balanced share (``--moe-expert-capacity-factor``;
+        tokens beyond it are dropped); None: dropless (Megatron-Core's default), each expert
+        takes every token routed to it.
+    moe_grouped_gemm : bool
+        The local experts run as one grouped GEMM (``--moe-grouped-gemm``; default True) rather
+        than one GEMM per expert.
     """
 
     microbatch_size: int | None = None
@@ -234,6 +248,9 @@ class ExecutionSettings:
     stack: str = "megatron"
     expandable_segments: bool = False
     lazy_loading: bool = True
+    moe_dispatcher: str = "alltoall"
+    moe_capacity_factor: float | None = None
+    moe_grouped_gemm: bool = True
 
     def __post_init__(self) -> None:
         from shardplan._limits import check_size
@@ -274,8 +291,16 @@ class ExecutionSettings:
         if self.optimizer not in OPTIMIZERS:
             raise ShardplanError(f"unknown optimizer {self.optimizer!r} (choose from "
                                  f"{', '.join(OPTIMIZERS)})")
+        if self.moe_dispatcher not in MOE_DISPATCHERS:
+            raise ShardplanError(f"unknown MoE token dispatcher {self.moe_dispatcher!r} "
+                                 f"(choose from {', '.join(MOE_DISPATCHERS)})")
+        cf = self.moe_capacity_factor
+        if cf is not None and (isinstance(cf, bool) or not isinstance(cf, (int, float))
+                               or not (math.isfinite(cf) and cf > 0)):
+            raise ShardplanError(f"moe_capacity_factor must be a positive number or null, "
+                                 f"got {cf!r}")
         for name in ("overlap", "sequence_parallel", "tp_comm_overlap",
-                     "expandable_segments", "lazy_loading"):
+                     "expandable_segments", "lazy_loading", "moe_grouped_gemm"):
             if not isinstance(getattr(self, name), bool):
                 raise ShardplanError(f"{name} must be true or false, got "
                                      f"{getattr(self, name)!r}")

@@ -38,8 +38,30 @@ def test_json_round_trip_and_unknown_keys():
     p = ParallelConfig(tp=8, pp=12, dp=8, vp=2, stage_layers=tuple([4] * 24))
     assert ParallelConfig.from_dict(p.to_dict()) == p
     assert "stage_layers" not in ParallelConfig(tp=2).to_dict()
-    with pytest.raises(InvalidFileError, match="unknown keys: ep"):
+    with pytest.raises(InvalidFileError, match="unknown keys: xp"):
+        ParallelConfig.from_dict({"tp": 2, "xp": 2})
+    with pytest.raises(InvalidFileError, match="etp x ep = 2 x 2 to divide"):
         ParallelConfig.from_dict({"tp": 2, "ep": 2})
+    # a dense plan's file has no expert keys; an expert plan's round-trips
+    assert "ep" not in p.to_dict() and "etp" not in p.to_dict()
+    e = ParallelConfig(tp=2, pp=8, vp=4, dp=64, ep=64, etp=1)
+    assert e.to_dict()["ep"] == 64 and ParallelConfig.from_dict(e.to_dict()) == e
+
+
+def test_expert_grid_folds_into_each_pipeline_rank():
+    """Megatron-Core's parallel folding: etp fastest, then ep, then the expert replica, all
+    inside one pipeline rank's block; every expert coordinate taken exactly once per rank."""
+    p = ParallelConfig(tp=2, pp=2, dp=8, ep=4, etp=1)
+    assert (p.expert_tp, p.expert_dp) == (1, 4)
+    assert ParallelConfig(tp=2, dp=8, ep=4).expert_dp == 2  # etp defaults to tp
+    seen = {(c["etp"], c["ep"], c["edp"], c["pp"])
+            for c in map(p.expert_coordinates, range(p.world_size))}
+    assert len(seen) == p.world_size
+    assert p.expert_coordinates(17) == {"etp": 0, "ep": 1, "edp": 0, "pp": 1}
+    assert p.expert_coordinates(5) == {"etp": 0, "ep": 1, "edp": 1, "pp": 0}
+    assert p.label() == "TP 2 x PP 2 x DP 8 x EP 4 x ETP 1"
+    with pytest.raises(ShardplanError, match="integer >= 1"):
+        ParallelConfig(ep=0)
     with pytest.raises(InvalidFileError):
         ParallelConfig.from_dict({"tp": -1})
 
