@@ -1,4 +1,4 @@
-"""Collectives among a stage's replicas: all-reduce, all-gather, reduce-scatter.
+"""Collectives among a stage's replicas: all-reduce, all-gather, reduce-scatter, all-to-all.
 
 One place prices them for the stage-time model and the simulator: the topology's measured
 curve for the group size when it has one (``topology measure`` writes them: real libraries'
@@ -20,13 +20,14 @@ from shardplan.ir import Topology
 __all__ = ["COLLECTIVES", "collective_seconds", "curve_seconds", "measured_seconds",
            "ring_collectives", "ring_steps"]
 
-COLLECTIVES = ("allreduce", "allgather", "reducescatter")
+COLLECTIVES = ("allreduce", "allgather", "reducescatter", "alltoall")
 
 
 def ring_steps(kind: str, replicas: int) -> int:
     """Synchronised steps of the ring algorithm, each moving ``bytes / R`` per device:
     ``2 (R - 1)`` for an all-reduce (reduce-scatter then all-gather), ``R - 1`` for the
-    others."""
+    others. An all-to-all of a ``bytes`` buffer per device sends ``(R - 1) / R`` of it, the
+    traffic of an all-gather of a ``bytes`` tensor, and is priced as one."""
     if kind not in COLLECTIVES:
         raise ValueError(f"unknown collective {kind!r}")
     return (2 if kind == "allreduce" else 1) * (int(replicas) - 1)
@@ -42,7 +43,7 @@ def measured_seconds(topology: Topology, kind: str, group_size: int,
     (:func:`~shardplan.cost._gpu.cluster_collective_seconds`, the group packed onto whole
     nodes). 0 for no bytes. O(log points) per value."""
     curve = topology.collective_curve(kind, group_size)
-    if curve is None and kind == "reducescatter":
+    if curve is None and kind in ("reducescatter", "alltoall"):
         curve = topology.collective_curve("allgather", group_size)  # the same traffic
     if curve is None:
         from shardplan.cost._gpu import cluster_collective_seconds

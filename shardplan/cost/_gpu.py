@@ -207,13 +207,16 @@ def _pair_bandwidth(topology: Topology, a: int, b: int) -> float:
 def nccl_terms(topology: Topology, model: GPUModel, kind: str, devices: Any,
                nodes: np.ndarray) -> tuple[float, float]:
     """``(latency, seconds per byte)`` of NCCL's ``kind`` (``allreduce``, ``allgather``,
-    ``reducescatter``) over ``devices`` (module docstring's scope rule): a collective of
+    ``reducescatter``; ``alltoall``: :func:`_alltoall_terms`, its bytes the buffer of one
+    device) over ``devices`` (module docstring's scope rule): a collective of
     ``S`` bytes (the whole tensor) takes ``latency + S x seconds per byte``. ``(0, 0)`` for
     one device. O(R)."""
     dev = np.asarray(devices, dtype=np.int64).reshape(-1)
     n = dev.size
     if n <= 1:
         return 0.0, 0.0
+    if kind == "alltoall":
+        return _alltoall_terms(topology, model, dev, nodes)
     f = 2.0 if kind == "allreduce" else 1.0
     node = nodes[dev]
     uniq, counts = np.unique(node, return_counts=True)
@@ -237,6 +240,31 @@ def nccl_terms(topology: Topology, model: GPUModel, kind: str, devices: Any,
         other = dev[node != node[0]][0]
         b_out = _pair_bandwidth(topology, int(dev[0]), int(other))
         k_out = f * (m - 1) / m / g / (eta * b_out)
+    return lat, max(k_in, k_out)
+
+
+def _alltoall_terms(topology: Topology, model: GPUModel, dev: np.ndarray,
+                    nodes: np.ndarray) -> tuple[float, float]:
+    """NCCL's all-to-all (a grouped send and receive with every peer) of an ``S``-byte
+    buffer per device over ``n`` devices, ``g`` per node: ``S (g - 1) / n`` to the peers
+    of its node over NVLink and ``S (n - g) / n`` to the others over its own NIC, at the
+    same time, each at NCCL's bus efficiency; the peers' transfers run concurrently, so the
+    latency is one step over each kind of link (an assumption: NCCL's tuning model has no
+    all-to-all entry). O(R)."""
+    n = dev.size
+    node = nodes[dev]
+    g = int(np.unique(node, return_counts=True)[1].max())
+    eta = model.nccl_efficiency
+    lat = model.nccl_base_latency + model.nccl_nvlink_step
+    k_in = k_out = 0.0
+    if g > 1:
+        local = dev[node == node[0]]
+        b_in = float(np.asarray(topology.bandwidth[local, np.roll(local, -1)]).min())
+        k_in = (g - 1) / n / (eta * b_in)
+    if n > g:
+        lat += model.nccl_net_step
+        other = dev[node != node[0]][0]
+        k_out = (n - g) / n / (eta * _pair_bandwidth(topology, int(dev[0]), int(other)))
     return lat, max(k_in, k_out)
 
 

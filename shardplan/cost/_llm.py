@@ -90,6 +90,13 @@ from shardplan.cost._llm_memory import (  # noqa: F401
     _in_flight,
     rank_memory,
 )
+from shardplan.cost._llm_moe import (
+    check_experts,
+    expert_comm_seconds,
+    expert_factors,
+    expert_shard,
+    straggler_factor,
+)
 from shardplan.errors import ShardplanError
 from shardplan.ir import ExecutionSettings, Graph, ParallelConfig, Topology
 from shardplan.ir.settings import ATTENTION_KERNELS
@@ -252,6 +259,7 @@ def check_layout(graph: Graph, topology: Topology, parallel: ParallelConfig,
                 raise ShardplanError(f"tensor parallelism {parallel.tp} does not divide the "
                                      f"model's {h} {key.replace('_', ' ')}")
     parallel.layers_per_stage(block_layout(graph).num_blocks)
+    check_experts(graph, parallel)
     mb = settings.microbatch_size or graph.batch_size
     if mb % parallel.data_parallel:
         raise ShardplanError(f"a micro-batch of {mb} sequences does not divide over "
@@ -284,8 +292,9 @@ def llm_costs(graph: Graph, topology: Topology, parallel: ParallelConfig,
     edge_bytes = times.scaled.edge_bytes.astype(np.float64) / parallel.cp
     tp_f, tp_b, exposed_f, exposed_b = tensor_parallel_seconds(pr, times.fwd, times.bwd,
                                                                times.ckpt_node, edge_bytes)
-    forward = np.array([times.fwd[nodes].sum() for nodes in pr.stages]) + exposed_f
-    backward = np.array([times.bwd[nodes].sum() for nodes in pr.stages]) + exposed_b
+    moe_f, moe_b = expert_comm_seconds(pr)
+    forward = np.array([times.fwd[nodes].sum() for nodes in pr.stages]) + exposed_f + moe_f
+    backward = np.array([times.bwd[nodes].sum() for nodes in pr.stages]) + exposed_b + moe_b
     send, send_s, forward, backward = pipeline_messages(pr, edge_bytes, forward, backward)
     dp = data_parallel(pr)
     forward, backward = forward + dp.copy_forward, backward + dp.copy_backward
@@ -294,12 +303,18 @@ def llm_costs(graph: Graph, topology: Topology, parallel: ParallelConfig,
     rank_params = np.zeros(pp)
     for j in range(parallel.num_stages):
         rank_params[j % pp] += dp.params[j]
+    rank_experts = np.zeros(pp)
+    for j in range(parallel.num_stages):
+        rank_experts[j % pp] += dp.expert_params[j]
     sharded = parallel.dp_shard > 1 or settings.gradient_sync in ("sharded", "zero1")
     opt_share = pr.gradient_group if sharded else 1
-    opt = np.asarray(optimizer_seconds(rank_params / opt_share * 4.0, settings.optimizer,
+    stepped = (rank_params - rank_experts) / opt_share + \
+        rank_experts / expert_shard(pr, opt_share)
+    opt = np.asarray(optimizer_seconds(stepped * 4.0, settings.optimizer,
                                        pr.fp32, pr.bw, settings.precision,
                                        settings.grad_reduce == "fp32"), dtype=np.float64)
-    mem, in_flight = rank_memory(pr, times, dp.params, rank_params, send)
+    mem, in_flight = rank_memory(pr, times, dp.params, rank_params, send,
+                                 expert_params=dp.expert_params)
     return LLMCosts(forward=forward, backward=backward, tp_comm_forward=tp_f,
                     tp_comm_backward=tp_b, send_bytes=send, send_seconds=send_s,
                     grad_bytes=dp.grad_bytes, grad_sync_seconds=dp.sync,
@@ -329,6 +344,9 @@ def pricing(graph: Graph, topology: Topology, parallel: ParallelConfig,
     in_block = (layout.block >= 0) & (layout.block < layout.num_blocks)
     div = np.where(split, tp * cp, cp * (tp if sp else 1)).astype(np.float64)
     div[~in_block & ~split] = cp * (tp if sp else 1)
+    div[layout.moe] = tp * cp  # a mixture of experts routes each device's tokens (_llm_moe)
+    param_div = np.where(split, tp, 1).astype(np.float64)
+    param_div[layout.expert] = parallel.ep * parallel.expert_tp
     stages = stage_nodes(layout, parallel)
     stage_of = np.empty(graph.num_nodes, dtype=np.int64)
     for j, nodes in enumerate(stages):
@@ -354,7 +372,7 @@ def pricing(graph: Graph, topology: Topology, parallel: ParallelConfig,
 
     return Pricing(graph=graph, topology=topology, parallel=parallel, settings=settings,
                    layout=layout, stages=stages, stage_of=stage_of, div=div,
-                   param_div=np.where(split, tp, 1).astype(np.float64),
+                   param_div=param_div,
                    n_params=graph.param_bytes.astype(np.float64) / dtype_bytes,
                    dtype_bytes=dtype_bytes, in_block=in_block,
                    rb=(settings.microbatch_size or graph.batch_size) // parallel.data_parallel,
@@ -396,6 +414,7 @@ def node_seconds(pr: Pricing) -> NodeTimes:
     if hw is not None and st.efficiency is None:
         # matrix products at the waves their per-device shapes fill (shardplan.cost._gpu)
         wf, wb = _wave_factors(graph, pr.rb, pr.parallel.tp, pr.parallel.cp, hw.sms)
+        wf, wb = expert_factors(pr, wf, wb)
         fwd = np.maximum(fwd, scaled.fwd_flops / rate / wf)
         bwd = np.maximum(bwd, scaled.bwd_flops / rate / wb)
     # attention that writes its s x s scores (Megatron-LM's fused softmax kernels, before
@@ -414,6 +433,9 @@ def node_seconds(pr: Pricing) -> NodeTimes:
         bwd[logits] += (LOSS_BYTES_BACKWARD + cast) * n_logits / pr.bw
     fwd = fwd / pr.div
     bwd = bwd / pr.div
+    if layout.has_experts:  # the slowest expert-parallel device sets the layer's pace
+        slow = np.where(layout.expert, straggler_factor(pr), 1.0)
+        fwd, bwd = fwd * slow, bwd * slow
     ckpt_node = _checkpointed(pr)
     op_saved = _op_saved(graph)
     if st.recompute == "full":
@@ -631,7 +653,7 @@ def fp8_cast_seconds(graph: Graph, batch: int, fp8_nodes: np.ndarray, bw: float,
     any parallel split (:data:`FP8_CAST_BYTES`): a product ``(M x K) (K x N)`` casts its
     ``M K`` inputs forward, its ``M N`` output gradients backward, and its ``K N`` weights
     once per iteration (a share of it per micro-batch). O(n)."""
-    g = graph.at_batch_size(batch)
+    g = _at_batch(graph, batch)
     dtype_bytes = float(graph.meta.get("dtype_bytes", 4)) if isinstance(graph.meta, dict) \
         else 4.0
     params = graph.param_bytes.astype(np.float64) / dtype_bytes
@@ -643,6 +665,12 @@ def fp8_cast_seconds(graph: Graph, batch: int, fp8_nodes: np.ndarray, bw: float,
     fwd[sel] = FP8_CAST_BYTES * (inputs[sel] + params[sel] / max(microbatches, 1)) / bw
     bwd[sel] = FP8_CAST_BYTES * out[sel] / bw
     return fwd, bwd
+
+
+@lru_cache(maxsize=16)
+def _at_batch(graph: Graph, batch: int) -> Graph:
+    """``graph.at_batch_size(batch)``, kept: a search prices many layouts of one batch."""
+    return graph.at_batch_size(batch)
 
 
 @lru_cache(maxsize=64)

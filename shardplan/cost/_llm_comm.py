@@ -16,10 +16,12 @@ from shardplan.cost._gpu import p2p_seconds
 from shardplan.cost._llm_layout import (
     BlockLayout,
     Pricing,
+    _expert_groups,
     _groups,
     _rank_devices,
     _tied_embedding_params,
 )
+from shardplan.cost._llm_moe import expert_params
 
 __all__ = ["FSDP_COPY_OUT", "DataParallel", "data_parallel", "pipeline_messages",
            "tensor_parallel_seconds"]
@@ -161,6 +163,7 @@ class DataParallel:
     units: np.ndarray
     copy_forward: np.ndarray
     copy_backward: np.ndarray
+    expert_params: np.ndarray
 
 
 def data_parallel(pr: Pricing) -> DataParallel:
@@ -184,8 +187,13 @@ def data_parallel(pr: Pricing) -> DataParallel:
     fsdp = par.dp_shard > 1 or st.gradient_sync == "sharded"
     zero1 = st.gradient_sync == "zero1"
     kind = "reducescatter" if (fsdp or zero1) else "allreduce"
-    sync = np.array([pr.collective(kind, dp_group, float(b)) if d > 1 else 0.0
-                     for b in grad_bytes])
+    # a mixture's routed experts reduce over their own replicas (shardplan.cost._llm_moe)
+    e_dev = expert_params(pr) if layout.has_experts else np.zeros(par.num_stages)
+    _, _, edp_group = _expert_groups(par, 0)
+    sync = np.array([(pr.collective(kind, dp_group, float((p - e) * pr.g_bytes))
+                      if d > 1 else 0.0) +
+                     pr.collective(kind, edp_group, float(e * pr.g_bytes))
+                     for p, e in zip(p_dev, e_dev, strict=True)])
     if tied:
         ends = np.array([_rank_devices(par, 0)[0], _rank_devices(par, par.pp - 1)[0]])
         tie = pr.collective("allreduce", ends, float(tied * pr.g_bytes))
@@ -202,8 +210,9 @@ def data_parallel(pr: Pricing) -> DataParallel:
                                                  float(n_params[v] / param_div[v] * pr.w_bytes))
                                    for v in nodes[n_params[nodes] > 0]) for nodes in pr.stages])
         else:
-            gather = np.array([pr.collective("allgather", dp_group, float(p * pr.w_bytes))
-                               for p in p_dev])
+            gather = np.array([pr.collective("allgather", dp_group, float((p - e) * pr.w_bytes))
+                               + pr.collective("allgather", edp_group, float(e * pr.w_bytes))
+                               for p, e in zip(p_dev, e_dev, strict=True)])
     copy_f = np.zeros(par.num_stages)
     copy_b = np.zeros(par.num_stages)
     if fsdp and d > 1 and not module_unit:
@@ -213,7 +222,8 @@ def data_parallel(pr: Pricing) -> DataParallel:
         copy_f = FSDP_COPY_OUT * pr.w_bytes * p_dev / pr.bw
         copy_b = copy_f + (pr.w_bytes + pr.g_bytes) * p_dev / pr.bw / st.microbatches
     return DataParallel(params=p_dev, grad_bytes=grad_bytes, sync=sync, gather=gather,
-                        units=units, copy_forward=copy_f, copy_backward=copy_b)
+                        units=units, copy_forward=copy_f, copy_backward=copy_b,
+                        expert_params=e_dev)
 
 
 def _gather_units(layout: BlockLayout, nodes: np.ndarray, n_params: np.ndarray,

@@ -27,6 +27,19 @@ __all__ = ["TP_REGIONS", "VOCAB_MODULES", "BlockLayout", "Pricing", "block_layou
 TP_REGIONS = ("attention", "self_attention", "attn", "feed_forward", "mlp")
 
 
+#: The sub-module of a block that holds a mixture of experts (the zoo's ``layers.N.moe``,
+#: torchtitan's and Megatron-Core's name), and its always-on experts, which split over the
+#: tensor-parallel group as a dense MLP does.
+MOE_MODULE = "moe"
+
+
+MOE_SHARED = "shared_experts"
+
+
+#: The routed experts' module under :data:`MOE_MODULE` (their grouped GEMMs).
+MOE_EXPERTS = "experts"
+
+
 #: Top-level modules split by the vocabulary (the embedding and the output head).
 VOCAB_MODULES = ("tok_embeddings", "output", "lm_head", "wte", "word_embeddings")
 
@@ -76,6 +89,11 @@ class BlockLayout:
         Nodes of the vocabulary-parallel embedding, head and loss.
     attention_core : ndarray of bool, shape (n,)
         Parameter-free nodes of an attention region (what selective recompute re-runs).
+    moe : ndarray of bool, shape (n,)
+        Nodes of a mixture of experts other than its shared experts (the router, the
+        dispatch, the routed experts, the combine): token-wise, split over ``tp x cp``.
+    expert : ndarray of bool, shape (n,)
+        The routed experts' nodes (their weights split over ``ep x etp``).
     """
 
     block: np.ndarray
@@ -83,6 +101,13 @@ class BlockLayout:
     region: np.ndarray
     vocab: np.ndarray
     attention_core: np.ndarray
+    moe: np.ndarray
+    expert: np.ndarray
+
+    @property
+    def has_experts(self) -> bool:
+        """Whether the graph has routed experts (a mixture of experts)."""
+        return bool(self.expert.any())
 
     @property
     def split(self) -> np.ndarray:
@@ -107,12 +132,20 @@ def _layout_cached(graph: Graph) -> BlockLayout:
     region = np.full(n, -1, dtype=np.int64)
     vocab = np.zeros(n, dtype=bool)
     core = np.zeros(n, dtype=bool)
+    moe = np.zeros(n, dtype=bool)
+    expert = np.zeros(n, dtype=bool)
     for v, (mod, op) in enumerate(zip(graph.modules, graph.ops, strict=True)):
         m = _BLOCK.search(mod or "")
         if m is not None:
             block[v] = int(m.group(1))
             rest = (mod[m.end():] if m.end() < len(mod) else "").split(".")
-            if rest and rest[0] in TP_REGIONS:
+            if rest[0] == MOE_MODULE and len(rest) > 1 and rest[1] == MOE_SHARED:
+                key = mod[:m.end()] + "." + ".".join(rest[:2])
+                region[v] = region_key.setdefault(key, len(region_key))
+            elif rest[0] == MOE_MODULE:
+                moe[v] = True
+                expert[v] = len(rest) > 1 and rest[1] == MOE_EXPERTS
+            elif rest and rest[0] in TP_REGIONS:
                 key = mod[:m.end()] + "." + rest[0]
                 region[v] = region_key.setdefault(key, len(region_key))
                 if (rest[0] in ("attention", "self_attention", "attn")
@@ -138,7 +171,7 @@ def _layout_cached(graph: Graph) -> BlockLayout:
     block[outside & after] = nb
     block[outside & ~after] = -1
     return BlockLayout(block=block, num_blocks=nb, region=region, vocab=vocab,
-                       attention_core=core)
+                       attention_core=core, moe=moe, expert=expert)
 
 
 def stage_nodes(layout: BlockLayout, parallel: ParallelConfig) -> list[np.ndarray]:
@@ -175,6 +208,17 @@ def _groups(parallel: ParallelConfig, pp_rank: int) -> tuple[np.ndarray, np.ndar
     tp = base + np.arange(parallel.tp)
     dp = base + parallel.tp * np.arange(parallel.data_parallel * parallel.cp)
     return tp, dp
+
+
+def _expert_groups(parallel: ParallelConfig, pp_rank: int
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """An expert-tensor-parallel group, an expert-parallel group and an expert
+    data-parallel group of a pipeline rank (device ids; :mod:`shardplan.ir.parallel`'s
+    folding: etp fastest, then ep, then the expert replica)."""
+    base = pp_rank * parallel.devices_per_rank
+    etp, ep = parallel.expert_tp, parallel.ep
+    return (base + np.arange(etp), base + etp * np.arange(ep),
+            base + etp * ep * np.arange(parallel.expert_dp))
 
 
 def _tied_embedding_params(graph: Graph, layout: BlockLayout) -> float:

@@ -15,6 +15,7 @@ import numpy as np
 
 from shardplan.cost._formulas import OPTIMIZER_STATE
 from shardplan.cost._llm_layout import BlockLayout, Pricing, keeps_gathered
+from shardplan.cost._llm_moe import expert_shard
 from shardplan.cost._reserved import device_bytes, reserved_bytes
 from shardplan.ir import ExecutionSettings, Graph, ParallelConfig
 
@@ -40,12 +41,15 @@ DEEPSPEED_BUCKET = 5e8
 
 
 def rank_memory(pr: Pricing, times: Any, p_dev: np.ndarray, rank_params: np.ndarray,
-                send_bytes: np.ndarray | None = None
+                send_bytes: np.ndarray | None = None, *,
+                expert_params: np.ndarray | None = None
                 ) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """Bytes per device of every pipeline rank by kind (:class:`~shardplan.cost.LLMCosts`'s
     ``memory``), and the micro-batches each virtual stage holds at its peak. ``times`` is
     the compute step's :class:`~shardplan.cost._llm.NodeTimes`; ``send_bytes`` what each
-    stage sends on per micro-batch (DeepSpeed's pipeline engine keeps it). O(n + pp vp m)."""
+    stage sends on per micro-batch (DeepSpeed's pipeline engine keeps it);
+    ``expert_params`` the routed experts' share of ``p_dev``, sharded over their own
+    replicas (:func:`~shardplan.cost._llm_moe.expert_shard`). O(n + pp vp m)."""
     par, st, pp = pr.parallel, pr.settings, pr.parallel.pp
     in_flight = _in_flight(par, st)
     act_held = _activations_held(pr, times, in_flight)
@@ -65,14 +69,19 @@ def rank_memory(pr: Pricing, times: Any, p_dev: np.ndarray, rank_params: np.ndar
     # fp32 ones the optimizer steps, cast to half precision as they are all-gathered, and
     # their gradients are fp32 whatever the reduce_dtype; no half-precision shard is kept
     fsdp2_mixed = shard > 1 and st.shard_unit == "block" and pr.master_bytes > 0
+    experts = np.zeros(par.num_stages) if expert_params is None else expert_params
+    opt_div = shard if shard > 1 else (d if zero1 else 1)
+    e_shard, e_opt = expert_shard(pr, shard), expert_shard(pr, opt_div)
     for j in range(par.num_stages):
         r = j % pp
+        dense, e = p_dev[j] - experts[j], experts[j]
+        held = dense / shard + e / e_shard  # parameters and gradients as sharded
+        stepped = dense / opt_div + e / e_opt  # master weights and optimizer state
         if not fsdp2_mixed:
-            mem["params"][r] += p_dev[j] * pr.w_bytes / shard
-        mem["gradients"][r] += p_dev[j] * (4 if fsdp2_mixed else pr.g_bytes) / shard
-        opt_div = shard if shard > 1 else (d if zero1 else 1)
-        mem["master"][r] += p_dev[j] * pr.master_bytes / opt_div
-        mem["optimizer"][r] += p_dev[j] * state / opt_div
+            mem["params"][r] += held * pr.w_bytes
+        mem["gradients"][r] += held * (4 if fsdp2_mixed else pr.g_bytes)
+        mem["master"][r] += stepped * pr.master_bytes
+        mem["optimizer"][r] += stepped * state
         mem["activations"][r] += act_held[j]
     # the loss's backward on the last stage allocates the logits' gradients while that
     # micro-batch's activations are held

@@ -190,7 +190,30 @@ def candidates(graph: Graph, topology: Topology, settings: ExecutionSettings, *,
                 if global_batch % dp:
                     continue
                 yield from _batching(layout, settings, space, tp, pp, cp, dp,
-                                     global_batch // dp, max_microbatch)
+                                     global_batch // dp, max_microbatch,
+                                     _expert_grids(dims, layout.has_experts, tp, cp * dp))
+
+
+def _expert_grids(dims: Any, has_experts: bool, tp: int, rest: int
+                  ) -> list[tuple[int, int | None]]:
+    """``(ep, etp)`` choices of a mixture of experts on a pipeline rank of ``tp x rest``
+    devices: EP a power of two dividing the experts, expert TP 1 or the dense layers' TP
+    (None), ``ep x etp`` dividing the rank's devices; ``[(1, None)]`` for a dense model."""
+    if not has_experts or not isinstance(dims, dict) or not isinstance(
+            dims.get("experts"), int):
+        return [(1, None)]
+    experts, ffn = int(dims["experts"]), dims.get("moe_ffn")
+    out: list[tuple[int, int | None]] = []
+    ep = 1
+    while ep <= experts:
+        if experts % ep == 0:
+            for etp in ((None, 1) if tp > 1 else (None,)):
+                width = tp if etp is None else etp
+                if (tp * rest) % (ep * width) == 0 and not (
+                        isinstance(ffn, int) and ffn % width):
+                    out.append((ep, etp))
+        ep *= 2
+    return out or [(1, None)]
 
 
 def _contexts(space: SearchSpace, seq: Any, rest: int) -> list[int]:
@@ -201,7 +224,8 @@ def _contexts(space: SearchSpace, seq: Any, rest: int) -> list[int]:
 
 
 def _batching(layout: Any, settings: ExecutionSettings, space: SearchSpace, tp: int,
-              pp: int, cp: int, dp: int, per_replica: int, max_microbatch: int
+              pp: int, cp: int, dp: int, per_replica: int, max_microbatch: int,
+              experts: Sequence[tuple[int, int | None]] = ((1, None),)
               ) -> Iterator[tuple[ParallelConfig, ExecutionSettings]]:
     """The micro-batch, virtual-stage, recompute, sequence-parallel and sharding choices of
     one TP x PP x CP x DP grid (:func:`candidates`)."""
@@ -219,9 +243,10 @@ def _batching(layout: Any, settings: ExecutionSettings, space: SearchSpace, tp: 
                 continue
             for rc in space.recomputes:
                 for sp in (space.sequence_parallel if tp > 1 else (False,)):
-                    for rep, shard, sync in _shardings(space, dp, settings):
+                    for (rep, shard, sync), (ep, etp) in itertools.product(
+                            _shardings(space, dp, settings), experts):
                         yield (ParallelConfig(tp=tp, pp=pp, dp=rep, dp_shard=shard, cp=cp,
-                                              vp=vp, stage_layers=split),
+                                              vp=vp, stage_layers=split, ep=ep, etp=etp),
                                replace(settings, microbatch_size=mb * dp,
                                        microbatches=m, recompute=rc, gradient_sync=sync,
                                        schedule="interleaved-1f1b" if vp > 1 else "1f1b",
@@ -269,9 +294,12 @@ def llm_search(graph: Graph, topology: Topology, settings: ExecutionSettings, *,
                                 devices=devices, max_microbatch=max_microbatch, space=space),
                      key=lambda c: _promise(*c))
     pool = itertools.chain(include, offered)
-    params = float(graph.param_bytes.sum()) / float(
-        graph.meta.get("dtype_bytes", 4) if isinstance(graph.meta, dict) else 4)
+    dtype_bytes = float(graph.meta.get("dtype_bytes", 4) if isinstance(graph.meta, dict)
+                        else 4)
+    params = float(graph.param_bytes.sum()) / dtype_bytes
+    experts = float(graph.param_bytes[block_layout(graph).expert].sum()) / dtype_bytes
     seen: set[tuple[Any, ...]] = set()
+    frugal_seen: dict[tuple[Any, ...], bool] = {}
     included = {(p, s) for p, s in include}
     for par, st in pool:
         key = (par, st)
@@ -282,9 +310,13 @@ def llm_search(graph: Graph, topology: Topology, settings: ExecutionSettings, *,
             timed_out = True  # the rest of the time simulates what was priced
             break
         considered += 1
-        static = _static_bytes(params, par, st)
+        static = _static_bytes(params, par, st, experts)
         if static > capacity and key not in included:
             ranked.append(LLMCandidate(par, st, math.inf, static, False))
+            continue
+        frugal = _frugal_fits(frugal_seen, graph, topology, par, st, capacity)
+        if frugal is not None and not frugal and key not in included:
+            ranked.append(LLMCandidate(par, st, math.inf, math.inf, False))
             continue
         try:
             check_layout(graph, topology, par, st)
@@ -315,23 +347,52 @@ def llm_search(graph: Graph, topology: Topology, settings: ExecutionSettings, *,
                      offered=len(offered) + len(included))
 
 
-def _static_bytes(params: float, par: ParallelConfig, st: ExecutionSettings) -> float:
+def _frugal_fits(memo: dict[tuple[Any, ...], bool], graph: Graph, topology: Topology,
+                 par: ParallelConfig, st: ExecutionSettings, capacity: float) -> bool | None:
+    """Whether ``par`` under ``st`` with full recompute fits the devices (memoized per
+    layout and settings but the recompute level), or None when ``st`` already recomputes
+    fully or the layout cannot be priced. Full recompute keeps the least of any recompute
+    level in the cost model (each block's input and one block's activations), so when it
+    does not fit, no level does: the search records those siblings as not fitting without
+    pricing them. One pricing per layout. O(n + pp vp)."""
+    if st.recompute == "full":
+        return None
+    frugal = replace(st, recompute="full")
+    key = (par, replace(frugal, recompute_every=1))
+    if key not in memo:
+        try:
+            check_layout(graph, topology, par, frugal)
+            mem = float(llm_costs(graph, topology, par, frugal).memory["device"].max())
+        except ShardplanError:
+            return None
+        memo[key] = mem <= capacity
+    return memo[key]
+
+
+def _static_bytes(params: float, par: ParallelConfig, st: ExecutionSettings,
+                  experts: float = 0.0) -> float:
     """A lower bound on what one device holds of parameters, gradients, master weights and
     optimizer state: the model's parameters spread evenly over TP x PP (a stage holds at
     least the mean), each at its bytes, divided as the layout shards them (the cost model's
-    rules, :mod:`shardplan.cost._llm_memory`). O(1)."""
+    rules, :mod:`shardplan.cost._llm_memory`); of them, the routed experts' ``experts``
+    spread over EP x ETP x PP and sharded over their own replicas. O(1)."""
     w, g, master = precision_bytes(st.precision)
     if st.grad_reduce == "fp32":
         g = 4
     state = OPTIMIZER_STATE[st.optimizer] * 4.0
     d = par.data_parallel * par.cp
-    per = params / (par.tp * par.pp)
+    dense = (params - experts) / (par.tp * par.pp)
+    routed = experts / (par.pp * par.ep * par.expert_tp)
     if par.dp_shard > 1 or st.gradient_sync == "sharded":
         shard = par.dp_shard * par.cp if par.dp_shard > 1 else d
+        e_shard = max(1, shard * par.expert_dp // d)
         # FSDP2 in mixed precision keeps fp32 gradients and no half shard (4); others more
-        return per * ((4 + master + state) if master else (w + g + state)) / shard
-    opt_div = d if st.gradient_sync == "zero1" else 1
-    return per * (w + g + (master + state) / opt_div)
+        per = (4 + master + state) if master else (w + g + state)
+        return per * (dense / shard + routed / e_shard)
+    zero1 = st.gradient_sync == "zero1"
+    opt_div, e_opt = (d, par.expert_dp) if zero1 else (1, 1)
+    return dense * (w + g + (master + state) / opt_div) + \
+        routed * (w + g + (master + state) / e_opt)
 
 
 #: Rough relative costs that order the candidates (:func:`_promise`): what recompute adds to
@@ -348,6 +409,7 @@ def _promise(par: ParallelConfig, st: ExecutionSettings) -> float:
     per_replica = (st.microbatch_size or 1) // max(1, par.data_parallel)
     return ((1 + _RECOMPUTE_COST.get(st.recompute, 0.0)) * (1 + bubble)
             * (1 + 0.03 * math.log2(par.tp)) * (1 + 0.03 * math.log2(par.cp))
+            * (1 + 0.02 * math.log2(par.ep))
             * (1 + 0.05 / max(1, per_replica)))
 
 
@@ -355,13 +417,16 @@ def knobs(parallel: ParallelConfig, settings: ExecutionSettings) -> dict[str, An
     """What a Megatron-LM or torchtitan user sets, by name: degrees, micro-batch per replica,
     schedule, virtual stages, recompute, sequence parallelism, gradient sync."""
     per_replica = (settings.microbatch_size or 0) // max(1, parallel.data_parallel)
-    return {"TP": parallel.tp, "PP": parallel.pp, "DP": parallel.dp,
-            "FSDP": parallel.dp_shard, "CP": parallel.cp, "VP": parallel.vp,
-            "micro-batch": per_replica, "micro-batches": settings.microbatches,
-            "schedule": settings.schedule if parallel.pp > 1 else "none",
-            "recompute": settings.recompute,
-            "sequence parallel": settings.sequence_parallel,
-            "gradient sync": settings.gradient_sync}
+    out = {"TP": parallel.tp, "PP": parallel.pp, "DP": parallel.dp,
+           "FSDP": parallel.dp_shard, "CP": parallel.cp, "VP": parallel.vp,
+           "micro-batch": per_replica, "micro-batches": settings.microbatches,
+           "schedule": settings.schedule if parallel.pp > 1 else "none",
+           "recompute": settings.recompute,
+           "sequence parallel": settings.sequence_parallel,
+           "gradient sync": settings.gradient_sync}
+    if parallel.is_expert_parallel:  # a mixture of experts' own grid
+        out.update({"EP": parallel.ep, "ETP": parallel.expert_tp})
+    return out
 
 
 def moved_knobs(before: tuple[ParallelConfig, ExecutionSettings],

@@ -1,0 +1,216 @@
+"""What a mixture of experts adds to an LLM plan's price: expert parallelism (issue 47).
+
+The roles come from :func:`~shardplan.cost._llm_layout.block_layout`: a block's
+``moe.experts`` nodes are the routed experts' grouped GEMMs, its other ``moe`` nodes (router,
+dispatch, combine) are token-wise, and ``moe.shared_experts`` is a tensor-parallel region like
+a dense MLP. The expert layers have their own grid over a pipeline rank's devices
+(:mod:`shardplan.ir.parallel`, Megatron-Core's parallel folding, arXiv 2504.14960):
+
+- **Compute.** Every device routes its own tokens (Megatron-Core requires sequence
+  parallelism with tensor parallelism under a mixture of experts, so a device holds
+  ``1 / (tp x cp)`` of a replica's tokens) and, under balanced routing, computes as many
+  token-expert products as it sends: the experts' FLOPs divide by ``tp x cp`` whatever
+  ``ep`` and ``etp`` are. The captured graph counts them at capacity factor 1 (the zoo's
+  default: exactly the routed tokens' products). What ``ep`` and ``etp`` change is the shape
+  of each GEMM: a device runs its ``experts / ep`` local experts on ``M = ep x etp x tokens
+  x top_k / experts`` tokens each, ``1 / etp`` of each expert's width, as one grouped GEMM
+  (:func:`grouped_gemm_efficiency`: the tiles of every local expert in waves over the SMs,
+  each expert's last row of tiles partly empty), or one GEMM per expert without
+  ``moe_grouped_gemm``.
+- **Load imbalance.** Routing is not balanced: under expert parallelism the device with the
+  most tokens sets the pace of the layer (the combine waits for it). :data:`MOE_STRAGGLER`
+  is the published measure of that wait; a capacity factor ``c`` bounds it (tokens beyond
+  ``c`` times the balanced share are dropped).
+- **Dispatch and combine.** The ``alltoall`` dispatcher sends each device's ``tokens x
+  top_k`` hidden vectors to the ranks of their experts and back (two all-to-alls per layer
+  in the forward, two in the backward, two more under full recompute), priced on the
+  topology by :func:`~shardplan.cost._gpu.nccl_terms` (``alltoall``); with ``etp > 1`` the
+  tokens are also all-gathered over the expert-tensor-parallel group and the outputs
+  reduce-scattered. The ``allgather`` dispatcher all-gathers every token of the ``ep x etp``
+  group and reduce-scatters the outputs. None of it overlaps compute (Megatron-Core's
+  default).
+- **Memory and gradients.** The experts' weights, gradients, master weights and optimizer
+  state divide by ``ep x etp``; their gradients are reduced (and a distributed optimizer or
+  FSDP shards them) over the ``expert_dp`` replicas, the dense parameters over the usual
+  data-parallel group (:func:`~shardplan.cost._llm_comm.data_parallel`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from shardplan.cost._gpu import GEMM_TILE
+from shardplan.cost._llm_layout import _ACT_BYTES, Pricing, _expert_groups
+from shardplan.errors import ShardplanError
+from shardplan.ir import Graph, ParallelConfig
+
+__all__ = ["MOE_STRAGGLER", "check_experts", "expert_comm_seconds", "expert_dims",
+           "expert_factors", "grouped_gemm_efficiency", "straggler_factor"]
+
+#: How much longer an expert-parallel MoE layer's expert computation takes than under
+#: balanced routing: the device with the most tokens sets the pace. FEPLB (Liu, Zhao and Qi,
+#: arXiv 2604.19654, Fig. 1b) measured on GLM-5's MoE layers (128 experts, EP 8, H100, no
+#: auxiliary loss) that 18.6% of the GPU time of a MoE layer is spent waiting for the
+#: slowest device: the layer runs ``1 / (1 - 0.186)`` times its balanced time. Applied to
+#: the routed experts' compute under ``ep > 1`` (with ``ep == 1`` every device computes its
+#: own tokens' products, whatever experts they chose).
+MOE_STRAGGLER = 1.0 / (1.0 - 0.186)
+
+
+def expert_dims(graph: Graph) -> dict[str, int]:
+    """The mixture's dimensions from the graph's ``meta["transformer"]``: ``experts``,
+    ``top_k``, ``hidden``, ``moe_ffn`` and ``seq``. Raises :class:`ShardplanError` when a
+    graph with expert nodes does not say them. O(1)."""
+    dims = graph.meta.get("transformer") if isinstance(graph.meta, Mapping) else None
+    keys = ("experts", "top_k", "hidden", "moe_ffn", "seq")
+    if not isinstance(dims, Mapping) or not all(isinstance(dims.get(k), int) for k in keys):
+        raise ShardplanError(f"graph {graph.name!r} has routed experts but its meta does not "
+                             f"give {', '.join(keys)} (capture a zoo MoE model)")
+    return {k: int(dims[k]) for k in keys}
+
+
+def check_experts(graph: Graph, parallel: ParallelConfig) -> None:
+    """Refuse an expert grid the mixture cannot take: ``ep`` must divide the experts and
+    ``etp`` the experts' width; expert parallelism on a dense model. O(n)."""
+    from shardplan.cost._llm_layout import block_layout
+
+    if not block_layout(graph).has_experts:
+        if parallel.is_expert_parallel:
+            raise ShardplanError(f"{parallel.label()}: expert parallelism needs a mixture of "
+                                 f"experts; {graph.name!r} has no routed experts")
+        return
+    d = expert_dims(graph)
+    if d["experts"] % parallel.ep:
+        raise ShardplanError(f"expert parallelism {parallel.ep} does not divide the model's "
+                             f"{d['experts']} experts")
+    if d["moe_ffn"] % parallel.expert_tp:
+        raise ShardplanError(f"expert tensor parallelism {parallel.expert_tp} does not divide "
+                             f"the experts' width {d['moe_ffn']}")
+
+
+def straggler_factor(pr: Pricing) -> float:
+    """What the routed experts' compute is multiplied by (module docstring, "Load
+    imbalance"): :data:`MOE_STRAGGLER` under ``ep > 1``, at most the capacity factor."""
+    if pr.parallel.ep == 1:
+        return 1.0
+    cf = pr.settings.moe_capacity_factor
+    return MOE_STRAGGLER if cf is None else min(MOE_STRAGGLER, float(cf))
+
+
+def _tokens_per_device(pr: Pricing) -> float:
+    """Tokens one device routes per micro-batch: a replica's over ``tp x cp``."""
+    return pr.rb * expert_dims(pr.graph)["seq"] / (pr.parallel.tp * pr.parallel.cp)
+
+
+def grouped_gemm_efficiency(m: float, n: float, local: int, sms: int,
+                            grouped: bool = True) -> float:
+    """Achieved / peak rate of ``local`` experts' GEMMs of ``m x n`` outputs each on ``sms``
+    SMs: their tiles (:data:`~shardplan.cost._gpu.GEMM_TILE`) run in waves, one grouped
+    kernel for all (``grouped``) or one kernel per expert; each expert's last row and column
+    of tiles are partly empty. O(1).
+
+    Examples
+    --------
+    >>> grouped_gemm_efficiency(256, 128 * 132, 1, 132)  # one full wave of full tiles
+    1.0
+    >>> grouped_gemm_efficiency(128, 128 * 132, 1, 132)  # half of every tile empty
+    0.5
+    """
+    tm, tn = GEMM_TILE
+    tiles = np.ceil(max(m, 1.0) / tm) * np.ceil(max(n, 1.0) / tn)
+    waves = np.ceil(local * tiles / sms) if grouped else local * np.ceil(tiles / sms)
+    return float(local * m * n / (waves * sms * tm * tn))
+
+
+def expert_factors(pr: Pricing, wf: np.ndarray, wb: np.ndarray
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """The forward and backward efficiency of every node (``wf``, ``wb`` from the dense
+    wave model) with the routed experts' products replaced by their grouped GEMMs' on one
+    device (module docstring, "Compute"). O(n)."""
+    layout, graph, par = pr.layout, pr.graph, pr.parallel
+    if not layout.has_experts or pr.hw is None:
+        return wf, wb
+    d = expert_dims(graph)
+    local = d["experts"] // par.ep
+    m = par.ep * par.expert_tp * _tokens_per_device(pr) * d["top_k"] / d["experts"]
+    grouped = pr.settings.moe_grouped_gemm
+    wf, wb = wf.copy(), wb.copy()
+    for v in np.flatnonzero(layout.expert & (graph.param_bytes > 0) & (graph.fwd_flops > 0)):
+        # the product's weights are (experts, K, N): N = the hidden size for the down
+        # projection (its K, the experts' width, splits over etp), else the experts' width
+        down = _is_down(graph, int(v), d)
+        k = float(d["moe_ffn"] / par.expert_tp if down else d["hidden"])
+        n = float(d["hidden"] if down else d["moe_ffn"] / par.expert_tp)
+        sms = pr.hw.sms
+        wf[v] = grouped_gemm_efficiency(m, n, local, sms, grouped)
+        dgrad = grouped_gemm_efficiency(m, k, local, sms, grouped)
+        wgrad = grouped_gemm_efficiency(k, n, local, sms, grouped)
+        wb[v] = 2.0 / (1.0 / dgrad + 1.0 / wgrad)
+    return wf, wb
+
+
+def _is_down(graph: Graph, v: int, d: Mapping[str, int]) -> bool:
+    """Whether expert product ``v`` is the down projection (its output is hidden-wide): its
+    FLOPs per output element are ``2 x moe_ffn``."""
+    out = float(graph.output_bytes[v])
+    return out > 0 and abs(float(graph.fwd_flops[v]) * float(
+        graph.meta.get("dtype_bytes", 4) if isinstance(graph.meta, Mapping) else 4)
+        / (2.0 * out) - d["moe_ffn"]) < 0.5
+
+
+def moe_layers(pr: Pricing) -> np.ndarray:
+    """Mixture-of-experts layers of every virtual stage. O(n)."""
+    layout = pr.layout
+    return np.array([np.unique(layout.block[nodes[layout.expert[nodes]]]).size
+                     for nodes in pr.stages], dtype=np.float64)
+
+
+def expert_comm_seconds(pr: Pricing) -> tuple[np.ndarray, np.ndarray]:
+    """Each virtual stage's dispatch and combine seconds per micro-batch on one device, in
+    the forward and in the backward (module docstring, "Dispatch and combine"); zeros for a
+    dense model or one expert-parallel rank without expert tensor parallelism.
+    O(n + pp vp + R)."""
+    par, st = pr.parallel, pr.settings
+    zero = np.zeros(par.num_stages)
+    if not pr.layout.has_experts or par.ep * par.expert_tp == 1:
+        return zero, zero
+    d = expert_dims(pr.graph)
+    vector = d["hidden"] * _ACT_BYTES[st.precision]
+    tokens = _tokens_per_device(pr)
+    etp_group, ep_group, _ = _expert_groups(par, 0)
+    if st.moe_dispatcher == "allgather":
+        group = np.concatenate([ep_group + i for i in range(par.expert_tp)])
+        whole = tokens * vector * group.size
+        layer = pr.collective("allgather", group, whole) + \
+            pr.collective("reducescatter", group, whole)
+    else:
+        copies = tokens * d["top_k"] * vector
+        layer = 2.0 * pr.collective("alltoall", ep_group, copies)
+        if par.expert_tp > 1:
+            whole = copies * par.expert_tp
+            layer += pr.collective("allgather", etp_group, whole) + \
+                pr.collective("reducescatter", etp_group, whole)
+    layers = moe_layers(pr)
+    forward = layers * layer
+    backward = layers * layer * (2.0 if st.recompute == "full" else 1.0)
+    return forward, backward
+
+
+def expert_params(pr: Pricing) -> np.ndarray:
+    """The routed experts' parameters per device of every virtual stage (divided by
+    ``ep x etp``). O(n)."""
+    layout = pr.layout
+    per = pr.n_params / pr.param_div
+    return np.array([per[nodes[layout.expert[nodes]]].sum() for nodes in pr.stages])
+
+
+def expert_shard(pr: Pricing, shard: int) -> int:
+    """What the experts' state is sharded over when the dense state is sharded over
+    ``shard`` of the ``dp x dp_shard x cp`` gradient ranks: the same fraction of the
+    ``expert_dp`` replicas (torchtitan shards experts over ``dp_shard / ep``; Megatron-Core's
+    distributed optimizer over the expert data-parallel group)."""
+    if shard <= 1:
+        return 1
+    return max(1, shard * pr.parallel.expert_dp // pr.gradient_group)

@@ -1,0 +1,160 @@
+"""A mixture of experts' price (shardplan.cost._llm_moe): expert weights over EP x ETP,
+their gradients over the expert replicas, the dispatch's all-to-all on the topology, the
+grouped GEMMs' shapes, the straggler; and the search's expert grids against the price."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from shardplan.cost import llm_costs
+from shardplan.cost._gpu import gpu_model, nccl_terms, node_ids
+from shardplan.cost._llm import block_layout, pricing
+from shardplan.cost._llm_moe import (
+    MOE_STRAGGLER,
+    expert_comm_seconds,
+    grouped_gemm_efficiency,
+    straggler_factor,
+)
+from shardplan.errors import ShardplanError
+from shardplan.ir import ExecutionSettings, ParallelConfig
+from shardplan.topology import build_spec
+
+capture = pytest.importorskip("shardplan.capture")
+
+
+@pytest.fixture(scope="module")
+def moe():
+    return capture.capture_spec("mixtral:debug", batch_size=1, meta=True)
+
+
+@pytest.fixture(scope="module")
+def dense():
+    return capture.capture_spec("llama3:debug", batch_size=1, meta=True)
+
+
+TOPO = build_spec("dgx-h100,nodes=2")
+
+
+def _settings(par: ParallelConfig, **kw) -> ExecutionSettings:
+    return ExecutionSettings(precision="bf16", microbatch_size=2 * par.data_parallel,
+                             microbatches=4, **kw)
+
+
+def _expert_params(graph) -> float:
+    lay = block_layout(graph)
+    return float(graph.param_bytes[lay.expert].sum()) / float(graph.meta.get("dtype_bytes", 4))
+
+
+def test_roles_of_a_mixture(moe, dense):
+    lay = block_layout(moe)
+    assert lay.has_experts and not block_layout(dense).has_experts
+    mods = [moe.modules[v] for v in np.flatnonzero(lay.expert)]
+    assert mods and all(".moe.experts" in m for m in mods)
+    # router, dispatch, combine are token-wise MoE nodes; the experts are among them
+    assert (lay.expert <= lay.moe).all() and (lay.moe & ~lay.expert).any()
+    assert not (lay.moe & (lay.region >= 0)).any()
+
+
+def test_expert_weights_divide_by_ep_and_etp_and_dense_ones_do_not(moe):
+    base = ParallelConfig(dp=8)
+    e = _expert_params(moe)
+    one = llm_costs(moe, TOPO, base, _settings(base)).memory["params"][0]
+    for par in (ParallelConfig(dp=8, ep=2), ParallelConfig(dp=8, ep=4),
+                ParallelConfig(tp=2, dp=4, ep=2, etp=1), ParallelConfig(tp=2, dp=4, ep=2)):
+        got = llm_costs(moe, TOPO, par, _settings(par, sequence_parallel=par.tp > 1))
+        # bf16 weights: the experts' over ep x etp, the rest as the dense layers split
+        want_experts = e / (par.ep * par.expert_tp) * 2
+        assert got.memory["params"][0] == pytest.approx(
+            want_experts + (one - 2 * e) * _dense_split(moe, par), rel=1e-9), par
+
+
+def _dense_split(graph, par: ParallelConfig) -> float:
+    """Bytes fraction of the non-expert parameters one device holds under ``par``."""
+    lay = block_layout(graph)
+    p = graph.param_bytes.astype(float)
+    dense = ~lay.expert
+    split = lay.split & dense
+    return float((p[split].sum() / par.tp + p[dense & ~split].sum()) / p[dense].sum())
+
+
+def test_optimizer_state_of_experts_shards_over_expert_replicas(moe):
+    """ZeRO-1: the dense state over the 8 data-parallel ranks, the experts' over the
+    8 / ep expert replicas."""
+    e = _expert_params(moe)
+    for ep in (1, 2, 4):
+        par = ParallelConfig(dp=8, ep=ep)
+        mem = llm_costs(moe, TOPO, par, _settings(par, gradient_sync="zero1")).memory
+        total = float(moe.param_bytes.sum()) / 4
+        want = ((total - e) / 8 + (e / ep) / (8 // ep)) * 4  # fp32 master weights
+        assert mem["master"][0] == pytest.approx(want, rel=1e-9)
+
+
+def test_dispatch_is_free_without_expert_parallelism_and_costs_across_nodes(moe):
+    par1 = ParallelConfig(dp=16)
+    f, b = expert_comm_seconds(pricing(moe, TOPO, par1, _settings(par1)))
+    assert not f.any() and not b.any()
+    inside = ParallelConfig(dp=16, ep=4)  # 4 consecutive GPUs of one node
+    fi, bi = expert_comm_seconds(pricing(moe, TOPO, inside, _settings(inside)))
+    assert (fi > 0).all() and np.array_equal(fi, bi)
+    full = _settings(inside, recompute="full")
+    _, bf = expert_comm_seconds(pricing(moe, TOPO, inside, full))
+    assert bf == pytest.approx(2 * bi)  # the forward's all-to-alls again
+    # the same all-to-all over 16 GPUs of two nodes crosses the NICs: slower per byte
+    hw = gpu_model(TOPO)
+    lat8, k8 = nccl_terms(TOPO, hw, "alltoall", np.arange(8), node_ids(TOPO))
+    lat16, k16 = nccl_terms(TOPO, hw, "alltoall", np.arange(16), node_ids(TOPO))
+    assert k16 > 2 * k8 and lat16 > lat8
+    # NVLink inside a node: S (g - 1) / n bytes at the link's bus bandwidth
+    b_in = float(TOPO.bandwidth[0, 1])
+    assert k8 == pytest.approx(7 / 8 / (hw.nccl_efficiency * b_in))
+
+
+def test_grouped_gemm_shapes_and_the_straggler(moe):
+    assert grouped_gemm_efficiency(512, 256, 4, 132) == pytest.approx(
+        4 * 512 * 256 / (np.ceil(4 * 2 * 2 / 132) * 132 * 256 * 128))
+    # per-expert kernels take a wave each; a grouped one shares them
+    assert grouped_gemm_efficiency(256, 128, 8, 132, grouped=False) == pytest.approx(1 / 132)
+    assert grouped_gemm_efficiency(256, 128, 8, 132) == pytest.approx(8 / 132)
+    par = ParallelConfig(dp=8, ep=4)
+    assert straggler_factor(pricing(moe, TOPO, par, _settings(par))) == MOE_STRAGGLER
+    capped = _settings(par, moe_capacity_factor=1.1)
+    assert straggler_factor(pricing(moe, TOPO, par, capped)) == 1.1
+    one = ParallelConfig(dp=8)
+    assert straggler_factor(pricing(moe, TOPO, one, _settings(one))) == 1.0
+
+
+def test_expert_grid_refusals(moe, dense):
+    with pytest.raises(ShardplanError, match="does not divide the model's 4 experts"):
+        par = ParallelConfig(dp=8, ep=8)
+        llm_costs(moe, TOPO, par, _settings(par))
+    with pytest.raises(ShardplanError, match="needs a mixture of experts"):
+        par = ParallelConfig(dp=8, ep=2)
+        llm_costs(dense, TOPO, par, _settings(par))
+
+
+def test_the_search_offers_expert_grids_and_its_bound_holds(moe):
+    """Every (EP, ETP) grid the search offers prices; the static bound the search prunes
+    with never exceeds what the priced layout holds of the same kinds."""
+    from shardplan.planner._llm import _static_bytes, candidates
+
+    st = ExecutionSettings(precision="bf16")
+    offered = list(candidates(moe, TOPO, st, global_batch=16, max_microbatch=2))
+    grids = {(p.ep, p.etp) for p, _ in offered}
+    assert {(1, None), (2, None), (4, None)} <= grids and (2, 1) in grids
+    total = float(moe.param_bytes.sum()) / 4
+    e = _expert_params(moe)
+    for par, s in offered[::7]:
+        mem = llm_costs(moe, TOPO, par, s).memory
+        held = sum(float(mem[k].max()) for k in ("params", "gradients", "master", "optimizer"))
+        assert _static_bytes(total, par, s, e) <= held * (1 + 1e-9), (par, s.gradient_sync)
+
+
+def test_an_expert_layout_plans_and_simulates(moe):
+    from shardplan.planner._llm import llm_plan
+
+    par = ParallelConfig(pp=2, dp=8, ep=4)
+    plan, res = llm_plan(moe, TOPO, par, replace(_settings(par), microbatches=4))
+    assert res.iteration_seconds > 0 and plan.parallel == par
