@@ -95,6 +95,7 @@ from shardplan.cost._llm_moe import (
     expert_comm_seconds,
     expert_factors,
     expert_shard,
+    exposed_expert_comm,
     straggler_factor,
 )
 from shardplan.errors import ShardplanError
@@ -292,9 +293,11 @@ def llm_costs(graph: Graph, topology: Topology, parallel: ParallelConfig,
     edge_bytes = times.scaled.edge_bytes.astype(np.float64) / parallel.cp
     tp_f, tp_b, exposed_f, exposed_b = tensor_parallel_seconds(pr, times.fwd, times.bwd,
                                                                times.ckpt_node, edge_bytes)
-    moe_f, moe_b = expert_comm_seconds(pr)
-    forward = np.array([times.fwd[nodes].sum() for nodes in pr.stages]) + exposed_f + moe_f
-    backward = np.array([times.bwd[nodes].sum() for nodes in pr.stages]) + exposed_b + moe_b
+    compute_f = np.array([times.fwd[nodes].sum() for nodes in pr.stages])
+    compute_b = np.array([times.bwd[nodes].sum() for nodes in pr.stages])
+    moe_f, moe_b = exposed_expert_comm(pr, *expert_comm_seconds(pr), compute_f, compute_b)
+    forward = compute_f + exposed_f + moe_f
+    backward = compute_b + exposed_b + moe_b
     send, send_s, forward, backward = pipeline_messages(pr, edge_bytes, forward, backward)
     dp = data_parallel(pr)
     forward, backward = forward + dp.copy_forward, backward + dp.copy_backward
@@ -431,8 +434,9 @@ def node_seconds(pr: Pricing) -> NodeTimes:
         cast = LOSS_CAST_BYTES if precision != "fp32" else 0.0
         fwd[logits] += (LOSS_BYTES_FORWARD + cast) * n_logits / pr.bw
         bwd[logits] += (LOSS_BYTES_BACKWARD + cast) * n_logits / pr.bw
-    fwd = fwd / pr.div
-    bwd = bwd / pr.div
+    window = _window_factors(graph)  # sliding-window layers attend to fewer keys
+    fwd = fwd * window / pr.div
+    bwd = bwd * window / pr.div
     if layout.has_experts:  # the slowest expert-parallel device sets the layer's pace
         slow = np.where(layout.expert, straggler_factor(pr), 1.0)
         fwd, bwd = fwd * slow, bwd * slow
@@ -665,6 +669,40 @@ def fp8_cast_seconds(graph: Graph, batch: int, fp8_nodes: np.ndarray, bw: float,
     fwd[sel] = FP8_CAST_BYTES * (inputs[sel] + params[sel] / max(microbatches, 1)) / bw
     bwd[sel] = FP8_CAST_BYTES * out[sel] / bw
     return fwd, bwd
+
+
+@lru_cache(maxsize=16)
+def _window_factors(graph: Graph) -> np.ndarray:
+    """Per node, the share of a causal attention's work a sliding window leaves: for the
+    attention of the layers in ``meta["transformer"]["window_layers"]`` with window ``w``
+    over ``s`` tokens, ``(w s - w (w - 1) / 2) / (s (s + 1) / 2)`` (each query attends to at
+    most ``w`` keys; the fused kernels skip the tiles outside the band, as they skip those
+    above the diagonal); 1 elsewhere. O(n)."""
+    out = np.ones(graph.num_nodes)
+    dims = graph.meta.get("transformer") if isinstance(graph.meta, Mapping) else None
+    if not isinstance(dims, Mapping) or not dims.get("sliding_window"):
+        return out
+    w, seq = int(dims["sliding_window"]), int(dims.get("seq") or 0)
+    if seq <= w:
+        return out
+    share = (w * seq - w * (w - 1) / 2.0) / (seq * (seq + 1) / 2.0)
+    layers = {int(x) for x in dims.get("window_layers", ())}
+    layout = block_layout(graph)
+    ids = np.unique(_block_ids(graph))
+    windowed = {i for i, b in enumerate(ids) if int(b) in layers}
+    for v, op in enumerate(graph.ops):
+        if _SDPA.search(op.lower()) and int(layout.block[v]) in windowed:
+            out[v] = share
+    out.setflags(write=False)
+    return out
+
+
+def _block_ids(graph: Graph) -> list[int]:
+    """The model's own block indices (``layers.N``) of the graph's block nodes."""
+    from shardplan.cost._llm_layout import _BLOCK
+
+    return [int(m.group(1)) for m in (_BLOCK.search(mod or "") for mod in graph.modules)
+            if m is not None]
 
 
 @lru_cache(maxsize=16)

@@ -20,7 +20,7 @@ a dense MLP. The expert layers have their own grid over a pipeline rank's device
 - **Load imbalance.** Routing is not balanced: under expert parallelism the device with the
   most tokens sets the pace of the layer (the combine waits for it). :data:`MOE_STRAGGLER`
   is the published measure of that wait; a capacity factor ``c`` bounds it (tokens beyond
-  ``c`` times the balanced share are dropped).
+  ``c`` times the balanced share are dropped); none under ``moe_force_balance``.
 - **Dispatch and combine.** The ``alltoall`` dispatcher sends each device's ``tokens x
   top_k`` hidden vectors to the ranks of their experts and back (two all-to-alls per layer
   in the forward, two in the backward, two more under full recompute), priced on the
@@ -28,7 +28,8 @@ a dense MLP. The expert layers have their own grid over a pipeline rank's device
   tokens are also all-gathered over the expert-tensor-parallel group and the outputs
   reduce-scattered. The ``allgather`` dispatcher all-gathers every token of the ``ep x etp``
   group and reduce-scatters the outputs. None of it overlaps compute (Megatron-Core's
-  default).
+  default), unless ``moe_a2a_overlap`` (``--overlap-moe-expert-parallel-comm``) hides it
+  under another micro-batch's computation (:func:`exposed_expert_comm`).
 - **Memory and gradients.** The experts' weights, gradients, master weights and optimizer
   state divide by ``ep x etp``; their gradients are reduced (and a distributed optimizer or
   FSDP shards them) over the ``expert_dp`` replicas, the dense parameters over the usual
@@ -47,7 +48,8 @@ from shardplan.errors import ShardplanError
 from shardplan.ir import Graph, ParallelConfig
 
 __all__ = ["MOE_STRAGGLER", "check_experts", "expert_comm_seconds", "expert_dims",
-           "expert_factors", "grouped_gemm_efficiency", "straggler_factor"]
+           "expert_factors", "exposed_expert_comm", "grouped_gemm_efficiency",
+           "straggler_factor"]
 
 #: How much longer an expert-parallel MoE layer's expert computation takes than under
 #: balanced routing: the device with the most tokens sets the pace. FEPLB (Liu, Zhao and Qi,
@@ -93,7 +95,7 @@ def check_experts(graph: Graph, parallel: ParallelConfig) -> None:
 def straggler_factor(pr: Pricing) -> float:
     """What the routed experts' compute is multiplied by (module docstring, "Load
     imbalance"): :data:`MOE_STRAGGLER` under ``ep > 1``, at most the capacity factor."""
-    if pr.parallel.ep == 1:
+    if pr.parallel.ep == 1 or pr.settings.moe_force_balance:
         return 1.0
     cf = pr.settings.moe_capacity_factor
     return MOE_STRAGGLER if cf is None else min(MOE_STRAGGLER, float(cf))
@@ -196,6 +198,21 @@ def expert_comm_seconds(pr: Pricing) -> tuple[np.ndarray, np.ndarray]:
     forward = layers * layer
     backward = layers * layer * (2.0 if st.recompute == "full" else 1.0)
     return forward, backward
+
+
+def exposed_expert_comm(pr: Pricing, comm_f: np.ndarray, comm_b: np.ndarray,
+                        compute_f: np.ndarray, compute_b: np.ndarray
+                        ) -> tuple[np.ndarray, np.ndarray]:
+    """What of the dispatch and combine stays exposed per micro-batch: all of it, or under
+    ``moe_a2a_overlap`` what exceeds the stage's computation of a forward and a backward
+    (the pair Megatron-Core's 1F1B overlap interleaves), shared between the two passes as
+    their communication is. O(pp vp)."""
+    if not pr.settings.moe_a2a_overlap:
+        return comm_f, comm_b
+    total = comm_f + comm_b
+    exposed = np.maximum(0.0, total - (compute_f + compute_b))
+    share = np.divide(exposed, total, out=np.zeros_like(total), where=total > 0)
+    return comm_f * share, comm_b * share
 
 
 def expert_params(pr: Pricing) -> np.ndarray:

@@ -225,6 +225,24 @@ class ExecutionSettings:
     moe_grouped_gemm : bool
         The local experts run as one grouped GEMM (``--moe-grouped-gemm``; default True) rather
         than one GEMM per expert.
+    moe_force_balance : bool
+        The router's choices forced balanced (``--moe-router-force-load-balancing``, what
+        Megatron-Bridge's MoE performance benchmarks run since 25.09, "dropless with balanced
+        gating"): no device waits for a busier one (:mod:`shardplan.cost._llm_moe`).
+    moe_a2a_overlap : bool
+        Megatron-Core's ``--overlap-moe-expert-parallel-comm``: the dispatch and combine
+        all-to-alls of one micro-batch run under the computation of another (its 1F1B
+        pairs a forward with a backward), so only what exceeds that computation is exposed.
+    overlap_grad_reduce : bool
+        Under the distributed optimizer (``gradient_sync`` ``zero1``), Megatron-Core's
+        ``--overlap-grad-reduce``: each bucket's reduce-scatter starts as soon as its
+        gradients are ready during a stage's last backward (default False: the stage's whole
+        reduction after its last backward). Buckets hold Megatron-Core's default
+        ``max(40e6, 1e6 x data-parallel size)`` parameters (:mod:`shardplan.simulate._llm`).
+    overlap_param_gather : bool
+        Under the distributed optimizer, ``--overlap-param-gather``: the updated parameters'
+        all-gather runs bucket by bucket under the next iteration's first forward (default
+        False: after the step, exposed).
     """
 
     microbatch_size: int | None = None
@@ -251,6 +269,10 @@ class ExecutionSettings:
     moe_dispatcher: str = "alltoall"
     moe_capacity_factor: float | None = None
     moe_grouped_gemm: bool = True
+    moe_force_balance: bool = False
+    moe_a2a_overlap: bool = False
+    overlap_grad_reduce: bool = False
+    overlap_param_gather: bool = False
 
     def __post_init__(self) -> None:
         from shardplan._limits import check_size
@@ -300,7 +322,9 @@ class ExecutionSettings:
             raise ShardplanError(f"moe_capacity_factor must be a positive number or null, "
                                  f"got {cf!r}")
         for name in ("overlap", "sequence_parallel", "tp_comm_overlap",
-                     "expandable_segments", "lazy_loading", "moe_grouped_gemm"):
+                     "expandable_segments", "lazy_loading", "moe_grouped_gemm",
+                     "overlap_grad_reduce", "overlap_param_gather", "moe_force_balance",
+                     "moe_a2a_overlap"):
             if not isinstance(getattr(self, name), bool):
                 raise ShardplanError(f"{name} must be true or false, got "
                                      f"{getattr(self, name)!r}")

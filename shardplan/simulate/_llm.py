@@ -14,6 +14,10 @@ price of this plan kind):
   stream, one after the other; with ``gradient_sync`` ``bucketed``, ``zero1`` or ``sharded``
   it starts when the stage's last backward ends (Megatron's ``--overlap-grad-reduce``, FSDP's
   reduce-scatter after each backward), with ``end`` after the rank's last computation;
+  under ``zero1`` with ``overlap_grad_reduce`` Megatron-Core's buckets
+  (:func:`megatron_bucket`) start during the stage's last backward, as their gradients are
+  ready: the reduction starts once the first bucket's share of that backward has run and
+  ends no sooner than the last bucket's reduction after it;
 - FSDP (``dp_shard > 1`` or ``sharded``): each forward and backward gathers the stage's
   parameters unit by unit (blocks, or modules under ``shard_unit`` ``module``), the next
   unit's gather prefetched under the current unit's compute, so an action takes
@@ -21,8 +25,10 @@ price of this plan kind):
   the stack keeps them gathered between micro-batches (``LLMCosts.gathers_once``:
   torchtitan under a pipeline) only each stage's first forward gathers;
 - the step: the optimizer over the rank's (sharded) parameters after the last reduction;
-  under ZeRO-1 the updated parameters are then all-gathered (exposed: Megatron's
-  ``--overlap-param-gather`` overlaps it with the next forward, which this model does not).
+  under ZeRO-1 the updated parameters are then all-gathered, exposed, or with
+  ``overlap_param_gather`` (Megatron's ``--overlap-param-gather``) bucket by bucket under
+  the next iteration's first forward of each of the rank's stages: only the first bucket's
+  gather and what those forwards do not cover stay exposed.
 
 Context parallelism's ring exchange of keys and values is not priced yet (its compute split is).
 """
@@ -51,6 +57,30 @@ def llm_schedule(pp: int, vp: int, microbatches: int, name: str) -> Schedule:
     if vp > 1:
         return make_schedule("interleaved-1f1b", pp * vp, microbatches, virtual_stages=vp)
     return make_schedule("1f1b" if name == "interleaved-1f1b" else name, pp, microbatches)
+
+
+#: Megatron-Core's default gradient bucket (``DistributedDataParallelConfig.bucket_size``
+#: None): ``max(40,000,000, 1,000,000 x data-parallel size)`` parameters
+#: (``megatron/core/distributed/distributed_data_parallel.py``).
+MEGATRON_BUCKET_PARAMS = 40_000_000
+
+
+MEGATRON_BUCKET_PER_RANK = 1_000_000
+
+
+def megatron_bucket(costs: LLMCosts, par: ParallelConfig, settings: ExecutionSettings
+                    ) -> np.ndarray:
+    """Per virtual stage, the share of its gradients one Megatron-Core bucket holds, under
+    ``zero1`` with ``overlap_grad_reduce`` (else 1: the stage reduces as one). A stage's
+    parameters per device are its gradient bytes over the bytes per gradient. O(pp vp)."""
+    out = np.ones(par.num_stages)
+    if settings.gradient_sync != "zero1" or not settings.overlap_grad_reduce:
+        return out
+    g_bytes = 4.0 if settings.grad_reduce == "fp32" else float(settings.param_dtype_bytes)
+    params = np.asarray(costs.grad_bytes, dtype=np.float64) / g_bytes
+    size = max(MEGATRON_BUCKET_PARAMS, MEGATRON_BUCKET_PER_RANK * par.data_parallel * par.cp)
+    np.divide(size, params, out=out, where=params > size)
+    return out
 
 
 def simulate_llm(plan: Plan, graph: Graph, topology: Topology,
@@ -160,12 +190,19 @@ def simulate_llm(plan: Plan, graph: Graph, topology: Topology,
     finish = np.zeros(pp)
     ar_seconds = np.zeros(s_count)
     opt = costs.optimizer_seconds
+    bucket = megatron_bucket(costs, par, settings)
     for r in range(pp):
         t_stream = 0.0
         for j, t in reduce_at[r]:
+            sync = float(costs.grad_sync_seconds[j])
             start = max(t if overlapped else float(clock[r]), t_stream)
-            t_stream = start + float(costs.grad_sync_seconds[j])
-            ar_seconds[j] = float(costs.grad_sync_seconds[j])
+            if bucket[j] < 1.0:  # buckets reduce as the last backward makes them ready
+                last = duration(j, BACKWARD, m_count - 1)
+                start = max(t - last * (1.0 - bucket[j]), t_stream)
+                t_stream = max(start + sync, t + bucket[j] * sync)
+            else:
+                t_stream = start + sync
+            ar_seconds[j] = sync
             if timeline and costs.grad_sync_seconds[j] > 0:
                 intervals.append(Interval(first_dev[r], start, t_stream, "allreduce", j))
         stream[r] = t_stream
@@ -174,7 +211,15 @@ def simulate_llm(plan: Plan, graph: Graph, topology: Topology,
         if timeline:
             intervals.append(Interval(first_dev[r], step_start, t_end, "OPT", r))
         if gs == "zero1" and par.data_parallel > 1:
-            t_end += sum(float(costs.param_gather_seconds[j]) for j in range(r, s_count, pp))
+            mine = range(r, s_count, pp)
+            gather = sum(float(costs.param_gather_seconds[j]) for j in mine)
+            if settings.overlap_param_gather:
+                # under the next iteration's first forwards, bucket by bucket: the first
+                # bucket's gather and what the forwards do not cover stay exposed
+                first = gather * min(1.0, min(float(bucket[j]) for j in mine))
+                covered = sum(duration(j, FORWARD, 0) for j in mine)
+                gather = first + max(0.0, gather - first - covered)
+            t_end += gather
         finish[r] = t_end
     iteration = float(finish.max())
 

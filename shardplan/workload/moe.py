@@ -345,10 +345,15 @@ def active_parameter_count(cfg: MoEConfig, *, embedding: bool = True) -> int:
 def transformer_meta(cfg: MoEConfig, seq_len: int, family: str = "moe") -> dict[str, Any]:
     """The dimensions planners read (a graph's ``meta["transformer"]``), with the MoE's own:
     ``experts``, ``top_k``, ``moe_ffn``, ``shared_experts``, ``first_k_dense``,
-    ``active_parameters``. ``ffn`` is the dense layers' width (the experts' when none)."""
+    ``active_parameters``; ``sliding_window`` and ``window_layers`` (the layers that
+    attend within it) when the flavor has one. ``ffn`` is the dense layers' width (the
+    experts' when none)."""
     heads_dim = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim if cfg.attention == "mla" \
         else cfg.gqa_head_dim
-    return {"family": family, "hidden": cfg.dim, "layers": cfg.n_layers,
+    window = {} if cfg.sliding_window is None else {
+        "sliding_window": cfg.sliding_window,
+        "window_layers": list(range(0, cfg.n_layers, 2))}  # as the blocks are built
+    return {**window, "family": family, "hidden": cfg.dim, "layers": cfg.n_layers,
             "heads": cfg.n_heads, "kv_heads": cfg.n_heads if cfg.attention == "mla"
             else cfg.kv_heads, "head_dim": heads_dim, "attention": cfg.attention,
             "ffn": cfg.dense_ffn_dim or cfg.moe_dim, "vocab": cfg.vocab_size,
