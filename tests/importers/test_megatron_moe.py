@@ -182,16 +182,6 @@ def test_pipeline_layouts(layout: str, pp: int, layers: int, mtp: int, want: tup
     assert layout_stages(layout, pp, layers, mtp, []) == want
 
 
-def test_layouts_unroll_as_megatron_core_unrolls_them() -> None:
-    core = pytest.importorskip("megatron.core.transformer.pipeline_parallel_layer_layout")
-    from shardplan.importers._megatron_moe import _layout_stages_text
-
-    names = {"embedding": "E", "decoder": "t", "mtp": "m", "loss": "L"}
-    for text in ("Et|(tt|)*30mL", "Et*3|(tt|)*29,m|L", "(Et|)*1(t*2|)*3L", "E|t|t|L"):
-        theirs = core.PipelineParallelLayerLayout.parse_str_to_list(text)
-        assert _layout_stages_text(text) == ["".join(names[x.name] for x in s) for s in theirs]
-
-
 @pytest.mark.parametrize(("layout", "extra", "reason"), [
     ("Ett|ttL", "--num-virtual-stages-per-pipeline-rank 2", "Megatron-LM refuses it with"),
     ("Ett|ttL", "--decoder-first-pipeline-num-layers 2", "exclude each other"),
