@@ -11,9 +11,19 @@ A Nemotron is priced as the Llama-style block with grouped queries and a gated M
 ``2 ffn / 3``: the same parameters and matrix-product FLOPs per block (its RMSNorm for
 Nemotron's LayerNorm1p and SwiGLU's elementwise product for the squared ReLU are what differ),
 and the row says so.
+
+The mixtures of experts (``../shared/gpu-runs/moe-megatron.csv``) take the same columns plus
+``experts``, ``topk``, ``moe_ffn``, the stack's expert tensor-parallel size (``etp``) where it
+sets one, a ``--pipeline-model-parallel-layout`` (``layout``) where the stack's run needs one,
+and ``megatron_args``: the rest of the architecture and the stack's MoE settings as
+Megatron-LM arguments (:func:`shardplan.importers.megatron.megatron_args_of_row` writes them
+as they are). The Hugging Face configurations' vocabularies are kept unpadded, as
+Megatron-Bridge and NeMo 2.0 keep them.
 """
 
 from __future__ import annotations
+
+import re
 
 #: model name (lower case, spaces, dashes and underscores removed) ->
 #: (columns to fill, source, note or "")
@@ -48,6 +58,54 @@ PUBLIC_SHAPES: dict[str, tuple[dict[str, str], str, str]] = {
                      "NeMo `Nemotron4Config340B` (ffn 73,728); Nemotron-4 340B report",
                      "Nemotron's squared-ReLU MLP (ffn 73,728) priced as a gated one of "
                      "49,152"),
+    "mixtral8x7b": ({"hidden": "4096", "layers": "32", "heads": "32", "kv_heads": "8",
+                     "ffn": "14336", "vocab": "32000", "experts": "8", "topk": "2",
+                     "moe_ffn": "14336",
+                     "megatron_args": "--disable-bias-linear --moe-token-dispatcher-type "
+                                      "alltoall --moe-grouped-gemm"},
+                    "mistralai/Mixtral-8x7B-v0.1 config.json (arXiv 2401.04088, table 1: no "
+                    "biases, softmax over the chosen experts); the all-to-all dispatcher and "
+                    "grouped GEMMs of NeMo 2.0's MoE performance recipes (inferred)", ""),
+    "deepseekv3": ({"hidden": "7168", "layers": "61", "heads": "128", "kv_heads": "128",
+                    "ffn": "18432", "vocab": "129280", "experts": "256", "topk": "8",
+                    "moe_ffn": "2048", "etp": "1", "layout": "Et|(tt|)*30mL",
+                    "megatron_args": "--disable-bias-linear --multi-latent-attention "
+                                     "--q-lora-rank 1536 --kv-lora-rank 512 --qk-head-dim 128 "
+                                     "--qk-pos-emb-head-dim 64 --v-head-dim 128 "
+                                     "--moe-layer-freq ([0]*3+[1]*58) "
+                                     "--moe-shared-expert-intermediate-size 2048 "
+                                     "--moe-router-score-function sigmoid "
+                                     "--moe-router-num-groups 8 --moe-router-group-topk 4 "
+                                     "--moe-router-topk-scaling-factor 2.5 "
+                                     "--moe-router-enable-expert-bias --mtp-num-layers 1 "
+                                     "--moe-token-dispatcher-type flex --moe-enable-deepep "
+                                     "--moe-grouped-gemm"},
+                   "deepseek-ai/DeepSeek-V3 config.json (arXiv 2412.19437, section 4.2); "
+                   "Megatron-Bridge's deepseek_v3 recipe (expert TP 1, one MTP layer) and its "
+                   "H100 1,024-GPU performance config (layout Et|(tt|)*30mL, DeepEP: "
+                   "scripts/performance/configs/deepseek/deepseek_llm_pretrain.py)", ""),
+    "qwen3235ba22b": ({"hidden": "4096", "layers": "94", "heads": "64", "kv_heads": "4",
+                       "ffn": "12288", "vocab": "151936", "experts": "128", "topk": "8",
+                       "moe_ffn": "1536", "etp": "1",
+                       "megatron_args": "--kv-channels 128 --qk-layernorm "
+                                        "--disable-bias-linear --moe-token-dispatcher-type "
+                                        "alltoall --moe-grouped-gemm"},
+                      "Qwen/Qwen3-235B-A22B config.json (arXiv 2505.09388, table 2: heads of "
+                      "128, q/k norms, no biases); expert TP 1 as Megatron-Bridge's Qwen3 MoE "
+                      "recipes set it (src/megatron/bridge/recipes/qwen/h100/qwen3_moe.py), "
+                      "the one EP 32 folds with on TP 2 x DP 16 (the row's notes)", ""),
+    "gptoss120b": ({"hidden": "2880", "layers": "36", "heads": "64", "kv_heads": "8",
+                    "ffn": "2880", "vocab": "201088", "experts": "128", "topk": "4",
+                    "moe_ffn": "2880",
+                    "megatron_args": "--kv-channels 64 --quick-geglu "
+                                     "--activation-func-clamp-value 7.0 --glu-linear-offset 1.0 "
+                                     "--softmax-type learnable --window-size 128,0 "
+                                     "--window-attn-skip-freq 2 --moe-token-dispatcher-type "
+                                     "alltoall --moe-grouped-gemm"},
+                   "openai/gpt-oss-120b config.json and model card (arXiv 2508.10925: heads of "
+                   "64, attention sinks, a 128-token window on every other layer, biases, "
+                   "SwiGLU clamped at 7); Megatron-Bridge's GPT-OSS bridge (quick-GeGLU with "
+                   "offset 1, alltoall, grouped GEMMs)", ""),
 }
 
 
@@ -61,7 +119,10 @@ def complete(row: dict[str, str]) -> tuple[dict[str, str], str]:
     note naming their source ("" when the row had them)."""
     if row.get("layers", "").strip():
         return row, ""
-    entry = PUBLIC_SHAPES.get(model_key(row.get("model", "")))
+    name = row.get("model", "")
+    # "DeepSeekV3 (dropless)": the model, not the run's qualifier
+    entry = PUBLIC_SHAPES.get(model_key(name)) or \
+        PUBLIC_SHAPES.get(model_key(re.sub(r"\([^)]*\)", "", name)))
     if entry is None:
         return row, ""
     cols, source, note = entry

@@ -171,6 +171,31 @@ def run_of_row(row: dict[str, str]) -> Any:
     return parse_megatron(megatron_text(row), num_gpus=int(row["gpus"]))
 
 
+def moe_import(row: dict[str, str]) -> dict[str, Any]:
+    """A mixture-of-experts row imported as its Megatron-LM arguments (its model's public
+    shapes and its stack's MoE settings from :mod:`_public_models`), not priced: the model
+    spec, the layout (``ep``, ``etp``) and the batch the importer reads, or the one-line
+    reason it refuses the row (``error``)."""
+    full, shape_note = complete(row)
+    try:
+        run = run_of_row(full)
+    except ShardplanError as e:
+        return {"id": row["id"], "error": str(e)}
+    par = run.parallel
+    return {"id": row["id"], "spec": run.model.spec, "parallel": par, "ep": par.ep,
+            "etp": par.expert_tp, "layout": par.label(), "global_batch": run.global_batch,
+            "micro_batch": run.micro_batch_size, "notes": (shape_note, *run.notes)}
+
+
+def moe_line(row: dict[str, str]) -> str:
+    """``id (SPEC on LAYOUT, expert TP N, global batch B)``: how a skipped MoE row imports."""
+    got = moe_import(row)
+    if "error" in got:
+        return f"{row['id']} (import refused: {got['error']})"
+    return (f"{got['id']} ({got['spec']} on {got['layout']}, expert TP {got['etp']}, global "
+            f"batch {got['global_batch']})")
+
+
 _GRAPHS: dict[str, Any] = {}
 
 
@@ -333,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
     skipped: list[str] = []
     for row in rows:
         if is_moe(row):
-            skipped.append(row["id"])
+            skipped.append(moe_line(row))
             continue
         try:
             p = predict(row)
@@ -396,8 +421,9 @@ def summary_lines(errors: dict[str, list[float]], stacks: dict[str, list[float]]
     lines += ["", "Rows whose outcome (ran / out of memory) is predicted wrong, or that could "
               f"not be predicted: {', '.join(wrong_fit) or 'none'}."]
     if skipped:
-        lines += ["", f"Mixture-of-experts rows, not priced until expert parallelism is "
-                  f"modelled (issue 47): {', '.join(skipped)}."]
+        lines += ["", "Mixture-of-experts rows, not priced until expert parallelism is "
+                  "modelled (issue 47), as they import (`moe_import`):", ""]
+        lines += [f"- {s}" for s in skipped]
     lines += ["", "Which rows informed a constant: none (each constant's source is a "
               "published kernel, NCCL or allocator measurement or a stack's code, "
               "`docs/gpu-model.md`). Leave-one-source-out: with no row informing a constant, "

@@ -75,10 +75,12 @@ def export(plan: Plan, graph: Graph, topology: Topology, fmt: str, *,
 
         trace = chrome_trace(plan, graph, topology, settings, schedule)
         if plan.parallel is not None:  # the degrees and settings the trace was simulated at
+            from shardplan.export._moe import moe_record
             from shardplan.export._parallel import llm_record
 
             trace["otherData"].update(parallel=plan.parallel.to_dict(),
-                                      **llm_record(plan, settings, "chrome-trace"))
+                                      **llm_record(plan, settings, "chrome-trace"),
+                                      **moe_record(plan, graph))
         return Export(fmt, json.dumps(trace, separators=(",", ":")) + "\n")
     if plan.parallel is not None:
         from shardplan.export._parallel import PARALLEL_EXPORTERS

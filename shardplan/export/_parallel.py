@@ -7,6 +7,10 @@ own arguments (``--num-layers``, ``[model] flavor``) are not part of a plan: the
 arguments leave them to the user, the torchtitan file names the flavor when the plan was
 imported from one.
 
+A mixture of experts adds its experts, its expert grid and its MoE settings
+(:mod:`shardplan.export._moe`); a split Megatron-LM's other arguments cannot express is written
+as Megatron-Core's ``--pipeline-model-parallel-layout``.
+
 Settings the plan's :class:`~shardplan.ir.ExecutionSettings` do not carry yet (``precision``,
 ``sequence_parallel``, ``tp_comm_overlap``, recompute granularity, ``zero1``) are taken from
 what the importer recorded in the plan (``imported_from.execution``), else their defaults.
@@ -26,6 +30,7 @@ from shardplan.export._common import (
     _batch,
     _setting,
 )
+from shardplan.export._moe import megatron_layout, megatron_moe_args, moe_record
 from shardplan.ir import ExecutionSettings, Graph, Plan, Topology
 from shardplan.ir.parallel import ParallelConfig
 
@@ -36,17 +41,14 @@ __all__ = ["PARALLEL_EXPORTERS", "deepspeed_parallel", "llm_record", "megatron_p
 
 def _per_rank(par: ParallelConfig) -> list[int] | None:
     """Blocks per pipeline rank when ``stage_layers`` is set and each rank's blocks are even
-    over its virtual stages; None when it is not set. Raises otherwise."""
+    over its virtual stages; None when it is not set or they are not."""
     if par.stage_layers is None:
         return None
     ranks = [0] * par.pp
     for j, n in enumerate(par.stage_layers):
         ranks[j % par.pp] += n
-    for j, n in enumerate(par.stage_layers):
-        if n * par.vp != ranks[j % par.pp]:
-            raise ShardplanError(f"the plan's virtual stages hold {list(par.stage_layers)} "
-                                 f"layers: a pipeline rank's virtual stages are not even, "
-                                 f"which no argument expresses")
+    if any(n * par.vp != ranks[j % par.pp] for j, n in enumerate(par.stage_layers)):
+        return None
     return ranks
 
 
@@ -59,27 +61,8 @@ def megatron_parallel(plan: Plan, graph: Graph, topology: Topology,
     assert par is not None
     micro, count = _batch(par, settings, "megatron")
     args = ["--tensor-model-parallel-size", str(par.tp),
-            "--pipeline-model-parallel-size", str(par.pp)]
-    if par.vp > 1:
-        args += ["--num-virtual-stages-per-pipeline-rank", str(par.vp)]
+            "--pipeline-model-parallel-size", str(par.pp), *_pipeline_args(par, settings.stack)]
     deepspeed = settings.stack == "megatron-deepspeed"
-    split_args = _balanced_split_args(par, deepspeed)
-    ranks = _per_rank(par) if split_args is None else None
-    if split_args is not None:
-        args += split_args
-    elif deepspeed and par.stage_layers is not None:
-        raise ShardplanError(f"the plan's stages hold {list(par.stage_layers)} layers: "
-                             f"DeepSpeed's pipeline engine balances them (type:transformer, "
-                             f"or with the embeddings type:transformer|embedding), not so")
-    elif ranks is not None and len(set(ranks)) > 1:
-        middle = ranks[1:-1]
-        if len(set(middle)) > 1:
-            raise ShardplanError(f"the plan's pipeline ranks hold {ranks} layers: Megatron-LM "
-                                 f"sets only the first and last rank apart from the others")
-        if not middle or ranks[0] != middle[0]:
-            args += ["--decoder-first-pipeline-num-layers", str(ranks[0])]
-        if not middle or ranks[-1] != middle[0]:
-            args += ["--decoder-last-pipeline-num-layers", str(ranks[-1])]
     if par.cp > 1:
         args += ["--context-parallel-size", str(par.cp)]
     if settings.stack == "megatron":  # Megatron's own modules, not Transformer Engine's
@@ -139,14 +122,57 @@ def megatron_parallel(plan: Plan, graph: Graph, topology: Topology,
         notes.append("Megatron-LM accumulates and reduces bf16 gradients in fp32: the plan's "
                      "half-precision gradient reduction is written as fp32")
     args += ["--optimizer", "adam" if optimizer in ("adam", "adamw") else "sgd"]
+    args += megatron_moe_args(plan, graph, settings)
     out = {"format": EXPORT_FORMAT, "to": "megatron", "graph": plan.graph,
            "parallel": par.to_dict(), "world_size": par.world_size,
            "tensor_model_parallel_size": par.tp, "pipeline_model_parallel_size": par.pp,
            "context_parallel_size": par.cp, "data_parallel_size": par.data_parallel,
            "virtual_stages_per_rank": par.vp, "micro_batch_size": micro,
-           "global_batch_size": micro * par.data_parallel * count, "args": args,
-           "args_text": shlex.join(args)}
+           "global_batch_size": micro * par.data_parallel * count,
+           **_expert_sizes(plan, graph), "args": args, "args_text": shlex.join(args)}
     return Export("megatron", json.dumps(out, indent=2) + "\n", notes=tuple(notes))
+
+
+def _expert_sizes(plan: Plan, graph: Graph) -> dict[str, int]:
+    """The expert grid's sizes in Megatron-LM's names (a mixture of experts only)."""
+    rec = moe_record(plan, graph)
+    if not rec:
+        return {}
+    return {"expert_model_parallel_size": rec["expert_parallel"],
+            "expert_tensor_parallel_size": rec["expert_tensor_parallel"],
+            "num_experts": rec["num_experts"]}
+
+
+def _pipeline_args(par: ParallelConfig, stack: str) -> list[str]:
+    """Megatron-LM's arguments of the plan's virtual stages and their split: the virtual
+    stages per rank with a split the stack balances itself or the first and last rank set
+    apart; else (uneven virtual stages of a rank, middle ranks unequal) Megatron-Core's
+    ``--pipeline-model-parallel-layout`` (:func:`~shardplan.export._moe.megatron_layout`),
+    which sets the virtual stages too. DeepSpeed's pipeline engine takes only its own
+    balanced splits."""
+    vp = ["--num-virtual-stages-per-pipeline-rank", str(par.vp)] if par.vp > 1 else []
+    deepspeed = stack == "megatron-deepspeed"
+    split_args = _balanced_split_args(par, deepspeed)
+    if split_args is not None:
+        return vp + split_args
+    if deepspeed and par.stage_layers is not None:
+        raise ShardplanError(f"the plan's stages hold {list(par.stage_layers)} layers: "
+                             f"DeepSpeed's pipeline engine balances them (type:transformer, "
+                             f"or with the embeddings type:transformer|embedding), not so")
+    if par.stage_layers is None:
+        return vp
+    ranks = _per_rank(par)
+    if ranks is None or len(set(ranks[1:-1])) > 1:  # only a layout says so
+        return ["--pipeline-model-parallel-layout", megatron_layout(par)]
+    if len(set(ranks)) == 1:
+        return vp
+    middle = ranks[1:-1]
+    out = vp
+    if not middle or ranks[0] != middle[0]:
+        out = out + ["--decoder-first-pipeline-num-layers", str(ranks[0])]
+    if not middle or ranks[-1] != middle[0]:
+        out = out + ["--decoder-last-pipeline-num-layers", str(ranks[-1])]
+    return out
 
 
 def _balanced_split_args(par: Any, deepspeed: bool) -> list[str] | None:
@@ -225,7 +251,7 @@ def torch_parallel(plan: Plan, graph: Graph, topology: Topology,
 
     par = plan.parallel
     assert par is not None
-    record = llm_record(plan, settings, "torch")
+    record = {**llm_record(plan, settings, "torch"), **moe_record(plan, graph)}
     base = _torch(plan, graph, topology, settings, schedule, opts)
     out = json.loads(base.text)
     notes = [n for n in base.notes if "ranks of one stage each" not in n]
@@ -265,6 +291,10 @@ def deepspeed_parallel(plan: Plan, graph: Graph, topology: Topology,
     assert par is not None
     rec = llm_record(plan, settings, "deepspeed")
     label = par.label()
+    if par.is_expert_parallel:
+        raise ShardplanError(f"deepspeed's config has no expert parallelism (DeepSpeed-MoE's "
+                             f"ep_size is the model code's): the plan's EP {par.ep} x ETP "
+                             f"{par.expert_tp} ({label}) cannot be written")
     if par.cp > 1:
         raise ShardplanError(f"deepspeed has no context-parallel degree (its sequence "
                              f"parallelism is Ulysses' all-to-all, not ring attention): the "

@@ -17,6 +17,11 @@ torchtitan 0.3.0 configures a run by a config function returning ``Trainer.Confi
   converters (Float8) have no flag: the recipe module sets them, and a note says where the
   recipe's differ.
 
+A mixture of experts (torchtitan 0.3.0's ``deepseek_v3``, ``qwen3`` and ``gpt_oss`` flavors, as
+the zoo names them) starts from torchtitan's own config function of its flavor where there is
+one (``deepseek_v3_671b``, ``qwen3_30b_a3b``, ``gpt_oss_120b``, ...) and carries the expert
+grid (``expert_parallel_degree``; :func:`~shardplan.export._moe.torchtitan_experts`).
+
 The pipeline split is written in torchtitan's own terms, where torchtitan counts the
 embedding and the output as layers (:func:`~shardplan.ir.parallel.torchtitan_stage_layers`):
 ``pipeline_parallel_layers_per_stage`` with ``pipeline_parallel_first_stage_less_layers`` /
@@ -32,10 +37,12 @@ from __future__ import annotations
 import json
 import re
 import shlex
+from dataclasses import replace
 from typing import Any
 
 from shardplan.errors import ShardplanError
 from shardplan.export._common import Export, ExportOptions
+from shardplan.export._moe import torchtitan_experts
 from shardplan.ir import ExecutionSettings, Graph, Plan, Topology
 from shardplan.ir.parallel import ParallelConfig, torchtitan_stage_layers
 
@@ -49,6 +56,32 @@ _LLAMA3 = {"8B": ("llama3_8b", "3e-4", 1000, "./assets/hf/Llama-3.1-8B"),
            "405B": ("llama3_405b", "8e-5", 3000, "./assets/hf/Llama-3.1-405B")}
 #: the recipes that train in Float8 (their converters, which no flag changes)
 _FLOAT8_RECIPES = frozenset({"llama3_405b"})
+#: torchtitan 0.3.0's mixtures of experts as the zoo names them (the importer's
+#: ``TORCHTITAN_MOE``, which the tests hold this against): zoo spec without ``seq`` ->
+#: (torchtitan model, flavor, its config function or None)
+_MOE = {
+    "deepseek_v3:671B": ("deepseek_v3", "671B", "deepseek_v3_671b"),
+    "deepseek_v3:671B,dim=5120,n_layers=60,vocab_size=102400,first_k_dense=1,"
+    "dense_ffn_dim=12288,num_experts=160,top_k=6,moe_dim=1536,num_shared_experts=2,"
+    "score_func=softmax,route_norm=false,route_scale=16.0,topk_groups=3":
+        ("deepseek_v3", "236B", None),
+    "deepseek_v3:671B,dim=2048,n_layers=27,n_heads=16,vocab_size=102400,q_lora_rank=0,"
+    "first_k_dense=1,dense_ffn_dim=10944,num_experts=64,top_k=6,moe_dim=1408,"
+    "num_shared_experts=2,score_func=softmax,route_norm=false,route_scale=1.0,n_groups=1,"
+    "topk_groups=1": ("deepseek_v3", "16B", "deepseek_v3_16b"),
+    "deepseek_v3:671B,dim=256,n_layers=6,n_heads=16,vocab_size=2048,q_lora_rank=0,"
+    "first_k_dense=1,dense_ffn_dim=1024,num_experts=8,top_k=3,moe_dim=256,"
+    "num_shared_experts=2,score_func=softmax,route_norm=false,route_scale=1.0,n_groups=1,"
+    "topk_groups=1": ("deepseek_v3", "debugmodel", "deepseek_v3_debugmodel"),
+    "qwen3_moe:30B-A3B": ("qwen3", "30B-A3B", "qwen3_30b_a3b"),
+    "qwen3_moe:235B-A22B": ("qwen3", "235B-A22B", None),
+    "qwen3_moe:30B-A3B,dim=256,n_layers=8,n_heads=16,n_kv_heads=8,vocab_size=2048,"
+    "num_experts=64": ("qwen3", "debugmodel_moe", "qwen3_moe_debug"),
+    "gpt_oss:120B": ("gpt_oss", "120b", "gpt_oss_120b"),
+    "gpt_oss:120B,n_layers=24,num_experts=32": ("gpt_oss", "20b", "gpt_oss_20b"),
+    "gpt_oss:120B,dim=256,n_layers=4,vocab_size=2048,num_experts=8":
+        ("gpt_oss", "debugmodel", "gpt_oss_debugmodel"),
+}
 
 
 def split_options(counts: tuple[int, ...], num_layers: int) -> dict[str, int] | None:
@@ -95,8 +128,12 @@ def _model(plan: Plan, graph: Graph) -> tuple[str, str, int | None]:
 
     spec = str((plan.meta.get("imported_from") or {}).get("model") or
                graph.meta.get("model") or "")
-    m = re.match(r"^(llama[23]):(\w+)(?:,(.*))?$", spec)
     seq = _seq_len(graph)
+    head = ",".join(p for p in spec.split(",") if not p.startswith("seq="))
+    if head in _MOE:
+        m_seq = re.search(r"(?:^|,)seq=(\d+)(?:,|$)", spec)
+        return _MOE[head][0], _MOE[head][1], int(m_seq.group(1)) if m_seq else seq
+    m = re.match(r"^(llama[23]):(\w+)(?:,(.*))?$", spec)
     if m is None:
         return "", "", seq
     for opt in (m.group(3) or "").split(","):
@@ -153,6 +190,9 @@ def llm_torchtitan(plan: Plan, graph: Graph, topology: Topology,
         "pipeline_parallel_degree": par.pp}
     if par.tp > 1 and not legacy:
         par_opts["enable_sequence_parallel"] = seq_par
+    experts, moe_notes = torchtitan_experts(plan, graph, settings, legacy=legacy)
+    par_opts.update(experts)
+    notes += moe_notes
     local, glob = micro, micro * count * par.data_parallel
     if par.pp > 1:
         sched = "interleaved-1f1b" if par.vp > 1 else settings.schedule
@@ -171,7 +211,9 @@ def llm_torchtitan(plan: Plan, graph: Graph, topology: Topology,
         training["seq_len"] = seq
     training["mixed_precision_param"] = _PRECISION[precision]
     training["mixed_precision_reduce"] = "float32"
-    if par.pp > 1 and not legacy:  # torchtitan 0.3.0 refuses CUDA graphs with a pipeline
+    if (par.pp > 1 or par.ep > 1) and not legacy:
+        # torchtitan 0.3.0 refuses CUDA graphs with a pipeline, and with expert parallelism's
+        # all-to-all dispatch (its CPU synchronisation)
         training["disable_cuda_graphs"] = True
     title = (f"shardplan export of plan {plan.graph!r} on {plan.topology!r}: {par.label()} "
              f"(torchtitan {version})")
@@ -306,6 +348,12 @@ def _recipe(title: str, opts: ExportOptions, name: str, flavor: str, precision: 
     module = opts.output_name.removesuffix(".py")
     given = opts.torchtitan_base != "MODULE:FUNCTION"
     llama = name == "llama3" and flavor in _LLAMA3 and not given
+    moe_recipe = None if given else next(
+        (r for n, f, r in _MOE.values() if (n, f) == (name, flavor) and r), None)
+    if moe_recipe:  # torchtitan's own config function of the MoE flavor
+        opts = replace(opts, torchtitan_base=f"torchtitan.models.{name}.config_registry:"
+                                             f"{moe_recipe}")
+        given = True
     fp8 = precision == "fp8"
     if llama:
         recipe, lr, steps, assets = _LLAMA3[flavor]
@@ -331,7 +379,8 @@ def _recipe(title: str, opts: ExportOptions, name: str, flavor: str, precision: 
     else:
         base_module, _, function = opts.torchtitan_base.partition(":")
         how = f"the plan's degrees and settings on {'BASE' if not given else opts.torchtitan_base}"
-        flags = ["--module", base_module, "--config", function]
+        # torchtitan's own recipes by their short names (--module deepseek_v3)
+        flags = ["--module", name if moe_recipe else base_module, "--config", function]
         flags_base = f"that recipe (--module {base_module} --config {function})"
         body = _OTHER_BASE.format(base=json.dumps(opts.torchtitan_base))
         if not given:

@@ -17,6 +17,10 @@ Model specs (the zoo's names, issue 36):
   what Megatron arguments with ``--swiglu`` or grouped-query attention describe.
 - ``llama3:8B,seq=S`` (``70B``, ``405B``) and ``llama2:7B,seq=S`` (``13B``, ``70B``):
   torchtitan's flavors (:data:`FLAVORS`).
+- ``deepseek_v3:671B,seq=S`` and the other mixtures of experts of the zoo (``mixtral``,
+  ``qwen3_moe``, ``gpt_oss``; :data:`MOE_FAMILIES`), with the zoo's ``MoEConfig`` overrides
+  where a run's model differs from the flavor (``qwen3_moe:235B-A22B,n_layers=4,seq=4096``):
+  :class:`MoEDims`, built by :mod:`shardplan.importers._moe`.
 
 Batch vocabulary (:mod:`shardplan.ir.settings`): :attr:`RunConfig.micro_batch_size` is the
 tools' micro-batch, samples per data-parallel rank; the plan's ``microbatch_size`` is the
@@ -34,8 +38,9 @@ from shardplan.errors import ShardplanError
 from shardplan.ir.parallel import ParallelConfig, balanced_stage_layers
 from shardplan.ir.settings import ExecutionSettings
 
-__all__ = ["FLAVORS", "PRECISIONS", "RECOMPUTES", "ModelDims", "RunConfig",
-           "balanced_stage_layers", "execution_of", "flavor_dims", "uneven_stage_layers"]
+__all__ = ["FLAVORS", "MOE_FAMILIES", "PRECISIONS", "RECORD_ONLY", "RECOMPUTES", "ModelDims",
+           "MoEDims", "RunConfig", "balanced_stage_layers", "execution_of", "flavor_dims",
+           "uneven_stage_layers"]
 
 PRECISIONS = ("fp32", "bf16", "fp16", "fp8")
 RECOMPUTES = ("none", "selective", "op", "full")
@@ -52,18 +57,84 @@ FLAVORS: dict[str, dict[str, tuple[int, int, int, int, int, int]]] = {
 }
 
 
+#: The mixture-of-experts families of the zoo (``shardplan/workload/moe.py``).
+MOE_FAMILIES = ("mixtral", "deepseek_v3", "qwen3_moe", "gpt_oss")
+#: Execution keys an importer records for the exports (``imported_from.execution``) that are
+#: no :class:`~shardplan.ir.ExecutionSettings` field and are not priced: the MoE router's
+#: load balancing (Megatron-LM's ``--moe-router-load-balancing-type``).
+RECORD_ONLY = frozenset({"moe_load_balancing"})
+
+
+def _spec_value(v: Any) -> str:
+    """A zoo spec's text of an override value (``true``, ``none``, ``2.5``, ``128``)."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return "none" if v is None else str(v)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MoEDims:
+    """The mixture of experts of a :class:`ModelDims`: the zoo flavor it is built from, the
+    ``MoEConfig`` fields that differ from the flavor's, and the expert layers' sizes.
+
+    Attributes
+    ----------
+    flavor : str
+        The zoo flavor (``deepseek_v3:671B``; a key of ``shardplan.workload.moe.FLAVORS``).
+    overrides : tuple of (str, value)
+        ``MoEConfig`` fields set on the flavor, in the config's field order.
+    num_experts, top_k, moe_ffn : int
+        Routed experts per MoE layer, experts per token, each expert's FFN width.
+    shared_experts : int
+        Always-on experts of width ``moe_ffn``.
+    first_k_dense : int
+        Leading layers with a dense FFN instead of experts.
+    attention : {"gqa", "mla"}
+    """
+
+    flavor: str
+    overrides: tuple[tuple[str, Any], ...] = ()
+    num_experts: int
+    top_k: int
+    moe_ffn: int
+    shared_experts: int = 0
+    first_k_dense: int = 0
+    attention: str = "gqa"
+
+    def __post_init__(self) -> None:
+        family = self.flavor.partition(":")[0]
+        if family not in MOE_FAMILIES:
+            raise ShardplanError(f"unknown mixture-of-experts family {family!r} (shardplan "
+                                 f"knows {', '.join(MOE_FAMILIES)})")
+        if not 1 <= self.top_k <= self.num_experts:
+            raise ShardplanError(f"{self.top_k} experts per token out of {self.num_experts} "
+                                 f"experts")
+        object.__setattr__(self, "overrides", tuple((str(k), v) for k, v in self.overrides))
+
+    @property
+    def spec_options(self) -> str:
+        """``,n_layers=4,top_k=2`` (the overrides as the zoo spec writes them)."""
+        return "".join(f",{k}={_spec_value(v)}" for k, v in self.overrides)
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ModelDims:
     """A decoder-only transformer's dimensions, and the zoo family that builds it.
 
     Attributes
     ----------
-    family : {"gpt", "llama", "llama3", "llama2"}
+    family : {"gpt", "llama", "llama3", "llama2", "mixtral", "deepseek_v3", "qwen3_moe", \
+"gpt_oss"}
         ``gpt`` and ``llama`` are specs by dimensions; ``llama3`` and ``llama2`` name a
-        torchtitan flavor (``flavor``).
+        torchtitan flavor (``flavor``); the mixture-of-experts families (:data:`MOE_FAMILIES`)
+        a zoo flavor with overrides (``moe``).
     hidden, num_layers, num_heads, num_kv_heads, ffn, vocab, seq_len : int
+        For a mixture of experts: ``ffn`` is the dense layers' width (the experts' when every
+        layer has experts) and ``num_kv_heads`` the heads under multi-head latent attention.
     flavor : str or None
-        ``8B``, ``70B``, ... for the flavor families.
+        ``8B``, ``70B``, ``671B``, ... for the flavor families.
+    moe : MoEDims or None
+        The mixture of experts (None: a dense model).
     """
 
     family: str
@@ -75,9 +146,14 @@ class ModelDims:
     vocab: int
     seq_len: int
     flavor: str | None = None
+    moe: MoEDims | None = None
 
     def __post_init__(self) -> None:
-        if self.family not in ("gpt", "llama", *FLAVORS):
+        if self.moe is not None:
+            if self.moe.flavor != f"{self.family}:{self.flavor}":
+                raise ShardplanError(f"model {self.family}:{self.flavor} is not its mixture of "
+                                     f"experts' flavor {self.moe.flavor}")
+        elif self.family not in ("gpt", "llama", *FLAVORS):
             raise ShardplanError(f"unknown model family {self.family!r}")
         for name in ("hidden", "num_layers", "num_heads", "num_kv_heads", "ffn", "vocab",
                      "seq_len"):
@@ -85,7 +161,7 @@ class ModelDims:
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ShardplanError(f"model {name.replace('_', ' ')} must be an integer >= 1, "
                                      f"got {v!r}")
-        if self.hidden % self.num_heads:
+        if self.moe is None and self.hidden % self.num_heads:  # MoE: heads of their width
             raise ShardplanError(f"hidden size {self.hidden} is not a multiple of the "
                                  f"{self.num_heads} attention heads")
         if self.num_heads % self.num_kv_heads:
@@ -95,6 +171,8 @@ class ModelDims:
     @property
     def spec(self) -> str:
         """The zoo's model spec (module docstring)."""
+        if self.moe is not None:
+            return f"{self.moe.flavor}{self.moe.spec_options},seq={self.seq_len}"
         if self.family in FLAVORS:
             return f"{self.family}:{self.flavor},seq={self.seq_len}"
         if self.family == "llama":  # a Llama by its dimensions: torchtitan's model, all set
@@ -199,7 +277,9 @@ class RunConfig:
         batch not a multiple of ``micro_batch_size x data-parallel size``, layers not filling
         ``pp x vp`` stages evenly (without uneven first/last stages), a sequence not
         splitting over context parallelism (``2 cp``, load-balanced) or, under sequence
-        parallelism, over ``tp``, interleaving without a pipeline.
+        parallelism, over ``tp``, interleaving without a pipeline, expert parallelism without
+        a mixture of experts or not dividing its experts (Megatron-LM's and torchtitan's
+        checks; the expert grid's folding is :class:`~shardplan.ir.ParallelConfig`'s).
     """
 
     model: ModelDims
@@ -220,6 +300,7 @@ class RunConfig:
         if m.num_kv_heads % par.tp:
             raise ShardplanError(f"tensor parallelism {par.tp} does not divide the "
                                  f"{m.num_kv_heads} query groups (KV heads)")
+        _check_experts(m, par)
         if self.num_gpus is not None and par.world_size != self.num_gpus:
             raise ShardplanError(f"the run uses {par.world_size} GPUs ({par.label()}) and the "
                                  f"cluster has {self.num_gpus}")
@@ -291,6 +372,8 @@ class RunConfig:
         for k, v in self.execution.items():
             if k in LEGACY_SETTING_KEYS and "precision" in known:
                 continue  # derived from precision (ExecutionSettings.mixed_precision, ...)
+            if k in RECORD_ONLY:
+                continue  # kept in the plan's imported_from for the exports, not priced
             if k not in known:
                 dropped.append(k)
                 continue
@@ -321,19 +404,36 @@ class RunConfig:
 
 
 
+def _check_experts(model: ModelDims, par: ParallelConfig) -> None:
+    """Expert parallelism as Megatron-LM's ``validate_args`` checks it ("num_experts must be
+    non None to use expert model parallelism", "Number of experts should be a multiple of
+    expert model parallel_size"); torchtitan shards the experts' first dimension the same
+    way."""
+    if model.moe is None:
+        if par.ep > 1:
+            raise ShardplanError(f"expert parallelism {par.ep} needs a mixture of experts, and "
+                                 f"{model.spec} has none")
+        return
+    if model.moe.num_experts % par.ep:
+        raise ShardplanError(f"expert parallelism {par.ep} does not divide the "
+                             f"{model.moe.num_experts} experts")
+
+
 def execution_of(parallel: ParallelConfig, *, micro_batch_size: int, global_batch: int,
                  schedule: str | None = None, precision: str = "fp32",
                  recompute: str = "none", gradient_sync: str = "end",
                  sequence_parallel: bool = False, tp_comm_overlap: bool = False,
                  optimizer: str = "adam", shard_unit: str = "block",
                  recompute_every: int = 1, grad_reduce: str = "param",
-                 stack: str = "megatron", expandable_segments: bool = False
-                 ) -> dict[str, Any]:
+                 stack: str = "megatron", expandable_segments: bool = False,
+                 moe: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The :attr:`RunConfig.execution` of a run: the plan's micro-batch (``micro_batch_size
     x dp x dp_shard``, shared by the data-parallel ranks) and its count, the schedule
     (``interleaved-1f1b`` when ``vp > 1``, else ``schedule`` or ``1f1b``) and the training
     settings. A global batch that does not divide is left for :class:`RunConfig` to refuse
-    (the count is rounded down here)."""
+    (the count is rounded down here). ``moe``: a mixture of experts' settings
+    (``moe_dispatcher``, ``moe_capacity_factor``, ``moe_grouped_gemm``, the recorded
+    ``moe_load_balancing``), added as they are; None for a dense model."""
     shared = micro_batch_size * parallel.data_parallel
     if schedule is None:
         schedule = "interleaved-1f1b" if parallel.vp > 1 else "1f1b"
@@ -345,4 +445,4 @@ def execution_of(parallel: ParallelConfig, *, micro_batch_size: int, global_batc
             "tp_comm_overlap": bool(tp_comm_overlap), "optimizer": optimizer,
             "shard_unit": shard_unit, "recompute_every": recompute_every,
             "grad_reduce": grad_reduce, "stack": stack,
-            "expandable_segments": bool(expandable_segments)}
+            "expandable_segments": bool(expandable_segments), **(moe or {})}

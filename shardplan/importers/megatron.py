@@ -43,6 +43,13 @@ What is read:
   ``--accumulate-allreduce-grads-in-fp32`` (``grad_reduce`` ``fp32``; Megatron-LM turns it on
   with ``--bf16``, so bf16 and fp8 runs have it too, unless DeepSpeed runs the step).
 
+- mixtures of experts (``--num-experts`` with the router's, the experts' and multi-latent
+  attention's arguments: a zoo flavor with overrides, ``deepseek_v3:671B,seq=4096``), the
+  expert grid (``--expert-model-parallel-size``, ``--expert-tensor-parallel-size``: the
+  plan's ``ep`` and ``etp``), the MoE settings (``--moe-token-dispatcher-type``,
+  ``--moe-expert-capacity-factor``, ``--moe-grouped-gemm``) and
+  ``--pipeline-model-parallel-layout``: :mod:`shardplan.importers._megatron_moe`.
+
 Anything else in :data:`IGNORED_FLAGS` / :data:`IGNORED_VALUES` (paths, logging, learning
 rates, dropout, kernels' fusion switches) is skipped silently; an argument in no table may
 change the run and is not modelled: one note names it.
@@ -56,6 +63,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from shardplan.errors import ShardplanError
+from shardplan.importers import _megatron_moe as moe
 from shardplan.importers._run import (
     ModelDims,
     RunConfig,
@@ -78,7 +86,7 @@ _READ_SWITCHES = frozenset({
     "--accumulate-allreduce-grads-in-fp32", "--account-for-embedding-in-pipeline-split",
     "--use-legacy-models",
     "--account-for-loss-in-pipeline-split",
-})
+}) | moe.MOE_SWITCHES
 _READ_VALUES = frozenset({
     "--num-layers", "--hidden-size", "--num-attention-heads", "--num-query-groups",
     "--ffn-hidden-size", "--seq-length", "--max-position-embeddings", "--vocab-size",
@@ -91,13 +99,15 @@ _READ_VALUES = frozenset({
     "--recompute-granularity", "--recompute-method", "--recompute-num-layers",
     "--data-parallel-sharding-strategy", "--optimizer", "--kv-channels", "--zero-stage",
     "--deepspeed_config", "--deepspeed-config", "--pp-partition-method", "--transformer-impl",
-})
+}) | moe.MOE_VALUES
+#: Arguments read that take one or more values (argparse's ``nargs='+'``).
+_READ_LISTS = moe.MOE_LISTS
 
 #: Switches that do not change what shardplan models (logging, checkpoints, kernel fusion).
 IGNORED_FLAGS = frozenset({
     "--use-mcore-models", "--no-masked-softmax-fusion",
     "--no-bias-gelu-fusion", "--no-bias-dropout-fusion", "--no-gradient-accumulation-fusion",
-    "--no-async-tensor-model-parallel-allreduce", "--no-rope-fusion", "--disable-bias-linear",
+    "--no-async-tensor-model-parallel-allreduce", "--no-rope-fusion",
     "--no-position-embedding", "--log-params-norm", "--log-num-zeros-in-grad",
     "--log-throughput", "--log-timers-to-tensorboard", "--log-validation-ppl-to-tensorboard",
     "--log-memory-to-tensorboard", "--log-world-size-to-tensorboard", "--no-save-optim",
@@ -108,9 +118,9 @@ IGNORED_FLAGS = frozenset({
     "--check-for-nan-in-loss-and-grad", "--no-check-for-nan-in-loss-and-grad",
     "--mock-data", "--tensorboard-log-interval", "--use-rotary-position-embeddings",
     "--no-persist-layer-norm", "--apply-layernorm-1p", "--timing-log-level",
-    "--add-qkv-bias", "--qk-layernorm", "--deepspeed-activation-checkpointing",
+    "--deepspeed-activation-checkpointing",
     "--no-create-attention-mask-in-dataloader", "--fp16-lm-cross-entropy",
-})
+}) | moe.MOE_IGNORED_FLAGS
 #: Arguments with one value that do not change what shardplan models.
 IGNORED_VALUES = frozenset({
     "--lr", "--min-lr", "--lr-decay-style", "--lr-decay-iters", "--lr-decay-samples",
@@ -130,7 +140,7 @@ IGNORED_VALUES = frozenset({
     "--weight-decay-incr-style", "--fp8-amax-history-len", "--fp8-amax-compute-algo",
     "--fp8-margin", "--fp8-recipe", "--profile-step-start", "--profile-step-end",
     "--dist-ckpt-format", "--init-method-xavier-uniform", "--data-args-path",
-})
+}) | moe.MOE_IGNORED_VALUES
 
 #: Megatron-LM arguments that change the run and that shardplan does not model (a note
 #: names each one given), as Megatron-LM's ``megatron/training/arguments.py`` defines them
@@ -139,12 +149,9 @@ IGNORED_VALUES = frozenset({
 #: tables is refused, naming the closest known one: Megatron's own parser
 #: (``allow_abbrev=False``) would stop the run on it.
 KNOWN_UNMODELLED = frozenset({
-    "--num-experts", "--expert-model-parallel-size", "--expert-tensor-parallel-size",
-    "--moe-router-topk", "--moe-ffn-hidden-size", "--moe-grouped-gemm", "--moe-aux-loss-coeff",
-    "--moe-router-load-balancing-type", "--moe-token-dispatcher-type", "--moe-layer-freq",
-    "--moe-shared-expert-intermediate-size", "--moe-router-pre-softmax",
-    "--moe-expert-capacity-factor", "--moe-layer-recompute", "--num-layers-per-stage",
-    "--pipeline-model-parallel-layout", "--encoder-num-layers", "--decoder-num-layers",
+    "--moe-layer-recompute", "--moe-pad-expert-input-to-capacity", "--moe-shared-expert-gate",
+    "--moe-shared-expert-overlap", "--moe-apply-probs-on-input", "--num-layers-per-stage",
+    "--encoder-num-layers", "--decoder-num-layers",
     "--encoder-pipeline-model-parallel-size", "--encoder-tensor-model-parallel-size",
     "--use-flash-attn", "--use-distributed-checkpointing", "--overlap-p2p-communication",
     "--no-overlap-p2p-communication", "--defer-embedding-wgrad-compute",
@@ -158,10 +165,8 @@ KNOWN_UNMODELLED = frozenset({
     "--align-param-gather", "--no-align-param-gather", "--align-grad-reduce",
     "--num-distributed-optimizer-instances", "--use-sharp", "--ddp-average-in-collective",
     "--ddp-num-buckets", "--ddp-pad-buckets-for-high-nccl-busbw", "--gradient-reduce-div-fusion",
-    "--cross-entropy-fusion-impl", "--multi-latent-attention", "--q-lora-rank",
-    "--kv-lora-rank", "--qk-head-dim", "--qk-pos-emb-head-dim", "--v-head-dim",
-    "--mtp-num-layers", "--mtp-loss-scaling-factor", "--hybrid-attention-ratio",
-    "--hybrid-mlp-ratio", "--hybrid-override-pattern", "--window-size", "--squared-relu",
+    "--cross-entropy-fusion-impl", "--mtp-loss-scaling-factor", "--hybrid-attention-ratio",
+    "--hybrid-mlp-ratio", "--hybrid-override-pattern", "--squared-relu",
     "--openai-gelu", "--onnx-safe", "--bert-no-binary-head",
     "--hierarchical-context-parallel-sizes", "--cp-comm-type", "--nccl-communicator-config-path",
     "--use-tp-pp-dp-mapping", "--ds-sequence-parallel-size", "--recompute-modules",
@@ -239,6 +244,9 @@ def _read(text: str) -> tuple[dict[str, list[str]], list[str]]:
         elif name in _READ_VALUES:
             if len(values) != 1:
                 raise ShardplanError(f"{name} takes one value, got {len(values)}")
+        elif name in _READ_LISTS:
+            if not values:
+                raise ShardplanError(f"{name} takes one or more values, got none")
         elif name in IGNORED_FLAGS or name in IGNORED_VALUES:
             continue
         else:
@@ -253,8 +261,8 @@ def _read(text: str) -> tuple[dict[str, list[str]], list[str]]:
         if n not in KNOWN_UNMODELLED:
             import difflib
 
-            known = sorted(_READ_SWITCHES | _READ_VALUES | IGNORED_FLAGS | IGNORED_VALUES |
-                           KNOWN_UNMODELLED)
+            known = sorted(_READ_SWITCHES | _READ_VALUES | _READ_LISTS | IGNORED_FLAGS |
+                           IGNORED_VALUES | KNOWN_UNMODELLED)
             close = difflib.get_close_matches(n, known, n=1, cutoff=0.6)
             hint = (f" (did you mean {close[0]}?)" if close else
                     f" (the closest known is "
@@ -290,7 +298,9 @@ def _model(args: Mapping[str, list[str]], tp: int, notes: list[str]) -> ModelDim
     hidden = _int("--hidden-size", args["--hidden-size"])
     heads = _int("--num-attention-heads", args["--num-attention-heads"])
     seq = _int("--seq-length", args["--seq-length"])
-    if "--kv-channels" in args and _int("--kv-channels", args["--kv-channels"]) * heads != hidden:
+    experts = moe.has_experts(args, notes)
+    if not experts and "--kv-channels" in args and \
+            _int("--kv-channels", args["--kv-channels"]) * heads != hidden:
         notes.append("--kv-channels other than hidden / heads is not modelled (attention's "
                      "width is the hidden size)")
     kv = heads
@@ -304,7 +314,7 @@ def _model(args: Mapping[str, list[str]], tp: int, notes: list[str]) -> ModelDim
         ffn = _int("--ffn-hidden-size", args["--ffn-hidden-size"])
     else:
         ffn = int(4 * hidden * 2 / 3 / 64) * 64 if swiglu else 4 * hidden
-    family = "llama" if swiglu or kv != heads else "gpt"
+    family = "moe" if experts else "llama" if swiglu or kv != heads else "gpt"
     norm = args.get("--normalization", ["LayerNorm"])[0]
     if norm not in ("LayerNorm", "RMSNorm"):
         raise ShardplanError(f"--normalization is LayerNorm or RMSNorm, got {norm!r}")
@@ -312,9 +322,11 @@ def _model(args: Mapping[str, list[str]], tp: int, notes: list[str]) -> ModelDim
     if pos not in ("learned_absolute", "rope", "mrope", "relative", "yarn", "none"):
         raise ShardplanError(f"unknown --position-embedding-type {pos!r}")
     untied = "--untie-embeddings-and-output-weights" in args
-    want = {"gpt": ("LayerNorm", "learned_absolute", False), "llama": ("RMSNorm", "rope", True)}
+    want = {"gpt": ("LayerNorm", "learned_absolute", False), "llama": ("RMSNorm", "rope", True),
+            "moe": ("RMSNorm", "yarn" if pos == "yarn" else "rope", True)}
     w_norm, w_pos, w_untied = want[family]
-    what = "Llama-style (SwiGLU / grouped queries)" if family == "llama" else "GPT"
+    what = {"llama": "Llama-style (SwiGLU / grouped queries)", "gpt": "GPT",
+            "moe": "mixture-of-experts"}[family]
     if norm != w_norm:
         notes.append(f"--normalization {norm} is modelled as the {what} model's {w_norm}")
     if pos != w_pos:
@@ -328,8 +340,13 @@ def _model(args: Mapping[str, list[str]], tp: int, notes: list[str]) -> ModelDim
         if maxpos < seq:
             raise ShardplanError(f"--seq-length {seq} is longer than "
                                  f"--max-position-embeddings {maxpos}")
+    vocab = _padded_vocab(args, tp)
+    if experts:
+        return moe.moe_dims(args, {"hidden": hidden, "layers": layers, "heads": heads,
+                                   "kv_heads": kv, "ffn": ffn, "vocab": vocab, "seq": seq},
+                            notes)
     return ModelDims(family=family, hidden=hidden, num_layers=layers, num_heads=heads,
-                     num_kv_heads=kv, ffn=ffn, vocab=_padded_vocab(args, tp), seq_len=seq)
+                     num_kv_heads=kv, ffn=ffn, vocab=vocab, seq_len=seq)
 
 
 def _recompute(args: Mapping[str, list[str]], layers_per_chunk: int, notes: list[str]) -> str:
@@ -490,6 +507,55 @@ def _stage_layers(args: Mapping[str, list[str]], num_layers: int, pp: int, vp: i
     return uneven_stage_layers(num_layers, pp, vp, first, last)
 
 
+def _pipeline(args: Mapping[str, list[str]], num_layers: int, pp: int, notes: list[str]
+              ) -> tuple[int, tuple[int, ...] | None]:
+    """``(vp, stage_layers)``: virtual stages per pipeline rank and the blocks of each
+    (None: even), from ``--num-virtual-stages-per-pipeline-rank`` or
+    ``--num-layers-per-virtual-pipeline-stage`` with the uneven splits of
+    :func:`_stage_layers`, or from ``--pipeline-model-parallel-layout``, which excludes them
+    all (Megatron-LM's ``validate_args``, megatron-core's ``TransformerConfig``)."""
+    per_vp = args.get("--num-layers-per-virtual-pipeline-stage")
+    per_rank = args.get("--num-virtual-stages-per-pipeline-rank")
+    first = _int("--decoder-first-pipeline-num-layers", args["--decoder-first-pipeline-num-layers"],
+                 0) if "--decoder-first-pipeline-num-layers" in args else None
+    last = _int("--decoder-last-pipeline-num-layers", args["--decoder-last-pipeline-num-layers"],
+                0) if "--decoder-last-pipeline-num-layers" in args else None
+    mtp = _int("--mtp-num-layers", args["--mtp-num-layers"], 0) \
+        if "--mtp-num-layers" in args else 0
+    if mtp:
+        notes.append(f"--mtp-num-layers {mtp}: multi-token prediction layers are not modelled")
+    if "--pipeline-model-parallel-layout" in args:
+        if per_vp or per_rank:
+            raise ShardplanError("--pipeline-model-parallel-layout sets the virtual stages: "
+                                 "Megatron-LM refuses it with --num-layers-per-virtual-"
+                                 "pipeline-stage or --num-virtual-stages-per-pipeline-rank")
+        others = [a for a in ("--decoder-first-pipeline-num-layers",
+                              "--decoder-last-pipeline-num-layers",
+                              "--account-for-embedding-in-pipeline-split",
+                              "--account-for-loss-in-pipeline-split") if a in args]
+        if others:
+            raise ShardplanError(f"--pipeline-model-parallel-layout and {others[0]} exclude "
+                                 f"each other (megatron-core's TransformerConfig)")
+        return moe.layout_stages(args["--pipeline-model-parallel-layout"][0], pp, num_layers,
+                                 mtp, notes)
+    if per_vp and per_rank:
+        raise ShardplanError("give --num-layers-per-virtual-pipeline-stage or "
+                             "--num-virtual-stages-per-pipeline-rank, not both")
+    vp = 1
+    if per_rank:
+        vp = _int("--num-virtual-stages-per-pipeline-rank", per_rank)
+    elif per_vp:
+        n = _int("--num-layers-per-virtual-pipeline-stage", per_vp)
+        if first is not None or last is not None:
+            raise ShardplanError("uneven first/last pipeline stages go with "
+                                 "--num-virtual-stages-per-pipeline-rank")
+        if num_layers % (pp * n):
+            raise ShardplanError(f"{num_layers} layers are not a multiple of pp {pp} x "
+                                 f"{n} layers per virtual stage")
+        vp = num_layers // (pp * n)
+    return vp, _stage_layers(args, num_layers, pp, vp, first, last, notes)
+
+
 def _stack(args: Mapping[str, list[str]]) -> str:
     """The software the arguments run (:attr:`~shardplan.ir.ExecutionSettings.stack`):
     Megatron-DeepSpeed with ``--deepspeed``; Megatron's own modules, every tensor autograd
@@ -552,28 +618,7 @@ def parse_megatron(text: str, *, num_gpus: int | None = None, cluster: str | Non
                                                          ["1"]))
     cp = _int("--context-parallel-size", args.get("--context-parallel-size", ["1"]))
     model = _model(args, tp, notes)
-    per_vp = args.get("--num-layers-per-virtual-pipeline-stage")
-    per_rank = args.get("--num-virtual-stages-per-pipeline-rank")
-    first = _int("--decoder-first-pipeline-num-layers", args["--decoder-first-pipeline-num-layers"],
-                 0) if "--decoder-first-pipeline-num-layers" in args else None
-    last = _int("--decoder-last-pipeline-num-layers", args["--decoder-last-pipeline-num-layers"],
-                0) if "--decoder-last-pipeline-num-layers" in args else None
-    if per_vp and per_rank:
-        raise ShardplanError("give --num-layers-per-virtual-pipeline-stage or "
-                             "--num-virtual-stages-per-pipeline-rank, not both")
-    vp = 1
-    if per_rank:
-        vp = _int("--num-virtual-stages-per-pipeline-rank", per_rank)
-    elif per_vp:
-        n = _int("--num-layers-per-virtual-pipeline-stage", per_vp)
-        if first is not None or last is not None:
-            raise ShardplanError("uneven first/last pipeline stages go with "
-                                 "--num-virtual-stages-per-pipeline-rank")
-        if model.num_layers % (pp * n):
-            raise ShardplanError(f"{model.num_layers} layers are not a multiple of pp {pp} x "
-                                 f"{n} layers per virtual stage")
-        vp = model.num_layers // (pp * n)
-    stage_layers = _stage_layers(args, model.num_layers, pp, vp, first, last, notes)
+    vp, stage_layers = _pipeline(args, model.num_layers, pp, notes)
     if "--no-pipeline-parallel" in args and pp > 1:
         raise ShardplanError(f"--no-pipeline-parallel and --pipeline-model-parallel-size {pp} "
                              f"contradict each other")
@@ -598,8 +643,10 @@ def parse_megatron(text: str, *, num_gpus: int | None = None, cluster: str | Non
                                  f"GPUs / (tp x pp x cp = {model_parallel}) = {dp} disagree")
     else:
         dp = dp_given or 1
+    ep, etp = moe.expert_grid(args, tp, biases=model.moe is not None and
+                              "--disable-bias-linear" not in args)
     parallel = ParallelConfig(tp=tp, pp=pp, cp=cp, vp=vp, stage_layers=stage_layers,
-                              dp=1 if fsdp else dp, dp_shard=dp if fsdp else 1)
+                              dp=1 if fsdp else dp, dp_shard=dp if fsdp else 1, ep=ep, etp=etp)
     if "--micro-batch-size" not in args:
         raise ShardplanError("the batch needs --micro-batch-size")
     micro = _int("--micro-batch-size", args["--micro-batch-size"])
@@ -622,6 +669,9 @@ def parse_megatron(text: str, *, num_gpus: int | None = None, cluster: str | Non
     optimizer = args.get("--optimizer", ["adam"])[0]
     if optimizer not in ("adam", "sgd"):
         raise ShardplanError(f"--optimizer is adam or sgd, got {optimizer!r}")
+    if ep > 1 and tp > 1 and not seq_par:
+        notes.append("megatron-core warns that expert and tensor parallelism need "
+                     "--sequence-parallel")
     per_chunk = max(parallel.layers_per_stage(model.num_layers))
     # Megatron-LM's arguments.py: bf16 "requires gradient accumulation and all-reduce to be
     # performed in fp32" (DeepSpeed's engine, when it runs the step, keeps its own)
@@ -634,7 +684,8 @@ def parse_megatron(text: str, *, num_gpus: int | None = None, cluster: str | Non
                              tp_comm_overlap="--tp-comm-overlap" in args, optimizer=optimizer,
                              shard_unit=shard_unit,
                              grad_reduce="fp32" if fp32_grads else "param",
-                             stack=_stack(args))
+                             stack=_stack(args),
+                             moe=moe.moe_settings(args, notes) if model.moe else None)
     return RunConfig(model=model, cluster=cluster, num_gpus=num_gpus, parallel=parallel,
                      micro_batch_size=micro, global_batch=glob, execution=execution,
                      notes=tuple(notes), source="megatron")
@@ -664,6 +715,18 @@ def megatron_args_of_row(row: Mapping[str, Any]) -> str:
     for it. Virtual stages go in as
     ``--num-virtual-stages-per-pipeline-rank``; the data-parallel size as shardplan's
     ``--data-parallel-size``.
+
+    A mixture of experts (``experts`` above 1, or ``ep`` above 1) takes ``--num-experts``,
+    ``--moe-router-topk`` (``topk``), ``--moe-ffn-hidden-size`` (``moe_ffn``),
+    ``--expert-model-parallel-size`` (``ep``), the optional ``etp`` as
+    ``--expert-tensor-parallel-size``, RMSNorm, rotary positions and untied embeddings, and
+    its vocabulary as ``--padded-vocab-size``: Megatron-Bridge and NeMo 2.0, which ran such
+    rows, keep a Hugging Face model's vocabulary unpadded (their ``should_pad_vocab`` is
+    False). Two optional columns carry what the others cannot: ``megatron_args`` (further
+    arguments of the architecture and of the stack's MoE settings, written as they are;
+    ``--swiglu`` unless they name ``--quick-geglu``) and ``layout`` (a
+    ``--pipeline-model-parallel-layout`` of ``pp x vp`` stages, written instead of the virtual
+    stages).
     """
     def num(key: str, default: int | None = None) -> int:
         text = _cell(row, key)
@@ -678,9 +741,11 @@ def megatron_args_of_row(row: Mapping[str, Any]) -> str:
                                  f"{text!r}") from None
 
     layers, pp, vp, heads = num("layers"), num("pp", 1), num("vp", 1), num("heads")
+    experts = num("experts", 1) > 1 or num("ep", 1) > 1
     out = ["--num-layers", str(layers), "--hidden-size", str(num("hidden")),
            "--num-attention-heads", str(heads), "--seq-length", str(num("seq")),
-           "--max-position-embeddings", str(num("seq")), "--vocab-size", str(num("vocab")),
+           "--max-position-embeddings", str(num("seq")),
+           "--padded-vocab-size" if experts else "--vocab-size", str(num("vocab")),
            "--micro-batch-size", str(num("micro_batch", 1)),
            "--global-batch-size", str(num("global_batch")),
            "--tensor-model-parallel-size", str(num("tp", 1)),
@@ -696,10 +761,16 @@ def megatron_args_of_row(row: Mapping[str, Any]) -> str:
         out += ["--group-query-attention", "--num-query-groups", str(kv)]
     if _cell(row, "ffn"):
         out += ["--ffn-hidden-size", str(num("ffn"))]
-    if vp > 1:
+    if experts:
+        out += _row_experts(row, num)
+    layout = _cell(row, "layout")
+    if layout:
+        out += ["--pipeline-model-parallel-layout", layout]
+    elif vp > 1:
         out += ["--num-virtual-stages-per-pipeline-rank", str(vp)]
-    if layers % (pp * vp) and not (layers + 2) % (pp * vp) and "megatron-core" in _cell(
-            row, "stack").lower():
+    stack = _cell(row, "stack").lower()
+    if not layout and layers % (pp * vp) and not (layers + 2) % (pp * vp) and (
+            "megatron-core" in stack or "megatron-bridge" in stack):
         # the one split Megatron-Core accepts for such a count (126 blocks over pp 8 x vp 8:
         # uneven first/last ranks would need their blocks to divide by vp)
         out += ["--account-for-embedding-in-pipeline-split",
@@ -719,6 +790,21 @@ def megatron_args_of_row(row: Mapping[str, Any]) -> str:
         out.append("--sequence-parallel")
     out += _row_sharding(row, pp)
     return shlex.join(out)
+
+
+def _row_experts(row: Mapping[str, Any], num: Any) -> list[str]:
+    """The mixture-of-experts arguments of a row (:func:`megatron_args_of_row`)."""
+    extra = shlex.split(_cell(row, "megatron_args"))
+    out = ["--normalization", "RMSNorm", "--position-embedding-type", "rope",
+           "--untie-embeddings-and-output-weights",
+           "--num-experts", str(num("experts")), "--moe-router-topk", str(num("topk")),
+           "--moe-ffn-hidden-size", str(num("moe_ffn")),
+           "--expert-model-parallel-size", str(num("ep", 1))]
+    if _cell(row, "etp"):
+        out += ["--expert-tensor-parallel-size", str(num("etp"))]
+    if "--quick-geglu" not in extra and "--swiglu" not in extra:
+        out.append("--swiglu")
+    return out + extra
 
 
 def _row_sharding(row: Mapping[str, Any], pp: int) -> list[str]:

@@ -10,7 +10,9 @@ TOML is read with :mod:`tomllib`, flags with :mod:`shlex`; nothing in either is 
 
 What is read:
 
-- ``[model] name, flavor`` (``llama3`` 8B / 70B / 405B, ``llama2`` 7B / 13B / 70B) and
+- ``[model] name, flavor`` (``llama3`` 8B / 70B / 405B, ``llama2`` 7B / 13B / 70B; the
+  mixtures of experts ``deepseek_v3``, ``qwen3``'s MoE flavors and ``gpt_oss`` as the zoo's
+  flavors, :mod:`shardplan.importers._torchtitan_moe`) and
   ``converters = ["float8"]`` (or ``[float8] enable_float8_linear``): precision ``fp8``.
 - ``[training] local_batch_size`` (older ``batch_size``): samples per data-parallel rank and
   step of gradient accumulation; ``global_batch_size`` (-1: local x data-parallel degree; a
@@ -24,8 +26,9 @@ What is read:
   Interleaved1F1B; the other looped schedules are modelled as interleaved 1F1B, with a note),
   ``pipeline_parallel_microbatch_size``, ``context_parallel_degree``,
   ``enable_async_tensor_parallel`` (``tp_comm_overlap``; 0.3.0:
-  ``[compile] enable_async_tensor_parallel``). Tensor parallelism in torchtitan shards the
-  norms' activations by the sequence (``sequence_parallel``) unless
+  ``[compile] enable_async_tensor_parallel``), ``expert_parallel_degree`` and 0.2's
+  ``expert_tensor_parallel_degree`` (the plan's ``ep`` and ``etp``). Tensor parallelism in
+  torchtitan shards the norms' activations by the sequence (``sequence_parallel``) unless
   ``enable_sequence_parallel = false``.
 - The pipeline split, as torchtitan makes it (:func:`~shardplan.ir.parallel.\
 torchtitan_stage_layers`): ``module_fqns_per_model_part`` (one list of module names per
@@ -60,7 +63,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from shardplan.errors import ShardplanError
-from shardplan.importers._run import RunConfig, execution_of, flavor_dims
+from shardplan.importers import _torchtitan_moe as moe
+from shardplan.importers._run import ModelDims, RunConfig, execution_of, flavor_dims
 from shardplan.ir.parallel import ParallelConfig
 
 __all__ = ["IGNORED", "READ", "parse_torchtitan_flags", "parse_torchtitan_toml",
@@ -79,7 +83,8 @@ READ: dict[str, frozenset[str]] = {
         "pipeline_parallel_layers_per_stage", "pipeline_parallel_microbatch_size",
         "context_parallel_degree", "enable_async_tensor_parallel", "enable_sequence_parallel",
         "num_pp_microbatches", "module_fqns_per_model_part",
-        "pipeline_parallel_first_stage_less_layers", "pipeline_parallel_last_stage_less_layers"}),
+        "pipeline_parallel_first_stage_less_layers", "pipeline_parallel_last_stage_less_layers",
+        "expert_parallel_degree", "expert_tensor_parallel_degree"}),
     "activation_checkpoint": frozenset({"mode", "selective_ac_option"}),
     "compile": frozenset({"enable_async_tensor_parallel"}),
     "float8": frozenset({"enable_float8_linear"}),
@@ -98,7 +103,8 @@ IGNORED: dict[str, frozenset[str]] = {
                             "min_lr_factor"}),
     "parallelism": frozenset({"disable_loss_parallel", "enable_compiled_autograd",
                               "pipeline_parallel_schedule_csv", "world_size",
-                              "context_parallel_rotate_method"}),
+                              "context_parallel_rotate_method",
+                              "expert_parallel_comm_backend"}),
     "activation_checkpoint": frozenset({"preserve_rng_state", "determinism_check", "debug",
                                         "per_op_sac_force_recompute_mm_shapes_by_fqns"}),
     "float8": frozenset({"recipe_name", "precompute_float8_dynamic_scale_for_fsdp",
@@ -122,6 +128,7 @@ RECIPES: dict[str, dict[str, dict[str, Any]]] = {
                     "parallelism": {"tensor_parallel_degree": 8},
                     "compile": {"enable_async_tensor_parallel": True},
                     "activation_checkpoint": {"mode": "full"}},
+    **moe.MOE_RECIPES,
 }
 #: torchtitan 0.3.0's activation checkpointing subcommands, as 0.2's ``mode``
 _AC_SUBCOMMANDS = {"selective": {"mode": "selective", "selective_ac_option": "op"},
@@ -257,7 +264,8 @@ def _model(sections: Mapping[str, Mapping[str, Any]]) -> tuple[str, str]:
     m = _RECIPE.match(str(recipe))
     if m is None:
         raise ShardplanError(f"recipe --config {recipe!r} names no model shardplan knows "
-                             f"(llama3_8b, llama3_70b, llama3_405b, llama2_7b, ...)")
+                             f"(llama3_8b, llama3_70b, llama3_405b, llama2_7b, "
+                             f"{', '.join(moe.MOE_RECIPES)})")
     return m.group(1).lower(), m.group(2).upper()
 
 
@@ -287,7 +295,7 @@ def run_of_torchtitan(sections: Mapping[str, Mapping[str, Any]], *,
     par_s = sections.get("parallelism", {})
     name, flavor = _model(sections)
     seq = _int(sections, "training", "seq_len", 2048)
-    model = flavor_dims(name, flavor, seq)
+    model: ModelDims = moe.moe_dims(name, flavor, seq) or flavor_dims(name, flavor, seq)
     rep = _int(sections, "parallelism", "data_parallel_replicate_degree", 1)
     tp = _int(sections, "parallelism", "tensor_parallel_degree", 1)
     pp = _int(sections, "parallelism", "pipeline_parallel_degree", 1)
@@ -324,8 +332,9 @@ def run_of_torchtitan(sections: Mapping[str, Mapping[str, Any]], *,
             stage_layers = None
     else:
         schedule = "1f1b"
+    ep, etp = moe.expert_grid(par_s, model, tp=tp, cp=cp, dp_shard=shard, notes=notes)
     parallel = ParallelConfig(tp=tp, pp=pp, cp=cp, dp=rep, dp_shard=shard, vp=vp,
-                              stage_layers=stage_layers)
+                              stage_layers=stage_layers, ep=ep, etp=etp)
     dp_total = parallel.data_parallel
     if "num_tokens_per_microbatch_per_dp_rank" in train:
         tokens = _int(sections, "training", "num_tokens_per_microbatch_per_dp_rank", 1)
@@ -385,7 +394,8 @@ def run_of_torchtitan(sections: Mapping[str, Mapping[str, Any]], *,
                              grad_reduce="fp32" if shard > 1 and reduce == "float32" and
                              precision != "fp32" else "param", stack="torchtitan",
                              # its run_train.sh launches with expandable_segments:True
-                             expandable_segments=True)
+                             expandable_segments=True,
+                             moe=moe.MOE_SETTINGS if model.moe else None)
     return RunConfig(model=model, cluster=cluster, num_gpus=num_gpus, parallel=parallel,
                      micro_batch_size=micro, global_batch=glob, execution=execution,
                      notes=tuple(notes), source="torchtitan")

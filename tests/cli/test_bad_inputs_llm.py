@@ -92,8 +92,8 @@ def test_one_line_and_exit_2(case: str, capsys: pytest.CaptureFixture[str]) -> N
 
 def test_a_known_argument_not_modelled_keeps_its_note(capsys: pytest.CaptureFixture[str]
                                                       ) -> None:
-    assert main(_mg("--global-batch-size 8 --num-experts 8", None)) == 0
-    assert "--num-experts changes the run and is not modelled" in capsys.readouterr().err
+    assert main(_mg("--global-batch-size 8 --cpu-offloading", None)) == 0
+    assert "--cpu-offloading changes the run and is not modelled" in capsys.readouterr().err
 
 
 def test_units_of_memory_are_the_same_everywhere(capsys: pytest.CaptureFixture[str]) -> None:
@@ -135,14 +135,25 @@ def test_known_unmodelled_arguments_agree_with_the_pinned_megatron_core() -> Non
 
     core = pytest.importorskip("megatron.core.transformer.transformer_config")
     fields = {f.name for f in dataclasses.fields(core.TransformerConfig)}
-    for name in ("--moe-router-topk", "--moe-ffn-hidden-size", "--moe-grouped-gemm",
-                 "--moe-aux-loss-coeff", "--moe-token-dispatcher-type", "--moe-layer-freq",
-                 "--multi-latent-attention",
-                 "--mtp-num-layers", "--window-size", "--cp-comm-type",
+    for name in ("--mtp-loss-scaling-factor", "--cp-comm-type",
                  "--hierarchical-context-parallel-sizes", "--moe-layer-recompute",
-                 "--distribute-saved-activations", "--recompute-modules",
-                 "--expert-model-parallel-size", "--expert-tensor-parallel-size"):
+                 "--moe-pad-expert-input-to-capacity", "--moe-shared-expert-overlap",
+                 "--distribute-saved-activations", "--recompute-modules"):
         assert name in mg.KNOWN_UNMODELLED, name
         assert name[2:].replace("-", "_") in fields, name
-    tables = mg._READ_SWITCHES | mg._READ_VALUES | mg.IGNORED_FLAGS | mg.IGNORED_VALUES
+    # the mixture-of-experts arguments read (issue 47) are TransformerConfig fields too
+    for name in ("--moe-router-topk", "--moe-ffn-hidden-size", "--moe-grouped-gemm",
+                 "--moe-token-dispatcher-type", "--moe-layer-freq", "--multi-latent-attention",
+                 "--mtp-num-layers", "--window-size", "--window-attn-skip-freq",
+                 "--moe-expert-capacity-factor", "--moe-router-load-balancing-type",
+                 "--moe-shared-expert-intermediate-size", "--moe-router-score-function",
+                 "--moe-router-num-groups", "--moe-router-group-topk", "--softmax-type",
+                 "--moe-router-topk-scaling-factor", "--moe-router-pre-softmax",
+                 "--qk-layernorm", "--activation-func-clamp-value",
+                 "--pipeline-model-parallel-layout",
+                 "--expert-model-parallel-size", "--expert-tensor-parallel-size"):
+        assert name in mg._READ_SWITCHES | mg._READ_VALUES | mg._READ_LISTS, name
+        assert name[2:].replace("-", "_") in fields, name
+    tables = mg._READ_SWITCHES | mg._READ_VALUES | mg._READ_LISTS | mg.IGNORED_FLAGS | \
+        mg.IGNORED_VALUES
     assert not (mg.KNOWN_UNMODELLED & tables)

@@ -21,7 +21,7 @@ ARGS = ("--num-layers 4 --hidden-size 64 --num-attention-heads 4 --seq-length 32
 
 
 def test_megatron_run_as_json(capsys) -> None:
-    rc = run_cli(["import", "megatron", "--args", ARGS + "--num-experts 4 --lr 1e-3",
+    rc = run_cli(["import", "megatron", "--args", ARGS + "--cpu-offloading --lr 1e-3",
                   "--cluster", "flat,devices=8,device=a100", "--json"])
     out, err = capsys.readouterr()
     assert rc == 0
@@ -29,8 +29,8 @@ def test_megatron_run_as_json(capsys) -> None:
     assert run["model"] == "gpt:hidden=64,layers=4,heads=4,vocab=1024,seq=32"
     assert run["parallel"] == {"tp": 2, "pp": 2, "dp": 2, "dp_shard": 1, "cp": 1, "vp": 1}
     assert run["execution"]["microbatches"] == 4 and run["num_gpus"] == 8
-    assert err.splitlines() == ["shardplan: note: Megatron-LM argument --num-experts changes "
-                                "the run and is not modelled"]
+    assert err.splitlines() == ["shardplan: note: Megatron-LM argument --cpu-offloading "
+                                "changes the run and is not modelled"]
 
 
 def test_torchtitan_run_as_json(capsys) -> None:

@@ -198,10 +198,9 @@ def test_megatron_stacks_as_arguments() -> None:
 
 def test_megatron_refusals_are_one_line() -> None:
     uneven = ParallelConfig(pp=2, vp=2, stage_layers=(3, 2, 2, 3))
-    with pytest.raises(ShardplanError, match=r"^the plan's virtual stages hold \[3, 2, 2, 3\] "
-                                             r"layers: a pipeline rank's virtual stages are "
-                                             r"not even, which no argument expresses$"):
-        _megatron(_plan(uneven))
+    with pytest.raises(ShardplanError, match=r"^the plan's stages hold \[3, 2, 2, 3\] layers: "
+                                             r"DeepSpeed's pipeline engine balances them"):
+        _megatron(_plan(uneven, stack="megatron-deepspeed"))
     with pytest.raises(ShardplanError, match=r"^megatron gives every data-parallel rank whole "
                                              r"samples, and the micro-batch of 3 does not "
                                              r"split over 2 ranks$"):
@@ -212,6 +211,28 @@ def test_megatron_refusals_are_one_line() -> None:
     # one pipeline rank: the schedule is no pipeline's
     args, _, _ = _megatron(_plan(ParallelConfig(dp=2), schedule="gpipe"))
     assert "--pipeline-model-parallel-size" in args
+
+
+@pytest.mark.parametrize("stack", ["megatron-core", "megatron"])
+def test_megatron_layout_of_uneven_virtual_stages(stack: str) -> None:
+    """A rank's virtual stages uneven, or middle ranks unequal: Megatron-Core's
+    --pipeline-model-parallel-layout, which sets the virtual stages (Megatron-LM refuses it
+    beside --num-virtual-stages-per-pipeline-rank); the importer reads the same split."""
+    from shardplan.importers.megatron import parse_megatron
+
+    for par, layout in ((ParallelConfig(pp=2, vp=2, stage_layers=(3, 2, 2, 3)),
+                         "Et*3|(tt|)*2t*3L"),
+                        (ParallelConfig(pp=4, stage_layers=(2, 3, 4, 3)), "Ett|t*3|t*4|t*3L")):
+        args, _, notes = _megatron(_plan(par, microbatches=4, stack=stack))
+        head = args[:args.index("--micro-batch-size")]
+        assert head[:6] == ["--tensor-model-parallel-size", "1", "--pipeline-model-parallel-size",
+                            str(par.pp), "--pipeline-model-parallel-layout", layout]
+        assert "--num-virtual-stages-per-pipeline-rank" not in args and notes == ()
+        back = parse_megatron(f"--num-layers {sum(par.stage_layers or ())} --hidden-size 64 "
+                              f"--num-attention-heads 4 --seq-length 32 --vocab-size 100 "
+                              f"{shlex.join(args)}",
+                              num_gpus=par.pp)
+        assert back.parallel == par
 
 
 # ------------------------------------------------------------------------------ torchtitan

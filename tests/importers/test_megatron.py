@@ -273,9 +273,10 @@ def test_a_deepspeed_zero3_row_reads_as_megatron_deepspeed() -> None:
 
 def test_unmodelled_arguments_get_a_note_and_harmless_ones_none() -> None:
     run = parse_megatron(GPT + "--lr 1e-4 --min-lr 1e-5 --save /ckpt --log-interval 10 "
-                         "--num-experts 8 --moe-router-topk 2 --rampup-batch-size 16 16 1000")
+                         "--cpu-offloading --recompute-modules core_attn mlp "
+                         "--rampup-batch-size 16 16 1000 --moe-aux-loss-coeff 1e-2")
     assert run.notes == tuple(f"Megatron-LM argument {a} changes the run and is not modelled"
-                              for a in ("--num-experts", "--moe-router-topk",
+                              for a in ("--cpu-offloading", "--recompute-modules",
                                         "--rampup-batch-size"))
 
 
