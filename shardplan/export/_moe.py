@@ -83,6 +83,10 @@ def megatron_moe_args(plan: Plan, graph: Graph, settings: ExecutionSettings
     args += ["--moe-token-dispatcher-type", settings.moe_dispatcher]
     if settings.moe_grouped_gemm:
         args.append("--moe-grouped-gemm")
+    if settings.moe_force_balance:
+        args.append("--moe-router-force-load-balancing")
+    if settings.moe_a2a_overlap:
+        args.append("--overlap-moe-expert-parallel-comm")
     if settings.moe_capacity_factor is not None:
         args += ["--moe-expert-capacity-factor", repr(float(settings.moe_capacity_factor))]
     recorded = (plan.meta.get("imported_from") or {}).get("execution") or {}

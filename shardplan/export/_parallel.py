@@ -100,6 +100,9 @@ def megatron_parallel(plan: Plan, graph: Graph, topology: Topology,
         args += ["--deepspeed", "--zero-stage", "1" if sync == "zero1" else "0"]
     elif sync == "zero1":
         args.append("--use-distributed-optimizer")
+        args += [flag for flag, key in (("--overlap-grad-reduce", "overlap_grad_reduce"),
+                                        ("--overlap-param-gather", "overlap_param_gather"))
+                 if _setting(plan, settings, key)]
     elif sync == "bucketed":
         args.append("--overlap-grad-reduce")
     if _setting(plan, settings, "tp_comm_overlap"):

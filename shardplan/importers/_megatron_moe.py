@@ -49,7 +49,8 @@ __all__ = ["MOE_IGNORED_FLAGS", "MOE_IGNORED_VALUES", "MOE_LISTS", "MOE_SWITCHES
 MOE_SWITCHES = frozenset({
     "--moe-grouped-gemm", "--multi-latent-attention", "--qk-layernorm", "--disable-bias-linear",
     "--add-qkv-bias", "--quick-geglu", "--moe-router-pre-softmax", "--moe-enable-deepep",
-    "--moe-router-enable-expert-bias"})
+    "--moe-router-enable-expert-bias", "--moe-router-force-load-balancing",
+    "--overlap-moe-expert-parallel-comm"})
 #: Arguments with one value read here.
 MOE_VALUES = frozenset({
     "--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size",
@@ -62,11 +63,10 @@ MOE_VALUES = frozenset({
     "--activation-func-clamp-value", "--pipeline-model-parallel-layout", "--mtp-num-layers"})
 #: Arguments with one or more values (``nargs='+'``) read here.
 MOE_LISTS = frozenset({"--moe-router-load-balancing-type"})
-#: Switches that change nothing shardplan models (fused kernels, logging, benchmark-only
-#: balanced routing, which is what shardplan prices anyway).
+#: Switches that change nothing shardplan models (fused kernels, logging).
 MOE_IGNORED_FLAGS = frozenset({
     "--moe-use-legacy-grouped-gemm", "--moe-router-fusion", "--moe-permute-fusion",
-    "--moe-per-layer-logging", "--moe-router-force-load-balancing",
+    "--moe-per-layer-logging",
     "--moe-router-padding-for-fp8", "--moe-router-padding-for-quantization"})
 #: Arguments with values that change nothing shardplan models (loss coefficients, the
 #: expert bias's update rate, rotary scaling, kernel tuning).
@@ -296,12 +296,15 @@ def moe_settings(args: Mapping[str, list[str]], notes: list[str]) -> dict[str, A
         raise ShardplanError("--moe-expert-capacity-factor works with aux_loss, seq_aux_loss, "
                              "global_aux_loss or none load balancing, as megatron-core says")
     out: dict[str, Any] = {"moe_dispatcher": dispatcher, "moe_capacity_factor": capacity,
-                           "moe_grouped_gemm": "--moe-grouped-gemm" in args}
+                           "moe_grouped_gemm": "--moe-grouped-gemm" in args,
+                           "moe_force_balance": "--moe-router-force-load-balancing" in args,
+                           "moe_a2a_overlap": "--overlap-moe-expert-parallel-comm" in args}
     if "--moe-router-load-balancing-type" in args:
         out["moe_load_balancing"] = ",".join(balancing)
         notes.append(f"--moe-router-load-balancing-type {' '.join(balancing)} is recorded, not "
-                     f"priced: shardplan prices balanced routing (each expert its share of "
-                     f"the tokens)")
+                     f"priced: shardplan prices the published wait for the busiest expert "
+                     f"rank (shardplan/cost/_llm_moe.py), none under "
+                     f"--moe-router-force-load-balancing")
     return out
 
 

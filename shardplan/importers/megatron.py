@@ -172,7 +172,7 @@ KNOWN_UNMODELLED = frozenset({
     "--use-tp-pp-dp-mapping", "--ds-sequence-parallel-size", "--recompute-modules",
     "--distribute-saved-activations",
     "--use-cpu-initialization", "--empty-unused-memory-level", "--deterministic-mode",
-    "--te-rng-tracker", "--inference-rng-tracker", "--overlap-moe-expert-parallel-comm",
+    "--te-rng-tracker", "--inference-rng-tracker",
 })
 
 #: Megatron's ``--tokenizer-type`` values whose vocabulary is known without the tokenizer
@@ -624,12 +624,6 @@ def parse_megatron(text: str, *, num_gpus: int | None = None, cluster: str | Non
                              f"contradict each other")
     fsdp, sync = _sharding(args, notes, pp)
     shard_unit = "module" if fsdp and "--deepspeed" in args else "block"
-    if "--overlap-param-gather" in args and sync == "zero1":
-        notes.append("--overlap-param-gather (the distributed optimizer's all-gather hidden "
-                     "behind the next forward) is not modelled")
-    if "--overlap-grad-reduce" in args and sync == "zero1":
-        notes.append("--overlap-grad-reduce with the distributed optimizer is modelled as "
-                     "one reduce-scatter after the last backward")
     model_parallel = tp * pp * cp
     dp_given = (_int("--data-parallel-size", args["--data-parallel-size"])
                 if "--data-parallel-size" in args else None)
@@ -686,6 +680,9 @@ def parse_megatron(text: str, *, num_gpus: int | None = None, cluster: str | Non
                              grad_reduce="fp32" if fp32_grads else "param",
                              stack=_stack(args),
                              moe=moe.moe_settings(args, notes) if model.moe else None)
+    if sync == "zero1":  # the distributed optimizer's bucketed overlaps (simulate._llm)
+        execution.update(overlap_grad_reduce="--overlap-grad-reduce" in args,
+                         overlap_param_gather="--overlap-param-gather" in args)
     return RunConfig(model=model, cluster=cluster, num_gpus=num_gpus, parallel=parallel,
                      micro_batch_size=micro, global_batch=glob, execution=execution,
                      notes=tuple(notes), source="megatron")
