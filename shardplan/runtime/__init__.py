@@ -28,7 +28,9 @@ Plans with a ``parallel`` layout (the LLM plan kind, :class:`shardplan.ir.Parall
 run with torch's own pieces as torchtitan composes them (:mod:`shardplan.runtime._llm`): a
 DeviceMesh in the layout's rank order, the model split into pipeline stages by whole blocks,
 tensor parallelism by module names (``parallelize_module``), FSDP2 / HSDP (``fully_shard``),
-``torch.distributed.pipelining`` schedules; :func:`llm_memory` reports each rank's peak
+``torch.distributed.pipelining`` schedules, a mixture of experts' routed experts on the
+layout's expert grid with ``all_to_all_single`` (:mod:`shardplan.runtime._llm_moe`);
+:func:`llm_memory` reports each rank's peak
 memory of a step by category as torch's ``MemTracker`` counts it.
 
 Paper 000, sections 3-4: its pipeline is GPipe over stages placed on GPUs, compared with FSDP

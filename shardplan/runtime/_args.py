@@ -326,10 +326,28 @@ def precision_notes(settings: Any, config: TrainConfig) -> list[str]:
             f"under FSDP (dp_shard > 1, torch's MixedPrecisionPolicy): this run is fp32"]
 
 
+def moe_notes(settings: Any, graph: Any, config: TrainConfig) -> list[str]:
+    """Notes on the MoE settings an LLM plan of a mixture of experts has and its run does not
+    read (:mod:`shardplan.runtime._llm_moe`): the dispatcher is always ``alltoall`` and the
+    experts' capacity the model's own ``capacity_factor``."""
+    dims = graph.meta.get("transformer") if isinstance(graph.meta, dict) else None
+    if config.kind != "llm" or not isinstance(dims, dict) or "experts" not in dims:
+        return []
+    notes = []
+    if getattr(settings, "moe_dispatcher", "alltoall") != "alltoall":
+        notes.append(f"the plan dispatches tokens by {settings.moe_dispatcher}; the runtime "
+                     f"runs the alltoall dispatcher")
+    if getattr(settings, "moe_capacity_factor", None) is not None:
+        notes.append("the plan's moe_capacity_factor is not read: the experts' capacity is "
+                     "the model's capacity_factor")
+    return notes
+
+
 def _check_llm_dimensions(pc: Any, dims: Any) -> None:
     """The layout against the model's dimensions, when the graph records them (``capture``
-    writes ``meta["transformer"]`` for Llama and GPT models): blocks for every virtual stage,
-    heads, key/value heads, feed-forward width and vocabulary divisible by ``tp``."""
+    writes ``meta["transformer"]`` for Llama, GPT and MoE models): blocks for every virtual
+    stage, heads, key/value heads, feed-forward width and vocabulary divisible by ``tp``, the
+    experts by ``ep`` and their hidden width by the expert tensor-parallel degree."""
     if not isinstance(dims, dict):
         return
     if isinstance(dims.get("layers"), int):
@@ -339,6 +357,13 @@ def _check_llm_dimensions(pc: Any, dims: Any) -> None:
         n = dims.get(key)
         if isinstance(n, int) and n % pc.tp:
             raise ShardplanError(f"tensor parallelism {pc.tp} does not divide {what} ({n})")
+    experts, width = dims.get("experts"), dims.get("moe_ffn")  # a mixture of experts
+    if isinstance(experts, int) and experts % pc.ep:
+        raise ShardplanError(f"expert parallelism {pc.ep} does not divide the {experts} "
+                             f"experts")
+    if isinstance(experts, int) and isinstance(width, int) and width % pc.expert_tp:
+        raise ShardplanError(f"expert tensor parallelism {pc.expert_tp} does not divide an "
+                             f"expert's hidden width ({width})")
 
 
 def plan_fields(plan: Any, graph: Any, settings: Any) -> dict[str, Any]:
@@ -507,7 +532,7 @@ def config_from_args(args: argparse.Namespace) -> Prepared:
             common["measure_memory"] = True
         common.update({k: v for k, v in fields.items() if k not in common})
         cfg = TrainConfig(**common)
-        notes += precision_notes(settings, cfg)
+        notes += precision_notes(settings, cfg) + moe_notes(settings, graph, cfg)
         if cfg.shardings:
             from shardplan.runtime._sharding import strategy_notes
 

@@ -32,7 +32,10 @@ stages, then, each in its own step:
    sequence shards, the embedding reduce-scatters its output, the attention and the MLP
    all-gather the sequence at their input and their row-wise projections reduce-scatter
    it, and the output head gathers the sequence before its vocabulary split. The sequence
-   length must divide by ``tp``.
+   length must divide by ``tp``. Blocks of an MoE decoder
+   (:func:`shardplan.runtime._llm_moe.moe_block_plan`) split their attention the same way
+   (DeepSeek's latent attention by its up-projections), their shared experts as the MLP,
+   and leave the router replicated and the routed experts to the expert grid (below).
 3. **Activation recomputation** (``recompute``): every block's forward runs under
    :func:`torch.utils.checkpoint.checkpoint` (non-reentrant), the block's names unchanged.
 4. **FSDP2** (:func:`torch.distributed.fsdp.fully_shard`) over ``dp_shard``, per block and
@@ -47,15 +50,32 @@ stages, then, each in its own step:
    ``Schedule1F1B`` as the settings say; with ``pp == 1`` the micro-batches run one after
    another (gradient accumulation).
 
+**Mixture of experts** (:mod:`shardplan.runtime._llm_moe`, between steps 1 and 2, when a
+pipeline rank has more than one device): a second DeviceMesh of every rank, dimensions
+``pp, edp, ep, etp`` (:meth:`ParallelConfig.expert_coordinates`: Megatron-Core's parallel
+folding over the same devices), holds the routed experts: rank ``(etp_i, ep_i, edp_i)``
+keeps experts ``ep_i * E / ep`` to ``(ep_i + 1) * E / ep - 1`` and the ``etp_i``-th slice
+of their hidden width, as DTensor parameters of the model's names. Each tensor-parallel
+rank routes its slice of its data-parallel part's tokens; with a capacity factor, one
+all-gather of the choices per expert over the pipeline rank's devices makes the drops those
+of one process running the micro-batch whole. Tokens go to their experts' ranks and back
+with ``all_to_all_single`` (variable splits; Megatron-Core's ``alltoall`` dispatcher) among
+the ``ep * etp`` ranks of one expert data-parallel replica. Expert gradients are summed over
+the ``expert_dp`` replicas and divided by ``dp * dp_shard``; the dense ones are reduced as
+step 4 says (FSDP ignores the experts).
+
 Data: step ``t``'s batch (:func:`~shardplan.workload.batch_for_step`) is cut into micro-batches
 and each of those into ``dp * dp_shard`` equal parts; the ranks of data-parallel index
 ``dp_i * dp_shard + shard_i`` run that part (every tensor-parallel and pipeline rank of it
 the same). Each micro-batch's loss is its mean, gradients are averaged over micro-batches and
 data-parallel ranks: the step equals one process running the micro-batches whole.
 
-Not run yet (refused in one line): context parallelism (``cp > 1``), checkpoints. The
-random state is set once per step (from ``(seed, step)``), so models with dropout do not
-repeat one process's masks; the Llama has no dropout.
+Not run yet (refused in one line): context parallelism (``cp > 1``), checkpoints, GPT-OSS's
+attention sinks under tensor parallelism. Not read: the plan's ``moe_dispatcher`` and
+``moe_capacity_factor`` (the dispatch is ``alltoall``, the capacity the model's
+``capacity_factor``); FSDP does not shard the experts over ``expert_dp``. The random
+state is set once per step (from ``(seed, step)``), so models with dropout do not repeat one
+process's masks; the Llama has no dropout.
 """
 
 from __future__ import annotations
@@ -71,6 +91,13 @@ from torch import nn
 from shardplan.errors import ShardplanError
 from shardplan.runtime._config import RunResult, TrainConfig, mix_seed
 from shardplan.runtime._data import chunks
+from shardplan.runtime._llm_moe import (
+    apply_expert_parallel,
+    build_expert_grid,
+    has_moe,
+    parallelize_moe_block,
+    reduce_expert_gradients,
+)
 from shardplan.runtime._rank import (
     _build,
     _device,
@@ -230,6 +257,9 @@ def _apply_tensor_parallel(stage: nn.Module, tp_mesh: Any, tp: int,
             if isinstance(v, int) and not isinstance(v, bool):
                 _divisible(v, tp, f"attention's {name}")
                 setattr(attention, name, v // tp)
+        if hasattr(block, "moe") or hasattr(attention, "wkv_b"):  # an MoE decoder's block
+            parallelize_moe_block(block, tp_mesh, tp, sequence_parallel=sp)
+            continue
         _divisible(block.feed_forward.w1.weight.shape[0], tp, "the feed-forward width")
         parallelize_module(block, tp_mesh, tensor_parallel_plan(sequence_parallel=sp))
 
@@ -249,15 +279,16 @@ def _apply_recompute(stage: nn.Module) -> None:
 
 
 def _apply_fsdp(stage: nn.Module, mesh: Any, parallel: Any, precision: str = "fp32",
-                grad_reduce: str = "param") -> None:
+                grad_reduce: str = "param", ignored: set[nn.Parameter] | None = None) -> None:
     """FSDP2 per block, then the stage; in half precision with torch's
     ``MixedPrecisionPolicy`` (torchtitan's: the fp32 shards all-gathered as half precision,
-    the gradients reduce-scattered in half precision or fp32)."""
+    the gradients reduce-scattered in half precision or fp32). ``ignored``: parameters FSDP
+    leaves alone (the routed experts, reduced over their own grid)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     dp_mesh = mesh["dp_replicate", "dp_shard"] if parallel.dp > 1 else mesh["dp_shard"]
     reshard = parallel.pp == 1  # torchtitan: keep blocks unsharded between micro-batches
-    kw: dict[str, Any] = {}
+    kw: dict[str, Any] = {"ignored_params": ignored} if ignored else {}
     if precision != "fp32":
         half = torch.bfloat16 if precision == "bf16" else torch.float16
         kw["mp_policy"] = MixedPrecisionPolicy(
@@ -295,17 +326,25 @@ def run_llm(cfg: TrainConfig, rank: int, world: int) -> RunResult:
         classes = int(model.output.weight.shape[0]) if hasattr(model, "output") else \
             int(model(*inputs).shape[-1])
     mine = [coords["pp"] + k * pc.pp for k in range(pc.vp)]
+    # MoE layers: the expert grid of the layout (_llm_moe), unless one device runs them whole
+    grid = build_expert_grid(pc, rank, device.type, mesh) \
+        if pc.devices_per_rank > 1 and has_moe(model) else None
     stages = split_stages(model, pc, mine)
     del model
+    experts: list[nn.Parameter] = []
     for st in stages:
         st.to(device)
+        if grid is not None:
+            experts.extend(apply_expert_parallel(st, grid))
         if pc.tp > 1:
             _apply_tensor_parallel(st, mesh["tp"], pc.tp, cfg.sequence_parallel)
         if cfg.recompute:
             _apply_recompute(st)
         if pc.dp_shard > 1:
-            _apply_fsdp(st, mesh, pc, cfg.precision, cfg.grad_reduce)
+            _apply_fsdp(st, mesh, pc, cfg.precision, cfg.grad_reduce, set(experts))
     params = [p for st in stages for p in st.parameters()]
+    routed = {id(p) for p in experts}
+    dense = [p for p in params if id(p) not in routed]
     opt = _make_optimizer(cfg, params)
     loss_fn = loss_fn_for(cfg.model)
     m = cfg.microbatches
@@ -344,7 +383,9 @@ def run_llm(cfg: TrainConfig, rank: int, world: int) -> RunResult:
                     kw["target_mbs"] = ys
                 schedule.step(losses=losses, return_outputs=False, **kw)
         if dp_group is not None:
-            _all_reduce_mean(params, dp_group, pc.dp)
+            _all_reduce_mean(dense, dp_group, pc.dp)
+        if grid is not None:
+            reduce_expert_gradients(experts, grid)
         opt.step()
         opt.zero_grad(set_to_none=True)
         if tracker is not None:
