@@ -105,8 +105,6 @@ def test_moe_memory_by_category(layout: str) -> None:
         assert sum(v for k, v in m.items() if k != "total") == m["total"]
 
 
-@pytest.mark.xfail(strict=True, reason="issue 47 item 2: the cost model does not divide the "
-                                       "expert weights by EP yet")
 @pytest.mark.parametrize("layout", list(MOE_LAYOUTS))
 def test_moe_predicted_peak_within_ten_percent_of_memtracker(layout: str) -> None:
     """The cost model's memory of an expert-parallel layout against MemTracker's, as the
