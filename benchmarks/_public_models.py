@@ -79,21 +79,29 @@ PUBLIC_SHAPES: dict[str, tuple[dict[str, str], str, str]] = {
                                      "--moe-router-topk-scaling-factor 2.5 "
                                      "--moe-router-enable-expert-bias --mtp-num-layers 1 "
                                      "--moe-token-dispatcher-type flex --moe-enable-deepep "
-                                     "--moe-grouped-gemm"},
+                                     "--moe-grouped-gemm --recompute-modules mla_up_proj mlp",
+                    "recompute": "selective",
+                    "nemo_recipe": "--use-distributed-optimizer --overlap-param-gather"},
                    "deepseek-ai/DeepSeek-V3 config.json (arXiv 2412.19437, section 4.2); "
                    "Megatron-Bridge's deepseek_v3 recipe (expert TP 1, one MTP layer) and its "
                    "H100 1,024-GPU performance config (layout Et|(tt|)*30mL, DeepEP: "
-                   "scripts/performance/configs/deepseek/deepseek_llm_pretrain.py)", ""),
+                   "scripts/performance/configs/deepseek/deepseek_llm_pretrain.py; at v0.1.0rc4, "
+                   "the 25.09.01 container, scripts/performance/run_script.py on H100: "
+                   "recompute_modules mla_up_proj and mlp, overlap_grad_reduce off)", ""),
     "qwen3235ba22b": ({"hidden": "4096", "layers": "94", "heads": "64", "kv_heads": "4",
                        "ffn": "12288", "vocab": "151936", "experts": "128", "topk": "8",
                        "moe_ffn": "1536", "etp": "1",
                        "megatron_args": "--kv-channels 128 --qk-layernorm "
                                         "--disable-bias-linear --moe-token-dispatcher-type "
-                                        "alltoall --moe-grouped-gemm"},
+                                        "alltoall --moe-grouped-gemm",
+                       "recompute": "none"},
                       "Qwen/Qwen3-235B-A22B config.json (arXiv 2505.09388, table 2: heads of "
                       "128, q/k norms, no biases); expert TP 1 as Megatron-Bridge's Qwen3 MoE "
                       "recipes set it (src/megatron/bridge/recipes/qwen/h100/qwen3_moe.py), "
-                      "the one EP 32 folds with on TP 2 x DP 16 (the row's notes)", ""),
+                      "the one EP 32 folds with on TP 2 x DP 16 (the row's notes); no recompute "
+                      "as its 25.11 performance config runs it (v0.2.0 "
+                      "scripts/performance/configs/qwen3/qwen3_llm_pretrain.py, "
+                      "set_qwen3_common_configs: recompute_granularity None)", ""),
     "gptoss120b": ({"hidden": "2880", "layers": "36", "heads": "64", "kv_heads": "8",
                     "ffn": "2880", "vocab": "201088", "experts": "128", "topk": "4",
                     "moe_ffn": "2880",
@@ -101,11 +109,17 @@ PUBLIC_SHAPES: dict[str, tuple[dict[str, str], str, str]] = {
                                      "--activation-func-clamp-value 7.0 --glu-linear-offset 1.0 "
                                      "--softmax-type learnable --window-size 128,0 "
                                      "--window-attn-skip-freq 2 --moe-token-dispatcher-type "
-                                     "alltoall --moe-grouped-gemm"},
+                                     "alltoall --moe-grouped-gemm "
+                                     "--recompute-modules layernorm moe_act",
+                    "recompute": "selective", "override_micro_batch": "1"},
                    "openai/gpt-oss-120b config.json and model card (arXiv 2508.10925: heads of "
                    "64, attention sinks, a 128-token window on every other layer, biases, "
                    "SwiGLU clamped at 7); Megatron-Bridge's GPT-OSS bridge (quick-GeGLU with "
-                   "offset 1, alltoall, grouped GEMMs)", ""),
+                   "offset 1, alltoall, grouped GEMMs); its 25.11 H100 performance config "
+                   "(v0.2.0 scripts/performance/configs/gpt_oss/workload_base_configs.py: "
+                   "micro-batch 1, recompute_modules layernorm and moe_act)",
+                   "micro-batch 1 as the stack's config runs it, where the published table's 4 "
+                   "contradicts its own global batch (the row's notes)"),
 }
 
 
@@ -130,6 +144,8 @@ def complete(row: dict[str, str]) -> tuple[dict[str, str], str]:
     for key, value in cols.items():
         if key == "model":
             out["model"] = "llama-style " + row["model"]
+        elif key.startswith("override_"):  # the stack's config over a contradictory cell
+            out[key[len("override_"):]] = value
         elif not out.get(key, "").strip():
             out[key] = value
     return out, f"dimensions from {source}" + (f"; {note}" if note else "")

@@ -160,8 +160,8 @@ def is_moe(row: dict[str, str]) -> bool:
 def megatron_text(row: dict[str, str]) -> str:
     """The row's Megatron arguments, with the NeMo recipes' settings on NeMo rows."""
     text = megatron_args_of_row(row)
-    if is_nemo(row):
-        text += " " + NEMO_RECIPE[0]
+    if is_nemo(row):  # a row's own performance config, where known, over the generic one
+        text += " " + (row.get("nemo_recipe") or NEMO_RECIPE[0])
         if int(row.get("tp") or 1) > 1:
             text += " " + NEMO_RECIPE[1]
     if is_bridge_moe(row):

@@ -79,6 +79,7 @@ from shardplan.cost._llm_layout import (  # noqa: F401
     block_layout,
     keeps_gathered,
     precision_bytes,
+    recompute_mask,
     stage_nodes,
 )
 from shardplan.cost._llm_memory import (  # noqa: F401
@@ -409,7 +410,7 @@ def node_seconds(pr: Pricing) -> NodeTimes:
     precision = st.precision
     act_scale = _ACT_BYTES[precision] / pr.dtype_bytes
     scaled, fwd, bwd = _node_times(graph, pr.rb, act_scale, float(pr.w_bytes), pr.flops,
-                                   pr.fp32, pr.bw, precision != "fp32")
+                                   pr.fp32, pr.bw, precision != "fp32", _expert_scale(pr))
     fwd, bwd = fwd.copy(), bwd.copy()
     rate: float | np.ndarray = pr.flops
     if precision == "fp8":
@@ -445,7 +446,7 @@ def node_seconds(pr: Pricing) -> NodeTimes:
     if st.recompute == "full":
         bwd = bwd + np.where(ckpt_node, fwd, 0.0)
     elif st.recompute == "selective":
-        bwd = bwd + np.where(layout.attention_core, fwd, 0.0)
+        bwd = bwd + np.where(recompute_mask(graph, st.recompute_modules), fwd, 0.0)
     elif st.recompute == "op":
         bwd = bwd + np.where(pr.in_block & ~op_saved, fwd, 0.0)
     out_bytes = _graph_facts(graph).kept_bytes(scaled, _ACT_BYTES[precision]) + \
@@ -499,7 +500,7 @@ def _fp8_where_it_runs(pr: Pricing, act_scale: float, fwd: np.ndarray, bwd: np.n
         float(topology.devices[0].flops)
     fp8_nodes = fp8_linear_nodes(graph)
     _, fwd16, bwd16 = _node_times(graph, pr.rb, act_scale, float(pr.w_bytes), half, pr.fp32,
-                                  pr.bw, True)
+                                  pr.bw, True, _expert_scale(pr))
     cast_f, cast_b = fp8_cast_seconds(graph, pr.rb, fp8_nodes, pr.bw,
                                       pr.settings.microbatches)
     return (np.where(fp8_nodes, fwd, fwd16) + cast_f, np.where(fp8_nodes, bwd, bwd16) + cast_b,
@@ -763,19 +764,33 @@ def _wave_factors(graph: Graph, batch: int, tp: int, cp: int, sms: int
     return wf, wb
 
 
+def _expert_scale(pr: Pricing) -> float:
+    """What the routed experts' weight bytes are scaled by in their roofline so that, once a
+    node's time is divided by its split (``tp x cp`` for them), a device reads its own
+    ``1 / (ep x etp)`` of the experts' weights: ``tp cp / (ep etp)`` (1 for a dense model)."""
+    par = pr.parallel
+    if not pr.layout.has_experts:
+        return 1.0
+    return par.tp * par.cp / (par.ep * par.expert_tp)
+
+
 @lru_cache(maxsize=64)
 def _node_times(graph: Graph, batch: int, act_scale: float, w_bytes: float, flops: float,
-                fp32: float, bw: float, mixed: bool) -> tuple[Graph, np.ndarray, np.ndarray]:
+                fp32: float, bw: float, mixed: bool, expert_scale: float = 1.0
+                ) -> tuple[Graph, np.ndarray, np.ndarray]:
     """The graph at ``batch`` with its bytes at the plan's precision, and every node's
-    forward and backward roofline seconds (views: none). Cached: a search prices many
-    layouts of one graph at a few batches."""
+    forward and backward roofline seconds (views: none), the routed experts' weights read
+    at ``expert_scale`` of their bytes (:func:`_expert_scale`). Cached: a search prices
+    many layouts of one graph at a few batches."""
     g = graph.at_batch_size(batch)
     dtype_bytes = float(graph.meta.get("dtype_bytes", 4)) if isinstance(graph.meta, dict) \
         else 4.0
+    weights = graph.param_bytes / dtype_bytes * w_bytes
+    if expert_scale != 1.0:
+        weights = np.where(block_layout(graph).expert, weights * expert_scale, weights)
     scaled = g.replace(output_bytes=np.rint(g.output_bytes * act_scale).astype(np.int64),
                        edge_bytes=np.rint(g.edge_bytes * act_scale).astype(np.int64),
-                       param_bytes=np.rint(graph.param_bytes / dtype_bytes * w_bytes)
-                       .astype(np.int64))
+                       param_bytes=np.rint(weights).astype(np.int64))
     fwd, bwd = roofline_seconds(scaled, flops, fp32, bw, mixed_precision=mixed)
     views = _graph_facts(graph).views
     fwd[views] = 0.0

@@ -210,6 +210,49 @@ def _groups(parallel: ParallelConfig, pp_rank: int) -> tuple[np.ndarray, np.ndar
     return tp, dp
 
 
+#: Module names of a block's norms (the zoo's, Megatron-Core's, GPT-2's).
+_NORMS = frozenset({"attention_norm", "ffn_norm", "input_layernorm", "pre_mlp_layernorm",
+                    "ln_1", "ln_2"})
+
+
+def recompute_mask(graph: Graph, modules: tuple[str, ...]) -> np.ndarray:
+    """The nodes ``selective`` recompute re-runs for Megatron-Core's ``--recompute-modules``
+    (:data:`~shardplan.ir.settings.RECOMPUTE_MODULES`): ``core_attn`` the attention core
+    (:attr:`BlockLayout.attention_core`), ``mla_up_proj`` MLA's query and key-value
+    up-projections (``attention.wq_b``, ``attention.wkv_b``), ``mlp`` a dense block's MLP,
+    ``moe`` the whole mixture of experts, ``moe_act`` the routed experts' activation (their
+    nodes but the products), ``layernorm`` the block's norms, ``shared_experts`` the
+    always-on experts. O(n)."""
+    return _recompute_cached(graph, tuple(sorted(modules)))
+
+
+@lru_cache(maxsize=32)
+def _recompute_cached(graph: Graph, modules: tuple[str, ...]) -> np.ndarray:
+    from shardplan.cost._compute import is_matmul
+
+    layout = block_layout(graph)
+    out = np.zeros(graph.num_nodes, dtype=bool)
+    if "core_attn" in modules:
+        out |= layout.attention_core
+    for v, mod in enumerate(graph.modules):
+        m = _BLOCK.search(mod or "")
+        if m is None:
+            continue
+        rest = mod[m.end():].split(".") if m.end() < len(mod) else [""]
+        head, sub = rest[0], (rest[1] if len(rest) > 1 else "")
+        out[v] |= (("mla_up_proj" in modules and head in ("attention", "self_attention")
+                    and sub in ("wq_b", "wkv_b"))
+                   or ("mlp" in modules and head in ("feed_forward", "mlp"))
+                   or ("moe" in modules and head == MOE_MODULE)
+                   or ("shared_experts" in modules and head == MOE_MODULE
+                       and sub == MOE_SHARED)
+                   or ("layernorm" in modules and head in _NORMS)
+                   or ("moe_act" in modules and bool(layout.expert[v])
+                       and not is_matmul(graph.ops[v])))
+    out.setflags(write=False)
+    return out
+
+
 def _expert_groups(parallel: ParallelConfig, pp_rank: int
                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """An expert-tensor-parallel group, an expert-parallel group and an expert

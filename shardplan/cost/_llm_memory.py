@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from shardplan.cost._formulas import OPTIMIZER_STATE
-from shardplan.cost._llm_layout import BlockLayout, Pricing, keeps_gathered
+from shardplan.cost._llm_layout import BlockLayout, Pricing, keeps_gathered, recompute_mask
 from shardplan.cost._llm_moe import expert_shard
 from shardplan.cost._reserved import device_bytes, reserved_bytes
 from shardplan.ir import ExecutionSettings, Graph, ParallelConfig
@@ -170,11 +170,12 @@ def _activations_held(pr: Pricing, times: Any, in_flight: np.ndarray) -> np.ndar
                 kept[j] += float((scaled.output_bytes[mine] / div[mine]).sum())
         return _held_at_rank_peak(par, st, kept, in_flight) + largest_block
     act = np.array([(out_bytes[nodes] / div[nodes]).sum() for nodes in pr.stages])
-    if st.recompute == "selective":
+    if st.recompute == "selective":  # what it re-runs is not kept, one block's at a time
+        again = recompute_mask(pr.graph, st.recompute_modules)
         core = np.zeros(s_count)
         one_core = np.zeros(s_count)
         for j, nodes in enumerate(pr.stages):
-            mine = nodes[layout.attention_core[nodes]]
+            mine = nodes[again[nodes]]
             if mine.size:
                 per = np.bincount(np.maximum(layout.block[mine], 0),
                                   weights=out_bytes[mine] / div[mine])

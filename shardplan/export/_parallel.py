@@ -82,6 +82,9 @@ def megatron_parallel(plan: Plan, graph: Graph, topology: Topology,
                  "--recompute-num-layers", "1"]
     elif recompute in ("selective", "op"):
         args += ["--recompute-granularity", "selective"]
+        modules = tuple(getattr(settings, "recompute_modules", ("core_attn",)))
+        if recompute == "selective" and modules != ("core_attn",):
+            args += ["--recompute-modules", *modules]
     sync = _setting(plan, settings, "gradient_sync")
     if par.dp_shard > 1 or sync == "sharded":
         if par.dp > 1 and par.dp_shard > 1:

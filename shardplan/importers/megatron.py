@@ -72,6 +72,7 @@ from shardplan.importers._run import (
     uneven_stage_layers,
 )
 from shardplan.ir.parallel import ParallelConfig
+from shardplan.ir.settings import RECOMPUTE_MODULES
 
 __all__ = ["IGNORED_FLAGS", "IGNORED_VALUES", "KNOWN_UNMODELLED", "megatron_args_of_row",
            "parse_megatron", "split_arguments"]
@@ -101,7 +102,7 @@ _READ_VALUES = frozenset({
     "--deepspeed_config", "--deepspeed-config", "--pp-partition-method", "--transformer-impl",
 }) | moe.MOE_VALUES
 #: Arguments read that take one or more values (argparse's ``nargs='+'``).
-_READ_LISTS = moe.MOE_LISTS
+_READ_LISTS = moe.MOE_LISTS | {"--recompute-modules"}
 
 #: Switches that do not change what shardplan models (logging, checkpoints, kernel fusion).
 IGNORED_FLAGS = frozenset({
@@ -169,7 +170,7 @@ KNOWN_UNMODELLED = frozenset({
     "--hybrid-mlp-ratio", "--hybrid-override-pattern", "--squared-relu",
     "--openai-gelu", "--onnx-safe", "--bert-no-binary-head",
     "--hierarchical-context-parallel-sizes", "--cp-comm-type", "--nccl-communicator-config-path",
-    "--use-tp-pp-dp-mapping", "--ds-sequence-parallel-size", "--recompute-modules",
+    "--use-tp-pp-dp-mapping", "--ds-sequence-parallel-size",
     "--distribute-saved-activations",
     "--use-cpu-initialization", "--empty-unused-memory-level", "--deterministic-mode",
     "--te-rng-tracker", "--inference-rng-tracker",
@@ -361,9 +362,15 @@ def _recompute(args: Mapping[str, list[str]], layers_per_chunk: int, notes: list
         for extra in ("--recompute-method", "--recompute-num-layers"):
             if extra in args:
                 notes.append(f"{extra} without --recompute-granularity full does nothing")
+        if "--recompute-modules" in args:
+            notes.append("--recompute-modules without --recompute-granularity selective does "
+                         "nothing")
         return "none"
     if gran == "selective":
         return "selective"
+    if "--recompute-modules" in args:
+        notes.append("--recompute-modules without --recompute-granularity selective does "
+                     "nothing")
     if gran != "full":
         raise ShardplanError(f"--recompute-granularity is full or selective, got {gran!r}")
     if "--recompute-granularity" in args:
@@ -680,6 +687,13 @@ def parse_megatron(text: str, *, num_gpus: int | None = None, cluster: str | Non
                              grad_reduce="fp32" if fp32_grads else "param",
                              stack=_stack(args),
                              moe=moe.moe_settings(args, notes) if model.moe else None)
+    if execution["recompute"] == "selective" and "--recompute-modules" in args:
+        modules = tuple(args["--recompute-modules"])
+        bad = [m for m in modules if m not in RECOMPUTE_MODULES]
+        if bad:
+            raise ShardplanError(f"--recompute-modules takes {', '.join(RECOMPUTE_MODULES)}, "
+                                 f"got {' '.join(bad)}")
+        execution["recompute_modules"] = modules
     if sync == "zero1":  # the distributed optimizer's bucketed overlaps (simulate._llm)
         execution.update(overlap_grad_reduce="--overlap-grad-reduce" in args,
                          overlap_param_gather="--overlap-param-gather" in args)

@@ -45,6 +45,11 @@ SHARD_UNITS = ("block", "module")
 GRAD_REDUCES = ("param", "fp32")
 #: The software that runs an LLM plan, where it prices differently (ExecutionSettings.stack).
 STACKS = ("megatron", "megatron-core", "megatron-deepspeed", "torchtitan")
+#: What Megatron-Core's selective recompute can re-run (``--recompute-modules``; its
+#: default ``core_attn``): the attention core, MLA's up-projections, the dense MLP, the whole
+#: mixture of experts, the experts' activation, the norms, the shared experts.
+RECOMPUTE_MODULES = ("core_attn", "mla_up_proj", "mlp", "moe", "moe_act", "layernorm",
+                     "shared_experts")
 #: How a mixture of experts moves tokens to their experts (ExecutionSettings.moe_dispatcher).
 MOE_DISPATCHERS = ("alltoall", "allgather")
 DDP_BUCKET_BYTES = 25 * 2**20  # torch DistributedDataParallel's default bucket_cap_mb
@@ -213,6 +218,10 @@ class ExecutionSettings:
         CUDA loads kernels as they are first used (``CUDA_MODULE_LOADING=LAZY``, which torch
         sets since 1.13): the CUDA context holds 287 MB instead of 667 MB
         (``shardplan/cost/_reserved.py``; default True; False for runs of older torch).
+    recompute_modules : tuple of str
+        What ``selective`` recompute re-runs (:data:`RECOMPUTE_MODULES`, Megatron-Core's
+        ``--recompute-modules``; default ``("core_attn",)``, the attention core as Megatron
+        recomputes it by default).
     moe_dispatcher : {"alltoall", "allgather"}
         How a mixture of experts' tokens reach the experts of other expert-parallel ranks
         (Megatron-Core's ``--moe-token-dispatcher-type``): ``alltoall`` -- each token sent
@@ -266,6 +275,7 @@ class ExecutionSettings:
     stack: str = "megatron"
     expandable_segments: bool = False
     lazy_loading: bool = True
+    recompute_modules: tuple[str, ...] = ("core_attn",)
     moe_dispatcher: str = "alltoall"
     moe_capacity_factor: float | None = None
     moe_grouped_gemm: bool = True
@@ -313,6 +323,12 @@ class ExecutionSettings:
         if self.optimizer not in OPTIMIZERS:
             raise ShardplanError(f"unknown optimizer {self.optimizer!r} (choose from "
                                  f"{', '.join(OPTIMIZERS)})")
+        mods = self.recompute_modules
+        if isinstance(mods, str) or not isinstance(mods, (list, tuple)) or not mods or any(
+                m not in RECOMPUTE_MODULES for m in mods):
+            raise ShardplanError(f"recompute_modules must be a non-empty list of "
+                                 f"{', '.join(RECOMPUTE_MODULES)}, got {mods!r}")
+        object.__setattr__(self, "recompute_modules", tuple(dict.fromkeys(mods)))
         if self.moe_dispatcher not in MOE_DISPATCHERS:
             raise ShardplanError(f"unknown MoE token dispatcher {self.moe_dispatcher!r} "
                                  f"(choose from {', '.join(MOE_DISPATCHERS)})")

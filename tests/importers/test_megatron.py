@@ -139,7 +139,17 @@ def test_llama_style_arguments_select_the_llama_family() -> None:
     ex = run.execution
     assert ex["gradient_sync"] == "zero1" and ex["tp_comm_overlap"] and ex["sequence_parallel"]
     assert ex["precision"] == "bf16" and ex["recompute"] == "none"
-    assert any("--overlap-param-gather" in n for n in run.notes)
+    # the distributed optimizer's overlaps are read, not noted (simulate._llm prices them)
+    assert ex["overlap_grad_reduce"] and ex["overlap_param_gather"]
+    assert not any("--overlap-param-gather" in n for n in run.notes)
+    plain = parse_megatron(LLAMA + "--use-distributed-optimizer", num_gpus=64).execution
+    assert not plain["overlap_grad_reduce"] and not plain["overlap_param_gather"]
+    sel = parse_megatron(LLAMA + "--recompute-granularity selective --recompute-modules "
+                         "mla_up_proj mlp", num_gpus=64).execution
+    assert sel["recompute"] == "selective" and sel["recompute_modules"] == ("mla_up_proj", "mlp")
+    with pytest.raises(ShardplanError, match="--recompute-modules takes"):
+        parse_megatron(LLAMA + "--recompute-granularity selective --recompute-modules attn",
+                       num_gpus=64)
     # swiglu's default FFN width, as Megatron computes it
     bare = LLAMA.replace("--ffn-hidden-size 14336 ", "")
     assert parse_megatron(bare, num_gpus=1).model.ffn == int(4 * 4096 * 2 / 3 / 64) * 64
@@ -276,8 +286,8 @@ def test_unmodelled_arguments_get_a_note_and_harmless_ones_none() -> None:
                          "--cpu-offloading --recompute-modules core_attn mlp "
                          "--rampup-batch-size 16 16 1000 --moe-aux-loss-coeff 1e-2")
     assert run.notes == tuple(f"Megatron-LM argument {a} changes the run and is not modelled"
-                              for a in ("--cpu-offloading", "--recompute-modules",
-                                        "--rampup-batch-size"))
+                              for a in ("--cpu-offloading", "--rampup-batch-size")) + (
+        "--recompute-modules without --recompute-granularity selective does nothing",)
 
 
 @pytest.mark.parametrize(("extra", "gpus", "reason"), [

@@ -52,7 +52,8 @@ def test_deepseek_v3_with_its_layout_and_expert_grid() -> None:
                                           stage_layers=(1,) + (2,) * 30 + (0,))
     assert run.parallel.expert_dp == 2
     assert {k: v for k, v in run.execution.items() if k.startswith("moe")} == {
-        "moe_dispatcher": "alltoall", "moe_capacity_factor": None, "moe_grouped_gemm": True}
+        "moe_dispatcher": "alltoall", "moe_capacity_factor": None, "moe_grouped_gemm": True,
+        "moe_force_balance": False, "moe_a2a_overlap": False}
     assert run.notes == (
         "--mtp-num-layers 1: multi-token prediction layers are not modelled",
         "--moe-token-dispatcher-type flex (DeepEP's or HybridEP's kernels) moves each token "
@@ -81,7 +82,8 @@ def test_mixtral_by_megatrons_defaults_and_its_settings() -> None:
     assert dropping.execution["moe_load_balancing"] == "seq_aux_loss"
     assert dropping.notes == (
         "--moe-router-load-balancing-type seq_aux_loss is recorded, not priced: shardplan "
-        "prices balanced routing (each expert its share of the tokens)",)
+        "prices the published wait for the busiest expert rank (shardplan/cost/_llm_moe.py), "
+        "none under --moe-router-force-load-balancing",)
     settings, notes = dropping.settings()
     assert (settings.moe_capacity_factor, settings.moe_dispatcher) == (1.25, "alltoall")
     assert notes == []  # the recorded balancing is no setting of the plan's, and says nothing
