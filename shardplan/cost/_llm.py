@@ -455,6 +455,8 @@ def node_seconds(pr: Pricing) -> NodeTimes:
         drop, own = te_kept(graph)
         out_bytes = np.where(drop, 0.0, out_bytes)
         out_bytes[own] = scaled.output_bytes[own]
+        if precision == "fp8":  # kept as the fp8 copy its products read (1 byte of 2)
+            out_bytes = np.where(fp8_read_only(graph), out_bytes * 0.5, out_bytes)
     # the loss keeps its fp32 log-probabilities of the vocabulary-split logits (the captured
     # graph ends at the logits; a loss node, when captured, is priced as any node)
     if logits >= 0:
@@ -572,6 +574,22 @@ def _op_saved(graph: Graph) -> np.ndarray:
 
 
 @lru_cache(maxsize=16)
+@lru_cache(maxsize=16)
+def fp8_read_only(graph: Graph) -> np.ndarray:
+    """Nodes whose every consumer is an fp8 product (:func:`fp8_linear_nodes`): under fp8,
+    Transformer Engine's modules keep for the backward the fp8 copy of their input they
+    multiplied (``Linear`` / ``LayerNormLinear`` save the quantized input the weight
+    gradient's product reads), not the bf16 tensor, so such an output is kept at one byte per
+    element. O(n + m)."""
+    fp8 = fp8_linear_nodes(graph)
+    n = graph.num_nodes
+    readers = np.bincount(graph.src, minlength=n)
+    fp8_readers = np.bincount(graph.src[fp8[graph.dst]], minlength=n)
+    out = (readers > 0) & (fp8_readers == readers)
+    out.setflags(write=False)
+    return out
+
+
 def te_kept(graph: Graph) -> tuple[np.ndarray, np.ndarray]:
     """What Megatron-Core's Transformer Engine blocks keep for the backward, against what
     eager autograd keeps of the captured graph: ``(drop, own)`` masks -- nodes whose kept

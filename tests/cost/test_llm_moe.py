@@ -158,3 +158,86 @@ def test_an_expert_layout_plans_and_simulates(moe):
     par = ParallelConfig(pp=2, dp=8, ep=4)
     plan, res = llm_plan(moe, TOPO, par, replace(_settings(par), microbatches=4))
     assert res.iteration_seconds > 0 and plan.parallel == par
+
+
+def test_a2a_overlap_exposes_only_what_exceeds_the_computation(moe):
+    from shardplan.cost._llm_moe import exposed_expert_comm
+
+    par = ParallelConfig(dp=8, ep=4)
+    on = pricing(moe, TOPO, par, _settings(par, moe_a2a_overlap=True))
+    off = pricing(moe, TOPO, par, _settings(par))
+    cf, cb = np.array([3.0, 1.0]), np.array([3.0, 1.0])
+    f, b = exposed_expert_comm(on, cf, cb, np.array([1.0, 1.0]), np.array([2.0, 2.0]))
+    assert f.tolist() == [1.5, 0.0] and b.tolist() == [1.5, 0.0]  # 6 - 3 exposed, 2 - 3 none
+    f, b = exposed_expert_comm(off, cf, cb, np.ones(2), np.ones(2))
+    assert f is cf and b is cb
+    full = llm_costs(moe, TOPO, par, _settings(par))
+    hid = llm_costs(moe, TOPO, par, _settings(par, moe_a2a_overlap=True))
+    assert (hid.forward <= full.forward).all() and (hid.backward < full.backward).all()
+
+
+def test_balanced_gating_has_no_straggler(moe):
+    par = ParallelConfig(dp=8, ep=4)
+    assert straggler_factor(pricing(moe, TOPO, par, _settings(par, moe_force_balance=True))) \
+        == 1.0
+
+
+def test_recompute_modules_pick_their_nodes(moe):
+    from shardplan.cost._llm_layout import recompute_mask
+
+    lay = block_layout(moe)
+    act = recompute_mask(moe, ("moe_act",))
+    assert act.any() and (act <= lay.expert).all()
+    assert all(moe.ops[v] in ("silu", "mul") for v in np.flatnonzero(act))
+    norms = recompute_mask(moe, ("layernorm",))
+    assert {moe.modules[v].split(".")[-1] for v in np.flatnonzero(norms)} == {
+        "attention_norm", "ffn_norm"}
+    assert (recompute_mask(moe, ("core_attn",)) == lay.attention_core).all()
+    assert (recompute_mask(moe, ("moe",)) == lay.moe).all()
+    both = recompute_mask(moe, ("layernorm", "moe_act"))
+    assert (both == (act | norms)).all()
+    mla = capture.capture_spec("deepseek_v3:debug", batch_size=1, meta=True)
+    up = recompute_mask(mla, ("mla_up_proj",))
+    assert {m.rsplit(".", 1)[-1] for m in np.array(mla.modules)[up]} == {"wq_b", "wkv_b"}
+    # recomputing the activations adds their forward to the backward and keeps less
+    par = ParallelConfig(dp=8, ep=4)
+    none = llm_costs(moe, TOPO, par, _settings(par))
+    sel = llm_costs(moe, TOPO, par, _settings(par, recompute="selective",
+                                               recompute_modules=("moe_act", "layernorm")))
+    assert (sel.backward > none.backward).all()
+    assert (sel.memory["activations"] < none.memory["activations"]).all()
+    with pytest.raises(ShardplanError, match="recompute_modules"):
+        _settings(par, recompute_modules=("attn",))
+
+
+def test_a_device_reads_only_its_experts_weights():
+    """Mixtral's experts on 128 tokens are memory-bound: a device reads its experts'
+    weights, 1/ep of them, so their products take 1/ep of the time of every expert local."""
+    from shardplan.cost._llm import node_seconds
+
+    g = capture.capture_spec("mixtral:8x7B,n_layers=1,seq=128", batch_size=1, meta=True)
+    lay = block_layout(g)
+    mm = lay.expert & (g.param_bytes > 0)
+    one, four = ParallelConfig(dp=8), ParallelConfig(dp=8, ep=4)
+    pr = pricing(g, TOPO, one, _settings(one))
+    t1 = node_seconds(pr).fwd[mm]
+    t4 = node_seconds(pricing(g, TOPO, four, _settings(four, moe_force_balance=True))).fwd[mm]
+    weights = g.param_bytes[mm] / 4 * 2 / pr.bw  # captured in fp32, read in bf16
+    assert (t1 >= weights).all()  # every expert's weights read
+    # a quarter of them, and the products no faster than their grouped GEMMs allow
+    assert (t4 < t1 / 2).all() and (t4 >= weights / 4).all()
+
+
+def test_sliding_window_layers_attend_to_fewer_keys():
+    from shardplan.cost._llm import _SDPA, _window_factors
+
+    g = capture.capture_spec("gpt_oss:debug", batch_size=1, meta=True)
+    dims = g.meta["transformer"]
+    w, s = dims["sliding_window"], dims["seq"]
+    f = _window_factors(g)
+    lay = block_layout(g)
+    sdpa = [v for v, op in enumerate(g.ops) if _SDPA.search(op.lower()) and lay.block[v] >= 0]
+    want = (w * s - w * (w - 1) / 2) / (s * (s + 1) / 2)
+    assert [f[v] for v in sdpa] == [pytest.approx(want) if lay.block[v] % 2 == 0 else 1.0
+                                    for v in sdpa]
+    assert (np.delete(f, sdpa) == 1.0).all()
