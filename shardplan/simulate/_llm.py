@@ -70,11 +70,11 @@ MEGATRON_BUCKET_PER_RANK = 1_000_000
 
 def megatron_bucket(costs: LLMCosts, par: ParallelConfig, settings: ExecutionSettings
                     ) -> np.ndarray:
-    """Per virtual stage, the share of its gradients one Megatron-Core bucket holds, under
-    ``zero1`` with ``overlap_grad_reduce`` (else 1: the stage reduces as one). A stage's
-    parameters per device are its gradient bytes over the bytes per gradient. O(pp vp)."""
+    """Per virtual stage, the share of its parameters one Megatron-Core bucket holds under
+    ``zero1`` (else 1: one unit). A stage's parameters per device are its gradient bytes
+    over the bytes per gradient. O(pp vp)."""
     out = np.ones(par.num_stages)
-    if settings.gradient_sync != "zero1" or not settings.overlap_grad_reduce:
+    if settings.gradient_sync != "zero1":
         return out
     g_bytes = 4.0 if settings.grad_reduce == "fp32" else float(settings.param_dtype_bytes)
     params = np.asarray(costs.grad_bytes, dtype=np.float64) / g_bytes
@@ -196,7 +196,8 @@ def simulate_llm(plan: Plan, graph: Graph, topology: Topology,
         for j, t in reduce_at[r]:
             sync = float(costs.grad_sync_seconds[j])
             start = max(t if overlapped else float(clock[r]), t_stream)
-            if bucket[j] < 1.0:  # buckets reduce as the last backward makes them ready
+            if settings.overlap_grad_reduce and bucket[j] < 1.0:
+                # buckets reduce as the last backward makes them ready
                 last = duration(j, BACKWARD, m_count - 1)
                 start = max(t - last * (1.0 - bucket[j]), t_stream)
                 t_stream = max(start + sync, t + bucket[j] * sync)
