@@ -203,7 +203,7 @@ def moe_import(row: dict[str, str]) -> dict[str, Any]:
 
 
 def moe_line(row: dict[str, str]) -> str:
-    """``id (SPEC on LAYOUT, expert TP N, global batch B)``: how a skipped MoE row imports."""
+    """``id (SPEC on LAYOUT, expert TP N, global batch B)``: how an MoE row imports."""
     got = moe_import(row)
     if "error" in got:
         return f"{row['id']} (import refused: {got['error']})"
@@ -365,7 +365,11 @@ def main(argv: list[str] | None = None) -> int:
              "micro-batch run micro-batches of 1 (the importer's rule); NeMo rows run what "
              "NeMo 2.0's recipes switch on (`NEMO_RECIPE`: distributed optimizer, overlapped "
              "gradient reduce and parameter gather, sequence parallelism and TP overlap with "
-             "TP > 1); rows that name a model without its dimensions take them from its "
+             "TP > 1), unless the row's model names its own performance configuration; "
+             "Megatron-Bridge 25.09+ MoE rows also run balanced gating and the all-to-all "
+             "overlap (`BRIDGE_MOE_RECIPE`); a row that publishes no recompute and names "
+             "none runs the least level that fits; rows that name a model without its "
+             "dimensions take them from its "
              "public configuration (`benchmarks/_public_models.py`, named per row below). "
              "Memory: predicted allocated, reserved and device peaks (`docs/gpu-model.md`, "
              "\"Memory as the run reports it\"); a published figure is compared with the one "
@@ -379,7 +383,6 @@ def main(argv: list[str] | None = None) -> int:
     mem_errors: list[float] = []
     notes_of: dict[str, tuple[str, ...]] = {}
     wrong_fit: list[str] = []
-    skipped: list[str] = []
     for row in rows:
         try:
             p = predict(row)
@@ -406,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{row['id']}: published {pub:.3f} s, predicted {p['seconds']:.3f} s "
               f"({err:+.1%}), {p['memory'] / 2**30:.1f} / {p['reserved'] / 2**30:.1f} / "
               f"{p['device'] / 2**30:.1f} GiB", flush=True)
-    lines += summary_lines(errors, stacks, mem_errors, notes_of, wrong_fit, skipped)
+    lines += summary_lines(errors, stacks, mem_errors, notes_of, wrong_fit)
     write_atomic(args.output, "\n".join(lines))
     print(f"wrote {args.output}")
     return 0
@@ -420,7 +423,7 @@ def _stats(name: str, errs: list[float]) -> str:
 
 def summary_lines(errors: dict[str, list[float]], stacks: dict[str, list[float]],
                   mem_errors: list[float], notes_of: dict[str, tuple[str, ...]],
-                  wrong_fit: list[str], skipped: list[str]) -> list[str]:
+                  wrong_fit: list[str]) -> list[str]:
     """The notes and summary under the table."""
     lines: list[str] = []
     if notes_of:
@@ -441,10 +444,6 @@ def summary_lines(errors: dict[str, list[float]], stacks: dict[str, list[float]]
                   "|---|---|---|---|", _stats("with a published figure", mem_errors)]
     lines += ["", "Rows whose outcome (ran / out of memory) is predicted wrong, or that could "
               f"not be predicted: {', '.join(wrong_fit) or 'none'}."]
-    if skipped:
-        lines += ["", "Mixture-of-experts rows, not priced until expert parallelism is "
-                  "modelled (issue 47), as they import (`moe_import`):", ""]
-        lines += [f"- {s}" for s in skipped]
     lines += ["", "Which rows informed a constant: none (each constant's source is a "
               "published kernel, NCCL or allocator measurement or a stack's code, "
               "`docs/gpu-model.md`). Leave-one-source-out: with no row informing a constant, "
