@@ -48,8 +48,9 @@ def plain(x: float, digits: int = 4) -> str:
 
 def model_flops_per_token(transformer: Mapping[str, Any]) -> float:
     """Model FLOPs per trained token (forward and backward) of a graph's
-    ``meta["transformer"]``: ``6 N + 12 l h s`` (module docstring); 0 when its dimensions
-    are not known.
+    ``meta["transformer"]``: ``6 N + 12 l h s`` (module docstring), ``N`` a mixture of
+    experts' active parameters (``active_parameters``); 0 when its dimensions are not
+    known.
 
     Examples
     --------
@@ -61,7 +62,8 @@ def model_flops_per_token(transformer: Mapping[str, Any]) -> float:
     try:
         h, layers = int(transformer["hidden"]), int(transformer["layers"])
         vocab, seq = int(transformer["vocab"]), int(transformer["seq"])
-        params = float(transformer["parameters"])
+        # a mixture of experts: the parameters a token uses (its top-k experts)
+        params = float(transformer.get("active_parameters") or transformer["parameters"])
     except (KeyError, TypeError, ValueError):
         return 0.0
     dense = params - (0 if transformer.get("tied") else vocab * h)

@@ -275,14 +275,17 @@ LLM_ONLY_DEVICES = 64
 def default_families(graph: Graph, topology: Topology) -> tuple[str, ...]:
     """The families searched when none are named: all of them for a transformer (a graph
     with ``layers.N`` blocks) on at most :data:`LLM_ONLY_DEVICES` devices, the LLM family
-    alone on more, and all but the LLM family for other graphs."""
+    first (the one made for it: a time limit that stops the search leaves the operator-graph
+    families unfinished, not it), the LLM family alone on more, and all but the LLM family
+    for other graphs."""
     from shardplan.planner._llm import has_blocks
 
+    others = tuple(f for f in FAMILIES if f != "llm")
     if not has_blocks(graph):
-        return tuple(f for f in FAMILIES if f != "llm")
+        return others
     if topology.num_devices > LLM_ONLY_DEVICES:
         return ("llm",)
-    return FAMILIES
+    return ("llm", *others)
 
 
 class _Stop(Exception):

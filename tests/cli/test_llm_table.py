@@ -83,3 +83,17 @@ def test_fields_of_an_llm_row() -> None:
     plain_row = _Row(Plan("g", "t", "x", (Stage((0,), (0,)),), Objective("x", 1.0)).to_dict(),
                      1.0, 1.0)
     assert llm_fields(plain_row, graph, topology, global_batch=32) is None
+
+
+def test_a_mixture_counts_the_parameters_a_token_uses() -> None:
+    """MFU of a mixture of experts is over its active parameters (Mixtral 8x7B: 12.9 B of
+    46.7 B), not all of them: counting every expert put MFU above 100%."""
+    from shardplan.cli._llm_table import model_flops_per_token
+
+    t = {"hidden": 4096, "layers": 32, "vocab": 32000, "seq": 4096, "tied": False,
+         "parameters": 46_702_792_704, "active_parameters": 12_879_925_248}
+    want = 6.0 * (12_879_925_248 - 32000 * 4096) + 12.0 * 32 * 4096 * 4096
+    assert model_flops_per_token(t) == want
+    dense = dict(t)
+    del dense["active_parameters"]
+    assert model_flops_per_token(dense) > 3 * want
