@@ -332,7 +332,7 @@ def run_llm(cfg: TrainConfig, rank: int, world: int) -> RunResult:
     # hook: checkpoints (resumed under this layout, resharded by DCP) and the data position
     start = llm_ckpt.load(cfg, stages, opt, shapes) if cfg.resume else 0
     result = RunResult(start_step=start)
-    fed: list[list[list[int]]] = []  # per step, per micro-batch: this part's sample ids
+    fed: list[list[list[list[int]]]] = []  # per step, per micro-batch: this part's samples
     for step in range(start, cfg.steps):
         _maybe_fault(cfg, rank, step)
         seed_random(mix_seed(cfg.seed, step, 0, 0))

@@ -195,28 +195,28 @@ def _dims(shape: tuple[int, ...]) -> str:
 
 # --------------------------------------------------------------------------- samples
 def part_samples(step: int, global_batch: int, microbatches: int, parts: int, part: int
-                 ) -> list[list[int]]:
+                 ) -> list[list[list[int]]]:
     """The global sample ids one data-parallel part trains at ``step``: per micro-batch,
-    the ids of its part, cut from the step's batch exactly as the data are
-    (:func:`~shardplan.runtime._data.chunks`). Sample ``t x global_batch + i`` is sample
-    ``i`` of step ``t``'s batch."""
+    the ids of its part as ``[start, stop)`` ranges (one, as :func:`~shardplan.runtime.
+    _data.chunks` cuts consecutive samples), cut from the step's batch exactly as the data
+    are. Sample ``t x global_batch + i`` is sample ``i`` of step ``t``'s batch."""
     ids = torch.arange(step * global_batch, (step + 1) * global_batch)
     pieces = chunks((ids,), ids, microbatches, parts)
-    return [pieces[j * parts + part][1].tolist() for j in range(microbatches)]
+    return [_ranges(pieces[j * parts + part][1].tolist()) for j in range(microbatches)]
 
 
-def gather_samples(mine: tuple[int, list[list[list[int]]]] | None, rank: int
+def gather_samples(mine: tuple[int, list[list[list[list[int]]]]] | None, rank: int
                    ) -> list[list[list[int]]] | None:
     """Collective: on rank 0, per step, the sample ids the run trained as ``[start, stop)``
-    ranges, in the order of the step's batch (micro-batch by micro-batch, part by part);
-    None elsewhere.
+    ranges, in the order of the step's batch (micro-batch by micro-batch, part by part),
+    adjacent ranges joined; None elsewhere.
 
     Parameters
     ----------
     mine : (int, list) or None
         A rank that feeds its data-parallel part's inputs (first pipeline stage, tensor-
-        and context-parallel rank 0): ``(part, per step per micro-batch its ids)``
-        (:func:`part_samples`); None for the other ranks.
+        and context-parallel rank 0): ``(part, per step its part_samples)``; None for the
+        other ranks.
     """
     every: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(every, mine)
@@ -226,8 +226,15 @@ def gather_samples(mine: tuple[int, list[list[list[int]]]] | None, rank: int
     steps = len(parts[0][1]) if parts else 0
     out = []
     for t in range(steps):
-        ids = [i for j in range(len(parts[0][1][t])) for _, per in parts for i in per[t][j]]
-        out.append(_ranges(ids))
+        runs: list[list[int]] = []
+        for j in range(len(parts[0][1][t])):
+            for _, per in parts:
+                for a, b in per[t][j]:
+                    if runs and runs[-1][1] == a:
+                        runs[-1][1] = b
+                    else:
+                        runs.append([a, b])
+        out.append(runs)
     return out
 
 

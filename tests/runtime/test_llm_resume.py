@@ -159,9 +159,10 @@ def test_lose_a_process_then_gain_one_under_new_layouts(tmp_path) -> None:
 def test_samples_of_a_part_and_their_ranges() -> None:
     """Part ``p`` of micro-batch ``j`` is what :func:`chunks` cuts: with 2 micro-batches of
     6 samples in 3 parts, part 1 of step 2 trains samples 26, 27 and 32, 33."""
-    assert part_samples(2, 12, 2, 3, 1) == [[26, 27], [32, 33]]
-    ids = [i for p in range(3) for i in part_samples(2, 12, 1, 3, p)[0]]
-    assert ids == list(range(24, 36))
+    assert part_samples(2, 12, 2, 3, 1) == [[[26, 28]], [[32, 34]]]
+    assert [part_samples(2, 12, 1, 3, p)[0] for p in range(3)] == \
+        [[[24, 28]], [[28, 32]], [[32, 36]]]
+    assert part_samples(0, 5, 1, 2, 1) == [[[3, 5]]]  # uneven parts, as chunks cuts them
     assert _ranges([3, 4, 5, 9, 10, 4]) == [[3, 6], [9, 11], [4, 5]]
     assert _ranges([]) == []
 
