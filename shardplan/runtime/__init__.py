@@ -31,7 +31,10 @@ tensor parallelism by module names (``parallelize_module``), FSDP2 / HSDP (``ful
 ``torch.distributed.pipelining`` schedules, a mixture of experts' routed experts on the
 layout's expert grid with ``all_to_all_single`` (:mod:`shardplan.runtime._llm_moe`);
 :func:`llm_memory` reports each rank's peak
-memory of a step by category as torch's ``MemTracker`` counts it.
+memory of a step by category as torch's ``MemTracker`` counts it. Their checkpoints are
+torch's distributed checkpoints of global tensors by name
+(:mod:`shardplan.runtime._llm_checkpoint`), resumed under any other layout and process
+count (after losing or gaining a process), resharded by DCP.
 
 Paper 000, sections 3-4: its pipeline is GPipe over stages placed on GPUs, compared with FSDP
 on an MLP (our ``benchmarks/paper000_table1.py``).

@@ -63,7 +63,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint-every", type=nonnegative_int, default=0, metavar="K",
                    help="save every K steps (and after the last one)")
     p.add_argument("--resume", action="store_true",
-                   help="continue from the newest checkpoint in --checkpoint-dir")
+                   help="continue from the newest checkpoint in --checkpoint-dir (LLM plans: "
+                        "under any layout and process count, resharded by torch's DCP)")
     p.add_argument("--baseline", choices=BASELINES, default=None,
                    help="train the same model on the same data with FSDP2, DDP or one process")
     p.add_argument("--nproc", type=positive_int, default=None,
@@ -532,6 +533,10 @@ def config_from_args(args: argparse.Namespace) -> Prepared:
             common["measure_memory"] = True
         common.update({k: v for k, v in fields.items() if k not in common})
         cfg = TrainConfig(**common)
+        if cfg.kind == "llm" and cfg.resume:  # the checkpoint fits the run (its model: ranks)
+            from shardplan.runtime._checkpoint_state import check_resume
+
+            check_resume(cfg)
         notes += precision_notes(settings, cfg) + moe_notes(settings, graph, cfg)
         if cfg.shardings:
             from shardplan.runtime._sharding import strategy_notes

@@ -24,7 +24,6 @@ missing or misshapen entries are refused too.
 from __future__ import annotations
 
 import json
-import math
 import os
 import pickle
 import re
@@ -38,15 +37,23 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint import FileSystemReader
 
-from shardplan.errors import InvalidFileError, ShardplanError
-from shardplan.ir.io import read_bytes, write_atomic
+from shardplan.errors import ShardplanError
+from shardplan.ir.io import write_atomic
+from shardplan.runtime._checkpoint_state import (
+    FORMAT,
+    STEP_NAME,
+    latest,
+    plain,
+    read_state,
+    step_name,
+)
 from shardplan.runtime._config import TrainConfig
 
 __all__ = ["due", "latest", "load", "load_local", "load_model", "save", "save_local"]
 
-FORMAT = "shardplan.checkpoint/1"
 _KEEP = 2
-_NAME = re.compile(r"^step-(\d{8})$")
+_NAME = STEP_NAME
+_name = step_name
 
 
 def due(cfg: TrainConfig, steps_done: int) -> bool:
@@ -56,31 +63,6 @@ def due(cfg: TrainConfig, steps_done: int) -> bool:
     if steps_done == cfg.steps:
         return True
     return cfg.checkpoint_every > 0 and steps_done % cfg.checkpoint_every == 0
-
-
-def _name(step: int) -> str:
-    return f"step-{step:08d}"
-
-
-def latest(directory: str) -> tuple[int, str] | None:
-    """``(step, path)`` of the newest complete checkpoint in ``directory``, or None."""
-    try:
-        with open(os.path.join(directory, "latest"), encoding="utf-8") as fh:
-            name = fh.read(64).strip()
-    except FileNotFoundError:
-        return None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ShardplanError(f"checkpoint folder {directory!r}: cannot read 'latest' "
-                             f"({exc})") from None
-    match = _NAME.match(name)
-    if not match:
-        raise ShardplanError(f"checkpoint folder {directory!r}: 'latest' must name a "
-                             f"step-NNNNNNNN folder, it says {name[:40]!r}")
-    path = os.path.join(directory, name)
-    if not os.path.isdir(path):
-        raise ShardplanError(f"checkpoint folder {directory!r} names {name!r} as the latest "
-                             f"checkpoint, which is missing")
-    return int(match.group(1)), path
 
 
 # ------------------------------------------------------------------- safe reading
@@ -134,59 +116,8 @@ class _SafeReader(FileSystemReader):
         return metadata
 
 
-def _read_state(path: str, step: int) -> dict[str, Any]:
-    """``state.json``, checked: plain JSON of the expected shape."""
-    state = os.path.join(path, "state.json")
-    if not os.path.exists(state):
-        raise ShardplanError(f"checkpoint {path!r} has no state.json")
-    try:
-        data = json.loads(read_bytes(state))  # size-limited, as every input file
-    except InvalidFileError as exc:
-        raise ShardplanError(f"checkpoint {path!r}: {exc}") from None
-    except ValueError as exc:
-        raise ShardplanError(f"checkpoint {path!r}: unreadable state.json "
-                             f"({type(exc).__name__})") from None
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise ShardplanError(f"checkpoint {path!r}: state.json is not {FORMAT}")
-    if data.get("step") != step:
-        raise ShardplanError(f"checkpoint {path!r}: state.json says step "
-                             f"{data.get('step')!r}, the folder {step}")
-    groups = data.get("param_groups")
-    if not isinstance(groups, list) or not all(
-            isinstance(g, dict) and all(_plain(v) for v in g.values()) for g in groups):
-        raise ShardplanError(f"checkpoint {path!r}: malformed optimizer settings in "
-                             f"state.json")
-    for g in groups:
-        for key, v in g.items():
-            bad = _bad_setting(key, v)
-            if bad:
-                raise ShardplanError(f"checkpoint {path!r}: state.json gives the optimizer "
-                                     f"{key} {v!r}, {bad}")
-    return data
-
-
-#: Optimizer settings that must be >= 0 (torch's optimizers refuse negative ones when built,
-#: but not when a resumed param_group brings them).
-_NONNEGATIVE = ("lr", "weight_decay", "momentum", "dampening", "eps")
-
-
-def _bad_setting(key: str, v: Any) -> str | None:
-    """Why an optimizer setting of ``state.json`` is refused (None when it is fine): a NaN
-    or infinite number anywhere (a NaN learning rate trains to NaN losses with exit 0), a
-    negative learning rate, weight decay, momentum, dampening or eps."""
-    values = v if isinstance(v, list) else [v]
-    nums = [float(x) for x in values if isinstance(x, (int, float)) and not isinstance(x, bool)]
-    if any(not math.isfinite(x) for x in nums):
-        return "not a finite number"
-    if key in _NONNEGATIVE and any(x < 0 for x in nums):
-        return "which must not be negative"
-    return None
-
-
-def _plain(v: Any) -> bool:
-    if v is None or isinstance(v, (bool, int, float, str)):
-        return True
-    return isinstance(v, list) and all(isinstance(x, (int, float, bool)) for x in v)
+_read_state = read_state
+_plain = plain
 
 
 # ------------------------------------------------------------------- the state
@@ -234,7 +165,9 @@ def _state_json(cfg: TrainConfig, opt: torch.optim.Optimizer, step: int) -> str:
                if k != "params" and _plain(list(v) if isinstance(v, tuple) else v)}
               for g in opt.param_groups]
     return json.dumps({"format": FORMAT, "step": step, "kind": cfg.kind,
-                       "optimizer": cfg.optimizer, "param_groups": groups}) + "\n"
+                       "optimizer": cfg.optimizer, "param_groups": groups,
+                       "global_batch": cfg.global_batch, "seed": cfg.seed,
+                       "next_sample": step * cfg.global_batch, "model": cfg.model}) + "\n"
 
 
 def _restore_groups(opt: torch.optim.Optimizer, data: dict[str, Any], path: str) -> None:

@@ -110,6 +110,10 @@ class TrainConfig:
         Collect the final parameters (by name) in the result (tests).
     fault : tuple of (int, int) or None
         Test hook: ``(rank, step)``: that rank kills itself (SIGKILL) when it starts that step.
+    fault_in_save : bool
+        Test hook, ``llm`` runs: with ``fault``, the rank kills itself while the checkpoint
+        after ``step`` steps is written (its own tensors written, the checkpoint not yet
+        published) instead of when it starts the step.
     parallel : ParallelConfig or None
         ``llm`` runs: the plan's layout (tp x pp x dp x dp_shard x cp x vp,
         :mod:`shardplan.ir.parallel`), run by :mod:`shardplan.runtime._llm`.
@@ -163,6 +167,7 @@ class TrainConfig:
     timeout: float = 300.0
     return_params: bool = False
     fault: tuple[int, int] | None = None
+    fault_in_save: bool = False
     gradient_sync: str = "end"
     bucket_bytes: int = 25 * 2**20
     parallel: Any = None
@@ -211,6 +216,9 @@ class TrainConfig:
             raise ShardplanError("checkpoint-every must be >= 0")
         if self.resume and not self.checkpoint_dir:
             raise ShardplanError("--resume needs --checkpoint-dir")
+        if self.fault_in_save and (self.fault is None or self.kind != "llm"
+                                   or not self.checkpoint_dir):
+            raise ShardplanError("fault_in_save needs a fault and an llm run that checkpoints")
         if (self.kind == "llm") != (self.parallel is not None):
             raise ShardplanError("an llm run needs the plan's parallel layout, and only it "
                                  "has one")
@@ -248,8 +256,6 @@ class TrainConfig:
         pc = self.parallel
         if pc.cp > 1:
             raise ShardplanError("context parallelism (cp > 1) is not run yet")
-        if self.checkpoint_dir or self.resume:
-            raise ShardplanError("checkpoints of LLM plans are not written yet")
         if self.layout_devices and (len(self.layout_devices) != pc.world_size
                                     or len(set(self.layout_devices)) != pc.world_size):
             raise ShardplanError(f"an LLM run needs {pc.world_size} distinct devices, one "
@@ -324,7 +330,11 @@ class RunResult:
     (:func:`shardplan.runtime._llm_memory.peak_by_category`). ``boundaries`` (hybrid
     runs): the values that crossed a
     stage boundary in batch shards, device to device, and the model's output when the loss
-    read it so (graph names); the others crossed whole.
+    read it so (graph names); the others crossed whole. ``samples`` (``llm`` runs): per
+    step run, the global sample ids it trained (sample ``t x global_batch + i`` is sample
+    ``i`` of step ``t``'s batch) as ``[start, stop)`` ranges, in the batch's order, as the
+    data-parallel ranks took them: ``[[t x B, (t + 1) x B]]`` when every sample was trained
+    once.
     """
 
     losses: list[float] = field(default_factory=list)
@@ -335,6 +345,7 @@ class RunResult:
     reshards: int | None = None
     memory: list[dict[str, int]] | None = None
     boundaries: list[str] | None = None
+    samples: list[list[list[int]]] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"losses": self.losses, "seconds_per_step": self.seconds_per_step,
@@ -347,6 +358,8 @@ class RunResult:
             out["memory"] = [dict(m) for m in self.memory]
         if self.boundaries is not None:
             out["boundaries"] = list(self.boundaries)
+        if self.samples is not None:
+            out["samples"] = [[list(r) for r in step] for step in self.samples]
         return out
 
     @classmethod
@@ -360,4 +373,6 @@ class RunResult:
                    memory=None if data.get("memory") is None else
                    [{str(k): int(v) for k, v in m.items()} for m in data["memory"]],
                    boundaries=None if data.get("boundaries") is None
-                   else [str(v) for v in data["boundaries"]])
+                   else [str(v) for v in data["boundaries"]],
+                   samples=None if data.get("samples") is None else
+                   [[[int(a), int(b)] for a, b in step] for step in data["samples"]])

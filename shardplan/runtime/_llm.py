@@ -70,8 +70,19 @@ and each of those into ``dp * dp_shard`` equal parts; the ranks of data-parallel
 the same). Each micro-batch's loss is its mean, gradients are averaged over micro-batches and
 data-parallel ranks: the step equals one process running the micro-batches whole.
 
-Not run yet (refused in one line): context parallelism (``cp > 1``), checkpoints, GPT-OSS's
-attention sinks under tensor parallelism. Not read: the plan's ``moe_dispatcher`` and
+Checkpoints (``checkpoint_dir``, ``checkpoint_every``, ``resume``;
+:mod:`shardplan.runtime._llm_checkpoint`): torch's distributed checkpoint (DCP) writes the
+stages' and the optimizer's state as :func:`~torch.distributed.checkpoint.state_dict.
+get_state_dict` names it (the model's names; DTensors of TP, FSDP2 and HSDP saved as the
+global tensors they are pieces of) and ``state.json`` the step, data position and seed; a
+checkpoint is published only once every rank has written its part. A resumed run may have
+any other layout and process count: each rank asks DCP for its own stages' tensors in its
+own sharding, and DCP reads them from whatever pieces the writers left (no resharding code
+here); the run continues with the checkpoint's next step's batch, split among its own
+data-parallel ranks, and reports the sample ids of every step (``RunResult.samples``).
+
+Not run yet (refused in one line): context parallelism (``cp > 1``), GPT-OSS's attention
+sinks under tensor parallelism. Not read: the plan's ``moe_dispatcher`` and
 ``moe_capacity_factor`` (the dispatch is ``alltoall``, the capacity the model's
 ``capacity_factor``); FSDP does not shard the experts over ``expert_dp``. The random
 state is set once per step (from ``(seed, step)``), so models with dropout do not repeat one
@@ -89,6 +100,8 @@ import torch.distributed as dist
 from torch import nn
 
 from shardplan.errors import ShardplanError
+from shardplan.runtime import _llm_checkpoint as llm_ckpt
+from shardplan.runtime._checkpoint import due
 from shardplan.runtime._config import RunResult, TrainConfig, mix_seed
 from shardplan.runtime._data import chunks
 from shardplan.runtime._llm_moe import (
@@ -325,6 +338,7 @@ def run_llm(cfg: TrainConfig, rank: int, world: int) -> RunResult:
     with torch.no_grad():
         classes = int(model.output.weight.shape[0]) if hasattr(model, "output") else \
             int(model(*inputs).shape[-1])
+    shapes = llm_ckpt.model_shapes(model) if cfg.resume else {}  # hook: checkpoints
     mine = [coords["pp"] + k * pc.pp for k in range(pc.vp)]
     # MoE layers: the expert grid of the layout (_llm_moe), unless one device runs them whole
     grid = build_expert_grid(pc, rank, device.type, mesh) \
@@ -354,13 +368,17 @@ def run_llm(cfg: TrainConfig, rank: int, world: int) -> RunResult:
     schedule = _schedule(cfg, stages, mine, mesh, device, loss_fn) if pc.pp > 1 else None
     dp_group = mesh["dp_replicate"].get_group() if pc.dp > 1 and pc.dp_shard == 1 else None
     tracker = None
-    result = RunResult()
-    for step in range(cfg.steps):
+    # hook: checkpoints (resumed under this layout, resharded by DCP) and the data position
+    start = llm_ckpt.load(cfg, stages, opt, shapes) if cfg.resume else 0
+    result = RunResult(start_step=start)
+    fed: list[list[list[list[int]]]] = []  # per step, per micro-batch: this part's samples
+    for step in range(start, cfg.steps):
         _maybe_fault(cfg, rank, step)
         seed_random(mix_seed(cfg.seed, step, 0, 0))
         x, y = batch_for_step(inputs, classes, batch_size=cfg.global_batch, seed=cfg.seed,
                               step=step)
         pieces = chunks(x, y, m, parts)
+        fed.append(llm_ckpt.part_samples(step, cfg.global_batch, m, parts, my_part))
         xs = [tuple(t.to(device) for t in pieces[j * parts + my_part][0]) for j in range(m)]
         ys = [pieces[j * parts + my_part][1].to(device) for j in range(m)]
         if cfg.measure_memory and step == cfg.steps - 1:
@@ -396,6 +414,10 @@ def run_llm(cfg: TrainConfig, rank: int, world: int) -> RunResult:
         counted = last and coords["tp"] == 0 and coords["cp"] == 0
         part = sum(_scalar(v) for v in losses) / m / parts if counted else 0.0
         _report(result, part, elapsed)
+        if due(cfg, step + 1):  # hook: checkpoints
+            llm_ckpt.save(cfg, stages, opt, step + 1)
+    feeds = first and coords["tp"] == 0 and coords["cp"] == 0
+    result.samples = llm_ckpt.gather_samples((my_part, fed) if feeds else None, rank)
     if tracker is not None:
         from shardplan.runtime._llm_memory import peak_by_category
 

@@ -59,7 +59,8 @@ def _build(cfg: TrainConfig, batch: int) -> tuple[nn.Module, tuple[Any, ...], st
 
 
 def _maybe_fault(cfg: TrainConfig, rank: int, step: int) -> None:
-    if cfg.fault is not None and cfg.fault[0] == rank and cfg.fault[1] == step:
+    if cfg.fault is not None and cfg.fault[0] == rank and cfg.fault[1] == step \
+            and not cfg.fault_in_save:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
