@@ -580,12 +580,19 @@ def fp8_read_only(graph: Graph) -> np.ndarray:
     Transformer Engine's modules keep for the backward the fp8 copy of their input they
     multiplied (``Linear`` / ``LayerNormLinear`` save the quantized input the weight
     gradient's product reads), not the bf16 tensor, so such an output is kept at one byte per
-    element. O(n + m)."""
+    element; a view's readers count as its base's. O(n + m)."""
     fp8 = fp8_linear_nodes(graph)
+    views = _graph_facts(graph).views
     n = graph.num_nodes
-    readers = np.bincount(graph.src, minlength=n)
-    fp8_readers = np.bincount(graph.src[fp8[graph.dst]], minlength=n)
-    out = (readers > 0) & (fp8_readers == readers)
+    out = np.zeros(n, dtype=bool)
+    # a view's readers read its base: follow view chains to the operators that read them
+    only_fp8 = np.zeros(n, dtype=bool)
+    for v in graph.topological_order.tolist()[::-1]:
+        succ = graph.successors(v)
+        ok = succ.size > 0 and all(bool(only_fp8[w]) if views[w] else bool(fp8[w])
+                                   for w in succ.tolist())
+        only_fp8[v] = ok
+        out[v] = ok and not views[v]
     out.setflags(write=False)
     return out
 

@@ -284,7 +284,9 @@ def pipeline_split(num_layers: int, pp: int, vp: int = 1) -> tuple[bool, tuple[i
     pipeline-split``); else the first and last pipeline rank holding fewer blocks, the middle
     ones ``k`` each, the smallest ``k`` that allows it (Megatron's
     ``--decoder-first/last-pipeline-num-layers``), every rank's blocks dividing over its
-    ``vp`` virtual stages; ``(False, None)`` when none exists or a stage would be empty.
+    ``vp`` virtual stages; else :func:`_layout_split` (a pipeline layout, the last stage
+    possibly the loss alone); ``(False, None)`` when none exists or another stage would be
+    empty.
     O(pp vp + num_layers / vp), cached: a search asks for each shape many times.
 
     Examples
@@ -295,6 +297,8 @@ def pipeline_split(num_layers: int, pp: int, vp: int = 1) -> tuple[bool, tuple[i
     (True, (5, 7, 7, 7, 5))
     >>> pipeline_split(126, 64, 2), pipeline_split(32, 4, 2)
     ((False, None), (True, None))
+    >>> pipeline_split(61, 8, 4)[1][:3], pipeline_split(61, 8, 4)[1][-2:]  # DeepSeek-V3's
+    ((1, 2, 2), (2, 0))
     """
     stages = pp * vp
     if num_layers < stages:
@@ -306,7 +310,7 @@ def pipeline_split(num_layers: int, pp: int, vp: int = 1) -> tuple[bool, tuple[i
         if split is not None and min(split) > 0:
             return True, split
     if pp < 3:
-        return False, None
+        return _layout_split(num_layers, stages)
     # the lightest middle ranks that leave the first and last rank no more than they hold
     # (k >= num_layers / pp), so the busiest rank holds as little as it can
     k0 = vp * -(-num_layers // (pp * vp))
@@ -318,6 +322,18 @@ def pipeline_split(num_layers: int, pp: int, vp: int = 1) -> tuple[bool, tuple[i
             continue
         per_rank = [ends // 2] + [k] * (pp - 2) + [ends // 2]
         return True, tuple(per_rank[j % pp] // vp for j in range(stages))
+    return _layout_split(num_layers, stages)
+
+
+def _layout_split(num_layers: int, stages: int) -> tuple[bool, tuple[int, ...] | None]:
+    """The last resort of :func:`pipeline_split`: the blocks dealt out evenly with the
+    embedding and the loss counted as one layer each (torchtitan's own split, and a
+    Megatron-Core ``--pipeline-model-parallel-layout`` such as DeepSeek-V3's
+    ``Et|(tt|)*30mL``), the last stage possibly holding the loss alone; ``(False, None)``
+    when another stage would be empty."""
+    counts = _dealt(num_layers, stages, 1, 1)
+    if min(counts[:-1]) > 0 and counts[-1] >= 0:
+        return True, tuple(counts)
     return False, None
 
 

@@ -138,7 +138,7 @@ def test_known_unmodelled_arguments_agree_with_the_pinned_megatron_core() -> Non
     for name in ("--mtp-loss-scaling-factor", "--cp-comm-type",
                  "--hierarchical-context-parallel-sizes", "--moe-layer-recompute",
                  "--moe-pad-expert-input-to-capacity", "--moe-shared-expert-overlap",
-                 "--distribute-saved-activations", "--recompute-modules"):
+                 "--distribute-saved-activations"):
         assert name in mg.KNOWN_UNMODELLED, name
         assert name[2:].replace("-", "_") in fields, name
     # the mixture-of-experts arguments read (issue 47) are TransformerConfig fields too
@@ -151,7 +151,8 @@ def test_known_unmodelled_arguments_agree_with_the_pinned_megatron_core() -> Non
                  "--moe-router-topk-scaling-factor", "--moe-router-pre-softmax",
                  "--qk-layernorm", "--activation-func-clamp-value",
                  "--pipeline-model-parallel-layout",
-                 "--expert-model-parallel-size", "--expert-tensor-parallel-size"):
+                 "--expert-model-parallel-size", "--expert-tensor-parallel-size",
+                 "--recompute-modules", "--moe-router-force-load-balancing"):
         assert name in mg._READ_SWITCHES | mg._READ_VALUES | mg._READ_LISTS, name
         assert name[2:].replace("-", "_") in fields, name
     tables = mg._READ_SWITCHES | mg._READ_VALUES | mg._READ_LISTS | mg.IGNORED_FLAGS | \

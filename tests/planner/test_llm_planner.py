@@ -99,12 +99,13 @@ def test_default_families_follow_the_graph_and_the_cluster(g, topo):
     from shardplan.planner import FAMILIES
     from shardplan.planner._search import LLM_ONLY_DEVICES, default_families
 
-    assert default_families(g, topo) == FAMILIES  # a transformer on 8 GPUs: every family
+    # a transformer on 8 GPUs: every family, its own first (a time limit leaves the others)
+    assert default_families(g, topo) == ("llm", *(f for f in FAMILIES if f != "llm"))
     big = build("dgx-a100", nodes=LLM_ONLY_DEVICES // 8 + 1)
     assert default_families(g, big) == ("llm",)
     at_limit = build("dgx-a100", nodes=LLM_ONLY_DEVICES // 8)  # 64 devices: still all
     assert at_limit.num_devices == LLM_ONLY_DEVICES
-    assert default_families(g, at_limit) == FAMILIES
+    assert default_families(g, at_limit) == default_families(g, topo)
     plain = Graph.from_arrays(name="mlp", fwd_flops=[1.0, 2.0], src=[0], dst=[1])
     assert "llm" not in default_families(plain, big)
     assert set(default_families(plain, topo)) == set(FAMILIES) - {"llm"}
