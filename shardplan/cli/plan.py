@@ -298,7 +298,10 @@ def _run(args: argparse.Namespace) -> int:
     if winner is None:
         raise ShardplanError("the time limit ran out before any candidate was evaluated")
     if args.output:
-        save(with_provenance(winner), args.output)
+        from shardplan.cli._replan_context import with_context  # issue 48: what replan reuses
+
+        save(with_provenance(with_context(winner, args, result, settings, graph, topology)),
+             args.output)
     if args.report:
         from shardplan.report import write_report
 
