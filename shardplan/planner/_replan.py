@@ -296,16 +296,43 @@ def _shape(par: ParallelConfig, st: ExecutionSettings) -> tuple[Any, ...]:
 
 
 def _estimate(par: ParallelConfig, st: ExecutionSettings,
-              refs: Mapping[tuple[Any, ...], LLMCandidate], best: LLMCandidate | None
-              ) -> float:
+              refs: Mapping[tuple[Any, ...], LLMCandidate], best: LLMCandidate | None,
+              work: Any) -> float:
     """A layout's time as the old prices predict it (module docstring): the old layout of
-    its shape (else the old best), its time times the devices' ratio and the ratio of
-    :func:`~shardplan.planner._llm._promise`. Only an order; never a price. O(1)."""
+    its shape (else the old best), its time times the ratio of the busiest device's work
+    (``work``: its pipeline rank's forward FLOPs over its ``tp x cp x dp`` devices, which
+    sees an output head that weighs on the last stage) and the ratio of
+    :func:`~shardplan.planner._llm._promise` (the bubble, recompute, tensor and context
+    parallelism's communication). Only an order; never a price. O(1) per layout after the
+    first of its pipeline split."""
     ref = refs.get(_shape(par, st), best)
     if ref is None:
-        return _promise(par, st) / par.world_size
-    return (ref.iteration_seconds * ref.parallel.world_size / par.world_size
+        return _promise(par, st) * work(par)
+    return (ref.iteration_seconds * work(par) / work(ref.parallel)
             * _promise(par, st) / _promise(ref.parallel, ref.settings))
+
+
+def _work_of(graph: Graph) -> Any:
+    """``work(parallel)``: the forward FLOPs of the busiest pipeline rank over the devices
+    of a rank (:func:`_estimate`), cached per pipeline split."""
+    from shardplan.planner._reshard import _unit_ranks
+
+    layout = block_layout(graph)
+    nb = layout.num_blocks
+    key = np.clip(layout.block, -1, nb) + 1
+    flops = np.bincount(key, weights=np.asarray(graph.fwd_flops, dtype=np.float64),
+                        minlength=nb + 2)
+    blocks = np.arange(-1, nb + 1)
+    cache: dict[tuple[Any, ...], float] = {}
+
+    def work(par: ParallelConfig) -> float:
+        k = (par.pp, par.vp, par.stage_layers)
+        if k not in cache:
+            ranks = _unit_ranks(blocks, nb, par)
+            cache[k] = float(np.bincount(ranks, weights=flops, minlength=par.pp).max())
+        return cache[k] / par.devices_per_rank
+
+    return work
 
 
 def _pool(graph: Graph, topology: Topology, settings: ExecutionSettings, *,
@@ -321,7 +348,8 @@ def _pool(graph: Graph, topology: Topology, settings: ExecutionSettings, *,
     pool = [c for w in counts for c in candidates(graph, topology, settings,
                                                   global_batch=global_batch, devices=w,
                                                   space=space)]
-    return sorted(pool, key=lambda c: _estimate(c[0], c[1], refs, best))
+    work = _work_of(graph)
+    return sorted(pool, key=lambda c: _estimate(c[0], c[1], refs, best, work))
 
 
 # ---------------------------------------------------------------------------------- search
