@@ -18,7 +18,8 @@ from typing import Any
 from shardplan.cli._common import nonnegative_float, note, positive_float
 from shardplan.errors import ShardplanError
 
-__all__ = ["add_failure_options", "failure_lines", "failure_report", "print_failures"]
+__all__ = ["add_failure_options", "check_failure_args", "failure_lines", "failure_report",
+           "prefer_resilient", "print_failures"]
 
 #: Assumed minutes a restart from a checkpoint takes when ``--restart-minutes`` is not given.
 DEFAULT_RESTART_MINUTES = 10.0
@@ -46,7 +47,8 @@ def add_failure_options(p: argparse.ArgumentParser) -> None:
                    help="seconds the re-plan after a failure may search (default 10)")
 
 
-def _check(args: argparse.Namespace) -> None:
+def check_failure_args(args: argparse.Namespace) -> None:
+    """The failure flags go together: one line (exit 2) otherwise."""
     if args.failures is None:
         for flag in ("checkpoint_interval", "checkpoint_seconds", "restart_minutes",
                      "repair_hours"):
@@ -57,17 +59,40 @@ def _check(args: argparse.Namespace) -> None:
 
 
 def failure_report(args: argparse.Namespace, plan: Any, graph: Any, topology: Any,
-                   result: Any) -> dict[str, Any] | None:
+                   result: Any, *, quick: bool = False) -> dict[str, Any] | None:
     """The ``failures`` object of ``simulate --json`` (None without ``--failures``): the
     model's figures, the goodput with and without re-planning, the recovery chosen, and the
-    assumptions taken."""
-    from shardplan.simulate._failures import FailureModel, goodput, parse_rate
+    assumptions taken. ``quick``: the re-plan prices only the cheapest changes."""
+    from shardplan.simulate._failures import goodput, parse_rate
 
-    _check(args)
+    check_failure_args(args)
     if args.failures is None:
         return None
     rate = parse_rate(args.failures)
     step = float(result.iteration_seconds)
+    model, assumed = _model(args, plan, graph, topology, rate, len(result.devices))
+    recovery, how = (None, None)
+    if plan.parallel is not None and rate > 0:
+        recovery, how = _recovery(args, plan, graph, topology, step, model, quick=quick)
+    elif plan.parallel is None:
+        assumed["replan"] = "re-planning covers LLM plans: with and without are the same"
+    good = goodput(step, model, recovery)
+    out: dict[str, Any] = {"rate_per_device_hour": rate, "devices": model.devices,
+                           "checkpoint_interval_seconds": model.checkpoint_interval,
+                           "checkpoint_write_seconds": model.checkpoint_write,
+                           "restart_seconds": model.restart, "repair_seconds": model.repair,
+                           "step_seconds": step, **good.to_dict(), "assumed": assumed}
+    if how is not None:
+        out["replan"] = how
+    return out
+
+
+def _model(args: argparse.Namespace, plan: Any, graph: Any, topology: Any, rate: float,
+           devices: int) -> tuple[Any, dict[str, str]]:
+    """The :class:`~shardplan.simulate._failures.FailureModel` of the flags, and the
+    defaults taken in words."""
+    from shardplan.simulate._failures import FailureModel
+
     assumed: dict[str, str] = {}
     restart = args.restart_minutes
     if restart is None:
@@ -82,24 +107,66 @@ def failure_report(args: argparse.Namespace, plan: Any, graph: Any, topology: An
     if write is None:
         write, why = _write_seconds(plan, graph, topology)
         assumed["checkpoint"] = why
-    model = FailureModel(rate=rate, devices=len(result.devices),
-                         checkpoint_interval=args.checkpoint_interval * 60.0,
-                         checkpoint_write=write, restart=restart * 60.0,
-                         repair=repair_h * 3600.0)
-    recovery, how = (None, None)
-    if plan.parallel is not None and rate > 0:
-        recovery, how = _recovery(args, plan, graph, topology, step, model)
-    elif plan.parallel is None:
-        assumed["replan"] = "re-planning covers LLM plans: with and without are the same"
-    good = goodput(step, model, recovery)
-    out: dict[str, Any] = {"rate_per_device_hour": rate, "devices": model.devices,
-                           "checkpoint_interval_seconds": model.checkpoint_interval,
-                           "checkpoint_write_seconds": model.checkpoint_write,
-                           "restart_seconds": model.restart, "repair_seconds": model.repair,
-                           "step_seconds": step, **good.to_dict(), "assumed": assumed}
-    if how is not None:
-        out["replan"] = how
-    return out
+    return FailureModel(rate=rate, devices=devices,
+                        checkpoint_interval=args.checkpoint_interval * 60.0,
+                        checkpoint_write=write, restart=restart * 60.0,
+                        repair=repair_h * 3600.0), assumed
+
+
+def prefer_resilient(result: Any, args: argparse.Namespace, graph: Any, topology: Any
+                     ) -> tuple[Any, list[str]]:
+    """``plan --failures``: the first :data:`RERANKED` LLM rows that fit, ranked again by
+    their expected seconds per useful step (step / goodput with re-planning, the re-plan
+    pricing the cheapest changes only), each row's note saying its goodput; the winner the
+    new first. ``(result, lines to print)``; the result unchanged without ``--failures``.
+    O(rows x one quick re-plan)."""
+    import math
+    from dataclasses import replace
+
+    from shardplan.ir import Plan
+
+    check_failure_args(args)
+    if args.failures is None:
+        return result, []
+    rows = list(result.ranked)
+    top = [i for i, r in enumerate(rows[:RERANKED]) if r.fits
+           and Plan.from_dict(r.plan).parallel is not None]
+    scored = []
+    for i in top:
+        row = rows[i]
+        plan = Plan.from_dict(row.plan)
+        data = failure_report(args, plan, graph, topology, _Result(row, plan), quick=True)
+        assert data is not None
+        good = data["goodput_with_replan"]
+        expected = row.iteration_seconds / good if good > 0 else math.inf
+        note = f"{row.note}; goodput {good:.4f} under failures: {expected:.4g} s per " \
+               f"useful step"
+        scored.append((expected, i, replace(row, note=note)))
+    if not scored:
+        return result, ["--failures: no LLM plan to rank by its goodput"]
+    order = [r for _, _, r in sorted(scored, key=lambda x: (x[0], x[1]))]
+    for i, r in zip(sorted(top), order, strict=True):
+        rows[i] = r
+    from shardplan.planner._search import _comparisons
+
+    winner = Plan.from_dict(rows[0].plan) if rows[0].fits else result.winner
+    best = min(scored, key=lambda x: (x[0], x[1]))
+    line = (f"ranked by expected seconds per useful step under {args.failures} failures per "
+            f"device-hour (the first {len(top)} plans): the winner takes {best[0]:.4g} s")
+    return replace(result, ranked=tuple(rows), winner=winner,
+                   comparisons=_comparisons(rows)), [line]
+
+
+#: Rows ``plan --failures`` ranks again by their goodput.
+RERANKED = 5
+
+
+class _Result:
+    """What :func:`failure_report` reads of a simulation, for a ranked row."""
+
+    def __init__(self, row: Any, plan: Any) -> None:
+        self.iteration_seconds = row.iteration_seconds
+        self.devices = range(plan.parallel.world_size)
 
 
 def _write_seconds(plan: Any, graph: Any, topology: Any) -> tuple[float, str]:
@@ -118,7 +185,7 @@ def _write_seconds(plan: Any, graph: Any, topology: Any) -> tuple[float, str]:
 
 
 def _recovery(args: argparse.Namespace, plan: Any, graph: Any, topology: Any, step: float,
-              model: Any) -> tuple[Any, dict[str, Any] | None]:
+              model: Any, *, quick: bool = False) -> tuple[Any, dict[str, Any] | None]:
     """The recovery after one node of the plan fails (module docstring)."""
     from shardplan.cli._replan_inputs import context_for
     from shardplan.planner._cluster_change import change_by_flags
@@ -130,7 +197,8 @@ def _recovery(args: argparse.Namespace, plan: Any, graph: Any, topology: Any, st
     ctx, _ = context_for(plan, graph)
     try:
         change = change_by_flags(topology, remove=[victim])
-        res = replan(graph, plan, change, ctx, time_limit=args.replan_time_limit)
+        res = replan(graph, plan, change, ctx, time_limit=args.replan_time_limit,
+                     search=not quick)
     except ShardplanError as exc:
         note(f"no re-plan after losing {victim}: {exc}")
         return None, {"failed_node": victim, "error": str(exc)}

@@ -539,10 +539,12 @@ def _same_pricing(a: Topology, b: Topology) -> bool:
 
 def replan(graph: Graph, old_plan: Plan, change: ClusterChange, context: ReplanContext, *,
            time_limit: float = 10.0, storage_bandwidth: float | None = None,
-           warm: bool = True, min_use: float = MIN_USE) -> ReplanResult:
+           warm: bool = True, min_use: float = MIN_USE, search: bool = True
+           ) -> ReplanResult:
     """The best plan for the cluster after ``change``, the cheapest change that keeps
     training, and what each changes (module docstring). ``warm`` False searches without
-    the first search's layouts and prices (a fresh search, for comparison). The whole call
+    the first search's layouts and prices (a fresh search, for comparison); ``search``
+    False prices the minimal changes (and the old layouts that stand) only. The whole call
     keeps within ``time_limit`` seconds (+ the reshard of the answers, O(W g) each).
 
     Raises
@@ -572,7 +574,7 @@ def replan(graph: Graph, old_plan: Plan, change: ClusterChange, context: ReplanC
     reused = [c for c in old if c.fits and c.parallel.world_size <= n and same
               and math.isfinite(c.iteration_seconds)]
     pool = _pool(graph, search_topo, context.settings, global_batch=batch, counts=counts,
-                 space=space, old=old)
+                 space=space, old=old) if search else []
     left = max(time_limit * (1 - AFTER_SHARE) - (time.monotonic() - t0), 0.5)
     found = replan_search(graph, search_topo, pool=pool,
                           include=[(p, s) for _, p, s in minimal], reused=reused,

@@ -90,6 +90,20 @@ def test_simulate_failures(files: dict[str, Path], capsys: pytest.CaptureFixture
     assert f["goodput_without_replan"] == f["goodput_with_replan"] == 1.0
 
 
+def test_plan_ranks_by_goodput(files: dict[str, Path], capsys: pytest.CaptureFixture[str]
+                               ) -> None:
+    capsys.readouterr()
+    assert run_cli(["-q", "plan", str(files["graph"]), "--cluster", CLUSTER, "--families",
+                    "llm", "--global-batch", "8", "--time-limit", "30", "--failures", "1e-3",
+                    "--checkpoint-interval", "30", "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["failures"].startswith("ranked by expected seconds per useful step")
+    notes = [r["note"] for r in res["ranked"][:5] if r["fits"]]
+    assert notes and all("under failures" in n for n in notes)
+    expected = [float(n.rsplit(": ", 1)[1].split(" s")[0]) for n in notes]
+    assert expected == sorted(expected)
+
+
 def _error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
     capsys.readouterr()
     assert run_cli(argv) == 2
@@ -122,6 +136,8 @@ def test_bad_inputs(files: dict[str, Path], capsys: pytest.CaptureFixture[str]) 
     assert "needs --failures" in _error(capsys, [*sim, "--checkpoint-interval", "30"])
     assert "llama3" in _error(capsys, [*sim, "--failures", "often",
                                        "--checkpoint-interval", "30"])
+    assert "--checkpoint-interval" in _error(capsys, ["plan", str(files["graph"]), "--cluster",
+                                                      CLUSTER, "--failures", "1e-5"])
 
 
 def test_checkpoint_folder(files: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
