@@ -85,10 +85,12 @@ def _command(plan_file: Path, graph_file: Path, flags: list[str]) -> tuple[dict,
     return json.loads(out.stdout), time.monotonic() - start
 
 
-def _cell(c) -> str:  # type: ignore[no-untyped-def]
+def _cell(c, extra: str = "") -> str:  # type: ignore[no-untyped-def]
+    """Two cells: the layout (and its GPUs), its seconds per step."""
     if c is None:
-        return "no layout | - "
-    return f"{c.parallel.label()} ({c.parallel.world_size:,} GPUs) | {c.iteration_seconds:.3f}"
+        return f"no layout{extra} | -"
+    return (f"{c.parallel.label()} ({c.parallel.world_size:,} GPUs){extra} | "
+            f"{c.iteration_seconds:.3f}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -109,10 +111,10 @@ def main(argv: list[str] | None = None) -> int:
              "", f"First search on 16,384 GPUs: {plan.parallel.label()}, "
              f"{plan.objective.value:.3f} s/step, {found.considered:,} of {found.offered:,} "
              f"layouts priced in {wall:.1f} s ({cpu:.1f}).", "",
-             "| change | GPUs now | `plan` on exactly them: layout / s/step | fresh search: "
-             "layout / s/step | its s | replan: layout / s/step | replan s | reshard s "
-             "(GiB moved) | what replan reused | `shardplan replan` command s |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| change | GPUs now | `plan` on exactly them | s/step | fresh search | s/step | "
+             "its s | replan | s/step | replan s | reshard s (GiB moved) | what replan "
+             "reused | `shardplan replan` command s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     with tempfile.TemporaryDirectory() as tmp:
         plan_file, graph_file = Path(tmp) / "plan.json", Path(tmp) / "graph.json"
         save(plan, plan_file)
@@ -131,9 +133,10 @@ def main(argv: list[str] | None = None) -> int:
             reused = (f"{warm.reused['first_search_layouts']} layouts order the search, "
                       f"{warm.reused['times_kept']} kept their times; "
                       f"priced {warm.search.priced} of {warm.search.offered:,}")
+            cut = ", timed out" if fresh.search.timed_out else ", finished"
             lines.append(
-                f"| {label} | {change.num_alive:,} | {_cell(exact)} ({offered} layouts) | "
-                f"{_cell(fresh.search.best)} | {fwall:.1f} ({fcpu:.1f}) | "
+                f"| {label} | {change.num_alive:,} | {_cell(exact, f' ({offered} offered)')} | "
+                f"{_cell(fresh.search.best)} | {fwall:.1f} ({fcpu:.1f}{cut}) | "
                 f"{_cell(warm.search.best)} | {rwall:.1f} ({rcpu:.1f}) | "
                 f"{rs.seconds:.3g} ({rs.moved_bytes / 2**30:,.0f}) | {reused} | {cwall:.1f} "
                 f"(its best {cmd['best']['iteration_seconds']:.3f} s/step) |")

@@ -212,6 +212,19 @@ def _write(args: argparse.Namespace, result: Any, chosen: Any, graph: Any, ctx: 
     del graph
 
 
+def _runs(runs: list[list[int]]) -> str:
+    return ",".join(f"{a}-{b}" if a != b else f"{a}" for a, b in runs)
+
+
+def _blocks_line(moves: Any, shown: int = 3) -> str:
+    """Where the best plan's blocks come from, for its first pipeline ranks."""
+    parts = [f"PP {m['pp']} holds {_runs(m['blocks'])} (from " + ", ".join(
+        f"PP {q}: {_runs(r)}" for q, r in m["from"].items()) + ")" for m in moves[:shown]]
+    more = f"; ... {len(moves) - shown} more" if len(moves) > shown else ""
+    return ("blocks by new pipeline rank: " + "; ".join(parts) + more
+            + " (--json: every rank; --moves: every device's bytes)")
+
+
 def _gib(x: float) -> str:
     from shardplan.cli._llm_table import plain
 
@@ -274,6 +287,8 @@ def _lines(result: Any, args: argparse.Namespace, ckpt: dict[str, Any] | None) -
                        f"{u['memory_bytes'] / 2**30:.1f} GiB per GPU of "
                        f"{u['capacity_bytes'] / 2**30:.1f}")
     out.append("best moves: " + (", ".join(best.moved) or "nothing (the same layout)"))
+    if best.moved:
+        out.append(_blocks_line(best.blocks))
     d = result.to_dict().get("best_vs_cheapest")
     if d is not None and result.cheapest is not best:
         saved = d["seconds_saved_per_step"]

@@ -185,11 +185,6 @@ def usable_counts(graph: Graph, settings: ExecutionSettings, *, global_batch: in
     with ``tp`` a divisor of the node size and the heads, ``cp`` as ``space`` allows, ``pp``
     a pipeline split of the blocks, ``dp`` a divisor of the global batch; whole nodes beyond
     one node. O(tp x cp x blocks x divisors(global batch)).
-
-    Examples
-    --------
-    >>> usable_counts.__name__
-    'usable_counts'
     """
     blocks = block_layout(graph).num_blocks
     dims = graph.meta.get("transformer") if isinstance(graph.meta, dict) else None
