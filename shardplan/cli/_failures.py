@@ -187,7 +187,7 @@ def _write_seconds(plan: Any, graph: Any, topology: Any) -> tuple[float, str]:
 def _recovery(args: argparse.Namespace, plan: Any, graph: Any, topology: Any, step: float,
               model: Any, *, quick: bool = False) -> tuple[Any, dict[str, Any] | None]:
     """The recovery after one node of the plan fails (module docstring)."""
-    from shardplan.cli._replan_inputs import context_for
+    from shardplan.cli._replan_context import context_for
     from shardplan.planner._cluster_change import change_by_flags
     from shardplan.planner._replan import replan, reshard_back
     from shardplan.simulate._failures import Recovery, replan_loss

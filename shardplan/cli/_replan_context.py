@@ -1,6 +1,7 @@
 """What ``plan -o`` leaves in an LLM plan file for a later ``shardplan replan`` (issue 48,
 item 2): the first search's best priced layouts and the inputs it was given
-(:class:`~shardplan.planner._replan.ReplanContext`)."""
+(:class:`~shardplan.planner._replan.ReplanContext`), and that context read back (or made from
+the plan alone) for ``replan`` and ``simulate --failures``."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ import os
 from dataclasses import replace
 from typing import Any
 
-__all__ = ["with_context"]
+from shardplan.errors import ShardplanError
+
+__all__ = ["context_for", "with_context"]
 
 
 def with_context(winner: Any, args: argparse.Namespace, result: Any, settings: Any,
@@ -31,3 +34,23 @@ def with_context(winner: Any, args: argparse.Namespace, result: Any, settings: A
         cluster=os.path.abspath(args.cluster) if os.path.exists(args.cluster)
         else args.cluster, gpus=args.gpus, memory_limit=args.memory_limit)
     return replace(winner, meta={**winner.meta, CONTEXT_KEY: ctx.to_dict()})
+
+
+def context_for(plan: Any, graph: Any | None = None) -> tuple[Any, bool]:
+    """``(context, kept)``: the plan file's :class:`ReplanContext` (``kept`` True), or one
+    made from the plan alone -- its own layout the only candidate, its settings and global
+    batch (``kept`` False)."""
+    from shardplan.planner._llm import LLMCandidate
+    from shardplan.planner._replan import ReplanContext
+
+    ctx = ReplanContext.of_plan(plan)
+    if ctx is not None:
+        return ctx, True
+    st = plan.settings if graph is None else plan.settings.resolve(graph)
+    if st.global_batch is None:
+        raise ShardplanError("the plan does not say its global batch: give --global-batch")
+    base = replace(st, microbatch_size=None, microbatches=8, schedule="1f1b",
+                   gradient_sync="end", recompute="none", sequence_parallel=False)
+    own = LLMCandidate(plan.parallel, st, plan.objective.value, 0.0, True)
+    return ReplanContext(global_batch=int(st.global_batch), settings=base,
+                         candidates=(own,), topology=plan.topology), False

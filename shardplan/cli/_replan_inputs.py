@@ -1,38 +1,17 @@
-"""What ``shardplan replan`` and ``simulate --failures`` read besides the plan: the first
-search's context (:class:`~shardplan.planner._replan.ReplanContext`, written by ``plan -o``),
-the model's graph and the cluster the plan was made for, and a checkpoint's description."""
+"""What ``shardplan replan`` reads besides the plan and its context
+(:mod:`shardplan.cli._replan_context`): the model's graph, the cluster the plan was made for,
+and a checkpoint's description."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import os
-from dataclasses import replace
 from typing import Any
 
 from shardplan.errors import ShardplanError
 
-__all__ = ["checkpoint_info", "context_for", "graph_for", "old_cluster"]
-
-
-def context_for(plan: Any, graph: Any | None = None) -> tuple[Any, bool]:
-    """``(context, kept)``: the plan file's :class:`ReplanContext` (``kept`` True), or one
-    made from the plan alone -- its own layout the only candidate, its settings and global
-    batch (``kept`` False)."""
-    from shardplan.planner._llm import LLMCandidate
-    from shardplan.planner._replan import ReplanContext
-
-    ctx = ReplanContext.of_plan(plan)
-    if ctx is not None:
-        return ctx, True
-    st = plan.settings if graph is None else plan.settings.resolve(graph)
-    if st.global_batch is None:
-        raise ShardplanError("the plan does not say its global batch: give --global-batch")
-    base = replace(st, microbatch_size=None, microbatches=8, schedule="1f1b",
-                   gradient_sync="end", recompute="none", sequence_parallel=False)
-    own = LLMCandidate(plan.parallel, st, plan.objective.value, 0.0, True)
-    return ReplanContext(global_batch=int(st.global_batch), settings=base,
-                         candidates=(own,), topology=plan.topology), False
+__all__ = ["checkpoint_info", "graph_for", "old_cluster"]
 
 
 def graph_for(args: argparse.Namespace, plan: Any, ctx: Any) -> Any:

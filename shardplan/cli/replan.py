@@ -122,7 +122,8 @@ def _change(args: argparse.Namespace, old: Any) -> Any:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from shardplan.cli._replan_inputs import checkpoint_info, context_for, graph_for, old_cluster
+    from shardplan.cli._replan_context import context_for
+    from shardplan.cli._replan_inputs import checkpoint_info, graph_for, old_cluster
     from shardplan.ir import load_plan
     from shardplan.planner._replan import replan
 
