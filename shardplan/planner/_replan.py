@@ -54,6 +54,7 @@ from shardplan.planner._llm import (
     PRICING_SHARE,
     LLMCandidate,
     SearchSpace,
+    _frugal_fits,
     _promise,
     _static_bytes,
     candidates,
@@ -373,8 +374,9 @@ def replan_search(graph: Graph, topology: Topology, *,
                   reused: Sequence[LLMCandidate] = (), time_limit: float = 10.0,
                   offered: int = 0, counts: Sequence[int] = ()) -> ReplanSearch:
     """The fastest layout of ``include``, ``reused`` and ``pool`` that fits, by the LLM
-    search's branch and bound (:func:`~shardplan.planner._llm.llm_search`): the included
-    layouts are priced and simulated whatever the time; ``reused`` ones keep their times
+    search's branch and bound (:func:`~shardplan.planner._llm.llm_search`, its static and
+    full-recompute memory prunes too): the included layouts are priced and simulated
+    whatever the time; ``reused`` ones keep their times
     (they bound the rest from the start); ``pool`` is priced in its order for
     :data:`~shardplan.planner._llm.PRICING_SHARE` of ``time_limit``, then simulated in the
     order of the bounds until a bound reaches the best time or the time runs out.
@@ -384,8 +386,11 @@ def replan_search(graph: Graph, topology: Topology, *,
 
     start = time.monotonic()
     capacity = float(topology.device_memory.min())
-    params = float(graph.param_bytes.sum()) / float(
-        graph.meta.get("dtype_bytes", 4) if isinstance(graph.meta, dict) else 4)
+    dtype_bytes = float(graph.meta.get("dtype_bytes", 4) if isinstance(graph.meta, dict)
+                        else 4)
+    params = float(graph.param_bytes.sum()) / dtype_bytes
+    experts = float(graph.param_bytes[block_layout(graph).expert].sum()) / dtype_bytes
+    frugal_seen: dict[tuple[Any, ...], bool] = {}
     mine = set(include)
     ranked = list(reused)
     seen = {(c.parallel, c.settings) for c in reused}
@@ -398,9 +403,13 @@ def replan_search(graph: Graph, topology: Topology, *,
         if time.monotonic() - start > PRICING_SHARE * time_limit and (par, st) not in mine:
             timed_out = True
             break
-        static = _static_bytes(params, par, st)
+        static = _static_bytes(params, par, st, experts)
         if static > capacity and (par, st) not in mine:
             ranked.append(LLMCandidate(par, st, math.inf, static, False))
+            continue
+        frugal = _frugal_fits(frugal_seen, graph, topology, par, st, capacity)
+        if frugal is not None and not frugal and (par, st) not in mine:
+            ranked.append(LLMCandidate(par, st, math.inf, math.inf, False))
             continue
         try:
             check_layout(graph, topology, par, st)

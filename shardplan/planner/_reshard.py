@@ -14,11 +14,14 @@ holds the parameters of its virtual stages' blocks, the embedding with the first
 head with the last (the plan's stages). Tensor-parallel rank ``t`` of ``tp`` holds the
 ``t``-th of ``tp`` equal slices of each of them (Megatron splits every matrix of a block and
 the vocabulary; the norms it replicates are under 0.01 % of a block and are counted as split
-too). The slice is split again into ``S`` equal shards over the ranks that shard the
-optimizer: ``S = dp x cp`` under ZeRO-1 and under FSDP of the whole data-parallel group,
-``dp_shard x cp`` under FSDP / HSDP with ``dp_shard > 1`` (replicated over ``dp``), 1 under
-DDP (the group that reduces the gradients, ``shardplan.cost._llm_layout._groups``). So a
-device holds, of every parameter of its pipeline rank, one interval of the unit line::
+too; a mixture of experts' routed experts, which live on the expert grid of ``ep x etp``
+(issue 47), are counted as split like the dense layers: for an expert-parallel layout the
+reshard is that approximation). The slice is split again into ``S`` equal shards over the
+ranks that shard the optimizer: ``S = dp x cp`` under ZeRO-1 and under FSDP of the whole
+data-parallel group, ``dp_shard x cp`` under FSDP / HSDP with ``dp_shard > 1`` (replicated
+over ``dp``), 1 under DDP (the group that reduces the gradients,
+``shardplan.cost._llm_layout._groups``). So a device holds, of every parameter of its
+pipeline rank, one interval of the unit line::
 
     [(t + k / S) / tp, (t + (k + 1) / S) / tp)
 
