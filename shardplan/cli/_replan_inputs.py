@@ -5,7 +5,6 @@ and a checkpoint's description."""
 from __future__ import annotations
 
 import argparse
-import json
 import os
 from typing import Any
 
@@ -56,27 +55,39 @@ def old_cluster(args: argparse.Namespace, plan: Any, ctx: Any) -> Any:
     return topology
 
 
-def checkpoint_info(path: str) -> dict[str, Any]:
-    """A checkpoint folder as ``shardplan train --checkpoint-dir`` writes it
-    (:mod:`shardplan.runtime._checkpoint`: ``latest`` naming a ``step-NNNNNNNN`` folder with
-    its ``state.json``), read without torch: its path, step and bytes on disk. Raises one
-    line when it is not one."""
-    latest = os.path.join(path, "latest")
-    if not os.path.isdir(path) or not os.path.isfile(latest):
+def checkpoint_info(path: str, plan: Any) -> dict[str, Any]:
+    """A checkpoint folder as ``shardplan train --checkpoint-dir`` writes it, read without
+    torch (:mod:`shardplan.runtime._checkpoint_state`: ``latest`` naming a complete
+    ``step-NNNNNNNN`` folder, its ``state.json``): its path, step, bytes on disk, and the
+    layout and global batch it was written under when it says them. Raises one line when it
+    is not a checkpoint, or when it says it was written under another layout than the plan's.
+    """
+    from shardplan.ir import ParallelConfig
+    from shardplan.runtime._checkpoint_state import latest, read_state
+
+    if not os.path.isdir(path):
+        raise ShardplanError(f"--checkpoint {path}: not a checkpoint folder")
+    found = latest(path)
+    if found is None:
         raise ShardplanError(f"--checkpoint {path}: not a checkpoint folder (no 'latest' "
                              f"file in it)")
-    with open(latest, encoding="utf-8") as fh:
-        name = fh.read().strip()
-    folder = os.path.join(path, name)
-    state = os.path.join(folder, "state.json")
-    if not name.startswith("step-") or os.sep in name or not os.path.isfile(state):
-        raise ShardplanError(f"--checkpoint {path}: 'latest' names no complete checkpoint "
-                             f"({name!r})")
-    try:
-        with open(state, encoding="utf-8") as fh:
-            step = json.load(fh).get("step")
-    except (OSError, ValueError, AttributeError):
-        raise ShardplanError(f"--checkpoint {path}: {state} is not readable JSON") from None
+    step, folder = found
+    state = read_state(folder, step)
     size = sum(os.path.getsize(os.path.join(root, f))
                for root, _, files in os.walk(folder) for f in files)
-    return {"path": path, "checkpoint": name, "step": step, "bytes": size}
+    out: dict[str, Any] = {"path": path, "checkpoint": os.path.basename(folder),
+                           "step": step, "bytes": size}
+    written = state.get("parallel")
+    if isinstance(written, dict):
+        try:
+            layout = ParallelConfig.from_dict(written)
+        except ShardplanError:
+            layout = None
+        if layout is not None and plan.parallel is not None and layout != plan.parallel:
+            raise ShardplanError(f"--checkpoint {path}: written under {layout.label()}, the "
+                                 f"plan is {plan.parallel.label()}")
+        out["parallel"] = written
+    for key in ("global_batch", "model"):
+        if key in state:
+            out[key] = state[key]
+    return out

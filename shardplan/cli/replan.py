@@ -132,7 +132,7 @@ def _run(args: argparse.Namespace) -> int:
     if plan.parallel is None:
         raise ShardplanError(f"{args.plan} is not an LLM plan (no 'parallel' layout): replan "
                              f"re-plans the LLM plans 'shardplan plan' writes for transformers")
-    ckpt = checkpoint_info(args.checkpoint) if args.checkpoint else None
+    ckpt = checkpoint_info(args.checkpoint, plan) if args.checkpoint else None
     ctx, kept = context_for(plan)
     if not kept:
         note(f"{args.plan} keeps no first search (write plans with 'shardplan plan -o'): "

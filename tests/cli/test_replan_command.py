@@ -141,12 +141,22 @@ def test_bad_inputs(files: dict[str, Path], capsys: pytest.CaptureFixture[str]) 
 
 
 def test_checkpoint_folder(files: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    """A checkpoint as train writes it (runtime._checkpoint_state's folder), read without
+    torch; one written under another layout is refused."""
+    plan = load_plan(files["plan"])
     ck = files["dir"] / "ckpt"
     (ck / "step-00000012").mkdir(parents=True)
-    (ck / "step-00000012" / "state.json").write_text('{"step": 12}')
+    state = {"format": "shardplan.checkpoint/1", "step": 12, "kind": "llm",
+             "optimizer": "adam", "param_groups": [{"lr": 0.001}], "global_batch": 8,
+             "parallel": plan.parallel.to_dict()}
+    (ck / "step-00000012" / "state.json").write_text(json.dumps(state))
     (ck / "latest").write_text("step-00000012\n")
     capsys.readouterr()
     assert run_cli(["replan", str(files["plan"]), "--remove", "node1", "--checkpoint",
                     str(ck), "--json"]) == 0
     res = json.loads(capsys.readouterr().out)
-    assert res["checkpoint"]["step"] == 12
+    assert res["checkpoint"]["step"] == 12 and res["checkpoint"]["global_batch"] == 8
+    other = dict(state, parallel={"tp": 1, "pp": 1, "dp": 1})
+    (ck / "step-00000012" / "state.json").write_text(json.dumps(other))
+    assert "written under one device" in _error(
+        capsys, ["replan", str(files["plan"]), "--remove", "node1", "--checkpoint", str(ck)])
