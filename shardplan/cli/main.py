@@ -34,7 +34,7 @@ __all__ = ["build_parser", "main"]
 # Order of the commands in --help; each is the module ``shardplan.cli.<name>``.
 _COMMAND_MODULES = (
     "capture", "inspect", "importer", "generate", "topology", "partition", "map", "strategy",
-    "cost", "simulate", "report", "export", "train", "plan", "demo",
+    "cost", "simulate", "report", "export", "train", "plan", "replan", "demo",
 )
 
 #: Environment the command line sets (unless the user did) before anything loads NumPy or

@@ -106,6 +106,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="--run: allow building the model from the Python file a graph "
                         "file's 'model' field names (FILE.py:FN), which runs its code")
     p.add_argument("--json", action="store_true", help="print the ranking as JSON")
+    from shardplan.cli._failures import add_failure_options
+
+    add_failure_options(p)  # issue 48: rank the first LLM plans by their goodput
     declare_files(p, inputs=("model", "cluster", "baseline"), outputs=("output", "report"))
     p.set_defaults(handler=_run)
 
@@ -238,9 +241,11 @@ def _limit_memory(topology: Any, limit: float | None) -> Any:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from shardplan.cli._failures import check_failure_args
     from shardplan.ir import ExecutionSettings, save
     from shardplan.planner import FAMILIES, search
 
+    check_failure_args(args)
     families = None
     if args.families is not None:
         families = [f.strip() for f in args.families.split(",") if f.strip()]
@@ -294,11 +299,17 @@ def _run(args: argparse.Namespace) -> int:
         result, target = keep_target(result, graph, topology, args.target,
                                      keep=max(args.top, 20))
         assumed.add("target", target.summary())
+    from shardplan.cli._failures import prefer_resilient
+
+    result, failure_lines = prefer_resilient(result, args, graph, topology)
     winner = result.winner
     if winner is None:
         raise ShardplanError("the time limit ran out before any candidate was evaluated")
     if args.output:
-        save(with_provenance(winner), args.output)
+        from shardplan.cli._replan_context import with_context  # issue 48: what replan reuses
+
+        save(with_provenance(with_context(winner, args, result, settings, graph, topology)),
+             args.output)
     if args.report:
         from shardplan.report import write_report
 
@@ -317,11 +328,15 @@ def _run(args: argparse.Namespace) -> int:
             out["run"] = measured
         if compared is not None:
             out["baseline"] = compared
+        if failure_lines:
+            out["failures"] = failure_lines[0]
         print_json(out)
     else:
         _print(result, args, measured, graph, topology, assumed)
         if compared is not None:
             print(compared["summary"])
+        for line in failure_lines:
+            print(line)
     return 0
 
 

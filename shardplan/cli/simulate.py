@@ -14,6 +14,7 @@ from shardplan.cli._common import (
     plan_settings,
     print_json,
 )
+from shardplan.cli._failures import add_failure_options, failure_report, print_failures
 
 __all__ = ["add_simulation_options", "register", "simulation_kwargs"]
 
@@ -59,6 +60,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="with --json or -o: include every busy interval")
     p.add_argument("-o", "--output", metavar="FILE", help="write the result as JSON here")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
+    add_failure_options(p)
     declare_files(p, inputs=("plan", "graph", "topology", "schedule_file"),
                   outputs=("output", "schedule_out", "timeline"))
     p.set_defaults(handler=_run)
@@ -75,6 +77,9 @@ def _run(args: argparse.Namespace) -> int:
     check_precision(topology, kw["settings"].precision)
     result = simulate(plan, graph, topology, **kw)
     data = result.to_dict(timeline=args.intervals)
+    failures = failure_report(args, plan, graph, topology, result)  # issue 48
+    if failures is not None:
+        data["failures"] = failures
     if plan.objective.lower_bound is not None:
         data["plan_lower_bound"] = plan.objective.lower_bound
     if args.schedule_out:
@@ -102,6 +107,7 @@ def _run(args: argparse.Namespace) -> int:
             f"iteration, {result.throughput:.4g} samples/s, bubble "
             f"{result.bubble_fraction:.1%}, {mem}"
             f"{'' if result.fits_memory else ' (DOES NOT FIT)'}\n")
+        print_failures(failures)
         for what, path in (("timeline", args.timeline), ("schedule", args.schedule_out),
                            ("result", args.output)):
             if path:
