@@ -49,6 +49,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -192,11 +193,18 @@ def gpu_model(topology: Topology) -> GPUModel | None:
 
 def node_ids(topology: Topology) -> np.ndarray:
     """The node (innermost grouping level, e.g. the box) of every device; every device its
-    own node when the topology has no levels. O(devices)."""
+    own node when the topology has no levels (read-only; kept per topology: a search prices
+    many layouts on one). O(devices) once."""
+    return _node_ids(topology)
+
+
+@lru_cache(maxsize=16)
+def _node_ids(topology: Topology) -> np.ndarray:
     out = np.arange(topology.num_devices, dtype=np.int64)
     if topology.levels:
         for g, group in enumerate(topology.levels[-1].groups):
             out[list(group)] = g
+    out.setflags(write=False)
     return out
 
 
