@@ -455,6 +455,7 @@ class ExecutionSettings:
         ``param_dtype_bytes`` are written too (derived from ``precision``) for readers of
         the fields they replaced."""
         d = asdict(self)
+        d["recompute_modules"] = list(self.recompute_modules)  # JSON's kind of sequence
         d["mixed_precision"] = self.mixed_precision
         d["param_dtype_bytes"] = self.param_dtype_bytes
         if self.global_batch is not None:
