@@ -282,7 +282,7 @@ def llm_search(graph: Graph, topology: Topology, settings: ExecutionSettings, *,
     (:func:`_static_bytes`, a lower bound on what it holds) is recorded as not fitting
     without pricing. ``space`` (:class:`SearchSpace`) widens the knobs; the result says how
     many candidates there were and how many were priced."""
-    from shardplan.simulate._llm import lower_bound_seconds, simulate_llm
+    from shardplan.simulate._llm import simulate_llm
 
     start = time.monotonic()
     capacity = float(topology.device_memory.min())
@@ -310,24 +310,12 @@ def llm_search(graph: Graph, topology: Topology, settings: ExecutionSettings, *,
             timed_out = True  # the rest of the time simulates what was priced
             break
         considered += 1
-        static = _static_bytes(params, par, st, experts)
-        if static > capacity and key not in included:
-            ranked.append(LLMCandidate(par, st, math.inf, static, False))
-            continue
-        frugal = _frugal_fits(frugal_seen, graph, topology, par, st, capacity)
-        if frugal is not None and not frugal and key not in included:
-            ranked.append(LLMCandidate(par, st, math.inf, math.inf, False))
-            continue
-        try:
-            check_layout(graph, topology, par, st)
-            costs = llm_costs(graph, topology, par, st)
-        except ShardplanError:
-            continue
-        mem = float(costs.memory["device"].max())  # what the device holds
-        if mem > capacity:
-            ranked.append(LLMCandidate(par, st, math.inf, mem, False))
-            continue
-        priced.append((lower_bound_seconds(costs, par), par, st, costs, mem))
+        out, fit = price_candidate(graph, topology, par, st, (params, experts, capacity),
+                                   frugal_seen, must=key in included)
+        if out is not None:
+            ranked.append(out)
+        if fit is not None:
+            priced.append(fit)
     # the included layouts first (simulated whatever the time), then by their bounds
     priced.sort(key=lambda x: ((x[1], x[2]) not in included, x[0]))
     best = math.inf
@@ -345,6 +333,39 @@ def llm_search(graph: Graph, topology: Topology, settings: ExecutionSettings, *,
     ranked.sort(key=lambda c: (not c.fits, c.iteration_seconds, c.peak_memory_bytes))
     return LLMSearch(tuple(ranked), time.monotonic() - start, timed_out, considered,
                      offered=len(offered) + len(included))
+
+
+Priced = tuple[float, ParallelConfig, ExecutionSettings, Any, float]
+
+
+def price_candidate(graph: Graph, topology: Topology, par: ParallelConfig,
+                    st: ExecutionSettings, sizes: tuple[float, float, float],
+                    frugal_seen: dict[tuple[Any, ...], bool], *, must: bool = False
+                    ) -> tuple[LLMCandidate | None, Priced | None]:
+    """One candidate of a search (:func:`llm_search`, and re-planning's): a candidate that
+    does not fit (by :func:`_static_bytes`, its full-recompute sibling
+    :func:`_frugal_fits`, or its priced device memory) as a ranked row, or one that fits as
+    ``(lower bound, par, st, costs, memory)``; ``(None, None)`` for a layout that cannot
+    run. ``sizes``: the model's parameters, its routed experts' and the devices' capacity;
+    ``must``: the user's own layout, priced whatever the bounds say. O(n + pp vp)."""
+    from shardplan.simulate._llm import lower_bound_seconds
+
+    params, experts, capacity = sizes
+    static = _static_bytes(params, par, st, experts)
+    if static > capacity and not must:
+        return LLMCandidate(par, st, math.inf, static, False), None
+    frugal = _frugal_fits(frugal_seen, graph, topology, par, st, capacity)
+    if frugal is not None and not frugal and not must:
+        return LLMCandidate(par, st, math.inf, math.inf, False), None
+    try:
+        check_layout(graph, topology, par, st)
+        costs = llm_costs(graph, topology, par, st)
+    except ShardplanError:
+        return None, None
+    mem = float(costs.memory["device"].max())  # what the device holds
+    if mem > capacity:
+        return LLMCandidate(par, st, math.inf, mem, False), None
+    return None, (lower_bound_seconds(costs, par), par, st, costs, mem)
 
 
 def _frugal_fits(memo: dict[tuple[Any, ...], bool], graph: Graph, topology: Topology,

@@ -45,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from shardplan.cost._llm import block_layout, check_layout, llm_costs
+from shardplan.cost._llm import block_layout
 from shardplan.errors import InvalidFileError, ShardplanError
 from shardplan.ir import ExecutionSettings, Graph, Objective, ParallelConfig, Plan, Topology
 from shardplan.ir.parallel import pipeline_split
@@ -54,12 +54,11 @@ from shardplan.planner._llm import (
     PRICING_SHARE,
     LLMCandidate,
     SearchSpace,
-    _frugal_fits,
     _promise,
-    _static_bytes,
     candidates,
     moved_knobs,
     node_size,
+    price_candidate,
     wide_space,
 )
 from shardplan.planner._reshard import (
@@ -382,7 +381,7 @@ def replan_search(graph: Graph, topology: Topology, *,
     order of the bounds until a bound reaches the best time or the time runs out.
     O(priced x (n + pp vp)) plus one simulation per layout whose bound is below the best.
     """
-    from shardplan.simulate._llm import lower_bound_seconds, simulate_llm
+    from shardplan.simulate._llm import simulate_llm
 
     start = time.monotonic()
     capacity = float(topology.device_memory.min())
@@ -403,24 +402,12 @@ def replan_search(graph: Graph, topology: Topology, *,
         if time.monotonic() - start > PRICING_SHARE * time_limit and (par, st) not in mine:
             timed_out = True
             break
-        static = _static_bytes(params, par, st, experts)
-        if static > capacity and (par, st) not in mine:
-            ranked.append(LLMCandidate(par, st, math.inf, static, False))
-            continue
-        frugal = _frugal_fits(frugal_seen, graph, topology, par, st, capacity)
-        if frugal is not None and not frugal and (par, st) not in mine:
-            ranked.append(LLMCandidate(par, st, math.inf, math.inf, False))
-            continue
-        try:
-            check_layout(graph, topology, par, st)
-            costs = llm_costs(graph, topology, par, st)
-        except ShardplanError:
-            continue
-        mem = float(costs.memory["device"].max())
-        if mem > capacity:
-            ranked.append(LLMCandidate(par, st, math.inf, mem, False))
-            continue
-        priced.append((lower_bound_seconds(costs, par), par, st, costs, mem))
+        out, fit = price_candidate(graph, topology, par, st, (params, experts, capacity),
+                                   frugal_seen, must=(par, st) in mine)
+        if out is not None:
+            ranked.append(out)
+        if fit is not None:
+            priced.append(fit)
     priced.sort(key=lambda x: ((x[1], x[2]) not in mine, x[0]))
     best = min((c.iteration_seconds for c in reused if c.fits), default=math.inf)
     simulated = 0

@@ -483,7 +483,8 @@ def _schedule(cfg: TrainConfig, stages: Sequence[nn.Module], mine: Sequence[int]
 
 def _all_reduce_mean(params: Sequence[nn.Parameter], group: Any, size: int) -> None:
     """DDP's gradient sum over the replicas, one flat all-reduce, then divided by ``size``
-    (split layers: their local shards, which replicas hold alike)."""
+    (split layers: their local shards, which replicas hold alike); ``group`` None: one
+    replica, divided only."""
     from torch.distributed.tensor import DTensor
 
     grads = []
@@ -493,7 +494,8 @@ def _all_reduce_mean(params: Sequence[nn.Parameter], group: Any, size: int) -> N
         g = p.grad
         grads.append(g.to_local() if isinstance(g, DTensor) else g)
     flat = torch.cat([g.reshape(-1) for g in grads])
-    dist.all_reduce(flat, group=group)
+    if group is not None:
+        dist.all_reduce(flat, group=group)
     flat.div_(size)
     offset = 0
     for g in grads:

@@ -412,25 +412,11 @@ class _Gather(torch.autograd.Function):
 # -------------------------------------------------------------------- gradients
 def reduce_expert_gradients(params: Sequence[nn.Parameter], grid: ExpertGrid) -> None:
     """The expert gradients of the step (module docstring): summed over the ``expert_dp``
-    replicas (one flat all-reduce), divided by the data-parallel parts."""
-    from torch.distributed.tensor import DTensor
+    replicas (one flat all-reduce, as the dense ones), divided by the data-parallel parts."""
+    from shardplan.runtime._llm import _all_reduce_mean
 
-    if not params:
-        return
-    grads = []
-    for p in params:
-        if p.grad is None:
-            p.grad = torch.zeros_like(p)
-        g = p.grad
-        grads.append(g.to_local() if isinstance(g, DTensor) else g)
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    if grid.edp > 1:
-        dist.all_reduce(flat, group=grid.edp_group)
-    flat.div_(grid.parts)
-    offset = 0
-    for g in grads:
-        g.copy_(flat[offset:offset + g.numel()].view_as(g))
-        offset += g.numel()
+    if params:
+        _all_reduce_mean(params, grid.edp_group if grid.edp > 1 else None, grid.parts)
 
 
 # ------------------------------------------------------------- tensor parallelism
