@@ -14,7 +14,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -292,7 +292,7 @@ def llm_search(graph: Graph, topology: Topology, settings: ExecutionSettings, *,
     timed_out = False
     offered = sorted(candidates(graph, topology, settings, global_batch=global_batch,
                                 devices=devices, max_microbatch=max_microbatch, space=space),
-                     key=lambda c: _promise(*c))
+                     key=promise_key(graph, topology, global_batch))
     pool = itertools.chain(include, offered)
     dtype_bytes = float(graph.meta.get("dtype_bytes", 4) if isinstance(graph.meta, dict)
                         else 4)
@@ -432,6 +432,49 @@ def _promise(par: ParallelConfig, st: ExecutionSettings) -> float:
             * (1 + 0.03 * math.log2(par.tp)) * (1 + 0.03 * math.log2(par.cp))
             * (1 + 0.02 * math.log2(par.ep))
             * (1 + 0.05 / max(1, per_replica)))
+
+
+def promise_key(graph: Graph, topology: Topology, global_batch: int
+                ) -> Callable[[tuple[ParallelConfig, ExecutionSettings]], float]:
+    """The order :func:`llm_search` prices candidates in: :func:`_promise`, stretched by
+    how long a layout's data-parallel traffic (:func:`_dp_traffic`) would take over one
+    device's network link against the iteration's compute at half the device's peak (a
+    guess at both, never a price: FSDP that gathers a 671B mixture every micro-batch is
+    priced after the layouts that do not). O(1) per candidate."""
+    dims = graph.meta.get("transformer") if isinstance(graph.meta, dict) else None
+    dims = dims if isinstance(dims, dict) else {}
+    dtype_bytes = float(graph.meta.get("dtype_bytes", 4) if isinstance(graph.meta, dict)
+                        else 4)
+    params = float(graph.param_bytes.sum()) / dtype_bytes
+    experts = float(graph.param_bytes[block_layout(graph).expert].sum()) / dtype_bytes
+    active = float(dims.get("active_parameters") or params)
+    tokens = float(global_batch) * float(dims.get("seq") or graph.batch_size or 1)
+    n = topology.num_devices
+    link = float(topology.bandwidth[0, n - 1]) if n > 1 else math.inf
+    rate = 0.5 * float(topology.devices[0].flops)
+
+    def key(c: tuple[ParallelConfig, ExecutionSettings]) -> float:
+        par, st = c
+        compute = 6.0 * active * tokens / par.world_size / rate
+        traffic = _dp_traffic(params, experts, par, st) / link
+        return _promise(par, st) * (1.0 + traffic / max(compute, 1e-12))
+
+    return key
+
+
+def _dp_traffic(params: float, experts: float, par: ParallelConfig,
+                st: ExecutionSettings) -> float:
+    """Bytes one device sends per iteration for data parallelism, roughly: its parameters
+    (the routed experts' over EP x ETP) gathered twice per micro-batch and reduced once
+    under FSDP, reduced and gathered once under ZeRO-1, all-reduced once otherwise; none
+    without replicas. O(1)."""
+    if par.data_parallel * par.cp == 1:
+        return 0.0
+    per = (params - experts) / (par.tp * par.pp) + experts / (par.pp * par.ep * par.expert_tp)
+    w = float(precision_bytes(st.precision)[0])
+    if par.dp_shard > 1 or st.gradient_sync == "sharded":
+        return per * w * (2.0 * st.microbatches + 1.0)
+    return per * w * 2.0
 
 
 def knobs(parallel: ParallelConfig, settings: ExecutionSettings) -> dict[str, Any]:

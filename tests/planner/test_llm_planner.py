@@ -128,3 +128,22 @@ def test_llm_search_beyond_the_operator_graph_limit():
     with pytest.raises(ShardplanError, match="at most 32768 by the LLM family alone"):
         search(graph, topology, families=["llm", "data-parallel"], global_batch=8192,
                time_limit=4, workers=1)
+
+
+def test_the_search_orders_layouts_by_their_data_parallel_traffic_too():
+    """FSDP gathers a stage's parameters twice per micro-batch and reduces them once;
+    ZeRO-1 and DDP move them twice per iteration; experts count over EP x ETP; none
+    without replicas. The order prices the light ones first (never a price)."""
+    from shardplan.ir import ExecutionSettings, ParallelConfig
+    from shardplan.planner._llm import _dp_traffic
+
+    st = ExecutionSettings(precision="bf16", microbatches=8)
+    fsdp = ParallelConfig(tp=2, dp_shard=8)
+    zero = ParallelConfig(tp=2, dp=8)
+    per = (100.0 - 60.0) / 2
+    assert _dp_traffic(100.0, 60.0, fsdp, st) == pytest.approx((per + 60.0 / 2) * 2 * 17)
+    z1 = ExecutionSettings(precision="bf16", microbatches=8, gradient_sync="zero1")
+    moe = ParallelConfig(tp=2, dp=8, ep=4, etp=1)
+    assert _dp_traffic(100.0, 60.0, moe, z1) == pytest.approx((per + 60.0 / 4) * 2 * 2)
+    assert _dp_traffic(100.0, 60.0, zero, z1) > _dp_traffic(100.0, 60.0, moe, z1)
+    assert _dp_traffic(100.0, 0.0, ParallelConfig(tp=8), st) == 0.0
