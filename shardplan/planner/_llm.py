@@ -545,6 +545,11 @@ def family_rows(graph: Graph, topology: Topology, settings: ExecutionSettings, *
     fields (the planner wraps them), each with its plan."""
     found = llm_search(graph, topology, settings, global_batch=global_batch,
                        time_limit=time_limit, include=include, space=wide_space(settings))
+    if found.offered == 0:
+        raise ShardplanError(
+            f"no layout uses exactly the {topology.num_devices} GPUs: tp x cp x pp x dp must "
+            f"take them all, tp within a node, dp dividing the global batch of "
+            f"{global_batch} (--gpus N plans on fewer; shardplan replan leaves some idle)")
     keep = [c for c in found.ranked if c.fits][:LLM_ROWS]
     mine = {(p, s) for p, s in include}
     keep += [c for c in found.ranked if (c.parallel, c.settings) in mine and c not in keep]

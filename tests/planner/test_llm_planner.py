@@ -147,3 +147,16 @@ def test_the_search_orders_layouts_by_their_data_parallel_traffic_too():
     assert _dp_traffic(100.0, 60.0, moe, z1) == pytest.approx((per + 60.0 / 4) * 2 * 2)
     assert _dp_traffic(100.0, 60.0, zero, z1) > _dp_traffic(100.0, 60.0, moe, z1)
     assert _dp_traffic(100.0, 0.0, ParallelConfig(tp=8), st) == 0.0
+
+
+def test_no_layout_of_the_devices_is_said_as_such():
+    """7 devices, 4 blocks, a global batch of 2: no TP x PP x DP uses them all; the LLM
+    family says that, not that nothing fits in memory."""
+    from shardplan.ir import ExecutionSettings
+    from shardplan.planner._llm import family_rows
+    from shardplan.topology import build
+    from tests.cost.llm_graph import gpt_graph
+
+    with pytest.raises(ShardplanError, match="no layout uses exactly the 7 GPUs"):
+        family_rows(gpt_graph(layers=4), build("flat", num_devices=7),
+                    ExecutionSettings(), global_batch=2, time_limit=5.0)
