@@ -240,7 +240,8 @@ def predict(row: dict[str, str]) -> dict[str, Any]:
     graph = graph_of(run.model.spec)
     plan, result = llm_plan(graph, topology, run.parallel, settings)
     notes = [shape_note, *run.notes]
-    if not row.get("recompute", "").strip() and not ran_out_of_memory(row):
+    stated = row.get("recompute", "").strip() or row.get("ac_mode", "").strip()
+    if not stated and not ran_out_of_memory(row):
         # a run that ran fit its devices: an unpublished recompute is the least that fits
         for level in ("selective", "full"):
             if max(result.device_memory_bytes or result.peak_memory_bytes) <= capacity:
