@@ -120,6 +120,7 @@ from shardplan.runtime._rank import (
     _time,
     seed_random,
 )
+from shardplan.runtime._reduce import all_reduce_mean
 from shardplan.workload._data import batch_for_step, loss_fn_for
 
 __all__ = ["MESH_DIMS", "build_mesh", "run_llm", "split_stages", "tensor_parallel_plan"]
@@ -401,7 +402,7 @@ def run_llm(cfg: TrainConfig, rank: int, world: int) -> RunResult:
                     kw["target_mbs"] = ys
                 schedule.step(losses=losses, return_outputs=False, **kw)
         if dp_group is not None:
-            _all_reduce_mean(dense, dp_group, pc.dp)
+            all_reduce_mean(dense, dp_group, pc.dp)
         if grid is not None:
             reduce_expert_gradients(experts, grid)
         opt.step()
@@ -479,29 +480,6 @@ def _schedule(cfg: TrainConfig, stages: Sequence[nn.Module], mine: Sequence[int]
         return ScheduleInterleaved1F1B(pipe, n_microbatches=cfg.microbatches, loss_fn=loss_fn)
     cls = ScheduleGPipe if cfg.schedule == "gpipe" else Schedule1F1B
     return cls(pipe[0], n_microbatches=cfg.microbatches, loss_fn=loss_fn)
-
-
-def _all_reduce_mean(params: Sequence[nn.Parameter], group: Any, size: int) -> None:
-    """DDP's gradient sum over the replicas, one flat all-reduce, then divided by ``size``
-    (split layers: their local shards, which replicas hold alike); ``group`` None: one
-    replica, divided only."""
-    from torch.distributed.tensor import DTensor
-
-    grads = []
-    for p in params:
-        if p.grad is None:
-            p.grad = torch.zeros_like(p)
-        g = p.grad
-        grads.append(g.to_local() if isinstance(g, DTensor) else g)
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    if group is not None:
-        dist.all_reduce(flat, group=group)
-    flat.div_(size)
-    offset = 0
-    for g in grads:
-        n = g.numel()
-        g.copy_(flat[offset:offset + n].view_as(g))
-        offset += n
 
 
 def _gather_params(stages: Sequence[nn.Module], rank: int) -> dict[str, list[Any]] | None:

@@ -69,6 +69,7 @@ import torch.distributed as dist
 from torch import nn
 
 from shardplan.errors import ShardplanError
+from shardplan.runtime._reduce import all_reduce_mean
 
 __all__ = ["EXPERT_MESH_DIMS", "ExpertGrid", "apply_expert_parallel", "build_expert_grid",
            "has_moe", "moe_block_plan", "parallelize_moe_block", "reduce_expert_gradients",
@@ -413,10 +414,8 @@ class _Gather(torch.autograd.Function):
 def reduce_expert_gradients(params: Sequence[nn.Parameter], grid: ExpertGrid) -> None:
     """The expert gradients of the step (module docstring): summed over the ``expert_dp``
     replicas (one flat all-reduce, as the dense ones), divided by the data-parallel parts."""
-    from shardplan.runtime._llm import _all_reduce_mean
-
     if params:
-        _all_reduce_mean(params, grid.edp_group if grid.edp > 1 else None, grid.parts)
+        all_reduce_mean(params, grid.edp_group if grid.edp > 1 else None, grid.parts)
 
 
 # ------------------------------------------------------------- tensor parallelism
