@@ -67,6 +67,7 @@ from shardplan.cost._llm_comm import (  # noqa: F401  (re-exported: their home b
 )
 from shardplan.cost._llm_layout import (  # noqa: F401
     _ACT_BYTES,
+    _BLOCK,
     _LOSS_OPS,
     _PARAM_BYTES,
     TP_REGIONS,
@@ -313,7 +314,7 @@ def llm_costs(graph: Graph, topology: Topology, parallel: ParallelConfig,
     sharded = parallel.dp_shard > 1 or settings.gradient_sync in ("sharded", "zero1")
     opt_share = pr.gradient_group if sharded else 1
     stepped = (rank_params - rank_experts) / opt_share + \
-        rank_experts / expert_shard(pr, opt_share)
+        rank_experts / expert_shard(parallel, opt_share)
     opt = np.asarray(optimizer_seconds(stepped * 4.0, settings.optimizer,
                                        pr.fp32, pr.bw, settings.precision,
                                        settings.grad_reduce == "fp32"), dtype=np.float64)
@@ -713,22 +714,12 @@ def _window_factors(graph: Graph) -> np.ndarray:
         return out
     share = (w * seq - w * (w - 1) / 2.0) / (seq * (seq + 1) / 2.0)
     layers = {int(x) for x in dims.get("window_layers", ())}
-    layout = block_layout(graph)
-    ids = np.unique(_block_ids(graph))
-    windowed = {i for i, b in enumerate(ids) if int(b) in layers}
-    for v, op in enumerate(graph.ops):
-        if _SDPA.search(op.lower()) and int(layout.block[v]) in windowed:
+    for v, (op, mod) in enumerate(zip(graph.ops, graph.modules, strict=True)):
+        m = _BLOCK.search(mod or "")  # the model's own index of the block, layers.N
+        if m is not None and int(m.group(1)) in layers and _SDPA.search(op.lower()):
             out[v] = share
     out.setflags(write=False)
     return out
-
-
-def _block_ids(graph: Graph) -> list[int]:
-    """The model's own block indices (``layers.N``) of the graph's block nodes."""
-    from shardplan.cost._llm_layout import _BLOCK
-
-    return [int(m.group(1)) for m in (_BLOCK.search(mod or "") for mod in graph.modules)
-            if m is not None]
 
 
 @lru_cache(maxsize=16)

@@ -71,7 +71,7 @@ def rank_memory(pr: Pricing, times: Any, p_dev: np.ndarray, rank_params: np.ndar
     fsdp2_mixed = shard > 1 and st.shard_unit == "block" and pr.master_bytes > 0
     experts = np.zeros(par.num_stages) if expert_params is None else expert_params
     opt_div = shard if shard > 1 else (d if zero1 else 1)
-    e_shard, e_opt = expert_shard(pr, shard), expert_shard(pr, opt_div)
+    e_shard, e_opt = expert_shard(par, shard), expert_shard(par, opt_div)
     for j in range(par.num_stages):
         r = j % pp
         dense, e = p_dev[j] - experts[j], experts[j]

@@ -142,7 +142,10 @@ def expert_factors(pr: Pricing, wf: np.ndarray, wb: np.ndarray
     for v in np.flatnonzero(layout.expert & (graph.param_bytes > 0) & (graph.fwd_flops > 0)):
         # the product's weights are (experts, K, N): N = the hidden size for the down
         # projection (its K, the experts' width, splits over etp), else the experts' width
-        down = _is_down(graph, int(v), d)
+        # the down projection's output is hidden-wide: its FLOPs per output element are
+        # 2 x moe_ffn (the graph's bytes at its captured dtype)
+        down = round(float(graph.fwd_flops[v]) * pr.dtype_bytes
+                     / (2.0 * max(float(graph.output_bytes[v]), 1.0))) == d["moe_ffn"]
         k = float(d["moe_ffn"] / par.expert_tp if down else d["hidden"])
         n = float(d["hidden"] if down else d["moe_ffn"] / par.expert_tp)
         sms = pr.hw.sms
@@ -151,15 +154,6 @@ def expert_factors(pr: Pricing, wf: np.ndarray, wb: np.ndarray
         wgrad = grouped_gemm_efficiency(k, n, local, sms, grouped)
         wb[v] = 2.0 / (1.0 / dgrad + 1.0 / wgrad)
     return wf, wb
-
-
-def _is_down(graph: Graph, v: int, d: Mapping[str, int]) -> bool:
-    """Whether expert product ``v`` is the down projection (its output is hidden-wide): its
-    FLOPs per output element are ``2 x moe_ffn``."""
-    out = float(graph.output_bytes[v])
-    return out > 0 and abs(float(graph.fwd_flops[v]) * float(
-        graph.meta.get("dtype_bytes", 4) if isinstance(graph.meta, Mapping) else 4)
-        / (2.0 * out) - d["moe_ffn"]) < 0.5
 
 
 def moe_layers(pr: Pricing) -> np.ndarray:
@@ -223,11 +217,11 @@ def expert_params(pr: Pricing) -> np.ndarray:
     return np.array([per[nodes[layout.expert[nodes]]].sum() for nodes in pr.stages])
 
 
-def expert_shard(pr: Pricing, shard: int) -> int:
+def expert_shard(parallel: ParallelConfig, shard: int) -> int:
     """What the experts' state is sharded over when the dense state is sharded over
     ``shard`` of the ``dp x dp_shard x cp`` gradient ranks: the same fraction of the
     ``expert_dp`` replicas (torchtitan shards experts over ``dp_shard / ep``; Megatron-Core's
-    distributed optimizer over the expert data-parallel group)."""
+    distributed optimizer over the expert data-parallel group). O(1)."""
     if shard <= 1:
         return 1
-    return max(1, shard * pr.parallel.expert_dp // pr.gradient_group)
+    return max(1, shard * parallel.expert_dp // (parallel.data_parallel * parallel.cp))

@@ -20,6 +20,7 @@ from typing import Any
 
 from shardplan.cost._formulas import OPTIMIZER_STATE
 from shardplan.cost._llm import block_layout, llm_costs, precision_bytes
+from shardplan.cost._llm_moe import expert_shard
 from shardplan.errors import ShardplanError
 from shardplan.ir import ExecutionSettings, Graph, Objective, ParallelConfig, Plan, Topology
 from shardplan.ir.parallel import pipeline_split
@@ -294,10 +295,7 @@ def llm_search(graph: Graph, topology: Topology, settings: ExecutionSettings, *,
                                 devices=devices, max_microbatch=max_microbatch, space=space),
                      key=promise_key(graph, topology, global_batch))
     pool = itertools.chain(include, offered)
-    dtype_bytes = float(graph.meta.get("dtype_bytes", 4) if isinstance(graph.meta, dict)
-                        else 4)
-    params = float(graph.param_bytes.sum()) / dtype_bytes
-    experts = float(graph.param_bytes[block_layout(graph).expert].sum()) / dtype_bytes
+    params, experts = model_parameters(graph)
     seen: set[tuple[Any, ...]] = set()
     frugal_seen: dict[tuple[Any, ...], bool] = {}
     included = {(p, s) for p, s in include}
@@ -402,18 +400,30 @@ def _static_bytes(params: float, par: ParallelConfig, st: ExecutionSettings,
         g = 4
     state = OPTIMIZER_STATE[st.optimizer] * 4.0
     d = par.data_parallel * par.cp
-    dense = (params - experts) / (par.tp * par.pp)
-    routed = experts / (par.pp * par.ep * par.expert_tp)
+    dense, routed = _per_device(params, experts, par)
     if par.dp_shard > 1 or st.gradient_sync == "sharded":
         shard = par.dp_shard * par.cp if par.dp_shard > 1 else d
-        e_shard = max(1, shard * par.expert_dp // d)
         # FSDP2 in mixed precision keeps fp32 gradients and no half shard (4); others more
         per = (4 + master + state) if master else (w + g + state)
-        return per * (dense / shard + routed / e_shard)
-    zero1 = st.gradient_sync == "zero1"
-    opt_div, e_opt = (d, par.expert_dp) if zero1 else (1, 1)
+        return per * (dense / shard + routed / expert_shard(par, shard))
+    opt_div = d if st.gradient_sync == "zero1" else 1
     return dense * (w + g + (master + state) / opt_div) + \
-        routed * (w + g + (master + state) / e_opt)
+        routed * (w + g + (master + state) / expert_shard(par, opt_div))
+
+
+def _per_device(params: float, experts: float, par: ParallelConfig) -> tuple[float, float]:
+    """A device's share of the model's dense parameters (over TP x PP) and of its routed
+    experts' (over PP x EP x ETP), at least the mean of a stage. O(1)."""
+    return ((params - experts) / (par.tp * par.pp),
+            experts / (par.pp * par.ep * par.expert_tp))
+
+
+def model_parameters(graph: Graph) -> tuple[float, float]:
+    """The graph's parameters and, of them, its routed experts' (elements). O(n)."""
+    dtype_bytes = float(graph.meta.get("dtype_bytes", 4) if isinstance(graph.meta, dict)
+                        else 4)
+    return (float(graph.param_bytes.sum()) / dtype_bytes,
+            float(graph.param_bytes[block_layout(graph).expert].sum()) / dtype_bytes)
 
 
 #: Rough relative costs that order the candidates (:func:`_promise`): what recompute adds to
@@ -443,10 +453,7 @@ def promise_key(graph: Graph, topology: Topology, global_batch: int
     priced after the layouts that do not). O(1) per candidate."""
     dims = graph.meta.get("transformer") if isinstance(graph.meta, dict) else None
     dims = dims if isinstance(dims, dict) else {}
-    dtype_bytes = float(graph.meta.get("dtype_bytes", 4) if isinstance(graph.meta, dict)
-                        else 4)
-    params = float(graph.param_bytes.sum()) / dtype_bytes
-    experts = float(graph.param_bytes[block_layout(graph).expert].sum()) / dtype_bytes
+    params, experts = model_parameters(graph)
     active = float(dims.get("active_parameters") or params)
     tokens = float(global_batch) * float(dims.get("seq") or graph.batch_size or 1)
     n = topology.num_devices
@@ -470,7 +477,7 @@ def _dp_traffic(params: float, experts: float, par: ParallelConfig,
     without replicas. O(1)."""
     if par.data_parallel * par.cp == 1:
         return 0.0
-    per = (params - experts) / (par.tp * par.pp) + experts / (par.pp * par.ep * par.expert_tp)
+    per = sum(_per_device(params, experts, par))
     w = float(precision_bytes(st.precision)[0])
     if par.dp_shard > 1 or st.gradient_sync == "sharded":
         return per * w * (2.0 * st.microbatches + 1.0)

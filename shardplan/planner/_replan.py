@@ -56,6 +56,7 @@ from shardplan.planner._llm import (
     SearchSpace,
     _promise,
     candidates,
+    model_parameters,
     moved_knobs,
     node_size,
     price_candidate,
@@ -385,10 +386,7 @@ def replan_search(graph: Graph, topology: Topology, *,
 
     start = time.monotonic()
     capacity = float(topology.device_memory.min())
-    dtype_bytes = float(graph.meta.get("dtype_bytes", 4) if isinstance(graph.meta, dict)
-                        else 4)
-    params = float(graph.param_bytes.sum()) / dtype_bytes
-    experts = float(graph.param_bytes[block_layout(graph).expert].sum()) / dtype_bytes
+    params, experts = model_parameters(graph)
     frugal_seen: dict[tuple[Any, ...], bool] = {}
     mine = set(include)
     ranked = list(reused)

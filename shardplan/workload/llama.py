@@ -357,10 +357,17 @@ def build_llama(flavor: str, overrides: dict[str, Any], batch_size: int, seq_len
     (model, example_inputs, config, seq_len)
     """
     cfg, seq = config_of(flavor, overrides)
-    seq = seq or seq_len
+    return build_decoder(Llama, cfg, seq or seq_len, batch_size, device)
+
+
+def build_decoder(make: Any, cfg: Any, seq: int, batch_size: int, device: str
+                  ) -> tuple[nn.Module, tuple[Any, ...], Any, int]:
+    """``make(cfg)`` on ``device`` with ``max_seq_len`` raised to ``seq`` when shorter, and
+    ``batch_size x seq`` random token ids: what :func:`build_llama` and the mixtures of
+    experts' builder return. O(model)."""
     if seq > cfg.max_seq_len:
         cfg = replace(cfg, max_seq_len=seq)
     with torch.device(device):
-        model = Llama(cfg)
+        model = make(cfg)
         tokens = torch.randint(0, cfg.vocab_size, (batch_size, seq))
     return model, (tokens,), cfg, seq

@@ -61,7 +61,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from shardplan.errors import ShardplanError
-from shardplan.workload.llama import RMSNorm, apply_rotary, flavor_overrides, rope_tables
+from shardplan.workload.llama import (
+    RMSNorm,
+    apply_rotary,
+    build_decoder,
+    flavor_overrides,
+    rope_tables,
+)
 
 __all__ = ["FLAVORS", "PUBLISHED", "TRAINING_SEQ", "Combine", "Dispatch", "GroupedExperts",
            "GroupedQueryAttention", "MoE", "MoEConfig", "MoETransformer",
@@ -698,10 +704,6 @@ def build_moe(flavor: str, overrides: dict[str, Any], batch_size: int, seq_len: 
     (model, example_inputs, config, seq_len)
     """
     cfg, seq = config_of(flavor, overrides)
-    seq = seq or seq_len
-    if seq > cfg.max_seq_len:
-        cfg = replace(cfg, max_seq_len=seq)
-    with torch.device(device):
-        model = MoETransformer(cfg, family=flavor.split(":", 1)[0])
-        tokens = torch.randint(0, cfg.vocab_size, (batch_size, seq))
-    return model, (tokens,), cfg, seq
+    family = flavor.split(":", 1)[0]
+    return build_decoder(lambda c: MoETransformer(c, family=family), cfg, seq or seq_len,
+                         batch_size, device)
