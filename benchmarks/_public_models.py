@@ -81,27 +81,32 @@ PUBLIC_SHAPES: dict[str, tuple[dict[str, str], str, str]] = {
                                      "--moe-token-dispatcher-type flex --moe-enable-deepep "
                                      "--moe-grouped-gemm --recompute-modules mla_up_proj mlp",
                     "recompute": "selective",
-                    "nemo_recipe": "--use-distributed-optimizer --overlap-param-gather"},
+                    "nemo_recipe": "--use-distributed-optimizer --overlap-param-gather",
+                    "nemo_tp_recipe": "--sequence-parallel"},
                    "deepseek-ai/DeepSeek-V3 config.json (arXiv 2412.19437, section 4.2); "
                    "Megatron-Bridge's deepseek_v3 recipe (expert TP 1, one MTP layer) and its "
                    "H100 1,024-GPU performance config (layout Et|(tt|)*30mL, DeepEP: "
                    "scripts/performance/configs/deepseek/deepseek_llm_pretrain.py; at v0.1.0rc4, "
                    "the 25.09.01 container, scripts/performance/run_script.py on H100: "
-                   "recompute_modules mla_up_proj and mlp, overlap_grad_reduce off)", ""),
+                   "recompute_modules mla_up_proj and mlp, overlap_grad_reduce off; no TP "
+                   "communication overlap: the recipe's default CommOverlapConfig("
+                   "tp_comm_overlap=False), which run_script does not replace for DeepSeek)", ""),
     "qwen3235ba22b": ({"hidden": "4096", "layers": "94", "heads": "64", "kv_heads": "4",
                        "ffn": "12288", "vocab": "151936", "experts": "128", "topk": "8",
                        "moe_ffn": "1536", "etp": "1",
                        "megatron_args": "--kv-channels 128 --qk-layernorm "
                                         "--disable-bias-linear --moe-token-dispatcher-type "
                                         "alltoall --moe-grouped-gemm",
-                       "recompute": "none"},
+                       "recompute": "none", "nemo_tp_recipe": "--sequence-parallel"},
                       "Qwen/Qwen3-235B-A22B config.json (arXiv 2505.09388, table 2: heads of "
                       "128, q/k norms, no biases); expert TP 1 as Megatron-Bridge's Qwen3 MoE "
                       "recipes set it (src/megatron/bridge/recipes/qwen/h100/qwen3_moe.py), "
                       "the one EP 32 folds with on TP 2 x DP 16 (the row's notes); no recompute "
                       "as its 25.11 performance config runs it (v0.2.0 "
                       "scripts/performance/configs/qwen3/qwen3_llm_pretrain.py, "
-                      "set_qwen3_common_configs: recompute_granularity None)", ""),
+                      "set_qwen3_common_configs: recompute_granularity None; "
+                      "qwen3_235b_a22b_h100_config: CommOverlapConfig(tp_comm_overlap=False))",
+                      ""),
     "gptoss120b": ({"hidden": "2880", "layers": "36", "heads": "64", "kv_heads": "8",
                     "ffn": "2880", "vocab": "201088", "experts": "128", "topk": "4",
                     "moe_ffn": "2880",

@@ -134,8 +134,12 @@ NEMO_RECIPE = ("--use-distributed-optimizer --overlap-grad-reduce --overlap-para
 #: What Megatron-Bridge's MoE performance benchmarks run since its 25.09 release (its
 #: changelog, "Performance / MoE LLM": "Change the model to dropless with balanced gating",
 #: "EP A2A communication overlap with computation in both 1F1B pipelining and non-pipelined
-#: training"): on the rows of Megatron-Bridge containers 25.09 and later.
-BRIDGE_MOE_RECIPE = "--moe-router-force-load-balancing --overlap-moe-expert-parallel-comm"
+#: training"), and gradients reduced in bf16 (each MoE performance config sets
+#: ``grad_reduce_in_fp32 = False``: v0.1.0rc4 ``deepseek_v3_llm_pretrain.yaml``, v0.2.0
+#: ``set_qwen3_common_configs`` and ``gpt_oss_llm_pretrain.py``; Megatron-LM's
+#: ``--grad-reduce-in-bf16``): on the rows of Megatron-Bridge containers 25.09 and later.
+BRIDGE_MOE_RECIPE = ("--moe-router-force-load-balancing --overlap-moe-expert-parallel-comm "
+                     "--grad-reduce-in-bf16")
 
 
 def is_bridge_moe(row: dict[str, str]) -> bool:
@@ -163,7 +167,7 @@ def megatron_text(row: dict[str, str]) -> str:
     if is_nemo(row):  # a row's own performance config, where known, over the generic one
         text += " " + (row.get("nemo_recipe") or NEMO_RECIPE[0])
         if int(row.get("tp") or 1) > 1:
-            text += " " + NEMO_RECIPE[1]
+            text += " " + (row.get("nemo_tp_recipe") or NEMO_RECIPE[1])
     if is_bridge_moe(row):
         text += " " + BRIDGE_MOE_RECIPE
     return text

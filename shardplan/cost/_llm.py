@@ -223,6 +223,11 @@ class LLMCosts:
     microbatches : int
     replica_batch : int
         Sequences per micro-batch per data-parallel replica.
+    alone_forward, alone_backward : ndarray or None
+        Under ``moe_a2a_overlap``: what a forward or a backward that runs without the other
+        pass of another micro-batch beside it (a pipeline's warm-up and cool-down) adds to
+        ``forward`` / ``backward``: its dispatch and combine, none of it hidden. None
+        otherwise.
     """
 
     forward: np.ndarray
@@ -241,6 +246,8 @@ class LLMCosts:
     replica_batch: int
     gather_units: np.ndarray
     gathers_once: bool = False
+    alone_forward: np.ndarray | None = None
+    alone_backward: np.ndarray | None = None
 
 
 def check_layout(graph: Graph, topology: Topology, parallel: ParallelConfig,
@@ -297,7 +304,12 @@ def llm_costs(graph: Graph, topology: Topology, parallel: ParallelConfig,
                                                                times.ckpt_node, edge_bytes)
     compute_f = np.array([times.fwd[nodes].sum() for nodes in pr.stages])
     compute_b = np.array([times.bwd[nodes].sum() for nodes in pr.stages])
-    moe_f, moe_b = exposed_expert_comm(pr, *expert_comm_seconds(pr), compute_f, compute_b)
+    routed = [nodes[pr.layout.expert[nodes]] for nodes in pr.stages]
+    comm_f, comm_b = expert_comm_seconds(pr)
+    moe_f, moe_b = exposed_expert_comm(pr, comm_f, comm_b, compute_f, compute_b,
+                                       np.array([times.fwd[n].sum() for n in routed]),
+                                       np.array([times.bwd[n].sum() for n in routed]))
+    alone = (comm_f - moe_f, comm_b - moe_b) if settings.moe_a2a_overlap else (None, None)
     forward = compute_f + exposed_f + moe_f
     backward = compute_b + exposed_b + moe_b
     send, send_s, forward, backward = pipeline_messages(pr, edge_bytes, forward, backward)
@@ -326,7 +338,8 @@ def llm_costs(graph: Graph, topology: Topology, parallel: ParallelConfig,
                     param_gather_seconds=dp.gather, optimizer_seconds=opt, memory=mem,
                     in_flight=in_flight, microbatches=settings.microbatches,
                     replica_batch=pr.rb, gather_units=dp.units,
-                    gathers_once=keeps_gathered(settings, parallel))
+                    gathers_once=keeps_gathered(settings, parallel),
+                    alone_forward=alone[0], alone_backward=alone[1])
 
 
 

@@ -29,7 +29,8 @@ a dense MLP. The expert layers have their own grid over a pipeline rank's device
   reduce-scattered. The ``allgather`` dispatcher all-gathers every token of the ``ep x etp``
   group and reduce-scatters the outputs. None of it overlaps compute (Megatron-Core's
   default), unless ``moe_a2a_overlap`` (``--overlap-moe-expert-parallel-comm``) hides it
-  under another micro-batch's computation (:func:`exposed_expert_comm`).
+  under another micro-batch's computation, sub-module by sub-module as Megatron-Core's
+  schedule plan orders them (:func:`exposed_expert_comm`, :func:`overlapped_layer_pair`).
 - **Memory and gradients.** The experts' weights, gradients, master weights and optimizer
   state divide by ``ep x etp``; their gradients are reduced (and a distributed optimizer or
   FSDP shards them) over the ``expert_dp`` replicas, the dense parameters over the usual
@@ -49,7 +50,7 @@ from shardplan.ir import Graph, ParallelConfig
 
 __all__ = ["MOE_STRAGGLER", "check_experts", "expert_comm_seconds", "expert_dims",
            "expert_factors", "exposed_expert_comm", "grouped_gemm_efficiency",
-           "straggler_factor"]
+           "overlapped_layer_pair", "straggler_factor"]
 
 #: How much longer an expert-parallel MoE layer's expert computation takes than under
 #: balanced routing: the device with the most tokens sets the pace. FEPLB (Liu, Zhao and Qi,
@@ -195,18 +196,55 @@ def expert_comm_seconds(pr: Pricing) -> tuple[np.ndarray, np.ndarray]:
 
 
 def exposed_expert_comm(pr: Pricing, comm_f: np.ndarray, comm_b: np.ndarray,
-                        compute_f: np.ndarray, compute_b: np.ndarray
+                        compute_f: np.ndarray, compute_b: np.ndarray,
+                        experts_f: np.ndarray | None = None,
+                        experts_b: np.ndarray | None = None,
                         ) -> tuple[np.ndarray, np.ndarray]:
     """What of the dispatch and combine stays exposed per micro-batch: all of it, or under
-    ``moe_a2a_overlap`` what exceeds the stage's computation of a forward and a backward
-    (the pair Megatron-Core's 1F1B overlap interleaves), shared between the two passes as
-    their communication is. O(pp vp)."""
+    ``moe_a2a_overlap`` what the pair of a forward and a backward (the pair Megatron-Core's
+    1F1B overlap interleaves) takes beyond their computation, layer by layer
+    (:func:`overlapped_layer_pair`), shared between the two passes as their communication
+    is. ``experts_f`` / ``experts_b``: the routed experts' share of the computation (none
+    given: all of it is the experts'). O(pp vp)."""
     if not pr.settings.moe_a2a_overlap:
         return comm_f, comm_b
+    layers = np.maximum(moe_layers(pr), 1.0)
+    m_f = compute_f if experts_f is None else experts_f
+    m_b = compute_b if experts_b is None else experts_b
+    # a stage's layers alike: each pair of layers scheduled as Megatron-Core does
+    pair = layers * overlapped_layer_pair(
+        (compute_f - m_f) / layers, (compute_b - m_b) / layers, m_f / layers, m_b / layers,
+        comm_f / layers / 2.0, comm_b / layers / 2.0)
     total = comm_f + comm_b
-    exposed = np.maximum(0.0, total - (compute_f + compute_b))
+    exposed = np.maximum(0.0, pair - (compute_f + compute_b))
     share = np.divide(exposed, total, out=np.zeros_like(total), where=total > 0)
     return comm_f * share, comm_b * share
+
+
+def overlapped_layer_pair(attn_f: np.ndarray, attn_b: np.ndarray, mlp_f: np.ndarray,
+                          mlp_b: np.ndarray, a2a_f: np.ndarray, a2a_b: np.ndarray
+                          ) -> np.ndarray:
+    """Seconds of one layer's forward of a micro-batch beside another's backward under
+    Megatron-Core's expert-parallel overlap (``TransformerLayerSchedulePlan.run``, Megatron-
+    Core 0.14+): two streams, each in program order, each operation after the one whose
+    output it reads::
+
+        comm: combine_bwd | dispatch_fwd -> dispatch_bwd     | combine_fwd
+        comp: attn_fwd    | mlp_bwd (with dw) -> mlp_fwd      | attn_bwd
+
+    ``attn_*``: what precedes the dispatch (attention, norms, router), ``mlp_*``: the
+    experts, ``a2a_*``: one dispatch or combine (they move the same bytes). Without
+    communication the sum of the computation; a communication as long as the computation
+    beside it is hidden only where the dependencies allow. Elementwise, O(len)."""
+    cb_end = a2a_b                                  # combine_bwd on the comm stream
+    af_end = attn_f                                 # attn_fwd on the compute stream
+    mb_end = np.maximum(af_end, cb_end) + mlp_b     # needs the combined gradient
+    df_end = np.maximum(cb_end, af_end) + a2a_f     # needs attn_fwd's tokens
+    db_end = np.maximum(mb_end, df_end) + a2a_b     # needs mlp_bwd's gradient
+    mf_end = np.maximum(mb_end, df_end) + mlp_f     # needs the dispatched tokens
+    cf_end = np.maximum(mf_end, db_end) + a2a_f     # needs mlp_fwd's output
+    ab_end = np.maximum(mf_end, db_end) + attn_b    # needs the dispatched gradient
+    return np.asarray(np.maximum(cf_end, ab_end), dtype=np.float64)
 
 
 def expert_params(pr: Pricing) -> np.ndarray:

@@ -125,8 +125,7 @@ def megatron_parallel(plan: Plan, graph: Graph, topology: Topology,
         args.append("--accumulate-allreduce-grads-in-fp32")
     elif precision in ("bf16", "fp8") and grad_reduce == "param" and \
             settings.shard_unit != "module" and not deepspeed:
-        notes.append("Megatron-LM accumulates and reduces bf16 gradients in fp32: the plan's "
-                     "half-precision gradient reduction is written as fp32")
+        args.append("--grad-reduce-in-bf16")  # else Megatron-LM reduces bf16 grads in fp32
     args += ["--optimizer", "adam" if optimizer in ("adam", "adamw") else "sgd"]
     args += megatron_moe_args(plan, graph, settings)
     out = {"format": EXPORT_FORMAT, "to": "megatron", "graph": plan.graph,

@@ -41,7 +41,9 @@ What is read:
   older ``--checkpoint-activations`` (full recompute),
   ``--overlap-param-gather``, ``--tp-comm-overlap``, ``--optimizer adam|sgd``;
   ``--accumulate-allreduce-grads-in-fp32`` (``grad_reduce`` ``fp32``; Megatron-LM turns it on
-  with ``--bf16``, so bf16 and fp8 runs have it too, unless DeepSpeed runs the step).
+  with ``--bf16``, so bf16 and fp8 runs have it too, unless DeepSpeed runs the step or
+  ``--grad-reduce-in-bf16`` keeps them in bf16: ``grad_reduce`` ``param``; Megatron-LM's
+  ``arguments.py``, and Megatron-Bridge's ``grad_reduce_in_fp32 = False``).
 
 - mixtures of experts (``--num-experts`` with the router's, the experts' and multi-latent
   attention's arguments: a zoo flavor with overrides, ``deepseek_v3:671B,seq=4096``), the
@@ -84,7 +86,8 @@ _READ_SWITCHES = frozenset({
     "--use-distributed-optimizer", "--use-torch-fsdp2", "--use-megatron-fsdp",
     "--use-custom-fsdp", "--overlap-grad-reduce", "--overlap-param-gather", "--tp-comm-overlap",
     "--deepspeed", "--no-pipeline-parallel", "--checkpoint-activations",
-    "--accumulate-allreduce-grads-in-fp32", "--account-for-embedding-in-pipeline-split",
+    "--accumulate-allreduce-grads-in-fp32", "--grad-reduce-in-bf16",
+    "--account-for-embedding-in-pipeline-split",
     "--use-legacy-models",
     "--account-for-loss-in-pipeline-split",
 }) | moe.MOE_SWITCHES
@@ -675,9 +678,12 @@ def parse_megatron(text: str, *, num_gpus: int | None = None, cluster: str | Non
                      "--sequence-parallel")
     per_chunk = max(parallel.layers_per_stage(model.num_layers))
     # Megatron-LM's arguments.py: bf16 "requires gradient accumulation and all-reduce to be
-    # performed in fp32" (DeepSpeed's engine, when it runs the step, keeps its own)
+    # performed in fp32" unless --grad-reduce-in-bf16 (DeepSpeed's engine, when it runs the
+    # step, keeps its own)
+    half = precision in ("bf16", "fp8")
     fp32_grads = precision != "fp32" and "--deepspeed" not in args and (
-        precision in ("bf16", "fp8") or "--accumulate-allreduce-grads-in-fp32" in args)
+        not (half and "--grad-reduce-in-bf16" in args)
+        and (half or "--accumulate-allreduce-grads-in-fp32" in args))
     execution = execution_of(parallel, micro_batch_size=micro, global_batch=glob,
                              precision=precision,
                              recompute=_recompute(args, per_chunk, notes),

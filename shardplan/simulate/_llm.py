@@ -111,8 +111,11 @@ def simulate_llm(plan: Plan, graph: Graph, topology: Topology,
     overlapped = gs in ("bucketed", "zero1", "sharded") or fsdp
     units = costs.gather_units
 
-    def duration(j: int, op: str, m: int = 0) -> float:
+    def duration(j: int, op: str, m: int = 0, alone: bool = False) -> float:
         compute = float(costs.forward[j] if op == FORWARD else costs.backward[j])
+        extra = costs.alone_forward if op == FORWARD else costs.alone_backward
+        if alone and extra is not None:
+            compute += float(extra[j])
         if not fsdp or par.data_parallel <= 1:
             return compute
         if costs.gathers_once and not (op == FORWARD and m == 0):
@@ -152,6 +155,7 @@ def simulate_llm(plan: Plan, graph: Graph, topology: Topology,
             return float(t) + (float(costs.send_seconds[j]) if rank_of[j + 1] != r else 0.0)
         return 0.0
 
+    alone = [_unpaired(acts) for acts in sch.ranks]
     remaining = sum(len(a) for a in sch.ranks)
     while remaining:
         progressed = False
@@ -172,7 +176,8 @@ def simulate_llm(plan: Plan, graph: Graph, topology: Topology,
                 if t is None:
                     break
                 start = max(float(clock[r]), t)
-                dur = duration(act.stage, act.op, act.microbatch or 0)
+                dur = duration(act.stage, act.op, act.microbatch or 0,
+                               heads[r] in alone[r])
                 end = start + dur
                 (f_done if act.op == FORWARD else b_done)[act.stage, act.microbatch] = end
                 clock[r] = end
@@ -255,6 +260,19 @@ def simulate_llm(plan: Plan, graph: Graph, topology: Topology,
         if timeline else (),
         options=opts,
     )
+
+
+def _unpaired(actions: tuple[Any, ...]) -> frozenset[int]:
+    """Indices of a rank's forwards and backwards that run without the other pass beside
+    them: a forward not followed by a backward, a backward not preceded by a forward (a
+    1F1B pipeline's warm-up and cool-down; Megatron-Core's expert-parallel overlap merges
+    each steady-state forward with the backward after it). O(len(actions))."""
+    passes = [i for i, a in enumerate(actions) if a.op in (FORWARD, BACKWARD)]
+    paired: set[int] = set()
+    for i, k in zip(passes, passes[1:]):
+        if actions[i].op == FORWARD and actions[k].op == BACKWARD:
+            paired.update((i, k))
+    return frozenset(passes) - paired
 
 
 def _per_device(per_rank: np.ndarray, rank_of_dev: np.ndarray) -> list[float]:

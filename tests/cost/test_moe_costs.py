@@ -160,20 +160,77 @@ def test_an_expert_layout_plans_and_simulates(moe):
     assert res.iteration_seconds > 0 and plan.parallel == par
 
 
-def test_a2a_overlap_exposes_only_what_exceeds_the_computation(moe):
-    from shardplan.cost._llm_moe import exposed_expert_comm
+def _two_streams(attn_f, attn_b, mlp_f, mlp_b, a2a_f, a2a_b) -> float:
+    """Brute force of Megatron-Core's overlapped layer pair: every operation as a task on
+    its stream, started when its stream is free and its inputs are ready, in the order
+    ``TransformerLayerSchedulePlan.run`` issues them."""
+    tasks = [  # (name, stream, seconds, inputs)
+        ("combine_bwd", "comm", a2a_b, ()), ("attn_fwd", "comp", attn_f, ()),
+        ("mlp_bwd", "comp", mlp_b, ("combine_bwd",)),
+        ("dispatch_fwd", "comm", a2a_f, ("attn_fwd",)),
+        ("dispatch_bwd", "comm", a2a_b, ("mlp_bwd",)),
+        ("mlp_fwd", "comp", mlp_f, ("dispatch_fwd",)),
+        ("combine_fwd", "comm", a2a_f, ("mlp_fwd",)),
+        ("attn_bwd", "comp", attn_b, ("dispatch_bwd",)),
+    ]
+    free = {"comm": 0.0, "comp": 0.0}
+    end: dict[str, float] = {}
+    for name, stream, sec, inputs in tasks:
+        start = max([free[stream]] + [end[i] for i in inputs])
+        end[name] = free[stream] = start + sec
+    return max(end.values())
+
+
+def test_overlapped_layer_pair_is_the_two_streams_schedule() -> None:
+    """Against the brute force, and its bounds: never below either stream's work, never
+    above all of it in series, the computation alone without communication."""
+    from shardplan.cost._llm_moe import overlapped_layer_pair
+
+    rng = np.random.default_rng(7)
+    x = rng.exponential(1.0, size=(6, 500)) * (rng.random((6, 500)) < 0.8)
+    got = overlapped_layer_pair(*x)
+    want = np.array([_two_streams(*col) for col in x.T])
+    np.testing.assert_allclose(got, want, rtol=1e-12)
+    comp, comm = x[:4].sum(axis=0), 2.0 * (x[4] + x[5])
+    assert (got >= np.maximum(comp, comm) - 1e-12).all() and (got <= comp + comm + 1e-12).all()
+    no_comm = overlapped_layer_pair(*x[:4], np.zeros(500), np.zeros(500))
+    np.testing.assert_allclose(no_comm, comp)
+    # equal work on both streams hides all of it; experts that wait for their own dispatch,
+    # and an attention backward that waits for its, do not: 4 of computation, 4 of
+    # communication, 6 in all
+    assert overlapped_layer_pair(*np.ones((6, 1))) == 4.0
+    assert overlapped_layer_pair(*np.array([[0.0], [2.0], [2.0], [0.0], [1.0], [1.0]])) == 6.0
+
+
+def test_a2a_overlap_exposes_what_the_overlapped_pair_adds(moe):
+    from shardplan.cost._llm_moe import exposed_expert_comm, moe_layers, overlapped_layer_pair
 
     par = ParallelConfig(dp=8, ep=4)
     on = pricing(moe, TOPO, par, _settings(par, moe_a2a_overlap=True))
     off = pricing(moe, TOPO, par, _settings(par))
-    cf, cb = np.array([3.0, 1.0]), np.array([3.0, 1.0])
-    f, b = exposed_expert_comm(on, cf, cb, np.array([1.0, 1.0]), np.array([2.0, 2.0]))
-    assert f.tolist() == [1.5, 0.0] and b.tolist() == [1.5, 0.0]  # 6 - 3 exposed, 2 - 3 none
-    f, b = exposed_expert_comm(off, cf, cb, np.ones(2), np.ones(2))
+    layers = moe_layers(on)
+    cf, cb = np.array([3.0]) * layers, np.array([3.0]) * layers
+    comp_f, comp_b = np.array([1.0]) * layers, np.array([2.0]) * layers
+    ex_f, ex_b = np.array([0.5]) * layers, np.array([1.0]) * layers
+    f, b = exposed_expert_comm(on, cf, cb, comp_f, comp_b, ex_f, ex_b)
+    pair = overlapped_layer_pair(np.array([0.5]), np.array([1.0]), np.array([0.5]),
+                                 np.array([1.0]), np.array([1.5]), np.array([1.5]))
+    exposed = layers * pair - (comp_f + comp_b)
+    np.testing.assert_allclose(f + b, exposed)
+    np.testing.assert_allclose(f, b)  # shared as the communication is
+    # communication far shorter than the computation beside it: hidden
+    f, b = exposed_expert_comm(on, cf / 100, cb / 100, comp_f * 10, comp_b * 10,
+                               ex_f * 10, ex_b * 10)
+    assert (f == 0).all() and (b == 0).all()
+    f, b = exposed_expert_comm(off, cf, cb, comp_f, comp_b, ex_f, ex_b)
     assert f is cf and b is cb
     full = llm_costs(moe, TOPO, par, _settings(par))
     hid = llm_costs(moe, TOPO, par, _settings(par, moe_a2a_overlap=True))
     assert (hid.forward <= full.forward).all() and (hid.backward < full.backward).all()
+    assert full.alone_forward is None and full.alone_backward is None
+    # a pass without a partner pays its whole dispatch and combine
+    np.testing.assert_allclose(hid.forward + hid.alone_forward, full.forward)
+    np.testing.assert_allclose(hid.backward + hid.alone_backward, full.backward)
 
 
 def test_balanced_gating_has_no_straggler(moe):

@@ -114,18 +114,29 @@ def test_megatron_settings_arguments(settings: dict, tail: list[str]) -> None:
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp8"])
-def test_megatron_bf16_gradients_are_reduced_in_fp32(precision: str) -> None:
+def test_megatron_bf16_gradients_reduced_in_bf16_say_so(precision: str) -> None:
     """Megatron-LM turns on fp32 gradient accumulation with --bf16: a plan that reduces half
-    precision gradients is written as it runs there, and says so; DeepSpeed keeps its own."""
+    precision gradients writes --grad-reduce-in-bf16, which the importer reads back; FSDP
+    under DeepSpeed's module unit and fp16 write nothing."""
+    from shardplan.importers.megatron import parse_megatron
+
     args, _, notes = _megatron(_plan(ParallelConfig(dp=2), precision=precision))
+    assert "--grad-reduce-in-bf16" in args and notes == ()
     assert "--accumulate-allreduce-grads-in-fp32" not in args
-    assert notes == ("Megatron-LM accumulates and reduces bf16 gradients in fp32: the plan's "
-                     "half-precision gradient reduction is written as fp32",)
-    _, _, notes = _megatron(_plan(ParallelConfig(dp_shard=2), precision=precision,
-                                  shard_unit="module"))
-    assert notes == ()
+    text = " ".join(["--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 "
+                     "--max-position-embeddings 32 --micro-batch-size 1 --global-batch-size 2 "
+                     "--vocab-size 128"]
+                    + [a for a in args if a not in ("--optimizer", "adam")])
+    assert parse_megatron(text, num_gpus=2).execution["grad_reduce"] == "param"
+    args, _, notes = _megatron(_plan(ParallelConfig(dp=2), precision=precision,
+                                     grad_reduce="fp32"))
+    assert "--grad-reduce-in-bf16" not in args and notes == ()
+    args, _, notes = _megatron(_plan(ParallelConfig(dp_shard=2), precision=precision,
+                                     shard_unit="module"))
+    assert notes == () and "--grad-reduce-in-bf16" not in args
     args, _, notes = _megatron(_plan(ParallelConfig(dp=2), precision="fp16"))
     assert notes == () and "--accumulate-allreduce-grads-in-fp32" not in args
+    assert "--grad-reduce-in-bf16" not in args
 
 
 def test_megatron_fully_sharded_data_parallelism() -> None:

@@ -218,9 +218,14 @@ def test_settings() -> None:
     ("--bf16 --fp8-format hybrid", "fp32"),
     ("--bf16 --deepspeed --zero-stage 3 --no-pipeline-parallel", "param"),
     ("--fp16 --accumulate-allreduce-grads-in-fp32 --deepspeed", "param"),
+    ("--bf16 --grad-reduce-in-bf16", "param"), ("--bf16 --fp8-format hybrid --grad-reduce-in-bf16",
+                                                "param"),
+    ("--bf16 --accumulate-allreduce-grads-in-fp32 --grad-reduce-in-bf16", "param"),
+    ("--fp16 --accumulate-allreduce-grads-in-fp32 --grad-reduce-in-bf16", "fp32"),
 ])
 def test_gradient_reduction_precision(extra: str, want: str) -> None:
-    """Megatron-LM's fp32 gradient accumulation: asked for, or implied by --bf16; not under
+    """Megatron-LM's fp32 gradient accumulation: asked for, or implied by --bf16 unless
+    --grad-reduce-in-bf16 (which wins over the request, and only speaks to bf16); not under
     fp32 training, nor when DeepSpeed runs the step."""
     run = parse_megatron(GPT + extra, num_gpus=8)
     assert run.execution["grad_reduce"] == want

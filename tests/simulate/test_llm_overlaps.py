@@ -72,3 +72,47 @@ def test_parameter_gather_hides_under_the_next_forward(g, topo):
     exposed = gather * f + max(0.0, gather - gather * f - fwd)
     assert over.iteration_seconds == pytest.approx(plain.iteration_seconds - gather + exposed)
     assert over.iteration_seconds < plain.iteration_seconds
+
+
+def test_unpaired_passes_are_a_pipelines_warmup_and_cooldown():
+    """Megatron-Core's expert-parallel overlap merges each steady-state forward with the
+    backward after it; the warm-up forwards and the cool-down backwards run alone."""
+    from shardplan.ir.schedule import BACKWARD, FORWARD
+    from shardplan.simulate._llm import _unpaired, llm_schedule
+
+    for pp, vp, m, name in ((4, 1, 8, "1f1b"), (4, 2, 8, "interleaved_1f1b"),
+                            (1, 1, 4, "1f1b")):
+        sch = llm_schedule(pp, vp, m, name)
+        for acts in sch.ranks:
+            alone = _unpaired(acts)
+            passes = [i for i, a in enumerate(acts) if a.op in (FORWARD, BACKWARD)]
+            first_b = next(i for i in passes if acts[i].op == BACKWARD)
+            last_f = max(i for i in passes if acts[i].op == FORWARD)
+            f_before = [i for i in passes if i < first_b]
+            b_after = [i for i in passes if i > last_f]
+            # every forward before the one the first backward follows, and every backward
+            # after the one the last forward precedes
+            assert alone == frozenset(f_before[:-1] + b_after[1:]), (pp, vp, name)
+
+
+def test_moe_passes_alone_pay_their_whole_dispatch(topo):
+    """Under the a2a overlap the simulated iteration adds each lone pass's exposed
+    dispatch and combine: slower than every pass paired, faster than none hidden."""
+    import dataclasses
+
+    from shardplan.capture import capture_spec
+    from shardplan.simulate._llm import simulate_llm
+
+    g = capture_spec("mixtral:debug,seq=64", batch_size=1, meta=True)
+    par = ParallelConfig(pp=2, dp=8, ep=4)
+    st = ExecutionSettings(precision="bf16", microbatches=8, microbatch_size=8,
+                           moe_a2a_overlap=True)
+    plan = layout_plan(g, topo, par, st)
+    c = llm_costs(g, topo, par, plan.settings)
+    assert c.alone_forward is not None and (c.alone_forward > 0).all()
+    over = simulate_llm(plan, g, topo, plan.settings, costs=c)
+    paired = simulate_llm(plan, g, topo, plan.settings, costs=dataclasses.replace(
+        c, alone_forward=None, alone_backward=None))
+    plain_plan = layout_plan(g, topo, par, dataclasses.replace(st, moe_a2a_overlap=False))
+    plain = simulate_llm(plain_plan, g, topo, plain_plan.settings)
+    assert paired.iteration_seconds < over.iteration_seconds < plain.iteration_seconds
