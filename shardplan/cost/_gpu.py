@@ -14,9 +14,12 @@ its own figures, as before.
   267.9 of 312 TFLOP/s (0.859), H100 SXM 792.1 of 989 (0.801); from a later revision of the
   same table (stas00/ml-engineering 744d01e) H200 794.5 of 989 (the H100 row, "H200 is the
   same"), B200 1745.0 of 2250 (0.776), GB200 1822.0 of 2500 (0.729): the rate each sustains
-  under its power limit. No V100, H100 PCIe or 500 W H100 figure is published there; they
-  take A100's and H100 SXM's fractions (assumptions, said so in ``docs/gpu-model.md``). A
-  ``custom`` GPU takes the fractions of the architecture it names.
+  under its power limit. fp8 products reach their own, lower fraction of the fp8 peak, from
+  the same table's ``float8_e4m3fn`` rows (744d01e): H100 SXM 1402.6 of 1979 (0.709), H200
+  1453.4 of 1979, B200 3432.5 of 4500, GB200 3615.6 of 5000. No V100, H100 PCIe or 500 W H100
+  figure is published there; they take A100's and H100 SXM's fractions (assumptions, said
+  so in ``docs/gpu-model.md``). A ``custom`` GPU takes the fractions of the architecture it
+  names.
 - **Wave quantization of matrix products.** A GEMM runs as output tiles, one thread block
   per tile, at most one large tile per SM at a time, in waves over the SMs; the last wave
   runs partly empty, so a product whose tile count is just above a multiple of the SM count
@@ -26,7 +29,8 @@ its own figures, as before.
   guide's 256 x 128 tile; SM counts are the datasheets' (A100 108, H100 SXM 132, V100 80,
   H100 PCIe 114; B200 148 as its SKU reads, Bekman, *Machine Learning Engineering*).
   MAMF is measured at its best shape, whole waves; wave efficiency scales it for the shapes
-  a plan runs.
+  a plan runs. An output of fewer tiles than SMs (a chunk of an overlapped tensor-parallel
+  product) splits its reduction dimension over the idle SMs, as cuBLAS's split-K kernels do.
 - **Memory-bound operators** (normalisation, activations, residual additions, softmax, the
   optimizer step) reach 0.88 of the HBM bandwidth: an A100 80 GB SXM read kernel measured at
   1.80 of 2.04 TB/s, Nsight Compute agreeing (NVIDIA developer forum, "Trouble to reach peak
@@ -56,7 +60,7 @@ import numpy as np
 
 from shardplan.ir import Topology
 
-__all__ = ["GEMM_TILE", "GPU_MODELS", "GPUModel", "cluster_collective_seconds",
+__all__ = ["GEMM_TILE", "GPU_MODELS", "SPLIT_K_DEPTH", "GPUModel", "cluster_collective_seconds",
            "custom_gpu_model", "gpu_model",
            "group_collective_seconds", "nccl_terms", "node_ids", "p2p_seconds",
            "wave_efficiency"]
@@ -64,6 +68,9 @@ __all__ = ["GEMM_TILE", "GPU_MODELS", "GPUModel", "cluster_collective_seconds",
 #: The output tile (rows, columns) of a large half-precision GEMM in cuBLAS (NVIDIA, Matrix
 #: Multiplication Background User's Guide, section 2.3; its wave example uses it on A100).
 GEMM_TILE = (256, 128)
+#: The thinnest slice of a GEMM's reduction dimension a split-K kernel gives one SM: two
+#: 64-deep main-loop steps of the tile (an assumption; splits only fill a wave's idle SMs).
+SPLIT_K_DEPTH = 128
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +81,11 @@ class GPUModel:
     ----------
     name : str
     matmul_efficiency : float
-        Achieved / peak tensor-core FLOP/s of large matrix products (MAMF / peak).
+        Achieved / peak tensor-core FLOP/s of large half-precision matrix products (bf16
+        MAMF / peak).
+    fp8_matmul_efficiency : float or None
+        The same of fp8 products (fp8 MAMF / fp8 peak); None: the half-precision fraction
+        (no fp8 measurement published). :meth:`matmul_fraction` reads it.
     memory_efficiency : float
         Achieved / peak HBM bandwidth of streaming kernels.
     nccl_efficiency : float
@@ -96,10 +107,20 @@ class GPUModel:
     nccl_net_step: float = 14.0e-6
     sms: int = 108
     source: str = ""
+    fp8_matmul_efficiency: float | None = None
+
+    def matmul_fraction(self, precision: str) -> float:
+        """What matrix products reach of the tensor cores' peak at ``precision``."""
+        if precision == "fp8" and self.fp8_matmul_efficiency is not None:
+            return self.fp8_matmul_efficiency
+        return self.matmul_efficiency
 
 
 _HBM = 1.80 / 2.04  # A100 80 GB read kernel, NVIDIA developer forum (module docstring)
 _MAMF_A100 = 267.9 / 312.0
+#: H100 SXM's fp8 (``float8_e4m3fn``) MAMF: 1402.6 of 1979 TFLOP/s (Bekman's table,
+#: stas00/ml-engineering 744d01e), below its bf16 fraction (0.80)
+_FP8_H100 = 1402.6 / 1979.0
 GPU_MODELS: dict[str, GPUModel] = {
     "a100": GPUModel("a100", _MAMF_A100, _HBM,
                      source="MAMF 267.9 / 312 TFLOP/s (Bekman, ML Engineering); HBM 1.80 / "
@@ -109,38 +130,45 @@ GPU_MODELS: dict[str, GPUModel] = {
                           source="as a100 (the same GA100 chip); HBM fraction measured on the "
                                  "80 GB part, assumed for its 40 GB HBM2"),
     "h100": GPUModel("h100", 792.1 / 989.0, _HBM, sms=132,
-                     source="MAMF 792.1 / 989 TFLOP/s (Bekman, ML Engineering); HBM as A100; "
-                            "NCCL tuning.cc; 8 x H200 ring busbw"),
+                     fp8_matmul_efficiency=_FP8_H100,
+                     source="MAMF 792.1 / 989 TFLOP/s, fp8 1402.6 / 1979 (Bekman, ML "
+                            "Engineering); HBM as A100; NCCL tuning.cc; 8 x H200 ring busbw"),
     "v100": GPUModel("v100", _MAMF_A100, _HBM, sms=80,
                      source="no published MAMF: A100's fraction assumed; HBM as A100; NCCL "
                             "tuning.cc; 8 x H200 ring busbw"),
     # Bekman's table (stas00/ml-engineering 744d01e, 2026-08): "H100 SXM 794.5 of 989 ...
     # H200 is the same" (bf16; its fp8 row: H200 1453.4 of 1979)
     "h200": GPUModel("h200", 794.5 / 989.0, _HBM, sms=132,
+                     fp8_matmul_efficiency=1453.4 / 1979.0,
                      source="MAMF 794.5 / 989 TFLOP/s, the H100 SXM row noted 'H200 is the "
-                            "same' (Bekman, ML Engineering); HBM as A100; NCCL tuning.cc; "
-                            "8 x H200 ring busbw"),
+                            "same', fp8 1453.4 / 1979 (Bekman, ML Engineering); HBM as A100; "
+                            "NCCL tuning.cc; 8 x H200 ring busbw"),
     # torchtitan (benchmarks/llama3_h100_202412_torchtitan.md): at its 500 W limit "the
     # actual peak TFLOPs number is between SXM and NVL": H100 NVL's datasheet 835 and H100
     # SXM's 989 dense bf16 TFLOP/s bound the clock it sustains; the bracket's middle
     # (912 / 989) scales H100 SXM's MAMF fraction
     "h100-96gb": GPUModel("h100-96gb", 792.1 / 989.0 * (835.0 + 989.0) / 2.0 / 989.0, _HBM,
                           sms=132,
+                          fp8_matmul_efficiency=_FP8_H100 * (835.0 + 989.0) / 2.0 / 989.0,
                           source="no published MAMF at 500 W: H100 SXM's fraction x the middle "
                                  "of the clock bracket torchtitan states (between H100 NVL's "
                                  "835 and SXM's 989 TFLOP/s); HBM as A100; NCCL tuning.cc; "
                                  "8 x H200 ring busbw"),
     "h100-pcie": GPUModel("h100-pcie", 792.1 / 989.0, _HBM, sms=114,
+                          fp8_matmul_efficiency=_FP8_H100,
                           source="no published MAMF: H100 SXM's fraction assumed (of the "
                                  "PCIe card's own 756 TFLOP/s peak); HBM as A100; NCCL "
                                  "tuning.cc; 8 x H200 ring busbw"),
     "b200": GPUModel("b200", 1745.0 / 2250.0, _HBM, sms=148,
-                     source="MAMF 1745.0 / 2250 TFLOP/s, B200 SXM (Bekman, ML Engineering); "
+                     fp8_matmul_efficiency=3432.5 / 4500.0,
+                     source="MAMF 1745.0 / 2250 TFLOP/s, fp8 3432.5 / 4500, B200 SXM (Bekman, "
+                            "ML Engineering); "
                             "HBM as A100; NCCL tuning.cc and 8 x H200 busbw assumed for "
                             "NVLink 5"),
     "gb200": GPUModel("gb200", 1822.0 / 2500.0, _HBM, sms=148,
-                      source="MAMF 1822.0 / 2500 TFLOP/s, GB200 SXM (Bekman, ML "
-                             "Engineering); SMs as B200 (assumed); HBM as A100; NCCL "
+                      fp8_matmul_efficiency=3615.6 / 5000.0,
+                      source="MAMF 1822.0 / 2500 TFLOP/s, fp8 3615.6 / 5000, GB200 SXM "
+                             "(Bekman, ML Engineering); SMs as B200 (assumed); HBM as A100; NCCL "
                              "tuning.cc and 8 x H200 busbw assumed for NVLink 5"),
 }
 
@@ -159,11 +187,14 @@ def custom_gpu_model(arch: str, sms: int) -> GPUModel | None:
                    source=f"custom GPU: {ref}'s fractions (arch={arch}); {base.source}")
 
 
-def wave_efficiency(rows: Any, cols: Any, sms: int) -> np.ndarray:
+def wave_efficiency(rows: Any, cols: Any, sms: int, depth: Any = None) -> np.ndarray:
     """Achieved / full-wave rate of GEMMs with ``rows x cols`` outputs on ``sms`` SMs: tiles
     ``t = ceil(rows / 256) * ceil(cols / 128)`` (:data:`GEMM_TILE`) run in ``ceil(t / sms)``
     waves, so ``t / (sms * ceil(t / sms))`` of the SM-time does work (module docstring).
-    Elementwise over arrays. O(1) each.
+    Outputs of fewer tiles than SMs split their reduction dimension (``depth``, when given)
+    over the idle SMs, ``floor(sms / t)`` ways and no thinner than :data:`SPLIT_K_DEPTH`
+    (cuBLAS's split-K kernels; CUTLASS's guidance picks split-K where quantization leaves
+    SMs idle). Elementwise over arrays. O(1) each.
 
     Examples
     --------
@@ -171,10 +202,16 @@ def wave_efficiency(rows: Any, cols: Any, sms: int) -> np.ndarray:
     0.8888888888888888
     >>> float(wave_efficiency(8192, 128 * 27, 108))  # 864 tiles: exactly 8 waves
     1.0
+    >>> float(wave_efficiency(512, 2304, 132, depth=16384))  # 36 tiles, K split 3 ways
+    0.8181818181818182
     """
     r = np.maximum(np.asarray(rows, dtype=np.float64), 1.0)
     c = np.maximum(np.asarray(cols, dtype=np.float64), 1.0)
     tiles = np.ceil(r / GEMM_TILE[0]) * np.ceil(c / GEMM_TILE[1])
+    if depth is not None:
+        most = np.maximum(np.floor(np.asarray(depth, dtype=np.float64) / SPLIT_K_DEPTH), 1.0)
+        split = np.where(tiles < sms, np.minimum(np.floor(sms / tiles), most), 1.0)
+        tiles = tiles * split
     return tiles / (sms * np.ceil(tiles / sms))
 
 

@@ -377,7 +377,7 @@ def pricing(graph: Graph, topology: Topology, parallel: ParallelConfig,
     flops = float(matmul_peak_flops(topology, "fp8")[0]) if precision == "fp8" \
         else float(d0.flops)
     flops *= settings.efficiency if settings.efficiency is not None else (
-        hw.matmul_efficiency if hw is not None else 1.0)
+        hw.matmul_fraction(precision) if hw is not None else 1.0)
     bw = float(d0.extra.get("memory_bandwidth") or np.inf)
     if hw is not None:
         bw *= hw.memory_efficiency
@@ -431,7 +431,8 @@ def node_seconds(pr: Pricing) -> NodeTimes:
         fwd, bwd, rate = _fp8_where_it_runs(pr, act_scale, fwd, bwd)
     if hw is not None and st.efficiency is None:
         # matrix products at the waves their per-device shapes fill (shardplan.cost._gpu)
-        wf, wb = _wave_factors(graph, pr.rb, pr.parallel.tp, pr.parallel.cp, hw.sms)
+        wf, wb = _wave_factors(graph, pr.rb, pr.parallel.tp, pr.parallel.cp, hw.sms,
+                               st.tp_comm_overlap and pr.parallel.tp > 1)
         wf, wb = expert_factors(pr, wf, wb)
         fwd = np.maximum(fwd, scaled.fwd_flops / rate / wf)
         bwd = np.maximum(bwd, scaled.bwd_flops / rate / wb)
@@ -511,9 +512,10 @@ def _fp8_where_it_runs(pr: Pricing, act_scale: float, fwd: np.ndarray, bwd: np.n
     Float8Linear, :func:`fp8_linear_nodes`): attention and the output head stay at the bf16
     rate, and every fp8 product pays its casts (:func:`fp8_cast_seconds`). Returns the
     nodes' forward and backward seconds and their matrix-product rates."""
-    graph, topology = pr.graph, pr.topology
-    half = pr.flops / float(matmul_peak_flops(topology, "fp8")[0]) * \
-        float(topology.devices[0].flops)
+    graph, topology, hw = pr.graph, pr.topology, pr.hw
+    half = float(topology.devices[0].flops) * (
+        pr.settings.efficiency if pr.settings.efficiency is not None else
+        hw.matmul_efficiency if hw is not None else 1.0)
     fp8_nodes = fp8_linear_nodes(graph)
     _, fwd16, bwd16 = _node_times(graph, pr.rb, act_scale, float(pr.w_bytes), half, pr.fp32,
                                   pr.bw, True, _expert_scale(pr))
@@ -741,9 +743,17 @@ def _at_batch(graph: Graph, batch: int) -> Graph:
     return graph.at_batch_size(batch)
 
 
+#: Transformer Engine's userbuffers defaults (``initialize_ub``'s ``get_default_config``, what
+#: Megatron-Core's ``--tp-comm-overlap`` runs without ``--tp-comm-overlap-cfg``): the
+#: ``pipeline`` overlap of a row-parallel forward with its reduce-scatter runs the product in
+#: this many chunks of the tokens, on the SMs the communication leaves it (``set_sm_margin``).
+UB_PIPELINE_SPLITS = 4
+UB_PIPELINE_SMS = 16
+
+
 @lru_cache(maxsize=64)
-def _wave_factors(graph: Graph, batch: int, tp: int, cp: int, sms: int
-                  ) -> tuple[np.ndarray, np.ndarray]:
+def _wave_factors(graph: Graph, batch: int, tp: int, cp: int, sms: int,
+                  overlap: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """Every node's forward and backward wave efficiency on one device
     (:func:`~shardplan.cost._gpu.wave_efficiency`; 1 for nodes that are not matrix products
     with parameters).
@@ -756,6 +766,13 @@ def _wave_factors(graph: Graph, batch: int, tp: int, cp: int, sms: int
     vocabulary-split head) and ``K`` of a row-parallel one (its output leaves its region).
     The forward writes ``M x N``; the backward's two products, of equal FLOPs, write ``M x K``
     (input gradient) and ``K x N`` (weight gradient). Cached per graph and layout. O(n + m).
+
+    ``overlap`` (tensor-parallel communication overlapped by Transformer Engine's userbuffers,
+    its defaults): the products beside an all-gather run in ``tp`` chunks of ``M / tp``
+    tokens as each chunk arrives (``ring_exchange``: a column-parallel forward, a
+    row-parallel input gradient); a row-parallel forward runs in :data:`UB_PIPELINE_SPLITS`
+    chunks on ``sms -`` :data:`UB_PIPELINE_SMS` SMs (``pipeline``); the others are whole
+    (``bulk``). Each chunk fills its own waves.
     """
     g = graph.at_batch_size(batch)
     dtype_bytes = float(graph.meta.get("dtype_bytes", 4)) if isinstance(graph.meta, dict) \
@@ -780,13 +797,22 @@ def _wave_factors(graph: Graph, batch: int, tp: int, cp: int, sms: int
         if cols < 1:
             continue
         rows = out[v] / cols / cp
+        fwd_rows, fwd_sms, dgrad_rows = rows, sms, rows
         if layout.split[v] and tp > 1:
-            if leaves[v] and not layout.vocab[v]:
+            row_parallel = bool(leaves[v] and not layout.vocab[v])
+            if row_parallel:
                 k /= tp  # row-parallel: the reduction dimension is split
             else:
                 cols /= tp  # column-parallel: the outputs are split
-        wf[v] = float(wave_efficiency(rows, cols, sms))
-        dgrad, wgrad = float(wave_efficiency(rows, k, sms)), float(wave_efficiency(k, cols, sms))
+            if overlap and not layout.vocab[v]:
+                if row_parallel:
+                    fwd_rows, fwd_sms = rows / UB_PIPELINE_SPLITS, sms - UB_PIPELINE_SMS
+                    dgrad_rows = rows / tp
+                else:
+                    fwd_rows = rows / tp
+        wf[v] = float(wave_efficiency(fwd_rows, cols, fwd_sms, k)) * fwd_sms / sms
+        dgrad = float(wave_efficiency(dgrad_rows, k, sms, cols))
+        wgrad = float(wave_efficiency(k, cols, sms, rows))
         wb[v] = 2.0 / (1.0 / dgrad + 1.0 / wgrad)
     wf.setflags(write=False)
     wb.setflags(write=False)

@@ -254,7 +254,7 @@ class CostModel:
             # the LLM plan kind prices with (shardplan.cost._gpu; MAMF is a tensor-core
             # figure, so fp32 products keep their peak there too)
             if self.compute_precision != "fp32":
-                rate *= hw.matmul_efficiency
+                rate *= hw.matmul_fraction(self.compute_precision)
             feed *= hw.memory_efficiency
         tf, tb = roofline_seconds(self.graph, rate, fp32[ref], feed,
                                   mixed_precision=self.compute_precision != "fp32")

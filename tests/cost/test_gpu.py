@@ -12,7 +12,7 @@ from shardplan.cost._gpu import (
     wave_efficiency,
 )
 from shardplan.ir import ExecutionSettings, ParallelConfig
-from shardplan.topology import build
+from shardplan.topology import build, build_spec
 from tests.cost.llm_graph import gpt_graph
 
 NVL, NIC = 300e9, 25e9
@@ -91,7 +91,8 @@ def test_llm_costs_use_the_fractions_on_gpus():
 def test_waves_of_column_and_row_parallel_products(tp):
     """Each product's GEMM as the device runs it: the column-parallel QKV and first MLP
     product write M x N/tp, the row-parallel output and second MLP product M x N with K/tp;
-    the backward's input- and weight-gradient products write M x K and K x N."""
+    the backward's input- and weight-gradient products write M x K and K x N; each may split
+    its reduction dimension where its outputs leave SMs idle."""
     from shardplan.cost._llm import _wave_factors
 
     h, s, b = 1216, 512, 4
@@ -100,20 +101,20 @@ def test_waves_of_column_and_row_parallel_products(tp):
     by_name = {n: i for i, n in enumerate(g.names)}
     m_rows = b * s
 
-    def w(r, c):
-        return float(wave_efficiency(r, c, 108))
+    def w(r, c, depth):
+        return float(wave_efficiency(r, c, 108, depth))
 
     def back(r, k, c):
-        return 2 / (1 / w(r, k) + 1 / w(k, c))
+        return 2 / (1 / w(r, k, c) + 1 / w(k, c, r))
 
     qkv, wo = by_name["layers.0.qkv"], by_name["layers.0.wo"]
     w1, w2 = by_name["layers.0.w1"], by_name["layers.0.w2"]
-    assert wf[qkv] == pytest.approx(w(m_rows, 3 * h / tp))
+    assert wf[qkv] == pytest.approx(w(m_rows, 3 * h / tp, h))
     assert wb[qkv] == pytest.approx(back(m_rows, h, 3 * h / tp))
-    assert wf[w1] == pytest.approx(w(m_rows, 4 * h / tp))
-    assert wf[wo] == pytest.approx(w(m_rows, h))
+    assert wf[w1] == pytest.approx(w(m_rows, 4 * h / tp, h))
+    assert wf[wo] == pytest.approx(w(m_rows, h, h / tp))
     assert wb[wo] == pytest.approx(back(m_rows, h / tp, h))
-    assert wf[w2] == pytest.approx(w(m_rows, h))
+    assert wf[w2] == pytest.approx(w(m_rows, h, 4 * h / tp))
     assert wb[w2] == pytest.approx(back(m_rows, 4 * h / tp, h))
     # the tied head holds no parameters of its own (its shape is not read: whole waves), nor
     # do nodes that are no products
@@ -122,6 +123,61 @@ def test_waves_of_column_and_row_parallel_products(tp):
     # 2048 x 3648 outputs: 8 x 29 = 232 tiles, 3 waves of 108 where 2.15 would do
     if tp == 1:
         assert wf[qkv] == pytest.approx(232 / 324)
+    # at TP 4 the QKV product writes 8 x 8 = 64 tiles, under one wave: K = 1216 splits once
+    if tp == 4:
+        assert wf[qkv] == pytest.approx(128 / 216)
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_overlapped_tensor_parallel_products_run_in_chunks(tp):
+    """Under Transformer Engine's userbuffers (--tp-comm-overlap, its defaults): the
+    column-parallel forward and the row-parallel input gradient in tp chunks of M / tp
+    tokens, the row-parallel forward in 4 chunks on the SMs the reduce-scatter leaves; the
+    other products whole (each chunk fills its own waves: it may fill them better or worse
+    than the whole)."""
+    from shardplan.cost._llm import UB_PIPELINE_SMS, UB_PIPELINE_SPLITS, _wave_factors
+
+    h, s, b = 2048, 1024, 2
+    g = gpt_graph(hidden=h, layers=1, seq=s, batch=b)
+    plain_f, plain_b = _wave_factors(g, b, tp, 1, 132)
+    wf, wb = _wave_factors(g, b, tp, 1, 132, True)
+    by_name = {n: i for i, n in enumerate(g.names)}
+    m = b * s
+
+    def w(r, c, depth, sms=132):
+        return float(wave_efficiency(r, c, sms, depth))
+
+    qkv, wo = by_name["layers.0.qkv"], by_name["layers.0.wo"]
+    assert wf[qkv] == pytest.approx(w(m / tp, 3 * h / tp, h))
+    assert wb[qkv] == pytest.approx(plain_b[qkv])  # bulk: whole
+    small = 132 - UB_PIPELINE_SMS
+    assert wf[wo] == pytest.approx(w(m / UB_PIPELINE_SPLITS, h, h / tp, small) * small / 132)
+    assert wb[wo] == pytest.approx(2 / (1 / w(m / tp, h / tp, h) + 1 / w(h / tp, h, m)))
+    assert wf[wo] < plain_f[wo]  # 32 tiles split 3 ways on 116 SMs against 128 tiles
+    assert wf[by_name["output"]] == plain_f[by_name["output"]]  # the head is not overlapped
+
+
+def test_split_k_fills_only_what_a_wave_leaves_idle():
+    assert float(wave_efficiency(256, 128, 132)) == pytest.approx(1 / 132)  # no depth given
+    assert float(wave_efficiency(256, 128, 132, 1 << 20)) == pytest.approx(1.0)  # 132 ways
+    assert float(wave_efficiency(256, 128, 132, 256)) == pytest.approx(2 / 132)  # 128 deep
+    assert float(wave_efficiency(256 * 10, 128 * 14, 132, 1 << 20)) == pytest.approx(
+        140 / 264)  # 140 tiles fill more than a wave: not split
+    assert float(wave_efficiency(256, 128 * 50, 132, 1 << 20)) == pytest.approx(100 / 132)
+
+
+def test_fp8_products_reach_their_own_fraction():
+    from shardplan.cost._llm import pricing
+
+    h100 = GPU_MODELS["h100"]
+    assert h100.matmul_fraction("fp8") == pytest.approx(1402.6 / 1979)
+    assert h100.matmul_fraction("bf16") == h100.matmul_efficiency
+    assert GPU_MODELS["a100"].matmul_fraction("fp8") == GPU_MODELS["a100"].matmul_efficiency
+    g = gpt_graph(hidden=256, layers=1, seq=64, batch=1)
+    topo = build_spec("dgx-h100,nodes=1")
+    st = ExecutionSettings(microbatch_size=1, microbatches=1, precision="fp8")
+    pr = pricing(g, topo, ParallelConfig(), st)
+    assert pr.flops == pytest.approx(1979e12 * 1402.6 / 1979, rel=1e-3)
 
 
 def test_cluster_presets_price_every_plan_kinds_collectives_by_nccl():
