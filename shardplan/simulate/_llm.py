@@ -35,6 +35,7 @@ Context parallelism's ring exchange of keys and values is not priced yet (its co
 
 from __future__ import annotations
 
+import itertools
 import math
 from functools import lru_cache
 from typing import Any
@@ -269,7 +270,7 @@ def _unpaired(actions: tuple[Any, ...]) -> frozenset[int]:
     each steady-state forward with the backward after it). O(len(actions))."""
     passes = [i for i, a in enumerate(actions) if a.op in (FORWARD, BACKWARD)]
     paired: set[int] = set()
-    for i, k in zip(passes, passes[1:]):
+    for i, k in itertools.pairwise(passes):
         if actions[i].op == FORWARD and actions[k].op == BACKWARD:
             paired.update((i, k))
     return frozenset(passes) - paired
