@@ -33,7 +33,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Any
 
 __all__ = ["RayExecutor", "executor", "mp_context", "process_pool", "ray_address"]
@@ -86,9 +86,12 @@ def _terminate(pool: ProcessPoolExecutor) -> None:
     after a second; then shut the pool down without waiting. The interrupt may have landed
     inside ``submit`` while it held the pool's lock: ``shutdown`` is skipped rather than
     waited for when the lock stays taken (the dead workers end the pool's thread anyway)."""
-    # Futures the caller cancelled must leave the pool's queue first: when the workers die,
-    # Python 3.11's pool sets an error on every queued future, and one already cancelled
-    # raises InvalidStateError in the pool's thread (a traceback on stderr).
+    # Futures the caller cancelled must not be in the pool's queue when the workers die:
+    # Python 3.11's pool then sets an error on every queued future, and one already
+    # cancelled raises InvalidStateError in the pool's thread (a traceback on stderr). Their
+    # items stay (the pool's thread may be about to look one up by the id it took from its
+    # queue: removing the item was a KeyError traceback there, `plan --time-limit` shorter
+    # than the search); each gets a fresh future nobody waits on, which takes the error.
     # The pool's thread (taken now: ``shutdown`` forgets it) must also leave the interpreter's
     # exit hook, which would write to that thread's wake-up pipe while the thread, its
     # workers gone, closes it (an OSError traceback after Ctrl-C's one line, Python 3.11).
@@ -101,9 +104,9 @@ def _terminate(pool: ProcessPoolExecutor) -> None:
             wakeups.pop(thread, None)
     items = getattr(pool, "_pending_work_items", None)
     if isinstance(items, dict):
-        for key, item in list(items.items()):
+        for item in list(items.values()):
             if item.future.cancelled():
-                items.pop(key, None)
+                item.future = Future()
     procs = list((getattr(pool, "_processes", None) or {}).values())
     for p in procs:
         with contextlib.suppress(Exception):

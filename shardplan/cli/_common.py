@@ -189,6 +189,14 @@ def progress_reporter(labels: Mapping[str, str] | None = None
         yield update
 
 
+def _fraction(text: str) -> float:
+    """A number in (0, 1] (argparse names the flag before the line)."""
+    v = positive_float(text)
+    if v > 1:
+        raise argparse.ArgumentTypeError(f"a fraction in (0, 1], got {text!r}")
+    return v
+
+
 #: The execution-setting flags (``ExecutionSettings`` fields): dest -> (flag, keywords).
 SETTING_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "microbatch_size": ("--microbatch-size", {
@@ -268,8 +276,9 @@ SETTING_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
                                               "adamw"),
                                   "help": "optimizer whose state and step are counted "
                                           "(default adam)"}),
-    "efficiency": ("--efficiency", {"type": positive_float,
-                                    "help": "fraction of peak FLOP/s reached (default: peak)"}),
+    "efficiency": ("--efficiency", {"type": _fraction, "metavar": "F",
+                                    "help": "fraction of peak FLOP/s reached, in (0, 1] "
+                                            "(default: peak)"}),
     "overlap": ("--no-overlap", {"action": "store_const", "const": False,
                                  "help": "devices cannot compute while they communicate"}),
 }

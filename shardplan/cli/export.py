@@ -42,6 +42,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="current: a torchtitan 0.3.0 recipe module (--module FILE --config "
                         "shardplan_plan) and FILE.flags; 0.2: the TOML of torchtitan <= 0.2.2")
     p.add_argument("--torchtitan-base", default="MODULE:FUNCTION", metavar="MODULE:FUNCTION",
+                   type=_module_function,
                    help="the recipe of your model that the torchtitan recipe starts from")
     add_simulation_options(p)
     p.add_argument("-o", "--output", required=True, metavar="FILE", help="write it here")
@@ -50,13 +51,28 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=_run)
 
 
+def _module_function(text: str) -> str:
+    """``MODULE:FUNCTION`` with a dotted Python module and an identifier (what the recipe
+    imports and calls)."""
+    module, colon, function = text.partition(":")
+    if not colon or not function.isidentifier() or \
+            not all(part.isidentifier() for part in module.split(".")):
+        raise argparse.ArgumentTypeError(
+            f"expected MODULE:FUNCTION (a dotted module and a function in it, as "
+            f"torchtitan.models.llama3.config_registry:llama3_8b), got {text!r}")
+    return text
+
+
 def _run(args: argparse.Namespace) -> int:
     from shardplan.export import ExportOptions, export
     from shardplan.ir import write_atomic
+    from shardplan.ir.hardware import check_precision
 
     plan, graph, topology = load_plan_inputs(args)
     note_unused_devices(plan, topology, "the export")
     kw = simulation_kwargs(args, plan, graph)
+    # as simulate and plan: a precision the devices have no units for is not written either
+    check_precision(topology, kw["settings"].precision)
     # absolute: torchtitan opens the path from the folder it runs in
     options = ExportOptions(exact=args.exact_split, torchtitan_version=args.torchtitan_version,
                             torchtitan_base=args.torchtitan_base,

@@ -118,8 +118,18 @@ def _check_files(args: Any, config: str | None) -> None:
         return out
 
     declare_inputs(config, *values(getattr(args, "input_args", ())))
-    for path in values(getattr(args, "output_args", ())):
-        check_output(path)
+    written: dict[str, str] = {}
+    for dest in getattr(args, "output_args", ()):
+        for path in values((dest,)):
+            check_output(path)
+            flag = "-o" if dest == "output" else "--" + dest.replace("_", "-")
+            if os.path.exists(path) and not os.path.isfile(path):
+                continue  # a device or a FIFO (/dev/null) takes any number of writers
+            key = os.path.realpath(path)
+            if key in written:  # the second writer replaced the first's file
+                raise ShardplanError(f"{written[key]} and {flag} both write {path}: give each "
+                                     f"its own file")
+            written[key] = flag
 
 
 def _setup_logging(verbose: int, quiet: bool) -> None:
@@ -180,7 +190,16 @@ class _Terminated(BaseException):
     stopped, temporary files removed)."""
 
 
+#: The process that installed :func:`_on_sigterm` (set by :func:`main`).
+_MAIN_PID: list[int] = []
+
+
 def _on_sigterm(signum: int, frame: FrameType | None) -> Any:
+    # A worker forked from this process keeps this handler until its initializer resets it;
+    # terminated in that window (the pool stopped at a time limit), raising here printed the
+    # worker's traceback under the command's one line. Such a worker just ends.
+    if _MAIN_PID and os.getpid() != _MAIN_PID[-1]:
+        os._exit(128 + signum)
     raise _Terminated
 
 
@@ -209,6 +228,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     previous = None
     try:
         previous = signal.signal(signal.SIGTERM, _on_sigterm)
+        _MAIN_PID.append(os.getpid())
     except ValueError:  # not the main thread: leave signals alone
         previous = None
     from shardplan.ir.io import command_scope
@@ -243,6 +263,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+            _MAIN_PID.pop()
         if args.max_input_size is not None:  # main() may run again in this process
             if limit_before is None:
                 os.environ.pop("SHARDPLAN_MAX_INPUT_BYTES", None)

@@ -101,7 +101,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "winner's timeline here")
     p.add_argument("--run", action="store_true", help="train the winner for real and "
                    "print predicted against measured time per step")
-    p.add_argument("--steps", type=positive_int, default=5, help="--run: steps (default 5)")
+    p.add_argument("--steps", type=positive_int, default=None,
+                   help="--run: steps (default 5)")
     p.add_argument("--trust-model-code", action="store_true",
                    help="--run: allow building the model from the Python file a graph "
                         "file's 'model' field names (FILE.py:FN), which runs its code")
@@ -246,6 +247,9 @@ def _run(args: argparse.Namespace) -> int:
     from shardplan.planner import FAMILIES, search
 
     check_failure_args(args)
+    if args.steps is not None and not args.run:  # it was ignored without a word
+        raise ShardplanError(f"--steps {args.steps} counts the steps of --run: add --run, or "
+                             f"leave --steps out")
     families = None
     if args.families is not None:
         families = [f.strip() for f in args.families.split(",") if f.strip()]
@@ -543,7 +547,8 @@ def _train(args: argparse.Namespace, plan: Any, graph: Any, topology: Any) -> di
     if not model:
         raise ShardplanError("--run needs the model the graph was captured from (capture it "
                              "with shardplan, or plan from a model spec)")
-    cfg = config_for_plan(plan, graph, steps=args.steps, model=model)
+    cfg = config_for_plan(plan, graph, steps=5 if args.steps is None else args.steps,
+                          model=model)
     result = train(cfg)
     times = list(result.seconds_per_step)
     measured = statistics.median(times[1:] if len(times) > 1 else times)

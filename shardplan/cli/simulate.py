@@ -15,6 +15,7 @@ from shardplan.cli._common import (
     print_json,
 )
 from shardplan.cli._failures import add_failure_options, failure_report, print_failures
+from shardplan.errors import ShardplanError
 
 __all__ = ["add_simulation_options", "register", "simulation_kwargs"]
 
@@ -32,12 +33,34 @@ def add_simulation_options(p: argparse.ArgumentParser) -> None:
 def simulation_kwargs(args: argparse.Namespace, plan: Any, graph: Any) -> dict[str, Any]:
     """``simulate``'s keywords: the plan's settings with the flags' overrides (each change
     noted on stderr), and the schedule file's schedule when one is given."""
+    _check_llm_overrides(args, plan)
     out: dict[str, Any] = {"settings": plan_settings(plan, graph, args)}
     if args.schedule_file:
         from shardplan.simulate import load_schedule
 
         out["schedule"] = load_schedule(args.schedule_file)
     return out
+
+
+def _check_llm_overrides(args: argparse.Namespace, plan: Any) -> None:
+    """``--recompute-every K`` needs full recompute (the plan's or ``--recompute full``).
+    An LLM plan's virtual stages are its layout (``parallel.vp``, with its stages in the
+    plan file): ``--virtual-stages`` cannot change them, and was silently ignored after a note
+    saying it overrode them. One line instead, naming the flag."""
+    every = getattr(args, "recompute_every", None)
+    recompute = getattr(args, "recompute", None) or plan.settings.recompute
+    if every is not None and every != 1 and recompute != "full":
+        # the flag only thins full recompute; under any other it changed nothing
+        raise ShardplanError(f"--recompute-every {every} thins full recompute (one block in "
+                             f"{every}), and the recompute is {recompute}: add --recompute "
+                             f"full")
+    par = getattr(plan, "parallel", None)
+    vp = getattr(args, "virtual_stages", None)
+    if par is not None and vp is not None and vp != par.vp:
+        raise ShardplanError(
+            f"--virtual-stages {vp}: an LLM plan's virtual stages are its layout ({par.vp} "
+            f"per pipeline rank in this plan's stages) and a flag cannot change them; plan "
+            f"again with --virtual-stages {vp} (shardplan plan ... --virtual-stages {vp})")
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -134,6 +134,19 @@ def moe_dims(args: Mapping[str, list[str]], dims: Mapping[str, int], notes: list
                              "--swiglu (or --quick-geglu)")
     bias = "--disable-bias-linear" not in args
     experts = _int("--num-experts", args)
+    # the model's own check refuses these too; here in the arguments' own names
+    topk = _int("--moe-router-topk", args, 2)
+    if topk > experts:
+        raise ShardplanError(f"--moe-router-topk {topk} is above --num-experts {experts}")
+    if "--moe-router-num-groups" in args:
+        groups = _int("--moe-router-num-groups", args)
+        if experts % groups:
+            raise ShardplanError(f"--moe-router-num-groups {groups} does not divide "
+                                 f"--num-experts {experts}")
+        chosen = _int("--moe-router-group-topk", args, 1)
+        if chosen > groups:
+            raise ShardplanError(f"--moe-router-group-topk {chosen} is above "
+                                 f"--moe-router-num-groups {groups}")
     moe_ffn = _int("--moe-ffn-hidden-size", args, dims["ffn"])
     first = _first_dense(args, dims["layers"])
     values: dict[str, Any] = {

@@ -182,6 +182,13 @@ KNOWN_UNMODELLED = frozenset({
 #: Megatron's ``--tokenizer-type`` values whose vocabulary is known without the tokenizer
 #: file (GPT-2's BPE: 50,257 tokens, before padding).
 _TOKENIZER_VOCAB = {"GPT2BPETokenizer": 50257}
+#: ``--tokenizer-type``'s choices in Megatron-LM's ``arguments.py`` (its parser refuses any
+#: other; megatron-core's ``tokenizers/text/utils/build_tokenizer.py`` builds these).
+TOKENIZER_TYPES = ("BertWordPieceLowerCase", "BertWordPieceCase", "GPT2BPETokenizer",
+                   "SentencePieceTokenizer", "GPTSentencePieceTokenizer",
+                   "HuggingFaceTokenizer", "Llama2Tokenizer", "TikTokenizer",
+                   "MultimodalTokenizer", "NullTokenizer", "NullMultimodalTokenizer",
+                   "SFTTokenizer")
 
 
 def split_arguments(text: str) -> list[tuple[str, list[str]]]:
@@ -247,7 +254,8 @@ def _read(text: str) -> tuple[dict[str, list[str]], list[str]]:
                 raise ShardplanError(f"{name} takes no value, got {' '.join(values)!r}")
         elif name in _READ_VALUES:
             if len(values) != 1:
-                raise ShardplanError(f"{name} takes one value, got {len(values)}")
+                raise ShardplanError(f"{name} takes one value, got {len(values)}: "
+                                     f"{' '.join(values)!r}")
         elif name in _READ_LISTS:
             if not values:
                 raise ShardplanError(f"{name} takes one or more values, got none")
@@ -278,6 +286,10 @@ def _read(text: str) -> tuple[dict[str, list[str]], list[str]]:
 
 
 def _padded_vocab(args: Mapping[str, list[str]], tp: int) -> int:
+    tokenizer = args.get("--tokenizer-type", [None])[0]
+    if tokenizer is not None and tokenizer not in TOKENIZER_TYPES:
+        raise ShardplanError(f"--tokenizer-type {tokenizer!r} is not one of Megatron-LM's "
+                             f"({', '.join(TOKENIZER_TYPES)})")
     if "--padded-vocab-size" in args:
         return _int("--padded-vocab-size", args["--padded-vocab-size"])
     if "--vocab-size" in args:
@@ -349,6 +361,13 @@ def _model(args: Mapping[str, list[str]], tp: int, notes: list[str]) -> ModelDim
         return moe.moe_dims(args, {"hidden": hidden, "layers": layers, "heads": heads,
                                    "kv_heads": kv, "ffn": ffn, "vocab": vocab, "seq": seq},
                             notes)
+    # ModelDims refuses these too; here in the arguments' own names
+    if hidden % heads:
+        raise ShardplanError(f"--hidden-size {hidden} is not a multiple of "
+                             f"--num-attention-heads {heads}")
+    if heads % kv:
+        raise ShardplanError(f"--num-attention-heads {heads} is not a multiple of "
+                             f"--num-query-groups {kv}")
     return ModelDims(family=family, hidden=hidden, num_layers=layers, num_heads=heads,
                      num_kv_heads=kv, ffn=ffn, vocab=vocab, seq_len=seq)
 
@@ -370,6 +389,14 @@ def _recompute(args: Mapping[str, list[str]], layers_per_chunk: int, notes: list
                          "nothing")
         return "none"
     if gran == "selective":
+        if "--recompute-num-layers" in args:
+            # megatron-core's TransformerConfig.__post_init__ refuses it
+            raise ShardplanError("--recompute-granularity selective takes no "
+                                 "--recompute-num-layers: Megatron-LM refuses it (its "
+                                 "TransformerConfig: recompute_num_layers must be None)")
+        if "--recompute-method" in args:
+            notes.append("--recompute-method does nothing under --recompute-granularity "
+                         "selective (it always recomputes every layer's attention)")
         return "selective"
     if "--recompute-modules" in args:
         notes.append("--recompute-modules without --recompute-granularity selective does "
@@ -649,6 +676,13 @@ def parse_megatron(text: str, *, num_gpus: int | None = None, cluster: str | Non
         dp = dp_given or 1
     ep, etp = moe.expert_grid(args, tp, biases=model.moe is not None and
                               "--disable-bias-linear" not in args)
+    # RunConfig refuses these too; here in the arguments' own names
+    if ep > 1 and model.moe is None:
+        raise ShardplanError(f"--expert-model-parallel-size {ep} needs a mixture of experts: "
+                             f"give --num-experts (above 0)")
+    if model.moe is not None and model.moe.num_experts % ep:
+        raise ShardplanError(f"--num-experts {model.moe.num_experts} is not a multiple of "
+                             f"--expert-model-parallel-size {ep}, as megatron-core requires")
     parallel = ParallelConfig(tp=tp, pp=pp, cp=cp, vp=vp, stage_layers=stage_layers,
                               dp=1 if fsdp else dp, dp_shard=dp if fsdp else 1, ep=ep, etp=etp)
     if "--micro-batch-size" not in args:

@@ -230,10 +230,19 @@ def _int(sections: Mapping[str, Mapping[str, Any]], section: str, key: str, defa
     v = sections.get(section, {}).get(key, default)
     if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
         raise ShardplanError(f"[{section}] {key} must be an integer >= {minimum}, got {v!r}")
-    kind = ("sequence" if key == "seq_len" else "degree" if key.endswith("degree") or
-            key == "s" else "layers" if "layers" in key else
-            "tokens" if key.startswith("num_tokens") else "batch")
+    kind = ("sequence" if key == "seq_len" else "degree" if key.endswith("degree") else
+            "layers" if "layers" in key else "tokens" if key.startswith("num_tokens") else
+            "batch")
     return int(check_size(f"[{section}] {key}", v, kind))
+
+
+def _switch(sections: Mapping[str, Mapping[str, Any]], section: str, key: str,
+            default: bool) -> bool:
+    """A true/false option; one line naming it when it is anything else (``"no"``, 1)."""
+    v = sections.get(section, {}).get(key, default)
+    if not isinstance(v, bool):
+        raise ShardplanError(f"[{section}] {key} is true or false, got {v!r}")
+    return v
 
 
 def _notes_of_unread(sections: Mapping[str, Mapping[str, Any]]) -> list[str]:
@@ -301,7 +310,7 @@ def run_of_torchtitan(sections: Mapping[str, Mapping[str, Any]], *,
     pp = _int(sections, "parallelism", "pipeline_parallel_degree", 1)
     cp = _int(sections, "parallelism", "context_parallel_degree", 1)
     shard = par_s.get("data_parallel_shard_degree", -1)
-    if shard == -1:
+    if shard == -1 and not isinstance(shard, (bool, float)):
         if num_gpus is None:
             raise ShardplanError("data_parallel_shard_degree -1 takes the GPUs the other "
                                  "degrees leave: give the cluster (--cluster)")
@@ -310,7 +319,8 @@ def run_of_torchtitan(sections: Mapping[str, Mapping[str, Any]], *,
             raise ShardplanError(f"the cluster's {num_gpus} GPUs are not a multiple of "
                                  f"replicate x tp x pp x cp = {rest}")
         shard = num_gpus // rest
-    shard = _int({"parallelism": {"s": shard}}, "parallelism", "s", 1)
+    shard = _int({"parallelism": {"data_parallel_shard_degree": shard}}, "parallelism",
+                 "data_parallel_shard_degree", 1)
     sched_name = str(par_s.get("pipeline_parallel_schedule", "1F1B"))
     key = sched_name.lower().replace("_", "")
     if key in _SCHEDULES:
@@ -372,24 +382,28 @@ def run_of_torchtitan(sections: Mapping[str, Mapping[str, Any]], *,
         raise ShardplanError(f"mixed_precision_reduce is float32 or the parameters' "
                              f"{param}, got {reduce!r}")
     converters = sections.get("model", {}).get("converters", [])
-    converters = [converters] if isinstance(converters, str) else list(converters)
+    converters = [converters] if isinstance(converters, str) else converters
+    if not isinstance(converters, list) or not all(isinstance(c, str) for c in converters):
+        raise ShardplanError(f"[model] converters is a list of names (\"float8\"), got "
+                             f"{converters!r}")
     if any(c in _FLOAT8 for c in converters) or \
-            sections.get("float8", {}).get("enable_float8_linear"):
+            _switch(sections, "float8", "enable_float8_linear", False):
         precision = "fp8"
-    optimizer = str(sections.get("optimizer", {}).get("name", "AdamW")).lower()
+    written = sections.get("optimizer", {}).get("name", "AdamW")
+    optimizer = str(written).lower()
     if optimizer not in ("adamw", "adam"):
-        raise ShardplanError(f"optimizer {optimizer!r} is not one shardplan models (AdamW, "
-                             f"Adam)")
+        raise ShardplanError(f"[optimizer] name {written!r} is not one shardplan models "
+                             f"(AdamW, Adam)")
     sync = "sharded" if shard > 1 else "bucketed" if rep > 1 else "end"
-    seq_par = tp > 1 and bool(par_s.get("enable_sequence_parallel", True))
+    seq_par = _switch(sections, "parallelism", "enable_sequence_parallel", True) and tp > 1
     execution = execution_of(parallel, micro_batch_size=micro, global_batch=glob,
                              schedule=schedule, precision=precision,
                              recompute=_recompute(sections, notes), gradient_sync=sync,
                              recompute_every=_recompute_every(sections),
                              sequence_parallel=seq_par,
-                             tp_comm_overlap=bool(
-                                 par_s.get("enable_async_tensor_parallel") or
-                                 sections.get("compile", {}).get("enable_async_tensor_parallel")),
+                             tp_comm_overlap=_switch(sections, "parallelism",
+                                                     "enable_async_tensor_parallel", False) or
+                             _switch(sections, "compile", "enable_async_tensor_parallel", False),
                              optimizer=optimizer,
                              grad_reduce="fp32" if shard > 1 and reduce == "float32" and
                              precision != "fp32" else "param", stack="torchtitan",
@@ -503,7 +517,9 @@ def _recompute_every(sections: Mapping[str, Mapping[str, Any]]) -> int:
 
 def torchtitan_options(text: str, *, source: str = "<config>") -> dict[str, dict[str, Any]]:
     """The sections of a torchtitan config file's text: ``--section.option`` flags when its
-    first line that is not blank or a comment starts with ``--``, else TOML."""
+    first line that is not blank or a comment starts with ``--``, else TOML. A byte-order
+    mark (as some Windows editors write) is skipped: TOML's parser would refuse it."""
+    text = text.removeprefix("\ufeff")
     lines = [ln.strip() for ln in text.splitlines()]
     first = next((ln for ln in lines if ln and not ln.startswith("#")), "")
     if first.startswith("--"):

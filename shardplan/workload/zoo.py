@@ -107,7 +107,10 @@ _SPEC_SIZES = {"layers": "layers", "n_layers": "layers", "num_layers": "layers",
                "num_heads": "heads", "vocab": "vocab", "vocab_size": "vocab",
                "seq": "sequence", "n_layer": "layers", "n_embd": "width", "n_head": "heads",
                "head_dim": "width", "moe_dim": "width", "dense_ffn_dim": "width",
-               "q_lora_rank": "width", "kv_lora_rank": "width"}
+               "q_lora_rank": "width", "kv_lora_rank": "width",
+               # the experts' counts, as import megatron bounds --num-experts and the router's
+               "num_experts": "width", "top_k": "width", "num_shared_experts": "width",
+               "n_groups": "width", "topk_groups": "width", "first_k_dense": "layers"}
 
 #: The mixture-of-experts families (:mod:`shardplan.workload.moe`).
 _MOE_KINDS = frozenset(k.partition(":")[0] for k in _MOE_FLAVORS)

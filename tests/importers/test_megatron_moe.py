@@ -125,7 +125,8 @@ def test_moe_arguments_without_experts_do_nothing_and_say_so() -> None:
 
 
 @pytest.mark.parametrize(("extra", "gpus", "reason"), [
-    ("--expert-model-parallel-size 3", 3, "expert parallelism 3 does not divide the 8 experts"),
+    ("--expert-model-parallel-size 3", 3,
+     "--num-experts 8 is not a multiple of --expert-model-parallel-size 3"),
     ("--expert-model-parallel-size 8 --tensor-model-parallel-size 2", 8,
      "etp x ep = 2 x 8 to divide a pipeline rank's 8 devices"),
     ("--moe-layer-freq 2", 1, "dense layers first"),
@@ -141,7 +142,7 @@ def test_moe_arguments_without_experts_do_nothing_and_say_so() -> None:
     ("--moe-token-dispatcher-type ring", 1, "allgather, alltoall or flex"),
     ("--moe-enable-deepep", 1, "needs --moe-token-dispatcher-type flex"),
     ("--moe-router-num-groups 3 --moe-router-group-topk 1", 1,
-     "group-limited routing does not fit"),
+     "--moe-router-num-groups 3 does not divide --num-experts 8"),
     ("--moe-router-load-balancing-type", 1, "one or more values"),
 ])
 def test_what_megatron_refuses(extra: str, gpus: int, reason: str) -> None:
