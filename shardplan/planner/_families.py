@@ -521,8 +521,10 @@ def _llm(ctx: Context, task: Task) -> list[Evaluated]:
     if ctx.fixed.get("gradient_sync"):
         base = replace(base, gradient_sync=str(ctx.fixed["gradient_sync"]))
     left = LLM_SECONDS if task.left is None else max(task.left, 0.0)
+    fixed = ctx.fixed.get("microbatches")
     rows = family_rows(ctx.graph, ctx.topology, base, global_batch=ctx.global_batch,
-                       time_limit=left, include=ctx.include)
+                       time_limit=left, include=ctx.include,
+                       microbatches=int(fixed) if fixed else None)
     if [r.pop("timed_out") for r in rows][:1] == [True]:
         _mark_cut()
     return [Evaluated(family="llm", algorithm="llm", objective="iteration_seconds", **r)

@@ -112,6 +112,10 @@ class SearchSpace:
         Recompute levels tried.
     sequence_parallel : tuple of bool
         Sequence parallelism with TP > 1 (off without TP).
+    microbatches : int or None
+        The micro-batches per iteration the user fixed (``plan --microbatches``): only
+        layouts that run that many, each replica's micro-batch whatever it takes (None: a
+        micro-batch of 1, 2, 4, 8 or 16 sequences, up to the search's largest).
     """
 
     shardings: tuple[str, ...] = ("settings",)
@@ -119,6 +123,7 @@ class SearchSpace:
     uneven: bool = False
     recomputes: tuple[str, ...] = RECOMPUTES
     sequence_parallel: tuple[bool, ...] = (False, True)
+    microbatches: int | None = None
 
 
 #: What ``shardplan plan`` searches (issue 45): every sharding, context parallelism, uneven
@@ -230,8 +235,11 @@ def _batching(layout: Any, settings: ExecutionSettings, space: SearchSpace, tp: 
               ) -> Iterator[tuple[ParallelConfig, ExecutionSettings]]:
     """The micro-batch, virtual-stage, recompute, sequence-parallel and sharding choices of
     one TP x PP x CP x DP grid (:func:`candidates`)."""
-    for mb in (1, 2, 4, 8, 16):
-        if mb > max_microbatch or per_replica % mb:
+    fixed = space.microbatches
+    sizes = (1, 2, 4, 8, 16) if fixed is None else (
+        (per_replica // fixed,) if per_replica % fixed == 0 else ())
+    for mb in sizes:
+        if (fixed is None and mb > max_microbatch) or per_replica % mb:
             continue
         m = per_replica // mb
         if pp > 1 and m < pp:
@@ -545,18 +553,23 @@ def has_blocks(graph: Graph) -> bool:
 
 def family_rows(graph: Graph, topology: Topology, settings: ExecutionSettings, *,
                 global_batch: int, time_limit: float,
-                include: Sequence[tuple[ParallelConfig, ExecutionSettings]] = ()
-                ) -> list[dict[str, Any]]:
+                include: Sequence[tuple[ParallelConfig, ExecutionSettings]] = (),
+                microbatches: int | None = None) -> list[dict[str, Any]]:
     """The LLM family of ``shardplan plan``: :func:`llm_search`'s best :data:`LLM_ROWS`
     candidates that fit, and the included configurations, as dicts of the ranking's row
-    fields (the planner wraps them), each with its plan."""
+    fields (the planner wraps them), each with its plan. ``microbatches``: the count the
+    user fixed (:class:`SearchSpace`)."""
+    space = replace(wide_space(settings), microbatches=microbatches)
     found = llm_search(graph, topology, settings, global_batch=global_batch,
-                       time_limit=time_limit, include=include, space=wide_space(settings))
+                       time_limit=time_limit, include=include, space=space)
     if found.offered == 0:
+        fixed = (f", and --microbatches {microbatches} dividing each replica's share"
+                 if microbatches else "")
         raise ShardplanError(
             f"no layout uses exactly the {topology.num_devices} GPUs: tp x cp x pp x dp must "
             f"take them all, tp within a node, dp dividing the global batch of "
-            f"{global_batch} (--gpus N plans on fewer; shardplan replan leaves some idle)")
+            f"{global_batch}{fixed} (--gpus N plans on fewer; shardplan replan leaves some "
+            f"idle)")
     keep = [c for c in found.ranked if c.fits][:LLM_ROWS]
     mine = {(p, s) for p, s in include}
     keep += [c for c in found.ranked if (c.parallel, c.settings) in mine and c not in keep]

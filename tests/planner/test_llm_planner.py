@@ -160,3 +160,23 @@ def test_no_layout_of_the_devices_is_said_as_such():
     with pytest.raises(ShardplanError, match="no layout uses exactly the 7 GPUs"):
         family_rows(gpt_graph(layers=4), build("flat", num_devices=7),
                     ExecutionSettings(), global_batch=2, time_limit=5.0)
+
+
+def test_fixed_micro_batch_count_is_kept(g, topo):
+    """``plan --microbatches M``: every LLM layout runs M micro-batches (each replica's
+    micro-batch whatever that takes, even one the free search never tries); a count that
+    divides no replica's share offers nothing, and the family says why."""
+    from dataclasses import replace
+
+    from shardplan.planner._llm import WIDE, family_rows
+
+    st = ExecutionSettings(precision="bf16")
+    space = replace(WIDE, microbatches=3)
+    offered = list(candidates(g, topo, st, global_batch=72, space=space))
+    assert offered and {s.microbatches for _, s in offered} == {3}
+    # 72 sequences over 2 replicas in 3 micro-batches: 12 each, a size never tried freely
+    assert 12 in {s.microbatch_size // p.data_parallel for p, s in offered}
+    free = {s.microbatches for _, s in candidates(g, topo, st, global_batch=72, space=WIDE)}
+    assert len(free) > 1
+    with pytest.raises(ShardplanError, match="--microbatches 5 dividing"):
+        family_rows(g, topo, st, global_batch=72, time_limit=5.0, microbatches=5)
