@@ -1040,15 +1040,7 @@ def _time_limits() -> list[Input]:
 
 #: Inputs known to differ, and why (the cause is outside the command line, importers and
 #: exports: named here so the report says whose it is).
-KNOWN = {
-    "plan --microbatches not dividing the batch":
-        "the LLM family does not keep --microbatches fixed (its rows show 1 x 2 for "
-        "--microbatches 3, global batch 8): shardplan/planner",
-    "plan llama3:debug --time-limit 2 in one process":
-        "a time limit spent before the search (the capture) leaves every candidate unpriced, "
-        "and the search says none fits in memory instead of that the time ran out: "
-        "shardplan/planner/_search.py",
-}
+KNOWN: dict[str, str] = {}
 
 
 def inputs() -> list[Input]:

@@ -525,8 +525,9 @@ def _llm(ctx: Context, task: Task) -> list[Evaluated]:
     rows = family_rows(ctx.graph, ctx.topology, base, global_batch=ctx.global_batch,
                        time_limit=left, include=ctx.include,
                        microbatches=int(fixed) if fixed else None)
-    if [r.pop("timed_out") for r in rows][:1] == [True]:
-        _mark_cut()
+    if [r.pop("timed_out") for r in rows][:1] == [True] or (
+            not rows and (left <= 0.0 or _past_deadline())):
+        _mark_cut()  # a limit spent before any layout was simulated is a cut, not "no fit"
     return [Evaluated(family="llm", algorithm="llm", objective="iteration_seconds", **r)
             for r in rows]
 

@@ -792,7 +792,8 @@ def test_the_llm_family_searches_the_seconds_left_and_wraps_its_rows(monkeypatch
     got, err, cut = run_task(ctx, Task("llm", 0, 0, left=left))
     assert (err, cut) == ("", False)  # only the first row says whether the search was cut
     assert seen == [(ctx.graph, ctx.topology, ctx.base,
-                     {"global_batch": 8, "time_limit": limit, "include": ("mine",)})]
+                     {"global_batch": 8, "time_limit": limit, "include": ("mine",),
+                      "microbatches": None})]
     want = {k: v for k, v in _llm_row(2.0, False).items() if k != "timed_out"}
     assert got[0] == _families.Evaluated(family="llm", algorithm="llm",
                                          objective="iteration_seconds", **want)
@@ -821,6 +822,8 @@ def test_the_llm_family_keeps_the_users_sync_and_says_when_it_was_cut(monkeypatc
     assert run_task(ctx, Task("llm", 0, 0))[2] is True  # every row says it
     monkeypatch.setattr(_llm, "family_rows", lambda *a, **k: [])
     assert run_task(ctx, Task("llm", 0, 0)) == ([], "", False)
+    # no rows because no time was left (the capture spent it): a cut, not "none fits"
+    assert run_task(ctx, Task("llm", 0, 0, left=0.0)) == ([], "", True)
 
 
 def test_the_llm_family_needs_transformer_blocks() -> None:
@@ -941,3 +944,18 @@ def test_a_plan_the_runtime_cannot_run_is_simulated_at_every_count(sim) -> None:
     assert [r.microbatches for r in rows] == [1, 2, 4]
     rows = _families._variants(ctx, _plan([2]), family="f", mapping="m", searched=0.0)
     assert [r.microbatches for r in rows] == [1, 2]
+
+
+def test_the_llm_family_keeps_the_users_micro_batch_count(monkeypatch) -> None:
+    from shardplan.planner import _llm
+
+    seen = []
+    monkeypatch.setattr(_llm, "family_rows",
+                        lambda *a, **k: seen.append(k.get("microbatches")) or [])
+    monkeypatch.setattr(_llm, "has_blocks", lambda g: True)
+    ctx = _ctx(batch=8)
+    ctx.fixed = {"microbatches": 4}
+    run_task(ctx, Task("llm", 0, 0))
+    ctx.fixed = {}
+    run_task(ctx, Task("llm", 0, 0))
+    assert seen == [4, None]
