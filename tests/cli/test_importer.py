@@ -43,7 +43,8 @@ def test_torchtitan_run_as_json(capsys) -> None:
 
 
 @pytest.mark.parametrize(("argv", "reason"), [
-    (["megatron", "--args", ARGS.replace("heads 4", "heads 3"), "--json"], "attention heads"),
+    (["megatron", "--args", ARGS.replace("heads 4", "heads 3"), "--json"],
+     "--hidden-size 64 is not a multiple of --num-attention-heads 3"),
     (["megatron", "--args", ARGS + "--tensor-model-parallel-size 8", "--cluster",
       "flat,devices=16,device=a100", "--json"], "does not divide the 4 attention heads"),
     (["megatron", "--args", ARGS, "--cluster", "flat,devices=12,device=a100", "--json"],
