@@ -197,24 +197,19 @@ def expert_comm_seconds(pr: Pricing) -> tuple[np.ndarray, np.ndarray]:
 
 def exposed_expert_comm(pr: Pricing, comm_f: np.ndarray, comm_b: np.ndarray,
                         compute_f: np.ndarray, compute_b: np.ndarray,
-                        experts_f: np.ndarray | None = None,
-                        experts_b: np.ndarray | None = None,
+                        experts_f: np.ndarray, experts_b: np.ndarray,
                         ) -> tuple[np.ndarray, np.ndarray]:
     """What of the dispatch and combine stays exposed per micro-batch: all of it, or under
     ``moe_a2a_overlap`` what the pair of a forward and a backward (the pair Megatron-Core's
     1F1B overlap interleaves) takes beyond their computation, layer by layer
     (:func:`overlapped_layer_pair`), shared between the two passes as their communication
-    is. ``experts_f`` / ``experts_b``: the routed experts' share of the computation (none
-    given: all of it is the experts'). O(pp vp)."""
+    is. ``experts_f`` / ``experts_b``: the routed experts' share of the computation. A
+    stage's layers are alike, and the pair's time scales with its inputs, so a stage of
+    ``L`` layers takes ``L`` times one layer's pair: the pair of its totals. O(pp vp)."""
     if not pr.settings.moe_a2a_overlap:
         return comm_f, comm_b
-    layers = np.maximum(moe_layers(pr), 1.0)
-    m_f = compute_f if experts_f is None else experts_f
-    m_b = compute_b if experts_b is None else experts_b
-    # a stage's layers alike: each pair of layers scheduled as Megatron-Core does
-    pair = layers * overlapped_layer_pair(
-        (compute_f - m_f) / layers, (compute_b - m_b) / layers, m_f / layers, m_b / layers,
-        comm_f / layers / 2.0, comm_b / layers / 2.0)
+    pair = overlapped_layer_pair(compute_f - experts_f, compute_b - experts_b, experts_f,
+                                 experts_b, comm_f / 2.0, comm_b / 2.0)
     total = comm_f + comm_b
     exposed = np.maximum(0.0, pair - (compute_f + compute_b))
     share = np.divide(exposed, total, out=np.zeros_like(total), where=total > 0)
@@ -235,7 +230,8 @@ def overlapped_layer_pair(attn_f: np.ndarray, attn_b: np.ndarray, mlp_f: np.ndar
     ``attn_*``: what precedes the dispatch (attention, norms, router), ``mlp_*``: the
     experts, ``a2a_*``: one dispatch or combine (they move the same bytes). Without
     communication the sum of the computation; a communication as long as the computation
-    beside it is hidden only where the dependencies allow. Elementwise, O(len)."""
+    beside it is hidden only where the dependencies allow. Positively homogeneous: ``k``
+    layers alike take ``k`` times one. Elementwise, O(len)."""
     cb_end = a2a_b                                  # combine_bwd on the comm stream
     af_end = attn_f                                 # attn_fwd on the compute stream
     mb_end = np.maximum(af_end, cb_end) + mlp_b     # needs the combined gradient
@@ -244,7 +240,7 @@ def overlapped_layer_pair(attn_f: np.ndarray, attn_b: np.ndarray, mlp_f: np.ndar
     mf_end = np.maximum(mb_end, df_end) + mlp_f     # needs the dispatched tokens
     cf_end = np.maximum(mf_end, db_end) + a2a_f     # needs mlp_fwd's output
     ab_end = np.maximum(mf_end, db_end) + attn_b    # needs the dispatched gradient
-    return np.asarray(np.maximum(cf_end, ab_end), dtype=np.float64)
+    return np.asarray(np.maximum(cf_end, ab_end))
 
 
 def expert_params(pr: Pricing) -> np.ndarray:

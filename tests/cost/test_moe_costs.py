@@ -195,6 +195,8 @@ def test_overlapped_layer_pair_is_the_two_streams_schedule() -> None:
     assert (got >= np.maximum(comp, comm) - 1e-12).all() and (got <= comp + comm + 1e-12).all()
     no_comm = overlapped_layer_pair(*x[:4], np.zeros(500), np.zeros(500))
     np.testing.assert_allclose(no_comm, comp)
+    # k layers alike take k times one: a stage's pair is the pair of its totals
+    np.testing.assert_allclose(overlapped_layer_pair(*(3.0 * x)), 3.0 * got)
     # equal work on both streams hides all of it; experts that wait for their own dispatch,
     # and an attention backward that waits for its, do not: 4 of computation, 4 of
     # communication, 6 in all
@@ -224,6 +226,12 @@ def test_a2a_overlap_exposes_what_the_overlapped_pair_adds(moe):
     assert (f == 0).all() and (b == 0).all()
     f, b = exposed_expert_comm(off, cf, cb, comp_f, comp_b, ex_f, ex_b)
     assert f is cf and b is cb
+    # a stage without expert communication (dense layers only) exposes none, beside one
+    # that has some
+    two = [np.array([0.0, 3.0]), np.array([0.0, 3.0]), np.array([1.0, 1.0]),
+           np.array([2.0, 2.0]), np.array([0.5, 0.5]), np.array([1.0, 1.0])]
+    f, b = exposed_expert_comm(on, *two)
+    assert f[0] == 0.0 and b[0] == 0.0 and f[1] > 0.0 and np.isfinite(f).all()
     full = llm_costs(moe, TOPO, par, _settings(par))
     hid = llm_costs(moe, TOPO, par, _settings(par, moe_a2a_overlap=True))
     assert (hid.forward <= full.forward).all() and (hid.backward < full.backward).all()
