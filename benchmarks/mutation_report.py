@@ -47,6 +47,25 @@ PACKAGES = tuple(TARGETS)
 #: Survivors that no test can kill: the mutant computes the same function. Mutant name ->
 #: why. Every entry was checked by reading the mutant's diff (``mutmut show NAME``).
 EQUIVALENT: dict[str, str] = {
+    "shardplan.cost._llm_moe.x_overlapped_layer_pair__mutmut_40":
+        "`dtype=None` for `dtype=np.float64` on np.maximum of float64 event times: the same "
+        "float64 array.",
+    "shardplan.cost._llm_moe.x_overlapped_layer_pair__mutmut_42":
+        "the `dtype=np.float64` dropped on np.maximum of float64 event times: the same array.",
+    "shardplan.planner._llm.x__batching__mutmut_22":
+        "`break` for `continue` past a micro-batch size that exceeds the largest or does not "
+        "divide the replica's share: the sizes are ascending powers of two (or the one fixed "
+        "size), so every later size exceeds or fails to divide as well.",
+    "shardplan.planner._llm.x__batching__mutmut_26":
+        "`pp >= 1` for `pp > 1` before `m < pp`: with pp = 1 the count m is at least 1, so "
+        "the test is false either way.",
+    "shardplan.planner._llm.x__batching__mutmut_29":
+        "`break` for `continue` when a pipeline has fewer micro-batches than stages: larger "
+        "micro-batches only make fewer, so every later size is skipped as well.",
+    "shardplan.planner._llm.x__batching__mutmut_41":
+        "`break` for `continue` past virtual stages that the pipeline cannot take (pp = 1 "
+        "or m not a multiple of pp): the test does not depend on vp, so every later vp fails "
+        "it too.",
     "shardplan.cost._formulas.x_optimizer_seconds__mutmut_12":
         "`step > 1` for `step > 0`: MIXED_PRECISION_STEP_BYTES holds 0, 16 and 24 only, so "
         "both guards let exactly the mixed precisions subtract the gradient copy.",
