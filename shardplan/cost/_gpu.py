@@ -249,6 +249,20 @@ def _pair_bandwidth(topology: Topology, a: int, b: int) -> float:
     return float(topology.bandwidth[a, b])
 
 
+def _node_links(topology: Topology, dev: np.ndarray, node: np.ndarray
+                ) -> tuple[float, float]:
+    """``(inside, between)``: the slowest hop of a ring over the first node's devices of the
+    group (NVLink; PCIe between the bridged pairs of a ``pcie-h100`` node), and the
+    bandwidth from the group's first device to one on another node (its NIC); 0 for a
+    group on one node. O(R)."""
+    local = dev[node == node[0]]
+    inside = float(np.asarray(topology.bandwidth[local, np.roll(local, -1)],
+                              dtype=np.float64).min())
+    others = dev[node != node[0]]
+    between = _pair_bandwidth(topology, int(dev[0]), int(others[0])) if others.size else 0.0
+    return inside, between
+
+
 def nccl_terms(topology: Topology, model: GPUModel, kind: str, devices: Any,
                nodes: np.ndarray) -> tuple[float, float]:
     """``(latency, seconds per byte)`` of NCCL's ``kind`` (``allreduce``, ``allgather``,
@@ -274,16 +288,12 @@ def nccl_terms(topology: Topology, model: GPUModel, kind: str, devices: Any,
     steps, inter = f * (n - 1), f * (m - 1)
     lat = model.nccl_base_latency + (steps - inter) * model.nccl_nvlink_step + \
         inter * model.nccl_net_step
+    b_in, b_out = _node_links(topology, dev, node)
     if g > 1:
         # the ring inside a node runs at its slowest hop (PCIe between NVLink-bridged pairs;
         # every hop the same through NVSwitch)
-        local = dev[node == node[0]]
-        hops = np.asarray(topology.bandwidth[local, np.roll(local, -1)], dtype=np.float64)
-        b_in = float(hops.min())
         k_in = f * (g - 1) / g / (eta * b_in)
     if m > 1:
-        other = dev[node != node[0]][0]
-        b_out = _pair_bandwidth(topology, int(dev[0]), int(other))
         k_out = f * (m - 1) / m / g / (eta * b_out)
     return lat, max(k_in, k_out)
 
@@ -302,14 +312,12 @@ def _alltoall_terms(topology: Topology, model: GPUModel, dev: np.ndarray,
     eta = model.nccl_efficiency
     lat = model.nccl_base_latency + model.nccl_nvlink_step
     k_in = k_out = 0.0
+    b_in, b_out = _node_links(topology, dev, node)
     if g > 1:
-        local = dev[node == node[0]]
-        b_in = float(np.asarray(topology.bandwidth[local, np.roll(local, -1)]).min())
         k_in = (g - 1) / n / (eta * b_in)
     if n > g:
         lat += model.nccl_net_step
-        other = dev[node != node[0]][0]
-        k_out = (n - g) / n / (eta * _pair_bandwidth(topology, int(dev[0]), int(other)))
+        k_out = (n - g) / n / (eta * b_out)
     return lat, max(k_in, k_out)
 
 

@@ -57,7 +57,13 @@ import numpy as np
 from shardplan.cost._collectives import collective_seconds
 from shardplan.cost._compute import is_matmul, matmul_peak_flops, roofline_seconds
 from shardplan.cost._formulas import optimizer_seconds
-from shardplan.cost._gpu import gpu_model, group_collective_seconds, node_ids, wave_efficiency
+from shardplan.cost._gpu import (
+    GPUModel,
+    gpu_model,
+    group_collective_seconds,
+    node_ids,
+    wave_efficiency,
+)
 from shardplan.cost._llm_comm import (  # noqa: F401  (re-exported: their home before the split)
     FSDP_COPY_OUT,
     _gather_units,
@@ -376,8 +382,7 @@ def pricing(graph: Graph, topology: Topology, parallel: ParallelConfig,
     # reach of it (shardplan.cost._gpu), or an explicit efficiency setting
     flops = float(matmul_peak_flops(topology, "fp8")[0]) if precision == "fp8" \
         else float(d0.flops)
-    flops *= settings.efficiency if settings.efficiency is not None else (
-        hw.matmul_fraction(precision) if hw is not None else 1.0)
+    flops *= _reached(settings, hw, precision)
     bw = float(d0.extra.get("memory_bandwidth") or np.inf)
     if hw is not None:
         bw *= hw.memory_efficiency
@@ -506,16 +511,23 @@ def _checkpointed(pr: Pricing) -> np.ndarray:
     return pr.in_block & ckpt_block[np.clip(layout.block, 0, max(layout.num_blocks - 1, 0))]
 
 
+def _reached(settings: ExecutionSettings, hw: GPUModel | None, precision: str) -> float:
+    """What matrix products at ``precision`` reach of their peak: an explicit efficiency
+    setting, else the GPU model's fraction (:meth:`GPUModel.matmul_fraction`), else all of
+    it (a device that is not a known GPU)."""
+    if settings.efficiency is not None:
+        return float(settings.efficiency)
+    return hw.matmul_fraction(precision) if hw is not None else 1.0
+
+
 def _fp8_where_it_runs(pr: Pricing, act_scale: float, fwd: np.ndarray, bwd: np.ndarray
                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """fp8 runs only the blocks' linear layers (Transformer Engine's modules, torchtitan's
     Float8Linear, :func:`fp8_linear_nodes`): attention and the output head stay at the bf16
     rate, and every fp8 product pays its casts (:func:`fp8_cast_seconds`). Returns the
     nodes' forward and backward seconds and their matrix-product rates."""
-    graph, topology, hw = pr.graph, pr.topology, pr.hw
-    half = float(topology.devices[0].flops) * (
-        pr.settings.efficiency if pr.settings.efficiency is not None else
-        hw.matmul_efficiency if hw is not None else 1.0)
+    graph, topology = pr.graph, pr.topology
+    half = float(topology.devices[0].flops) * _reached(pr.settings, pr.hw, "bf16")
     fp8_nodes = fp8_linear_nodes(graph)
     _, fwd16, bwd16 = _node_times(graph, pr.rb, act_scale, float(pr.w_bytes), half, pr.fp32,
                                   pr.bw, True, _expert_scale(pr))
@@ -774,7 +786,7 @@ def _wave_factors(graph: Graph, batch: int, tp: int, cp: int, sms: int,
     chunks on ``sms -`` :data:`UB_PIPELINE_SMS` SMs (``pipeline``); the others are whole
     (``bulk``). Each chunk fills its own waves.
     """
-    g = graph.at_batch_size(batch)
+    g = _at_batch(graph, batch)
     dtype_bytes = float(graph.meta.get("dtype_bytes", 4)) if isinstance(graph.meta, dict) \
         else 4.0
     n = graph.num_nodes
@@ -837,7 +849,7 @@ def _node_times(graph: Graph, batch: int, act_scale: float, w_bytes: float, flop
     forward and backward roofline seconds (views: none), the routed experts' weights read
     at ``expert_scale`` of their bytes (:func:`_expert_scale`). Cached: a search prices
     many layouts of one graph at a few batches."""
-    g = graph.at_batch_size(batch)
+    g = _at_batch(graph, batch)
     dtype_bytes = float(graph.meta.get("dtype_bytes", 4)) if isinstance(graph.meta, dict) \
         else 4.0
     weights = graph.param_bytes / dtype_bytes * w_bytes
