@@ -32,6 +32,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import gpu_published as gp  # noqa: E402
+from plan_llama3_405b import winner_cells  # noqa: E402
 
 from shardplan.ir import write_atomic  # noqa: E402
 from shardplan.planner._llm import llm_plan, llm_search, wide_space  # noqa: E402
@@ -76,16 +77,8 @@ def main(argv: list[str] | None = None) -> int:
                      f"{base_gib:.1f} | {'yes' if base.fits_memory else 'no'} | none fits | "
                      f"- | - | {wall:.1f} | {found.considered} / {found.offered} | - |")
     else:
-        lines.append(
-            f"| {run.parallel.label()}, recompute {settings.recompute} | "
-            f"{base.iteration_seconds:.2f} | {base_gib:.1f} | "
-            f"{'yes' if base.fits_memory else 'no'} | "
-            f"{best.parallel.label()}, {best.settings.gradient_sync}, micro-batch "
-            f"{(best.settings.microbatch_size or 0) // best.parallel.data_parallel} x "
-            f"{best.settings.microbatches}, recompute {best.settings.recompute} | "
-            f"{best.iteration_seconds:.2f} | {best.peak_memory_bytes / 2**30:.1f} | "
-            f"{wall:.1f} | {found.considered} / {found.offered} | "
-            f"{base.iteration_seconds / best.iteration_seconds:.2f}x |")
+        lines.append(f"| {run.parallel.label()}, recompute {settings.recompute} | "
+                     + winner_cells(base, base_gib, best, wall, found))
     print(lines[-1], flush=True)
     write_atomic(args.output, "\n".join(lines) + "\n")
     print(f"wrote {args.output}")

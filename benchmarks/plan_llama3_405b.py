@@ -26,6 +26,7 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -69,6 +70,21 @@ def baseline(graph: object, topology: object, gpus: int) -> tuple[object, object
     return run, res, ac
 
 
+def winner_cells(base: Any, base_gib: float, best: Any, wall: float, found: Any) -> str:
+    """A result row's cells after the published layout's name: its seconds, memory and fit,
+    the winner with its knobs, seconds and memory, the search's seconds and layouts, and the
+    speed-up (``plan_deepseek_v3.py`` writes the same)."""
+    st = best.settings
+    return (f"{base.iteration_seconds:.2f} | {base_gib:.1f} | "
+            f"{'yes' if base.fits_memory else 'no'} | "
+            f"{best.parallel.label()}, {st.gradient_sync}, micro-batch "
+            f"{(st.microbatch_size or 0) // best.parallel.data_parallel} x "
+            f"{st.microbatches}, recompute {st.recompute} | "
+            f"{best.iteration_seconds:.2f} | {best.peak_memory_bytes / 2**30:.1f} | "
+            f"{wall:.1f} | {found.considered} / {found.offered} | "
+            f"{base.iteration_seconds / best.iteration_seconds:.2f}x |")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--nodes", default="1024,2048", help="cluster sizes, comma-separated")
@@ -99,16 +115,8 @@ def main(argv: list[str] | None = None) -> int:
                          f"| - | - | none fits | - | - | {wall:.1f} | - | - |")
             continue
         base_gib = max(base.device_memory_bytes or base.peak_memory_bytes) / 2**30
-        lines.append(
-            f"| {gpus} | {run.parallel.label()}, checkpointing {ac} | "
-            f"{base.iteration_seconds:.2f} | "
-            f"{base_gib:.1f} | {'yes' if base.fits_memory else 'no'} | "
-            f"{best.parallel.label()}, {best.settings.gradient_sync}, micro-batch "
-            f"{(best.settings.microbatch_size or 0) // best.parallel.data_parallel} x "
-            f"{best.settings.microbatches}, recompute {best.settings.recompute} | "
-            f"{best.iteration_seconds:.2f} | {best.peak_memory_bytes / 2**30:.1f} | {wall:.1f} | "
-            f"{found.considered} / {found.offered} | "
-            f"{base.iteration_seconds / best.iteration_seconds:.2f}x |")
+        lines.append(f"| {gpus} | {run.parallel.label()}, checkpointing {ac} | "
+                     + winner_cells(base, base_gib, best, wall, found))
         print(lines[-1], flush=True)
     write_atomic(args.output, "\n".join(lines) + "\n")
     print(f"wrote {args.output}")
